@@ -1,0 +1,183 @@
+"""The store on disk: content-addressed blobs, partial downloads, locks and the manifest.
+
+Layout under :func:`localinfer.paths.models_dir`::
+
+    manifest.json          installed models (name -> entry), written atomically under manifest.lock
+    verified.json          digest cache: path -> (size, mtime_ns, inode, dev, sha256)
+    blobs/sha256-<hex>     verified model files, named by their content
+    partial/sha256-<hex>.part   downloads in progress (resumed by the next pull)
+    links/<hex>/<name>     split models: shard names llama.cpp needs, hard-linked to the blobs
+    locks/                 per-file locks so two pulls of the same bytes do not collide
+
+A model is in the manifest only once every one of its files is complete, verified and in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from localinfer.store.fsutil import atomic_write_json, file_lock, read_json, stat_key
+
+MANIFEST_VERSION = 1
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+class Store:
+    """Paths and manifest operations of one store root (``models_dir()`` unless given)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        if root is None:
+            from localinfer.paths import models_dir
+
+            root = models_dir()
+        self.root = Path(root)
+
+    # ---- layout -------------------------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def verified_path(self) -> Path:
+        return self.root / "verified.json"
+
+    @property
+    def blobs_dir(self) -> Path:
+        return self.root / "blobs"
+
+    @property
+    def partial_dir(self) -> Path:
+        return self.root / "partial"
+
+    @property
+    def links_dir(self) -> Path:
+        return self.root / "links"
+
+    @property
+    def locks_dir(self) -> Path:
+        return self.root / "locks"
+
+    def blob_path(self, sha256: str) -> Path:
+        return self.blobs_dir / f"sha256-{sha256}"
+
+    def partial_path(self, sha256: str) -> Path:
+        return self.partial_dir / f"sha256-{sha256}.part"
+
+    def lock_path(self, key: str) -> Path:
+        return self.locks_dir / f"{key}.lock"
+
+    # ---- manifest -----------------------------------------------------------------------------
+    def _read(self) -> dict[str, Any]:
+        data = read_json(self.manifest_path, None)
+        if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+            data = {"version": MANIFEST_VERSION, "models": {}}
+        return data
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """A snapshot of the installed models (readers need no lock: writes are atomic renames)."""
+        return self._read()["models"]
+
+    def entry(self, name: str) -> dict[str, Any] | None:
+        return self.entries().get(name)
+
+    @contextlib.contextmanager
+    def edit(self) -> Iterator[dict[str, dict[str, Any]]]:
+        """Read-modify-write of the models table under the manifest lock; written only if no exception."""
+        with file_lock(self.lock_path("manifest")):
+            data = self._read()
+            models = data["models"]
+            yield models
+            data["version"] = MANIFEST_VERSION
+            atomic_write_json(self.manifest_path, data)
+
+    def put(self, entry: dict[str, Any]) -> None:
+        with self.edit() as models:
+            old = models.get(entry["name"])
+            if old is not None and old.get("last_used") and not entry.get("last_used"):
+                entry["last_used"] = old["last_used"]
+            models[entry["name"]] = entry
+
+    def touch(self, name: str) -> None:
+        """Record that ``name`` was just used (for ``list``'s "last used"). Silent if it is not installed."""
+        with self.edit() as models:
+            if name in models:
+                models[name]["last_used"] = now_iso()
+
+    def load_path(self, entry: dict[str, Any]) -> Path:
+        """The file llama.cpp should open for an entry (first shard for split models)."""
+        load = entry["load"]
+        return self.root / load if entry.get("kind") == "store" else Path(load)
+
+    def file_paths(self, entry: dict[str, Any]) -> list[Path]:
+        out = []
+        for f in entry.get("files", []):
+            out.append(self.blob_path(f["sha256"]) if entry.get("kind") == "store" else Path(f["path"]))
+        return out
+
+    # ---- digest cache -------------------------------------------------------------------------
+    def cached_digest(self, path: Path) -> str | None:
+        """The sha256 recorded for ``path`` if its size, mtime, inode and device are unchanged since."""
+        try:
+            key = stat_key(path)
+        except OSError:
+            return None
+        cache = read_json(self.verified_path, {})
+        rec = cache.get(str(path)) if isinstance(cache, dict) else None
+        if not isinstance(rec, dict):
+            return None
+        if all(rec.get(k) == v for k, v in key.items()):
+            digest = rec.get("sha256")
+            return digest if isinstance(digest, str) else None
+        return None
+
+    def record_digest(self, path: Path, sha256: str) -> None:
+        try:
+            key = stat_key(path)
+        except OSError:
+            return
+        with file_lock(self.lock_path("verified")):
+            cache = read_json(self.verified_path, {})
+            if not isinstance(cache, dict):
+                cache = {}
+            # Drop records of files that are gone, so the cache does not grow without bound.
+            cache = {p: r for p, r in cache.items() if os.path.exists(p)}
+            cache[str(path)] = {**key, "sha256": sha256}
+            atomic_write_json(self.verified_path, cache)
+
+    def forget_digest(self, path: Path) -> None:
+        with file_lock(self.lock_path("verified")):
+            cache = read_json(self.verified_path, {})
+            if isinstance(cache, dict) and cache.pop(str(path), None) is not None:
+                atomic_write_json(self.verified_path, cache)
+
+
+def header_summary(info: Any) -> dict[str, Any]:
+    """What ``list``/``show`` display about a GGUF, cached in the manifest so listing reads no model file."""
+    template = getattr(info, "chat_template", None)
+    return {
+        "architecture": getattr(info, "architecture", None),
+        "model_name": getattr(info, "name", None),
+        "parameter_count": getattr(info, "parameter_count", None),
+        "context_length": getattr(info, "context_length", None),
+        "block_count": getattr(info, "block_count", None),
+        "quantization": getattr(info, "quantization", None),
+        "file_type": _plain(getattr(info, "file_type", None)),
+        "license": getattr(info, "license", None),
+        "has_chat_template": bool(template),
+        "split_count": getattr(info, "split_count", None),
+        "gguf_version": getattr(info, "version", None),
+    }
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
