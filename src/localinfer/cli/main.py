@@ -1,0 +1,57 @@
+"""The `localinfer` command: wires the command modules into one Typer app.
+
+Each command lives in its own module and only translates flags into a call to the core. Command
+modules import nothing heavy at import time, so `localinfer --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from localinfer import __version__
+
+# Modules under localinfer.cli; each has register(app), which adds its command(s).
+_COMMAND_MODULES: tuple[str, ...] = (
+    "run",
+    "pull",
+    "models",
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"localinfer {__version__}\n")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="localinfer",
+        help="Local, on-device LLM inference: pull GGUF models, run and chat with them, measure honestly.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", "-V", help="Print the version and exit.", callback=_version_callback, is_eager=True
+        ),
+    ) -> None:
+        """Local, on-device LLM inference."""
+
+    for module_name in _COMMAND_MODULES:
+        module = importlib.import_module(f"localinfer.cli.{module_name}")
+        module.register(app)
+    return app
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app = build_app()
+    app(prog_name="localinfer")

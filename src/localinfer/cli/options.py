@@ -1,0 +1,67 @@
+"""Option types shared by run, chat, bench and batch (Annotated aliases, as huggingface_hub's CLI does),
+and their translation into the engine's plain option values."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.errors import UsageError
+
+_SAMPLING = "Sampling"
+_CONTEXT = "Model and context"
+
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", "-m", help="Registry name (see `localinfer list --available`) or path to a .gguf file.", rich_help_panel=_CONTEXT),
+]
+SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", "--temp", min=0.0, help="0 = greedy (deterministic).", rich_help_panel=_SAMPLING)]
+TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, rich_help_panel=_SAMPLING)]
+TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="0 = disabled.", rich_help_panel=_SAMPLING)]
+MinPOpt = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, rich_help_panel=_SAMPLING)]
+RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="1.0 = disabled.", rich_help_panel=_SAMPLING)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 2, help="Same seed, same text. Default: random.", rich_help_panel=_SAMPLING)]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens. Default: until the model stops or the context is full.", rich_help_panel=_SAMPLING)]
+StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", rich_help_panel=_SAMPLING)]
+CtxSizeOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", min=16, help="Context window in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=_CONTEXT)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads for prefill and decode. Default: physical cores.", rich_help_panel=_CONTEXT)]
+GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="Layers to offload: auto, all or a number. auto = 0 on a CPU-only build.", rich_help_panel=_CONTEXT)]
+OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; also HF_HUB_OFFLINE=1.", rich_help_panel=_CONTEXT)]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and a full stats table.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line, no warnings; only the answer.")]
+
+
+def parse_gpu_layers(value: str) -> int:
+    """auto | all | N -> the number llama.cpp takes (-1 = all)."""
+    v = value.strip().lower()
+    if v == "all":
+        return -1
+    if v == "auto":
+        from localinfer.engine.llama import supports_gpu_offload
+
+        return -1 if supports_gpu_offload() else 0
+    try:
+        n = int(v)
+    except ValueError:
+        raise UsageError(f"--gpu-layers must be auto, all or a number, not {value!r}") from None
+    if n < 0:
+        raise UsageError("--gpu-layers must not be negative (use 'all')")
+    return n
+
+
+def load_options(*, ctx_size: int | None, threads: int | None, gpu_layers: str, verbose: bool) -> LoadOptions:
+    return LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=parse_gpu_layers(gpu_layers), verbose=verbose)
+
+
+def sampling_options(
+    *, temperature: float, top_p: float, top_k: int, min_p: float, repeat_penalty: float, seed: int | None
+) -> SamplingOptions:
+    return SamplingOptions(
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
+    )
+
+
+DEFAULTS = SamplingOptions()

@@ -1,0 +1,118 @@
+"""`localinfer run`: one prompt in, the answer streamed to stdout, the measurements on stderr."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.cli import options as o
+from localinfer.cli.common import handle_errors
+
+
+class Overflow(str, enum.Enum):
+    error = "error"
+    truncate = "truncate"
+
+
+def read_piped_stdin() -> str | None:
+    """Text piped on stdin, or None when stdin is a terminal or absent (never waits for a TTY)."""
+    stream = sys.stdin
+    if stream is None:
+        return None
+    try:
+        if stream.isatty():
+            return None
+        data = stream.buffer.read()
+    except (OSError, ValueError):
+        return None
+    return data.decode("utf-8", errors="replace") if data else None
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run(
+    prompt_words: Annotated[Optional[list[str]], typer.Argument(metavar="[PROMPT]...", help="Prompt (or use --prompt).", show_default=False)] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt. Piped stdin is added before it as context.")] = None,
+    model: o.ModelOpt = None,
+    system: o.SystemOpt = None,
+    temperature: o.TemperatureOpt = o.DEFAULTS.temperature,
+    top_p: o.TopPOpt = o.DEFAULTS.top_p,
+    top_k: o.TopKOpt = o.DEFAULTS.top_k,
+    min_p: o.MinPOpt = o.DEFAULTS.min_p,
+    repeat_penalty: o.RepeatPenaltyOpt = o.DEFAULTS.repeat_penalty,
+    seed: o.SeedOpt = None,
+    max_tokens: o.MaxTokensOpt = None,
+    stop: o.StopOpt = None,
+    ctx_size: o.CtxSizeOpt = None,
+    threads: o.ThreadsOpt = None,
+    gpu_layers: o.GpuLayersOpt = "auto",
+    raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
+    on_overflow: Annotated[Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = Overflow.error,
+    offline: o.OfflineOpt = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
+    quiet: o.QuietOpt = False,
+    verbose: o.VerboseOpt = False,
+) -> None:
+    """Run a prompt and stream the answer to stdout; stats go to stderr."""
+    with handle_errors():
+        from localinfer import inference
+        from localinfer.errors import UsageError
+        from localinfer.render.stats import print_summary, warn
+        from localinfer.store import resolve_model
+
+        if prompt_words and prompt:
+            raise UsageError("give the prompt either as an argument or with --prompt, not both")
+        text = inference.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
+        offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
+        load_opts = o.load_options(ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+        sampling = o.sampling_options(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
+        )
+        say = (lambda msg: None) if quiet else warn
+
+        resolved = resolve_model(model, offline=offline)
+        t0 = time.perf_counter()
+        loaded = inference.load(resolved, load_opts)
+        load_s = time.perf_counter() - t0
+        if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
+            say(f"--ctx-size {ctx_size} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
+        if raw or loaded.template is None:
+            if not raw:
+                say(f"{resolved.name} has no chat template; running plain completion (pass --raw to silence this)")
+            body = f"{system}\n\n{text}" if system else text
+            request = inference.Request(raw_text=body)
+        else:
+            request = inference.Request(messages=inference.messages_for(text, system))
+        request = inference.Request(
+            messages=request.messages,
+            raw_text=request.raw_text,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            sampling=sampling,
+            on_overflow=on_overflow.value,
+        )
+        write = (lambda _t: None) if json_out else _write_stdout
+        result = inference.generate(loaded, request, write, load_s=load_s)
+        if json_out:
+            sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+        else:
+            if result.text and not result.text.endswith("\n"):
+                _write_stdout("\n")
+        if result.stats.truncated_tokens:
+            say(f"the prompt was truncated: its first {result.stats.truncated_tokens} tokens were dropped to fit the context")
+        if not quiet:
+            print_summary(result, verbose=verbose)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="run")(run)

@@ -1,0 +1,495 @@
+"""The only module that talks to llama.cpp (through llama-cpp-python's low-level bindings).
+
+We drive llama.cpp directly - one batch per decode, the native sampler chain, our own KV-cache
+bookkeeping - instead of going through ``llama_cpp.Llama``: it keeps the per-token overhead near
+zero, lets us time prefill and decode exactly, and reuse the cache across chat turns.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import contextlib
+import ctypes
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import llama_cpp
+
+from localinfer.engine.stopping import StopMatcher
+from localinfer.engine.types import (
+    DEFAULT_CTX_CEILING,
+    GenerationStats,
+    LoadOptions,
+    SamplingOptions,
+    Step,
+)
+from localinfer.errors import GenerationError, InvalidModelError, ModelLoadError, ResourceError
+
+_CACHE_TYPES = {
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "bf16": 30,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "q4_1": llama_cpp.GGML_TYPE_Q4_1,
+    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+    "q5_1": llama_cpp.GGML_TYPE_Q5_1,
+}
+_FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+class _LlamaLog:
+    """llama.cpp's log, captured (for error messages) and echoed to stderr only when verbose.
+
+    llama.cpp has one process-wide log callback, so this is the one piece of process state we keep.
+    """
+
+    def __init__(self) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=400)
+        self.echo = False
+        self._callback = llama_cpp.llama_log_callback(self._on_log)
+        llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        try:
+            message = text.decode("utf-8", errors="replace")
+        except Exception:  # noqa: BLE001 - never raise into C
+            return
+        self.lines.append(message)
+        if self.echo:
+            try:
+                sys.stderr.write(message)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def tail(self, n: int = 40) -> str:
+        return "".join(list(self.lines)[-n:])
+
+
+_log: _LlamaLog | None = None
+
+
+def _ensure_backend(verbose: bool) -> _LlamaLog:
+    global _log
+    if _log is None:
+        _log = _LlamaLog()
+        llama_cpp.llama_backend_init()
+    _log.echo = verbose
+    return _log
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While llama.cpp loads, anything it prints on fd 1 goes to fd 2: stdout is for the model's text."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def default_threads() -> int:
+    """Physical cores (what llama.cpp recommends); logical cores when that is unknown."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def _load_mode(use_mmap: bool, use_mlock: bool) -> int:
+    if use_mmap:
+        return llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK if use_mlock else llama_cpp.LLAMA_LOAD_MODE_MMAP
+    return llama_cpp.LLAMA_LOAD_MODE_MLOCK if use_mlock else llama_cpp.LLAMA_LOAD_MODE_NONE
+
+
+def cpu_has_amx() -> bool:
+    return "AMX_INT8 = 1" in system_info()
+
+
+def cpu_repack_enabled(requested: bool | None) -> bool:
+    """Whether llama.cpp may repack weights into CPU "extra" buffers (AMX, AVX/ARM repack).
+
+    Default: on, except on CPUs with AMX, where llama.cpp's AMX matmul segfaults on the first
+    batched decode (ggml-org/llama.cpp#20824, seen here with SmolLM2 Q4_1 on Sapphire Rapids).
+    ``LOCALINFER_CPU_REPACK=1|0`` or ``--cpu-repack/--no-cpu-repack`` decide explicitly.
+    """
+    if requested is not None:
+        return requested
+    env = os.environ.get("LOCALINFER_CPU_REPACK", "").strip().lower()
+    if env in ("1", "true", "yes", "on"):
+        return True
+    if env in ("0", "false", "no", "off"):
+        return False
+    return not cpu_has_amx()
+
+
+def _diagnose_load_failure(log: _LlamaLog, path: Path, what: str) -> Exception:
+    text = log.tail(60).lower()
+    if any(k in text for k in ("failed to allocate", "out of memory", "unable to allocate", "cannot allocate")):
+        return ResourceError(
+            f"not enough memory to {what} {path.name}",
+            hint="try a smaller --ctx-size, fewer --gpu-layers, or a smaller quantization",
+        )
+    if any(k in text for k in ("unknown model architecture", "unsupported model architecture")):
+        return InvalidModelError(
+            f"{path.name}: this llama.cpp build does not support the model's architecture",
+            hint="upgrade llama-cpp-python, or pick another model",
+        )
+    last = [ln.strip() for ln in log.lines if ln.strip()][-1:] or ["no details in llama.cpp's log"]
+    return ModelLoadError(
+        f"llama.cpp could not {what} {path.name}: {last[0]}",
+        hint="run with --verbose to see llama.cpp's log",
+    )
+
+
+class Model:
+    """A loaded GGUF model with one context (``n_seq_max`` sequences share it)."""
+
+    def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> None:
+        self.path = Path(path)
+        self.options = options
+        log = _ensure_backend(options.verbose)
+        t0 = time.perf_counter()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 2**31 - 1
+        mparams.load_mode = _load_mode(options.use_mmap, options.use_mlock)
+        mparams.use_extra_bufts = cpu_repack_enabled(options.cpu_repack)
+        self._model = None
+        self._ctx = None
+        with _stdout_to_stderr():
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
+        if not model:
+            raise _diagnose_load_failure(log, self.path, "load")
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
+        n_ctx = options.n_ctx or min(self.n_ctx_train or DEFAULT_CTX_CEILING, DEFAULT_CTX_CEILING)
+        threads = options.n_threads or default_threads()
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = min(options.n_batch, n_ctx) if options.n_seq_max == 1 else options.n_batch
+        cparams.n_ubatch = min(options.n_ubatch, cparams.n_batch)
+        cparams.n_seq_max = options.n_seq_max
+        cparams.n_threads = threads
+        cparams.n_threads_batch = options.n_threads_batch or threads
+        cparams.flash_attn_type = _FLASH_ATTN[options.flash_attn]
+        cparams.type_k = _CACHE_TYPES[options.cache_type_k]
+        cparams.type_v = _CACHE_TYPES[options.cache_type_v]
+        cparams.no_perf = True
+        with _stdout_to_stderr():
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            err = _diagnose_load_failure(log, self.path, "create a context for")
+            llama_cpp.llama_model_free(model)
+            self._model = None
+            raise err
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = int(cparams.n_batch)
+        self.n_threads = threads
+        self.n_threads_batch = int(cparams.n_threads_batch)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.load_s = time.perf_counter() - t0
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._one = (llama_cpp.llama_token * 1)()
+        self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
+        self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- model facts -------------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def n_layer(self) -> int:
+        return int(llama_cpp.llama_model_n_layer(self._model))
+
+    @property
+    def size_bytes(self) -> int:
+        return int(llama_cpp.llama_model_size(self._model))
+
+    @property
+    def n_params(self) -> int:
+        return int(llama_cpp.llama_model_n_params(self._model))
+
+    def token_text(self, token: int) -> str:
+        return self._piece(token, special=True).decode("utf-8", errors="replace")
+
+    @property
+    def bos_text(self) -> str:
+        tok = llama_cpp.llama_vocab_bos(self._vocab)
+        return self.token_text(tok) if tok >= 0 else ""
+
+    @property
+    def eos_text(self) -> str:
+        tok = llama_cpp.llama_vocab_eos(self._vocab)
+        return self.token_text(tok) if tok >= 0 else ""
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    # -- tokens --------------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            raise GenerationError("tokenization failed")
+        return list(arr[:n])
+
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a sampled token adds to the answer (control tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = self._pieces[token] = self._piece(token)
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- KV cache --------------------------------------------------------------------------------------
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    def reset(self) -> None:
+        """Forget everything in the KV cache (a new conversation)."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._tokens = []
+
+    def _reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Keep the longest cached prefix of ``prompt`` (at least one token is left to evaluate)."""
+        n = 0
+        limit = min(len(self._tokens), len(prompt) - 1)
+        cached = self._tokens
+        while n < limit and cached[n] == prompt[n]:
+            n += 1
+        if n < len(self._tokens):
+            if n == 0 or not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+                # Some caches (e.g. sliding-window attention) cannot drop a suffix: start over.
+                self.reset()
+                n = 0
+            else:
+                del self._tokens[n:]
+        return n
+
+    def _decode(self, tokens: Sequence[int]) -> None:
+        """Evaluate ``tokens`` on sequence 0, in batches of at most n_batch."""
+        step = self.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            if len(chunk) == 1:
+                self._one[0] = chunk[0]
+                batch = self._one_batch
+            else:
+                arr = (llama_cpp.llama_token * len(chunk))(*chunk)
+                batch = llama_cpp.llama_batch_get_one(arr, len(chunk))
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc != 0:
+                self._resync()
+                if rc == 1:
+                    raise ResourceError(
+                        f"the context is full ({self.n_ctx} tokens)", hint="use a larger --ctx-size"
+                    )
+                raise GenerationError(f"llama_decode failed with code {rc}")
+            self._tokens.extend(chunk)
+
+    def _resync(self) -> None:
+        """Make our token list agree with the cache after an error or an interruption."""
+        n = int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+        if n != len(self._tokens):
+            self.reset()
+
+    # -- sampling and generation -----------------------------------------------------------------------
+    def _sampler(self, opts: SamplingOptions, history: Sequence[int]) -> tuple[ctypes.c_void_p, int]:
+        seed = opts.seed if opts.seed is not None else secrets.randbits(31)
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        if opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0:
+            add(chain, llama_cpp.llama_sampler_init_penalties(self.n_vocab, opts.repeat_last_n, opts.repeat_penalty, 0.0, 0.0))
+        if opts.greedy:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            if opts.top_k > 0:
+                add(chain, llama_cpp.llama_sampler_init_top_k(opts.top_k))
+            if opts.top_p < 1.0:
+                add(chain, llama_cpp.llama_sampler_init_top_p(opts.top_p, 1))
+            if opts.min_p > 0.0:
+                add(chain, llama_cpp.llama_sampler_init_min_p(opts.min_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_temp(opts.temperature))
+            add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        if opts.repeat_penalty != 1.0:
+            window = opts.repeat_last_n if opts.repeat_last_n > 0 else len(history)
+            for tok in history[-window:]:
+                llama_cpp.llama_sampler_accept(chain, tok)
+        return chain, seed
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingOptions,
+        stats: GenerationStats,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+    ) -> Iterator[Step]:
+        """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer.
+
+        ``stats`` is filled in as the stream goes, so a consumer that stops early still has
+        correct figures. The last token sampled is not evaluated (nobody needs its logits).
+        """
+        if not prompt:
+            raise GenerationError("empty prompt: nothing to evaluate")
+        t_start = time.perf_counter()
+        stats.n_ctx = self.n_ctx
+        stats.prompt_tokens = len(prompt)
+        stats.finish_reason = None
+        try:
+            cached = self._reuse_prefix(prompt)
+            stats.cached_tokens = cached
+            t0 = time.perf_counter()
+            self._decode(prompt[cached:])
+            stats.prefill_s = time.perf_counter() - t0
+            chain, seed = self._sampler(sampling, prompt)
+            stats.extra["seed"] = seed
+            try:
+                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos)
+            finally:
+                llama_cpp.llama_sampler_free(chain)
+        except (KeyboardInterrupt, GeneratorExit):
+            stats.finish_reason = stats.finish_reason or "interrupted"
+            self._resync()
+            raise
+        finally:
+            stats.context_used = len(self._tokens)
+
+    def _sample_loop(
+        self,
+        chain: ctypes.c_void_p,
+        stats: GenerationStats,
+        t_start: float,
+        max_tokens: int | None,
+        stop: Sequence[str],
+        ignore_eos: bool,
+    ) -> Iterator[Step]:
+        sample = llama_cpp.llama_sampler_sample
+        ctx = self._ctx
+        is_eog = self.is_eog
+        piece = self.piece
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        matcher = StopMatcher(stop)
+        clock = time.perf_counter
+        n_gen = 0
+        t_first = 0.0
+        if max_tokens is not None and max_tokens <= 0:
+            stats.finish_reason = "length"
+            return
+        while True:
+            token = sample(chain, ctx, -1)
+            now = clock()
+            if n_gen == 0:
+                t_first = now
+                stats.first_token_s = now - t_start
+            if is_eog(token) and not ignore_eos:
+                stats.finish_reason = "stop"
+                tail = matcher.flush() + decoder.decode(b"", final=True)
+                if tail:
+                    yield Step(tail, None)
+                return
+            n_gen += 1
+            stats.completion_tokens = n_gen
+            stats.decode_s = now - t_first
+            text, hit = matcher.feed(decoder.decode(piece(token)))
+            if text or hit:
+                yield Step(text, token)
+            if hit:
+                stats.finish_reason = "stop"
+                return
+            if (max_tokens is not None and n_gen >= max_tokens) or len(self._tokens) >= self.n_ctx:
+                stats.finish_reason = "length"
+                tail = matcher.flush() + decoder.decode(b"", final=True)
+                if tail:
+                    yield Step(tail, None)
+                return
+            self._decode((token,))

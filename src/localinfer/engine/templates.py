@@ -1,0 +1,76 @@
+"""Turning messages into a prompt: the GGUF's own chat template, rendered only in a sandbox.
+
+llama-cpp-python's Jinja2ChatFormatter renders in jinja2's ImmutableSandboxedEnvironment; a template
+that reaches for Python internals (``cycler.__init__.__globals__``...) raises a SecurityError, which
+we turn into a clear refusal. A model without a template uses the registry's ``chat_format`` (one of
+llama-cpp-python's named formats) or, failing that, plain completion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from localinfer.errors import InvalidModelError, UsageError
+
+
+class TemplateRefusedError(InvalidModelError):
+    """The model's chat template tried something the sandbox forbids, or is broken."""
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    text: str
+    stop: tuple[str, ...]
+    add_special: bool  # whether tokenization should add BOS (False when the template already did)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How one model formats a conversation: a Jinja template or a named llama-cpp-python format."""
+
+    source: str  # "gguf" | "registry:<format>"
+    template: str | None = None
+    format_name: str | None = None
+    bos_text: str = ""
+    eos_text: str = ""
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> ChatPrompt:
+        from llama_cpp import llama_chat_format
+
+        if self.template is not None:
+            import jinja2
+
+            try:
+                formatter = llama_chat_format.Jinja2ChatFormatter(
+                    template=self.template,
+                    eos_token=self.eos_text,
+                    bos_token=self.bos_text,
+                    add_generation_prompt=add_generation_prompt,
+                )
+                result = formatter(messages=messages)
+            except jinja2.exceptions.SecurityError as exc:
+                raise TemplateRefusedError(
+                    f"the model's chat template was refused by the sandbox: {exc}",
+                    hint="this GGUF's template tries to reach Python internals; do not trust this file",
+                ) from None
+            except jinja2.exceptions.TemplateError as exc:
+                raise TemplateRefusedError(
+                    f"the model's chat template failed: {exc}",
+                    hint="use --raw for plain completion",
+                ) from None
+            stops = tuple(s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s)
+            return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
+        name = (self.format_name or "").replace("-", "_").replace(".", "_")
+        fn = getattr(llama_chat_format, f"format_{name}", None)
+        if fn is None:
+            raise UsageError(f"unknown chat format {self.format_name!r}")
+        result = fn(messages=messages)
+        stops = tuple(s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s)
+        return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
+
+
+def known_chat_formats() -> list[str]:
+    from llama_cpp import llama_chat_format
+
+    return sorted(n[len("format_") :] for n in dir(llama_chat_format) if n.startswith("format_"))

@@ -1,0 +1,91 @@
+"""Plain values the engine takes and gives: options in, steps and stats out.
+
+No llama_cpp here, so the CLI and tests can build these without loading anything heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model and size its context."""
+
+    n_ctx: int | None = None  # None: the model's trained context, capped at DEFAULT_CTX_CEILING
+    n_threads: int | None = None  # None: physical cores; used for prefill and decode alike
+    n_threads_batch: int | None = None  # None: same as n_threads
+    n_gpu_layers: int = 0  # -1 = all
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    flash_attn: str = "auto"  # auto | on | off
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    use_mmap: bool = True
+    use_mlock: bool = False
+    cpu_repack: bool | None = None  # None: on, except on AMX CPUs (see engine.llama.cpu_repack_enabled)
+    verbose: bool = False  # llama.cpp's log to stderr (it is always captured for error messages)
+
+
+DEFAULT_CTX_CEILING = 4096
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampler chain settings; defaults follow llama.cpp's."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None  # None: a random seed each request
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One piece of streamed output. ``text`` may be empty (a token that completes no character)."""
+
+    text: str
+    token: int | None
+
+
+@dataclass
+class GenerationStats:
+    """What one request measured; filled in by the engine as it goes (see README, "Metrics")."""
+
+    prompt_tokens: int = 0  # the whole prompt, in tokens
+    cached_tokens: int = 0  # reused from the KV cache, not evaluated
+    completion_tokens: int = 0  # tokens sampled (an end-of-generation token is not counted)
+    prefill_s: float = 0.0  # evaluating the non-cached prompt tokens
+    decode_s: float = 0.0  # from the first sampled token to the last one
+    first_token_s: float | None = None  # request start -> first token sampled (engine side)
+    finish_reason: str | None = None  # stop | length | interrupted
+    truncated_tokens: int = 0  # dropped from the prompt by --on-overflow truncate
+    n_ctx: int = 0
+    context_used: int = 0  # tokens in the context when the request ended
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def evaluated_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def prefill_tps(self) -> float | None:
+        if self.prefill_s <= 0 or self.evaluated_tokens <= 0:
+            return None
+        return self.evaluated_tokens / self.prefill_s
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens after the first over the time they took (the first comes from prefill)."""
+        n = self.completion_tokens - 1
+        if n <= 0 or self.decode_s <= 0:
+            return None
+        return n / self.decode_s

@@ -1,0 +1,90 @@
+"""Our exception types and the one table that maps them to messages and exit codes.
+
+Every failure a user can cause or meet is one of these; the CLI prints ``str(exc)`` on one line
+(plus ``exc.hint`` when set) and exits with the code from :data:`EXIT_CODES`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Documented exit codes (README, "Exit codes")."""
+
+    OK = 0
+    RUNTIME = 1  # the model failed while loading or generating, or an unexpected internal error
+    USAGE = 2  # bad option, bad value, bad input (same code Typer/Click use for usage errors)
+    NOT_FOUND = 3  # model name or file not found (not in registry, store or on disk)
+    BAD_MODEL = 4  # a file that is not a valid GGUF, or whose checksum does not match
+    NETWORK = 5  # download failed: hub unreachable, gated repo, transfer broken
+    RESOURCES = 6  # not enough memory or disk, or the context window is too small
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+
+
+class LocalInferError(Exception):
+    """Base of every error we expect; ``hint`` says what to do about it."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class UsageError(LocalInferError):
+    """The user asked for something that does not make sense (bad value, missing prompt)."""
+
+
+class ModelNotFoundError(LocalInferError):
+    """A model name that resolves to nothing, or a path that does not exist."""
+
+
+class InvalidModelError(LocalInferError):
+    """A file that is not a valid GGUF, or that is unreadable."""
+
+
+class ChecksumError(InvalidModelError):
+    """The bytes on disk are not the bytes the source promised."""
+
+
+class NetworkError(LocalInferError):
+    """Downloading failed (unreachable hub, broken transfer, gated repository)."""
+
+
+class ContextOverflowError(LocalInferError):
+    """Prompt plus requested tokens do not fit in the context window."""
+
+
+class ResourceError(LocalInferError):
+    """Not enough memory or disk for what was asked."""
+
+
+class ModelLoadError(LocalInferError):
+    """llama.cpp refused to load the model or create the context."""
+
+
+class GenerationError(LocalInferError):
+    """llama.cpp failed in the middle of evaluating or sampling."""
+
+
+# One table, subclasses before their bases (the first isinstance match wins).
+EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
+    (ChecksumError, ExitCode.BAD_MODEL),
+    (InvalidModelError, ExitCode.BAD_MODEL),
+    (ModelNotFoundError, ExitCode.NOT_FOUND),
+    (UsageError, ExitCode.USAGE),
+    (NetworkError, ExitCode.NETWORK),
+    (ContextOverflowError, ExitCode.RESOURCES),
+    (ResourceError, ExitCode.RESOURCES),
+    (ModelLoadError, ExitCode.RUNTIME),
+    (GenerationError, ExitCode.RUNTIME),
+    (LocalInferError, ExitCode.RUNTIME),
+    (KeyboardInterrupt, ExitCode.INTERRUPTED),
+)
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """The exit code of an exception; anything unexpected is a runtime error."""
+    for kind, code in EXIT_CODES:
+        if isinstance(exc, kind):
+            return code
+    return ExitCode.RUNTIME

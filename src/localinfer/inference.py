@@ -1,0 +1,241 @@
+"""The core of `run` (and the base of `chat`): load a resolved model, build the prompt, enforce the
+context window, stream the answer and measure it. Takes plain values, never Typer objects.
+
+The engine module is imported inside functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+from localinfer.errors import ContextOverflowError, UsageError
+
+if TYPE_CHECKING:
+    from localinfer.engine.llama import Model
+    from localinfer.engine.templates import ChatTemplate
+    from localinfer.store import ResolvedModel
+
+Warn = Callable[[str], None]
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (the model's mmapped pages included)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to answer: the engine's Model, how to format chats, and where it came from."""
+
+    name: str
+    model: Model
+    template: ChatTemplate | None
+    resolved: ResolvedModel | None = None
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def load(resolved: ResolvedModel, options: LoadOptions) -> LoadedModel:
+    """Load the model and pick its chat format: the GGUF's template, else the registry's format."""
+    from localinfer.engine.llama import Model
+    from localinfer.engine.templates import ChatTemplate
+
+    model = Model(resolved.path, options)
+    template: ChatTemplate | None = None
+    gguf_template = model.chat_template
+    if gguf_template:
+        template = ChatTemplate(source="gguf", template=gguf_template, bos_text=model.bos_text, eos_text=model.eos_text)
+    elif resolved.chat_format:
+        template = ChatTemplate(source=f"registry:{resolved.chat_format}", format_name=resolved.chat_format)
+    return LoadedModel(name=resolved.name, model=model, template=template, resolved=resolved)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion: a conversation (chat) or a plain text (raw)."""
+
+    messages: tuple[dict[str, Any], ...] = ()
+    raw_text: str | None = None  # set for plain completion
+    max_tokens: int | None = None  # None: until end of generation or the context is full
+    stop: tuple[str, ...] = ()
+    sampling: SamplingOptions = SamplingOptions()
+    on_overflow: str = "error"  # error | truncate
+    ignore_eos: bool = False
+
+
+@dataclass
+class Result:
+    """What a request produced and measured (see README, "Metrics")."""
+
+    text: str
+    model: str
+    stats: GenerationStats
+    load_s: float
+    ttft_s: float | None
+    total_s: float
+    peak_rss: int
+    mode: str  # chat | raw
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.stats.finish_reason
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "model": self.model,
+            "text": self.text,
+            "finish_reason": s.finish_reason,
+            "mode": self.mode,
+            "usage": {
+                "prompt_tokens": s.prompt_tokens,
+                "prompt_eval_tokens": s.evaluated_tokens,
+                "cached_tokens": s.cached_tokens,
+                "completion_tokens": s.completion_tokens,
+                "total_tokens": s.prompt_tokens + s.completion_tokens,
+                "truncated_prompt_tokens": s.truncated_tokens,
+            },
+            "timings": {
+                "load_ms": _ms(self.load_s),
+                "ttft_ms": _ms(self.ttft_s),
+                "prefill_ms": _ms(s.prefill_s),
+                "prefill_tokens_per_s": _round(s.prefill_tps),
+                "decode_ms": _ms(s.decode_s),
+                "decode_tokens_per_s": _round(s.decode_tps),
+                "total_ms": _ms(self.total_s),
+            },
+            "context": {"n_ctx": s.n_ctx, "used": s.context_used},
+            "memory": {"peak_rss_bytes": self.peak_rss},
+            "seed": s.extra.get("seed"),
+        }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _overflow_error(n_prompt: int, max_tokens: int | None, n_ctx: int, n_train: int) -> ContextOverflowError:
+    wanted = f"the prompt ({n_prompt} tokens)"
+    if max_tokens:
+        wanted += f" + --max-tokens ({max_tokens})"
+    need = n_prompt + (max_tokens or 1)
+    hint = "shorten the prompt, "
+    if max_tokens:
+        hint += "lower --max-tokens, "
+    if need <= n_train:
+        hint += f"raise --ctx-size (this model was trained on {n_train}), "
+    hint += "or pass --on-overflow truncate to keep the end of the prompt"
+    return ContextOverflowError(f"{wanted} exceed the context window ({n_ctx} tokens)", hint=hint)
+
+
+def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tuple[str, ...], int]:
+    """Tokens to evaluate, stop strings from the format, and tokens dropped to fit the context."""
+    model = loaded.model
+    budget = model.n_ctx - (request.max_tokens if request.max_tokens else 1)
+    if request.on_overflow == "truncate" and not request.max_tokens:
+        budget = model.n_ctx - max(1, min(512, model.n_ctx // 4))  # leave room for an answer
+    if budget <= 0:
+        raise _overflow_error(0, request.max_tokens, model.n_ctx, model.n_ctx_train)
+
+    def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
+        if request.raw_text is not None:
+            text = request.raw_text if text_override is None else text_override
+            return model.tokenize(text, add_special=True, parse_special=False), ()
+        assert loaded.template is not None
+        messages = list(request.messages)
+        if text_override is not None:
+            messages[-1] = {**messages[-1], "content": text_override}
+        prompt = loaded.template.render(messages)
+        return model.tokenize(prompt.text, add_special=prompt.add_special, parse_special=True), prompt.stop
+
+    tokens, stops = render(None)
+    if len(tokens) <= budget:
+        return tokens, stops, 0
+    if request.on_overflow != "truncate":
+        raise _overflow_error(len(tokens), request.max_tokens, model.n_ctx, model.n_ctx_train)
+    # Keep the end of the user's text (the system prompt and template stay whole).
+    original = request.raw_text if request.raw_text is not None else str(request.messages[-1].get("content", ""))
+    text_tokens = model.tokenize(original, add_special=False, parse_special=False)
+    dropped = 0
+    for _ in range(6):
+        excess = len(tokens) - budget
+        if excess <= 0:
+            return tokens, stops, dropped
+        dropped += excess
+        if dropped >= len(text_tokens):
+            break
+        tokens, stops = render(model.detokenize(text_tokens[dropped:]))
+    raise ContextOverflowError(
+        f"even truncated, the prompt does not fit the context window ({model.n_ctx} tokens)",
+        hint="shorten the system prompt or raise --ctx-size",
+    )
+
+
+def generate(
+    loaded: LoadedModel,
+    request: Request,
+    write: Callable[[str], None],
+    *,
+    load_s: float = 0.0,
+) -> Result:
+    """Stream one answer through ``write`` and return what was measured.
+
+    TTFT runs from the start of this call (the request, after loading) to the first non-empty
+    text handed to ``write``. If ``write`` or the user interrupts, ``stats`` stays correct for
+    what was produced; the exception propagates.
+    """
+    t_request = time.perf_counter()
+    stats = GenerationStats()
+    tokens, stops, dropped = build_prompt(loaded, request)
+    stats.truncated_tokens = dropped
+    stop = tuple(dict.fromkeys((*request.stop, *stops)))
+    pieces: list[str] = []
+    ttft: float | None = None
+    mode = "raw" if request.raw_text is not None else "chat"
+    result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode)
+    try:
+        for step in loaded.model.generate(
+            tokens, request.sampling, stats, max_tokens=request.max_tokens, stop=stop, ignore_eos=request.ignore_eos
+        ):
+            if not step.text:
+                continue
+            write(step.text)
+            pieces.append(step.text)
+            if ttft is None:
+                ttft = time.perf_counter() - t_request
+    finally:
+        result.text = "".join(pieces)
+        result.ttft_s = ttft
+        result.total_s = time.perf_counter() - t_request
+        result.peak_rss = peak_rss_bytes()
+    return result
+
+
+def messages_for(prompt: str, system: str | None, history: Sequence[dict[str, Any]] = ()) -> tuple[dict[str, Any], ...]:
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": system})
+    out.extend(history)
+    out.append({"role": "user", "content": prompt})
+    return tuple(out)
+
+
+def combine_stdin_and_prompt(stdin_text: str | None, prompt: str | None) -> str:
+    """Piped text becomes context before the prompt, as Ollama does."""
+    parts = [p for p in (stdin_text, prompt) if p and p.strip()]
+    if not parts:
+        raise UsageError("no prompt given", hint="pass --prompt TEXT, or pipe text on stdin")
+    return "\n\n".join(p.rstrip("\n") if i == 0 and len(parts) > 1 else p for i, p in enumerate(parts))

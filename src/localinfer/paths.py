@@ -1,0 +1,36 @@
+"""Where localinfer keeps its files, resolved when called (never at import time).
+
+``LOCALINFER_HOME`` puts everything under one folder (tests use it); otherwise the platform's
+data and config dirs (platformdirs): ``~/.local/share/localinfer`` and ``~/.config/localinfer``
+on Linux.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """Models, manifest, history, chat history."""
+    home = os.environ.get("LOCALINFER_HOME")
+    if home:
+        return Path(home).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("localinfer", appauthor=False))
+
+
+def config_dir() -> Path:
+    """User overrides such as an extra ``models.toml``."""
+    home = os.environ.get("LOCALINFER_HOME")
+    if home:
+        return Path(home).expanduser() / "config"
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("localinfer", appauthor=False))
+
+
+def models_dir() -> Path:
+    """The model store: verified blobs and the manifest."""
+    return data_dir() / "models"

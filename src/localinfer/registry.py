@@ -1,0 +1,114 @@
+"""Friendly model names -> sources, from models.toml (packaged) layered with the user's own file.
+
+The registry only knows *where* a model comes from; fetching, verifying and locating bytes on disk is
+the store's job.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from localinfer.errors import ModelNotFoundError, UsageError
+
+_MAX_NAME = 200
+# name:tag, lowercase letters, digits, dot, dash, underscore; no path separators, no "..".
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[a-z0-9][a-z0-9._-]*)?$")
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """One named model and where its bytes come from."""
+
+    name: str
+    repo: str | None = None
+    file: str | None = None
+    revision: str | None = None
+    sha256: str | None = None
+    package: str | None = None
+    package_file: str | None = None
+    package_assemble: bool = False
+    chat_format: str | None = None
+    description: str = ""
+
+
+def _load_toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}", hint="fix or remove that file") from exc
+
+
+def _packaged_registry_path() -> Path:
+    return Path(__file__).with_name("models.toml")
+
+
+def validate_name(name: str) -> str:
+    """Check a registry name's shape before it is used anywhere (no separators, no '..')."""
+    if not name or len(name) > _MAX_NAME or ".." in name or not _NAME_RE.match(name):
+        raise UsageError(
+            f"invalid model name {name!r}",
+            hint="names look like 'family:size' (lowercase letters, digits, '.', '-', '_')",
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The merged registry: packaged models.toml, then the user's file on top."""
+
+    entries: dict[str, RegistryEntry]
+    default: str
+
+    def get(self, name: str) -> RegistryEntry:
+        try:
+            return self.entries[name]
+        except KeyError:
+            close = [n for n in self.entries if n.split(":")[0] == name.split(":")[0]]
+            hint = (
+                f"did you mean {', '.join(sorted(close))}?"
+                if close
+                else "run 'localinfer list --available' to see known names, or give a path to a .gguf file"
+            )
+            raise ModelNotFoundError(f"unknown model {name!r}", hint=hint) from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+
+_FIELDS = {f for f in RegistryEntry.__dataclass_fields__ if f != "name"}
+
+
+def _entries_from(data: dict, origin: Path) -> dict[str, RegistryEntry]:
+    out: dict[str, RegistryEntry] = {}
+    for name, table in (data.get("models") or {}).items():
+        validate_name(name)
+        if not isinstance(table, dict):
+            raise UsageError(f"{origin}: models.{name!r} must be a table")
+        unknown = set(table) - _FIELDS
+        if unknown:
+            raise UsageError(f"{origin}: models.{name!r} has unknown keys: {', '.join(sorted(unknown))}")
+        out[name] = RegistryEntry(name=name, **table)
+    return out
+
+
+def load_registry(user_file: Path | None = None) -> Registry:
+    """Read the packaged registry and layer the user's models.toml (if any) on top."""
+    base = _load_toml(_packaged_registry_path())
+    entries = _entries_from(base, _packaged_registry_path())
+    default = base.get("default", "smollm2:135m")
+    if user_file is None:
+        from localinfer.paths import config_dir
+
+        user_file = config_dir() / "models.toml"
+    if user_file.is_file():
+        user = _load_toml(user_file)
+        entries.update(_entries_from(user, user_file))
+        default = user.get("default", default)
+    return Registry(entries=entries, default=default)

@@ -1,0 +1,1 @@
+"""Everything users see on stderr: progress, stats, warnings (stdout carries only the answer)."""

@@ -1,0 +1,123 @@
+"""The stats line after an answer, the --verbose table, and warnings - all on stderr.
+
+Plain text when stderr is not a terminal or NO_COLOR is set; Rich styling (dim) on a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from localinfer.inference import Result
+
+
+def _styled(stream: TextIO) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (ValueError, AttributeError):
+        return False
+
+
+def human_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n:.1f} TB"
+
+
+def _ms(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1000:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+def _tps(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} tok/s"
+
+
+def summary_line(result: Result) -> str:
+    s = result.stats
+    parts = [
+        result.model,
+        f"{s.completion_tokens} tokens",
+        f"TTFT {_ms(result.ttft_s)}",
+        f"prefill {_tps(s.prefill_tps)} ({s.evaluated_tokens} evaluated, {s.cached_tokens} cached)",
+        f"decode {_tps(s.decode_tps)}",
+        f"total {_ms(result.total_s)}",
+        f"load {_ms(result.load_s)}",
+        f"peak RSS {human_bytes(result.peak_rss)}",
+        f"finish {s.finish_reason or '-'}",
+    ]
+    if s.truncated_tokens:
+        parts.append(f"prompt truncated by {s.truncated_tokens} tokens")
+    return " · ".join(parts)
+
+
+def print_summary(result: Result, *, verbose: bool = False, stream: TextIO | None = None) -> None:
+    stream = stream or sys.stderr
+    if not verbose:
+        line = summary_line(result)
+        if _styled(stream):
+            from rich.console import Console
+
+            Console(file=stream, highlight=False).print(line, style="dim", markup=False, soft_wrap=True)
+        else:
+            stream.write(line + "\n")
+        stream.flush()
+        return
+    print_table(result, stream)
+
+
+def _rows(result: Result) -> list[tuple[str, str]]:
+    s = result.stats
+    return [
+        ("model", result.model),
+        ("mode", result.mode),
+        ("finish reason", s.finish_reason or "-"),
+        ("load time", _ms(result.load_s)),
+        ("TTFT", _ms(result.ttft_s)),
+        ("prompt tokens", f"{s.prompt_tokens} ({s.evaluated_tokens} evaluated, {s.cached_tokens} cached)"),
+        ("prompt truncated", f"{s.truncated_tokens} tokens" if s.truncated_tokens else "no"),
+        ("prefill", f"{_ms(s.prefill_s)} · {_tps(s.prefill_tps)}"),
+        ("completion tokens", str(s.completion_tokens)),
+        ("decode", f"{_ms(s.decode_s)} · {_tps(s.decode_tps)} (tokens after the first)"),
+        ("end to end", _ms(result.total_s)),
+        ("context", f"{s.context_used} / {s.n_ctx} tokens"),
+        ("peak RSS", human_bytes(result.peak_rss)),
+        ("seed", str(s.extra.get("seed", "-"))),
+    ]
+
+
+def print_table(result: Result, stream: TextIO) -> None:
+    rows = _rows(result)
+    if not _styled(stream):
+        width = max(len(k) for k, _ in rows)
+        stream.write("".join(f"{k:<{width}}  {v}\n" for k, v in rows))
+        stream.flush()
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in rows:
+        table.add_row(k, v)
+    Console(file=stream, highlight=False).print(table)
+
+
+def warn(message: str, stream: TextIO | None = None) -> None:
+    """One warning line on stderr."""
+    stream = stream or sys.stderr
+    if _styled(stream):
+        stream.write(f"\x1b[33mwarning:\x1b[0m {message}\n")
+    else:
+        stream.write(f"warning: {message}\n")
+    stream.flush()

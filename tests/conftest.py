@@ -1,0 +1,59 @@
+"""Shared fixtures: every test gets its own localinfer home and HF cache; nothing touches the real ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    home = tmp_path / "localinfer-home"
+    monkeypatch.setenv("LOCALINFER_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("LOCALINFER_DEBUG", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    return home
+
+
+def run_cli(
+    *args: str, input: str | bytes | None = None, env: dict | None = None, timeout: float = 300, **kw
+) -> subprocess.CompletedProcess:
+    """The real entry point, in a subprocess: `python -m localinfer ARGS` (stdin closed unless given)."""
+    full_env = {**os.environ, **(env or {})}
+    if isinstance(input, str):
+        input = input.encode()
+    return subprocess.run(
+        [sys.executable, "-m", "localinfer", *args],
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
+        capture_output=True,
+        env=full_env,
+        timeout=timeout,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    from models import smollm2_path as locate
+
+    return locate()
+
+
+@pytest.fixture(scope="session")
+def gemma_path(tmp_path_factory):
+    from models import gemma_path as locate
+
+    return locate(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def shared_home(tmp_path_factory):
+    """A localinfer home shared by the subprocess tests of one session (so gemma is assembled once)."""
+    return tmp_path_factory.mktemp("shared-home")

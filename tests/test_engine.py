@@ -1,0 +1,91 @@
+"""The engine on the real SmolLM2 model: tokens, KV-cache reuse, exact counts, the template sandbox."""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+
+pytestmark = pytest.mark.slow
+
+GREEDY = SamplingOptions(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    from localinfer.engine.llama import Model
+
+    m = Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2))
+    yield m
+    m.close()
+
+
+def run(model, prompt, sampling=GREEDY, **kw):
+    stats = GenerationStats()
+    text = "".join(step.text for step in model.generate(prompt, sampling, stats, **kw))
+    return text, stats
+
+
+def test_model_facts(model):
+    assert model.n_ctx == 1024 and model.n_ctx_train == 8192
+    assert model.n_layer == 30 and model.n_vocab == 49152
+    assert "<|im_start|>" in model.chat_template
+    assert model.load_s > 0
+
+
+def test_tokenize_roundtrip(model):
+    toks = model.tokenize("Hello, world! Ünïcödé ✓", add_special=False)
+    assert model.detokenize(toks) == "Hello, world! Ünïcödé ✓"
+
+
+def test_kv_cache_reuse_evaluates_only_new_tokens_and_changes_nothing(model):
+    model.reset()
+    base = model.tokenize(
+        "<|im_start|>user\nTell me about cats.<|im_end|>\n<|im_start|>assistant\n", parse_special=True
+    )
+    first, s1 = run(model, base, max_tokens=12)
+    assert s1.cached_tokens == 0 and s1.evaluated_tokens == len(base)
+    again, s2 = run(model, base, max_tokens=12)
+    assert again == first  # greedy: reusing the cache gives the same answer
+    assert s2.cached_tokens == len(base) - 1 and s2.evaluated_tokens == 1
+    longer = base + model.tokenize(" More", add_special=False)
+    _, s3 = run(model, longer, max_tokens=4)
+    assert s3.cached_tokens == len(base)
+    model.reset()
+    _, s4 = run(model, base, max_tokens=4)
+    assert s4.cached_tokens == 0
+
+
+def test_ignore_eos_generates_exactly_n_tokens_and_stats_add_up(model):
+    model.reset()
+    prompt = model.tokenize("Once upon a time")
+    _, stats = run(model, prompt, SamplingOptions(seed=1), max_tokens=32, ignore_eos=True)
+    assert stats.completion_tokens == 32 and stats.finish_reason == "length"
+    assert stats.decode_tps and stats.decode_tps > 1 and stats.prefill_tps and stats.prefill_tps > 1
+    assert stats.first_token_s and stats.first_token_s >= stats.prefill_s
+    assert stats.context_used == len(prompt) + 31  # the last sampled token is never evaluated
+
+
+def test_sandboxed_template_refuses_to_escape(tmp_path):
+    from localinfer.engine.templates import ChatTemplate, TemplateRefusedError
+
+    marker = tmp_path / "pwned"
+    evil = "{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) + "').read() }}"
+    with pytest.raises(TemplateRefusedError, match="refused by the sandbox"):
+        ChatTemplate(source="gguf", template=evil).render([{"role": "user", "content": "hi"}])
+    assert not marker.exists()
+    evil2 = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(TemplateRefusedError):
+        ChatTemplate(source="gguf", template=evil2).render([{"role": "user", "content": "hi"}])
+
+
+def test_registry_chat_format_renders_without_a_gguf_template():
+    from localinfer.engine.templates import ChatTemplate
+
+    prompt = ChatTemplate(source="registry:chatml", format_name="chatml").render(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    )
+    assert "<|im_start|>user\nU<|im_end|>" in prompt.text and prompt.text.rstrip().endswith(
+        "<|im_start|>assistant"
+    )
+    assert "<|im_end|>" in prompt.stop
