@@ -29,6 +29,14 @@ StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when 
 CtxSizeOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", min=16, help="Context window in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=_CONTEXT)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads for prefill and decode. Default: physical cores.", rich_help_panel=_CONTEXT)]
 GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="Layers to offload: auto, all or a number. auto = 0 on a CPU-only build.", rich_help_panel=_CONTEXT)]
+FlashAttnOpt = Annotated[str, typer.Option("--flash-attn", "-fa", help="Flash attention: auto, on or off.", rich_help_panel=_CONTEXT)]
+CacheTypeKOpt = Annotated[str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for K: f16, q8_0, q4_0.", rich_help_panel=_CONTEXT)]
+CacheTypeVOpt = Annotated[str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for V: f16, q8_0, q4_0.", rich_help_panel=_CONTEXT)]
+NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of mapping it.", rich_help_panel=_CONTEXT)]
+MlockOpt = Annotated[bool, typer.Option("--mlock", help="Lock the model in RAM (no swapping).", rich_help_panel=_CONTEXT)]
+BatchSizeOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Prompt tokens evaluated per llama_decode call.", rich_help_panel=_CONTEXT)]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Load even when the memory estimate says it will not fit.", rich_help_panel=_CONTEXT)]
+NoLogOpt = Annotated[bool, typer.Option("--no-log", help="Do not record this request in the usage history (also LOCALINFER_NO_LOG=1).")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; also HF_HUB_OFFLINE=1.", rich_help_panel=_CONTEXT)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and a full stats table.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line, no warnings; only the answer.")]
@@ -52,8 +60,41 @@ def parse_gpu_layers(value: str) -> int:
     return n
 
 
-def load_options(*, ctx_size: int | None, threads: int | None, gpu_layers: str, verbose: bool) -> LoadOptions:
-    return LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=parse_gpu_layers(gpu_layers), verbose=verbose)
+_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
+def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
+    v = value.strip().lower()
+    if v not in allowed:
+        raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+    return v
+
+
+def load_options(
+    *,
+    ctx_size: int | None,
+    threads: int | None,
+    gpu_layers: str,
+    verbose: bool,
+    flash_attn: str = "auto",
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    no_mmap: bool = False,
+    mlock: bool = False,
+    batch_size: int = 2048,
+) -> LoadOptions:
+    return LoadOptions(
+        n_ctx=ctx_size,
+        n_threads=threads,
+        n_gpu_layers=parse_gpu_layers(gpu_layers),
+        verbose=verbose,
+        flash_attn=_choice("--flash-attn", flash_attn, ("auto", "on", "off")),
+        cache_type_k=_choice("--cache-type-k", cache_type_k, _CACHE_TYPES),
+        cache_type_v=_choice("--cache-type-v", cache_type_v, _CACHE_TYPES),
+        use_mmap=not no_mmap,
+        use_mlock=mlock,
+        n_batch=batch_size,
+    )
 
 
 def sampling_options(

@@ -55,6 +55,13 @@ def run(
     ctx_size: o.CtxSizeOpt = None,
     threads: o.ThreadsOpt = None,
     gpu_layers: o.GpuLayersOpt = "auto",
+    flash_attn: o.FlashAttnOpt = "auto",
+    cache_type_k: o.CacheTypeKOpt = "f16",
+    cache_type_v: o.CacheTypeVOpt = "f16",
+    no_mmap: o.NoMmapOpt = False,
+    mlock: o.MlockOpt = False,
+    batch_size: o.BatchSizeOpt = 2048,
+    force: o.ForceOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
     on_overflow: Annotated[Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = Overflow.error,
     offline: o.OfflineOpt = False,
@@ -73,7 +80,18 @@ def run(
             raise UsageError("give the prompt either as an argument or with --prompt, not both")
         text = inference.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
         offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
-        load_opts = o.load_options(ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+        load_opts = o.load_options(
+            ctx_size=ctx_size,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            verbose=verbose,
+            flash_attn=flash_attn,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+            no_mmap=no_mmap,
+            mlock=mlock,
+            batch_size=batch_size,
+        )
         sampling = o.sampling_options(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )

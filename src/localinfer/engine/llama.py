@@ -492,4 +492,6 @@ class Model:
                 if tail:
                     yield Step(tail, None)
                 return
+            t_call = clock()
             self._decode((token,))
+            stats.decode_calls_s += clock() - t_call

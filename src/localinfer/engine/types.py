@@ -65,6 +65,7 @@ class GenerationStats:
     completion_tokens: int = 0  # tokens sampled (an end-of-generation token is not counted)
     prefill_s: float = 0.0  # evaluating the non-cached prompt tokens
     decode_s: float = 0.0  # from the first sampled token to the last one
+    decode_calls_s: float = 0.0  # of decode_s, the time spent inside llama_decode itself
     first_token_s: float | None = None  # request start -> first token sampled (engine side)
     finish_reason: str | None = None  # stop | length | interrupted
     truncated_tokens: int = 0  # dropped from the prompt by --on-overflow truncate
@@ -81,6 +82,14 @@ class GenerationStats:
         if self.prefill_s <= 0 or self.evaluated_tokens <= 0:
             return None
         return self.evaluated_tokens / self.prefill_s
+
+    @property
+    def raw_decode_tps(self) -> float | None:
+        """The rate llama_decode alone would give: our own per-token overhead is the difference."""
+        n = self.completion_tokens - 1
+        if n <= 0 or self.decode_calls_s <= 0:
+            return None
+        return n / self.decode_calls_s
 
     @property
     def decode_tps(self) -> float | None:
