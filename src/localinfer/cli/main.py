@@ -34,6 +34,7 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        rich_markup_mode=None,  # plain Click-style help: keeps `--help` fast (no rich import)
         context_settings={"help_option_names": ["-h", "--help"]},
     )
 

@@ -40,7 +40,7 @@ def _write_stdout(text: str) -> None:
 
 
 def run(
-    prompt_words: Annotated[Optional[list[str]], typer.Argument(metavar="[PROMPT]...", help="Prompt (or use --prompt).", show_default=False)] = None,
+    prompt_words: Annotated[Optional[list[str]], typer.Argument(metavar="PROMPT", help="Prompt (or use --prompt).", show_default=False)] = None,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt. Piped stdin is added before it as context.")] = None,
     model: o.ModelOpt = None,
     system: o.SystemOpt = None,
