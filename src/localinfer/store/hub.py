@@ -8,6 +8,7 @@ The token is sent to the Hub only, never printed or logged by us.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
-from localinfer.errors import LocalInferError, ModelNotFoundError, NetworkError
+from localinfer.errors import LocalInferError, ModelNotFoundError, NetworkError, ResourceError
 from localinfer.store.fsutil import hash_prefix
 from localinfer.store.types import NullProgress, ProgressSink
 
@@ -185,7 +186,7 @@ def download(
         if size is not None and have > size:
             fh.truncate(0)
             have = fh.seek(0)
-        digest = hash_prefix(dest, have) if have else _new_hash()
+        digest = _BackgroundHash(hash_prefix(dest, have) if have else None)
         sink.start(label, size, have)
         failures = 0
         try:
@@ -208,7 +209,7 @@ def download(
                             fh.seek(0)
                             fh.truncate(0)
                             have = 0
-                            digest = _new_hash()
+                            digest.restart()
                             sink.reset(0)
                         elif have and resp.status_code == 206:
                             start = _content_range_start(resp.headers.get("Content-Range"))
@@ -225,7 +226,7 @@ def download(
                                     f"the server sent more than the {size} bytes announced for {filename}",
                                     hint="run the same command again",
                                 )
-                            fh.write(chunk)
+                            _write_all(fh, chunk)
                             digest.update(chunk)
                             have += len(chunk)
                             got_bytes = True
@@ -244,13 +245,70 @@ def download(
                     sink.note(f"{filename}: {_describe(exc)}; resuming at byte {have}")
                     time.sleep(min(0.25 * 2 ** max(failures - 1, 0), 4.0))
             os.fsync(fh.fileno())
+            return digest.hexdigest()
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceError(
+                    f"the disk filled up while downloading {filename} ({have} bytes written to {dest})",
+                    hint="free some space and run the same command again: it resumes where it stopped",
+                ) from None
+            raise
         finally:
+            digest.close()
             sink.finish()
-    return digest.hexdigest()
 
 
 class _Transient(Exception):
     pass
+
+
+def _write_all(fh, data: bytes) -> None:  # noqa: ANN001
+    view = memoryview(data)
+    while view:
+        n = fh.write(view)
+        view = view[n:]
+
+
+class _BackgroundHash:
+    """sha256 computed on a helper thread, so hashing overlaps receiving and writing.
+
+    ``hashlib`` releases the GIL while it hashes large buffers, so on a multi-core machine the digest
+    costs (almost) no wall time; chunks are handed over in order through a bounded queue.
+    """
+
+    def __init__(self, start=None) -> None:  # noqa: ANN001 - hashlib's type is private
+        import queue
+        import threading
+
+        self._digest = start if start is not None else _new_hash()
+        self._queue: queue.Queue = queue.Queue(maxsize=64)
+        self._thread = threading.Thread(target=self._run, name="localinfer-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        get, update = self._queue.get, self._digest.update
+        while True:
+            chunk = get()
+            if chunk is None:
+                return
+            update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self._queue.put(chunk)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self._digest.hexdigest()
+
+    def restart(self) -> None:
+        """Forget everything hashed so far (the download starts again from byte 0)."""
+        self.close()
+        self.__init__()  # type: ignore[misc]
 
 
 def _describe(exc: BaseException) -> str:
