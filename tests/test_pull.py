@@ -490,3 +490,32 @@ def test_list_available(hub: FakeHub) -> None:
     data = json.loads(invoke("list", "--available", "--json").stdout)
     assert {"name", "description", "installed", "shipped", "source", "default"} <= set(data[0])
     assert invoke("list").stdout.startswith("No models installed")
+
+
+def test_hub_unreachable(hub_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    r = invoke("pull", REPO)
+    assert r.exit_code == 5
+    assert "cannot reach the Hub at http://127.0.0.1:9" in r.stderr and "Traceback" not in r.stderr
+    assert_nothing_installed()
+
+
+def test_file_in_the_hf_cache_is_reused_after_verification(hub: FakeHub, tmp_path: Path) -> None:
+    f = hub.repos[REPO].files["tiny-Q8_0.gguf"]
+    cache = tmp_path / "hf" / "hub" / "models--acme--Tiny-GGUF" / "blobs"
+    cache.mkdir(parents=True)
+    (cache / f.sha256).write_bytes(f.path.read_bytes())
+    r = invoke("pull", f"{REPO}:Q8_0")
+    assert r.exit_code == 0, r.stderr
+    assert "found in the Hugging Face cache" in r.stderr
+    assert not hub.requests("GET", "/resolve/")  # no download
+    blob = models_dir() / "blobs" / f"sha256-{f.sha256}"
+    assert blob.is_file() and (cache / f.sha256).is_file()
+    # a cached copy that does not match its name is not trusted: downloaded instead
+    g = hub.repos[REPO].files["tiny-F16.gguf"]
+    (cache / g.sha256).write_bytes(b"\0" * g.size)
+    r = invoke("pull", f"{REPO}:F16")
+    assert r.exit_code == 0, r.stderr
+    assert "not usable" in r.stderr
+    assert len(hub.requests("GET", "tiny-F16")) == 1
+    assert (models_dir() / "blobs" / f"sha256-{g.sha256}").is_file()

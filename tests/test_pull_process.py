@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,3 +194,21 @@ def test_registry_model_shipped_in_a_package(fake_hub: FakeHub) -> None:  # noqa
     r = runner.invoke(app, ["rm", "smollm2:135m"])
     assert r.exit_code == 0 and "stays where it is" in r.stdout
     assert Path(m["path"]).is_file()
+
+
+def test_progress_bar_on_a_terminal(slow_hub) -> None:
+    pexpect = pytest.importorskip("pexpect")
+    hub, f = slow_hub
+    hub.repos[REPO].files[FILE].faults["slow"] = {"bytes_per_s": 2_000_000}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "localinfer", "pull", REPO], env=dict(os.environ, TERM="xterm", COLUMNS="120"),
+        timeout=60, encoding="utf-8",
+    )
+    child.expect("pulled acme/Slow-GGUF:Q4_K_M")
+    text = child.before or ""
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    assert "pulling slow-Q4_K_M.gguf" in plain and "━" in plain  # Rich's bar
+    assert "3.0/3.0 MB" in plain and "MB/s" in plain  # bytes done/total, speed (ETA column follows)

@@ -119,6 +119,30 @@ def list_repo(repo: str, revision: str | None) -> RepoListing:
     return RepoListing(repo=repo, commit=commit, files=files)
 
 
+def hf_cache_dir() -> Path:
+    """huggingface_hub's cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub), read now."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(explicit)).expanduser()
+    hf_home = os.environ.get("HF_HOME")
+    if hf_home:
+        return Path(os.path.expandvars(hf_home)).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def hf_cached_blob(repo: str, sha256: str, size: int | None) -> Path | None:
+    """A file huggingface_hub already downloaded with this sha256 (its cache names LFS blobs by sha256)."""
+    owner, name = repo.split("/", 1)
+    path = hf_cache_dir() / f"models--{owner}--{name}" / "blobs" / sha256
+    try:
+        if path.is_file() and not path.is_symlink() and (size is None or path.stat().st_size == size):
+            return path
+    except OSError:
+        return None
+    return None
+
+
 def file_url(repo: str, revision: str, filename: str) -> str:
     return f"{endpoint()}/{repo}/resolve/{quote(revision, safe='')}/{quote(filename)}"
 

@@ -385,6 +385,9 @@ def _fetch_blob(
             except ChecksumError:
                 progress.note(f"{filename}: the stored copy is corrupt; downloading it again")
                 blob.unlink(missing_ok=True)
+        reused = _reuse_hf_cache(store, repo=repo, filename=filename, size=size, sha256=sha256, progress=progress)
+        if reused is not None:
+            return reused
         part = store.partial_path(sha256)
         digest = hub.download(
             meta, part, size=size, repo=repo, filename=filename, label=f"pulling {filename}", progress=progress
@@ -405,6 +408,38 @@ def _fetch_blob(
         fsync_dir(blob.parent)
         store.record_digest(blob, sha256)
         return blob, info
+
+
+def _reuse_hf_cache(
+    store: Store, *, repo: str, filename: str, size: int | None, sha256: str, progress: ProgressSink
+) -> tuple[Path, Any] | None:
+    """Take a verified copy of the file from huggingface_hub's cache (hard link, else copy); None if absent."""
+    from localinfer.store import hub
+
+    cached = hub.hf_cached_blob(repo, sha256, size)
+    if cached is None:
+        return None
+    tmp = store.partial_dir / f"sha256-{sha256}.hfcache"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(cached, tmp)
+        except OSError:
+            shutil.copyfile(cached, tmp)
+        progress.note(f"{filename}: found in the Hugging Face cache ({cached}), verifying it")
+        verify_file(store, tmp, sha256, force=True, progress=progress, label=f"verifying {filename}")
+        info = read_header(tmp)
+    except (OSError, ChecksumError, InvalidModelError):
+        tmp.unlink(missing_ok=True)
+        progress.note(f"{filename}: the cached copy is not usable; downloading it")
+        return None
+    blob = store.blob_path(sha256)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, blob)
+    fsync_dir(blob.parent)
+    store.record_digest(blob, sha256)
+    return blob, info
 
 
 def _link_split(store: Store, files: list[dict[str, Any]]) -> Path:
