@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -129,23 +128,38 @@ def test_default_is_smollm2_from_its_package_in_place(home: Path) -> None:
     assert (rec["size"], rec["mtime_ns"], rec["inode"], rec["sha256"]) == (st.st_size, st.st_mtime_ns, st.st_ino, SMOLLM2_SHA)
 
 
-@needs_smollm2
-def test_package_verification_cache_is_used_not_rehashed(home: Path) -> None:
-    r = resolve_model("smollm2:135m")
-    t0 = time.perf_counter()
-    again = resolve_model("smollm2:135m")
-    assert again.path == r.path
-    fast = time.perf_counter() - t0
-    # Prove the second resolve trusts the cache instead of hashing 98 MB: poison the cached digest
-    # (same stat key) and the store must believe it, and refuse the file.
-    cache_path = home / "models" / "verified.json"
-    cache = json.loads(cache_path.read_text())
-    cache[str(r.path)]["sha256"] = "0" * 64
-    cache_path.write_text(json.dumps(cache))
+def test_package_verification_is_cached_by_stat_key(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package-shipped file is hashed once; later resolves trust (path, size, mtime_ns, inode)."""
+    pkg = tmp_path / "site" / "fake_models_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    model = write_gguf(pkg / "data" / "fake.gguf", arch="qwen2")
+    from localinfer.store.fsutil import sha256_file
+
+    digest = sha256_file(model)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    cfg = home / "config"
+    cfg.mkdir(parents=True)
+    (cfg / "models.toml").write_text(
+        '[models."fake:1m"]\npackage = "fake_models_pkg"\npackage_file = "fake.gguf"\n'
+        f'sha256 = "{digest}"\nchat_format = "chatml"\n'
+    )
+    r = resolve_model("fake:1m")
+    assert (r.path, r.sha256, r.source, r.chat_format) == (model.resolve(), digest, "package:fake_models_pkg", "chatml")
+    # Same bytes count, same mtime, same inode: the cache is trusted, the file is not read again...
+    st = model.stat()
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF
+    with model.open("r+b") as fh:
+        fh.write(data)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert resolve_model("fake:1m").sha256 == digest
+    # ...but any change of the stat key makes it hash again, and the change is caught.
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     with pytest.raises(ChecksumError) as exc:
-        resolve_model("smollm2:135m")
+        resolve_model("fake:1m")
     assert "reinstall" in (exc.value.hint or "")
-    assert fast < 5
+    assert "fake_models_pkg" not in sys.modules
 
 
 @needs_gemma
@@ -183,3 +197,27 @@ def test_manifest_written_atomically_and_touch(home: Path, tmp_path: Path) -> No
     leftovers = [p for p in (home / "models").iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
     assert os.stat(home / "models" / "manifest.json").st_size > 0
+
+
+@needs_smollm2
+def test_stale_package_entry_is_re_registered(home: Path) -> None:
+    r = resolve_model("smollm2:135m")
+    store = Store()
+    entry = store.entry("smollm2:135m")
+    entry["load"] = entry["files"][0]["path"] = "/nonexistent/old-version/model.gguf"  # package moved/upgraded
+    store.put(entry)
+    again = resolve_model("smollm2:135m")
+    assert again.path == r.path and store.entry("smollm2:135m")["load"] == str(r.path)
+
+
+def test_unreadable_manifest_and_cache(home: Path, tmp_path: Path) -> None:
+    from localinfer.errors import LocalInferError
+
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "verified.json").write_text("{not json")
+    p = write_gguf(tmp_path / "x.gguf")
+    assert resolve_model(str(p)).sha256 is None  # a broken digest cache is just empty
+    (home / "models" / "manifest.json").write_text("{not json")
+    with pytest.raises(LocalInferError, match="manifest .* is unreadable") as exc:
+        resolve_model("smollm2:135m")
+    assert "move it aside" in (exc.value.hint or "")

@@ -76,7 +76,15 @@ class Store:
 
     # ---- manifest -----------------------------------------------------------------------------
     def _read(self) -> dict[str, Any]:
-        data = read_json(self.manifest_path, None)
+        try:
+            data = read_json(self.manifest_path, None)
+        except (ValueError, UnicodeDecodeError) as exc:
+            from localinfer.errors import LocalInferError
+
+            raise LocalInferError(
+                f"the model manifest {self.manifest_path} is unreadable ({exc})",
+                hint="move it aside; installed models can then be pulled again (their blobs are reused)",
+            ) from None
         if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
             data = {"version": MANIFEST_VERSION, "models": {}}
         return data
@@ -123,14 +131,22 @@ class Store:
         return out
 
     # ---- digest cache -------------------------------------------------------------------------
+    def _read_cache(self) -> dict[str, Any]:
+        """The digest cache; an unreadable one is simply empty (it is only a cache)."""
+        try:
+            cache = read_json(self.verified_path, {})
+        except (ValueError, UnicodeDecodeError, OSError):
+            return {}
+        return cache if isinstance(cache, dict) else {}
+
     def cached_digest(self, path: Path) -> str | None:
         """The sha256 recorded for ``path`` if its size, mtime, inode and device are unchanged since."""
         try:
             key = stat_key(path)
         except OSError:
             return None
-        cache = read_json(self.verified_path, {})
-        rec = cache.get(str(path)) if isinstance(cache, dict) else None
+        cache = self._read_cache()
+        rec = cache.get(str(path))
         if not isinstance(rec, dict):
             return None
         if all(rec.get(k) == v for k, v in key.items()):
@@ -144,9 +160,7 @@ class Store:
         except OSError:
             return
         with file_lock(self.lock_path("verified")):
-            cache = read_json(self.verified_path, {})
-            if not isinstance(cache, dict):
-                cache = {}
+            cache = self._read_cache()
             # Drop records of files that are gone, so the cache does not grow without bound.
             cache = {p: r for p, r in cache.items() if os.path.exists(p)}
             cache[str(path)] = {**key, "sha256": sha256}
@@ -154,8 +168,8 @@ class Store:
 
     def forget_digest(self, path: Path) -> None:
         with file_lock(self.lock_path("verified")):
-            cache = read_json(self.verified_path, {})
-            if isinstance(cache, dict) and cache.pop(str(path), None) is not None:
+            cache = self._read_cache()
+            if cache.pop(str(path), None) is not None:
                 atomic_write_json(self.verified_path, cache)
 
 

@@ -261,8 +261,11 @@ def resolve_model(
             return resolve_entry(store, entry, registry=registry, progress=progress)
         except (ModelNotFoundError, ChecksumError):
             # A broken copy in the store is rebuilt (assembled again, or pulled again) when possible.
+            from localinfer.store.packages import is_installed
+
             in_store = entry.get("kind") == "store"
-            from_package = in_store and str(entry.get("source", "")).startswith("package:")
+            reg = registry.entries.get(parsed.name) if parsed.kind == "name" else None
+            from_package = reg is not None and bool(reg.package) and is_installed(reg.package)
             from_hub = in_store and can_fetch and auto_pull and not hub_offline(offline)
             if not (from_package or from_hub):
                 raise
