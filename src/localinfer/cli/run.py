@@ -13,6 +13,7 @@ import typer
 
 from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
+from localinfer.history import recording
 
 
 class Overflow(str, enum.Enum):
@@ -65,12 +66,13 @@ def run(
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
     on_overflow: Annotated[Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = Overflow.error,
     offline: o.OfflineOpt = False,
+    no_log: o.NoLogOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
-    with handle_errors():
+    with handle_errors(), recording("run", no_log=no_log) as rec:
         from localinfer import inference
         from localinfer.errors import UsageError
         from localinfer.render.stats import print_summary, warn
@@ -98,6 +100,7 @@ def run(
         say = (lambda msg: None) if quiet else warn
 
         resolved = resolve_model(model, offline=offline)
+        rec.model, rec.prompt_text = resolved, text
         t0 = time.perf_counter()
         loaded = inference.load(resolved, load_opts)
         load_s = time.perf_counter() - t0
@@ -120,6 +123,7 @@ def run(
         )
         write = (lambda _t: None) if json_out else _write_stdout
         result = inference.generate(loaded, request, write, load_s=load_s)
+        rec.result = result
         if json_out:
             sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
             sys.stdout.flush()

@@ -1,0 +1,116 @@
+"""`localinfer stats` on stdout: per-model and per-day tables, with small bar charts (tokens per
+day, median decode tok/s per model). Rich on a terminal; the same tables without ANSI otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, TextIO
+
+from localinfer.cost import format_money
+
+_BLOCKS = " ▏▎▍▌▋▊▉█"
+BAR_WIDTH = 30
+
+
+def bar(value: float | None, top: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar in eighths of a character, ``value / top`` of ``width``."""
+    if not value or top <= 0:
+        return ""
+    eighths = round(max(0.0, min(1.0, value / top)) * width * 8)
+    full, part = divmod(eighths, 8)
+    return "█" * full + (_BLOCKS[part] if part else "") or "▏"
+
+
+def count(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _num(x: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _pair(a: float | None, b: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if a is None else f"{fmt.format(a)} / {_num(b, fmt)}"
+
+
+def _console(stream: TextIO):
+    from rich.console import Console
+
+    try:
+        tty = stream.isatty()
+    except (ValueError, AttributeError):
+        tty = False
+    no_color = bool(os.environ.get("NO_COLOR")) or not tty
+    return Console(file=stream, highlight=False, no_color=no_color, force_terminal=tty and not no_color, width=None if tty else 200)
+
+
+def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
+    from rich.table import Table
+
+    stream = stream or sys.stdout
+    console = _console(stream)
+    totals = summary["totals"]
+    span = f"since {summary['since']}" if summary.get("since") else "all time"
+    filters = "".join(f", {k} {summary[k]}" for k in ("model", "command") if summary.get(k))
+    if not totals["requests"]:
+        console.print(f"No requests recorded ({span}{filters}).", markup=False)
+        return
+    console.print(
+        f"{totals['requests']} requests ({totals['failed']} failed), {count(totals['tokens_in'])} tokens in, "
+        f"{count(totals['tokens_out'])} tokens out - {span}{filters}",
+        markup=False,
+    )
+    priced = "cost" in totals and totals["cost"].get("total") is not None
+    api = "cost" in totals and totals["cost"].get("api_total") is not None
+
+    per_model = Table(title="Per model", title_justify="left")
+    for header in ("model", "requests", "failed", "tokens in", "tokens out", "TTFT p50 / p95 ms", "decode tok/s p50 / p95", "prefill tok/s p50"):
+        per_model.add_column(header, justify="left" if header == "model" else "right", no_wrap=header != "model")
+    if priced:
+        per_model.add_column("cost", justify="right")
+        per_model.add_column("cost/M out", justify="right")
+    if api:
+        per_model.add_column("API cost", justify="right")
+    for m in summary["models"]:
+        row = [
+            m["model"], str(m["requests"]), str(m["failed"]), count(m["tokens_in"]), count(m["tokens_out"]),
+            _pair(m["ttft_ms_p50"], m["ttft_ms_p95"]), _pair(m["decode_tps_p50"], m["decode_tps_p95"], "{:.1f}"),
+            _num(m["prefill_tps_p50"], "{:.1f}"),
+        ]
+        if priced:
+            row += [format_money(m["cost"]["total"]), format_money(m["cost"]["per_million_tokens_out"])]
+        if api:
+            row.append(format_money(m["cost"]["api_total"]))
+        per_model.add_row(*row)
+    console.print(per_model)
+
+    days = summary["days"]
+    top = max((d["tokens_in"] + d["tokens_out"]) for d in days) if days else 0
+    per_day = Table(title="Tokens per day (in + out)", title_justify="left")
+    for header in ("day", "requests", "tokens in", "tokens out", "TTFT p50 ms", "decode tok/s p50", ""):
+        per_day.add_column(header, justify="left" if header in ("day", "") else "right", no_wrap=True)
+    for d in days:
+        per_day.add_row(
+            d["day"], str(d["requests"]), count(d["tokens_in"]), count(d["tokens_out"]),
+            _num(d["ttft_ms_p50"]), _num(d["decode_tps_p50"], "{:.1f}"),
+            bar(d["tokens_in"] + d["tokens_out"], top),
+        )
+    console.print(per_day)
+
+    rated = [m for m in summary["models"] if m["decode_tps_p50"] is not None]
+    if rated:
+        fastest = max(m["decode_tps_p50"] for m in rated)
+        chart = Table(title="Decode tok/s per model (median)", title_justify="left", show_header=False, box=None)
+        chart.add_column(no_wrap=True)
+        chart.add_column(justify="right", no_wrap=True)
+        chart.add_column(no_wrap=True)
+        for m in sorted(rated, key=lambda m: -m["decode_tps_p50"]):
+            chart.add_row(m["model"], f"{m['decode_tps_p50']:.1f}", bar(m["decode_tps_p50"], fastest))
+        console.print(chart)

@@ -1,0 +1,182 @@
+"""The usage history: SQLite in the data dir, cheap and safe to write, never fatal, several writers at once."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from localinfer import history
+from localinfer.errors import ContextOverflowError, UsageError
+from localinfer.history import UsageRecord
+
+
+def test_append_then_load_round_trips_every_field(isolated_home):
+    rec = UsageRecord(
+        command="run", model="smollm2:135m", model_sha256="ab" * 32, prompt_tokens=30, prompt_eval_tokens=20,
+        cached_tokens=10, completion_tokens=7, ttft_ms=120.5, prefill_tps=300.0, decode_tps=40.0, load_ms=200.0,
+        total_ms=400.0, finish_reason="length", exit_status=0, extra={"test": "tg8"}, ts=1_700_000_000.0,
+    )
+    assert history.append(rec) is True
+    assert history.db_path() == isolated_home / "history.db"
+    assert history.load_records() == [rec]
+
+
+def test_database_is_in_wal_mode(isolated_home):
+    history.append(UsageRecord(command="run", model="m"))
+    conn = sqlite3.connect(history.db_path())
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION
+
+
+def test_no_history_is_an_empty_list(isolated_home):
+    assert history.load_records() == []
+    assert not history.db_path().exists()
+
+
+def test_filters_by_time_model_and_command(isolated_home):
+    history.append([
+        UsageRecord(command="run", model="a", ts=100.0),
+        UsageRecord(command="bench", model="a", ts=200.0),
+        UsageRecord(command="run", model="b", model_sha256="cafe", ts=300.0),
+    ])
+    assert [r.ts for r in history.load_records(since=150.0)] == [200.0, 300.0]
+    assert [r.ts for r in history.load_records(model="a")] == [100.0, 200.0]
+    assert [r.ts for r in history.load_records(model="cafe")] == [300.0]
+    assert [r.ts for r in history.load_records(command="run")] == [100.0, 300.0]
+
+
+def test_no_log_switches(monkeypatch):
+    monkeypatch.delenv("LOCALINFER_NO_LOG", raising=False)
+    assert history.logging_enabled() is True
+    assert history.logging_enabled(no_log=True) is False
+    monkeypatch.setenv("LOCALINFER_NO_LOG", "1")
+    assert history.logging_enabled() is False
+    monkeypatch.setenv("LOCALINFER_NO_LOG", "0")
+    assert history.logging_enabled() is True
+
+
+class _Stats:
+    prompt_tokens, cached_tokens, completion_tokens = 12, 2, 5
+    evaluated_tokens = 10
+    prefill_tps, decode_tps, finish_reason = 100.0, 20.0, "stop"
+
+
+class _Result:
+    model, text, stats = "m", "the answer", _Stats()
+    ttft_s, load_s, total_s = 0.1, 0.5, 0.3
+
+
+def test_text_is_kept_only_when_the_user_opts_in(monkeypatch):
+    monkeypatch.delenv("LOCALINFER_LOG_TEXT", raising=False)
+    rec = history.record_from_result("run", _Result(), None, prompt_text="secret prompt")
+    assert rec.prompt_text is None and rec.answer_text is None
+    monkeypatch.setenv("LOCALINFER_LOG_TEXT", "1")
+    rec = history.record_from_result("run", _Result(), None, prompt_text="secret prompt")
+    assert rec.prompt_text == "secret prompt" and rec.answer_text == "the answer"
+
+
+def test_record_from_result_converts_units():
+    rec = history.record_from_result("run", _Result(), None)
+    assert (rec.prompt_tokens, rec.prompt_eval_tokens, rec.cached_tokens, rec.completion_tokens) == (12, 10, 2, 5)
+    assert rec.ttft_ms == pytest.approx(100.0) and rec.total_ms == pytest.approx(300.0) and rec.load_ms == pytest.approx(500.0)
+    assert rec.finish_reason == "stop" and rec.exit_status == 0
+
+
+def test_exit_status_follows_the_error_table():
+    assert history.exit_status_of(None) == 0
+    assert history.exit_status_of(UsageError("x")) == 2
+    assert history.exit_status_of(ContextOverflowError("x")) == 6
+    assert history.exit_status_of(KeyboardInterrupt()) == 130
+    assert history.exit_status_of(BrokenPipeError()) == 141
+    assert history.exit_status_of(RuntimeError("boom")) == 1
+
+
+class _Resolved:
+    name, sha256 = "smollm2:135m", "f00d"
+
+
+def test_recording_writes_failures_with_their_exit_status(isolated_home):
+    with pytest.raises(ContextOverflowError):
+        with history.recording("run") as rec:
+            rec.model = _Resolved()
+            raise ContextOverflowError("too long")
+    (row,) = history.load_records()
+    assert (row.command, row.model, row.model_sha256, row.exit_status, row.finish_reason) == ("run", "smollm2:135m", "f00d", 6, "error")
+
+
+def test_recording_without_a_model_writes_nothing(isolated_home):
+    with pytest.raises(UsageError):
+        with history.recording("run"):
+            raise UsageError("no prompt")
+    assert history.load_records() == []
+
+
+def test_recording_respects_no_log(isolated_home):
+    with history.recording("run", no_log=True) as rec:
+        rec.model = _Resolved()
+    assert history.load_records() == []
+
+
+def test_corrupt_database_is_a_warning_not_a_failure(isolated_home):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    history.db_path().write_bytes(b"this is not a database" * 100)
+    warnings = []
+    assert history.append(UsageRecord(command="run", model="m"), warn=warnings.append) is False
+    assert len(warnings) == 1 and "usage history" in warnings[0]
+
+
+def test_locked_database_is_a_warning_after_the_busy_timeout(isolated_home, monkeypatch):
+    history.append(UsageRecord(command="run", model="m"))
+    monkeypatch.setattr(history, "BUSY_TIMEOUT_MS", 100)
+    holder = sqlite3.connect(history.db_path(), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        warnings = []
+        assert history.append(UsageRecord(command="run", model="m"), warn=warnings.append) is False
+        assert "locked" in warnings[0]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert len(history.load_records()) == 1
+
+
+def test_recording_survives_a_broken_database(isolated_home, capsys):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    history.db_path().write_bytes(b"garbage" * 1000)
+    with history.recording("run") as rec:
+        rec.model = _Resolved()
+    assert "warning: could not record" in capsys.readouterr().err
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from localinfer import history
+    ok = 0
+    for i in range(int(sys.argv[2])):
+        ok += history.append(history.UsageRecord(command="run", model="w" + sys.argv[1], completion_tokens=i))
+    sys.exit(0 if ok == int(sys.argv[2]) else 1)
+    """
+)
+
+
+def test_concurrent_writers_lose_nothing_and_keep_the_database_sound(isolated_home):
+    # Several processes create the database and write to it at the same time.
+    writers, each = 6, 60
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(w), str(each)], stderr=subprocess.PIPE)
+        for w in range(writers)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    rows = history.load_records()
+    assert len(rows) == writers * each
+    for w in range(writers):
+        assert sorted(r.completion_tokens for r in rows if r.model == f"w{w}") == list(range(each))
+    conn = sqlite3.connect(history.db_path())
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
