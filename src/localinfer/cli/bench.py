@@ -1,0 +1,247 @@
+"""`localinfer bench`: prompt and generation speed, llama-bench's way, through our own engine.
+
+The results table (or JSON/CSV/Markdown) is the command's output, on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.cli import options as o
+from localinfer.cli.common import handle_errors
+
+_BENCH = "Tests"
+_COST = "Cost"
+
+
+class OutputFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    jsonl = "jsonl"
+    csv = "csv"
+    md = "md"
+
+
+ListOpt = Optional[list[str]]
+
+
+def _ints(flag: str, values: list[str] | None, default: tuple, *, minimum: int = 0) -> tuple:
+    """Comma-separated and/or repeated values ("-t 1,2 -t 4"); ranges as llama-bench: "1-4", "16-64*2"."""
+    from localinfer.errors import UsageError
+
+    if not values:
+        return default
+    out: list[int] = []
+    for value in values:
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            try:
+                out.extend(_expand(part))
+            except ValueError:
+                raise UsageError(f"{flag} takes numbers separated by commas, not {value!r}") from None
+    if any(v < minimum for v in out):
+        raise UsageError(f"{flag} values must be at least {minimum}")
+    return tuple(dict.fromkeys(out))
+
+
+def _expand(part: str) -> list[int]:
+    if "-" not in part[1:]:
+        return [int(part)]
+    first, _, rest = part.partition("-")
+    op = "*" if "*" in rest else "+"
+    last, _, step = rest.partition(op)
+    a, b, s = int(first), int(last), int(step or 1)
+    if s <= (1 if op == "*" else 0) or b < a:
+        raise ValueError(part)
+    out = []
+    while a <= b:
+        out.append(a)
+        a = a * s if op == "*" else a + s
+    return out
+
+
+def _pairs(values: list[str] | None) -> tuple[tuple[int, int], ...]:
+    from localinfer.errors import UsageError
+
+    out = []
+    for value in values or ():
+        try:
+            p, n = (int(x) for x in value.split(","))
+        except ValueError:
+            raise UsageError(f"--pg takes PROMPT,GEN (e.g. 512,128), not {value!r}") from None
+        if p < 1 or n < 1:
+            raise UsageError("--pg sizes must be at least 1")
+        out.append((p, n))
+    return tuple(out)
+
+
+def _models(values: list[str] | None) -> list[str | None]:
+    names = [p.strip() for v in values or () for p in v.split(",") if p.strip()]
+    return list(dict.fromkeys(names)) or [None]
+
+
+def bench(
+    model: Annotated[ListOpt, typer.Option("--model", "-m", help="Model(s): names or .gguf paths, comma-separated or repeated.", rich_help_panel=o._CONTEXT)] = None,
+    n_prompt: Annotated[ListOpt, typer.Option("--n-prompt", "-p", help="Prompt sizes for pp tests (0 = none). [default: 512]", rich_help_panel=_BENCH, show_default=False)] = None,
+    n_gen: Annotated[ListOpt, typer.Option("--n-gen", "-n", help="Generated tokens for tg tests (0 = none). [default: 128]", rich_help_panel=_BENCH, show_default=False)] = None,
+    pg: Annotated[ListOpt, typer.Option("--pg", "-pg", help="PROMPT,GEN: a prompt then a generation, timed together (repeatable).", rich_help_panel=_BENCH)] = None,
+    depth: Annotated[ListOpt, typer.Option("--depth", "-d", help="Tokens already in the context before each test. [default: 0]", rich_help_panel=_BENCH, show_default=False)] = None,
+    repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Timed repetitions of each test.", rich_help_panel=_BENCH)] = 5,
+    no_warmup: Annotated[bool, typer.Option("--no-warmup", help="Skip the untimed warm-up run before each test.", rich_help_panel=_BENCH)] = False,
+    parallel: Annotated[ListOpt, typer.Option("--parallel", "-np", help="Also measure N concurrent sequences (e.g. 1,4,8): aggregate t/s, TTFT and latency.", rich_help_panel=_BENCH)] = None,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random prompt tokens and the sampler.", rich_help_panel=_BENCH)] = 0,
+    threads: Annotated[ListOpt, typer.Option("--threads", "-t", help="CPU threads, one or more (1,2). Default: physical cores.", rich_help_panel=o._CONTEXT)] = None,
+    ctx_size: Annotated[ListOpt, typer.Option("--ctx-size", "-c", help="Context size(s). Default: what the tests need.", rich_help_panel=o._CONTEXT)] = None,
+    gpu_layers: Annotated[ListOpt, typer.Option("--gpu-layers", "-ngl", help="Layers to offload: auto, all or N; several allowed. [default: auto]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
+    batch_size: Annotated[ListOpt, typer.Option("--batch-size", "-b", help="Prompt tokens per llama_decode call; several allowed. [default: 2048]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
+    flash_attn: o.FlashAttnOpt = "auto",
+    cache_type_k: o.CacheTypeKOpt = "f16",
+    cache_type_v: o.CacheTypeVOpt = "f16",
+    no_mmap: o.NoMmapOpt = False,
+    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", min=0.0, help="What the machine costs per hour (rented).", rich_help_panel=_COST)] = None,
+    watts: Annotated[Optional[float], typer.Option("--watts", min=0.0, help="Power draw of your hardware while it works (with --kwh-price).", rich_help_panel=_COST)] = None,
+    kwh_price: Annotated[Optional[float], typer.Option("--kwh-price", min=0.0, help="Electricity price per kWh (with --watts).", rich_help_panel=_COST)] = None,
+    compare_api_price: Annotated[Optional[str], typer.Option("--compare-api-price", metavar="IN[,OUT]", help="An API's price per million tokens (input, output) to compare with.", rich_help_panel=_COST)] = None,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format on stdout.")] = OutputFormat.table,
+    progress: Annotated[bool, typer.Option("--progress", help="Progress lines on stderr even when it is not a terminal.")] = False,
+    offline: o.OfflineOpt = False,
+    no_log: o.NoLogOpt = False,
+    quiet: o.QuietOpt = False,
+    verbose: o.VerboseOpt = False,
+) -> None:
+    """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does, for one or more models and settings."""
+    with handle_errors():
+        from localinfer import bench as core
+        from localinfer import cost, history
+        from localinfer.render.bench import Writer
+        from localinfer.store import resolve_model
+
+        pricing = cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
+        tests = core.expand_tests(
+            _ints("--n-prompt", n_prompt, (512,)),
+            _ints("--n-gen", n_gen, (128,)),
+            _pairs(pg),
+            _ints("--depth", depth, (0,)),
+        )
+        configs = [
+            o.load_options(
+                ctx_size=c, threads=t, gpu_layers=g, verbose=verbose, flash_attn=flash_attn,
+                cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, batch_size=b,
+            )
+            for g in _gpu_layer_values(gpu_layers)
+            for t in _ints("--threads", threads, (None,), minimum=1)
+            for c in _ints("--ctx-size", ctx_size, (None,), minimum=16)
+            for b in _ints("--batch-size", batch_size, (2048,), minimum=1)
+        ]
+        parallel_levels = _ints("--parallel", parallel, (), minimum=1)
+        offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
+        resolved = [resolve_model(m, offline=offline) for m in _models(model)]
+        say = _progress_sink(quiet=quiet, forced=progress)
+        writer = Writer(output.value, pricing)
+        log = history.logging_enabled(no_log)
+        current = None
+        try:
+            for result in core.run_bench(
+                resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say
+            ):
+                current = result.model
+                writer.add(result.to_json(pricing))
+                if log:
+                    history.append(_record(result, next(r for r in resolved if r.name == result.model.name)))
+            if parallel_levels:
+                _run_parallel(resolved, configs, tests, parallel_levels, repetitions, seed, pricing, writer, say, log)
+        except BaseException as exc:
+            if log and current is not None or (log and resolved):
+                model_name = current.name if current is not None else resolved[0].name
+                history.append(history.UsageRecord(
+                    command="bench", model=model_name,
+                    model_sha256=next((r.sha256 for r in resolved if r.name == model_name), None),
+                    exit_status=history.exit_status_of(exc),
+                    finish_reason="interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
+                ))
+            raise
+        finally:
+            if say is not None:
+                say.close()
+            writer.finish()
+
+
+def _gpu_layer_values(values: list[str] | None) -> list[str]:
+    return [p.strip() for v in values or ("auto",) for p in v.split(",") if p.strip()] or ["auto"]
+
+
+def _record(result, resolved):
+    """One history row per bench result: the tokens it processed and its mean rate."""
+    from localinfer import history
+
+    t, reps = result.test, len(result.reps)
+    return history.UsageRecord(
+        command="bench",
+        model=result.model.name,
+        model_sha256=resolved.sha256,
+        prompt_tokens=(t.depth + t.n_prompt) * reps,
+        prompt_eval_tokens=t.n_prompt * reps,
+        cached_tokens=t.depth * reps,
+        completion_tokens=t.n_gen * reps,
+        prefill_tps=result.avg_ts if t.kind == "pp" else None,
+        decode_tps=result.avg_ts if t.kind == "tg" else None,
+        total_ms=sum(r.seconds for r in result.reps) * 1000.0,
+        finish_reason="length",
+        extra={
+            "test": t.name, "reps": reps, "avg_ts": result.avg_ts, "stddev_ts": result.stddev_ts,
+            "raw_avg_ts": result.raw_avg_ts, "n_threads": result.n_threads, "n_ctx": result.n_ctx,
+            "n_batch": result.n_batch, "n_gpu_layers": result.options.n_gpu_layers,
+        },
+    )
+
+
+def _run_parallel(resolved, configs, tests, levels, repetitions, seed, pricing, writer, say, log) -> None:
+    from localinfer.errors import UsageError
+
+    raise UsageError("--parallel is not available yet: batch inference has not landed")
+
+
+class _Progress:
+    """Progress on stderr: a transient status line on a terminal, plain lines otherwise."""
+
+    def __init__(self, tty: bool) -> None:
+        self._status = None
+        if tty:
+            from rich.console import Console
+
+            self._status = Console(file=sys.stderr).status("bench: starting")
+            self._status.start()
+
+    def __call__(self, message: str) -> None:
+        if self._status is not None:
+            self._status.update(f"bench: {message}")
+        else:
+            sys.stderr.write(f"bench: {message}\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def _progress_sink(*, quiet: bool, forced: bool) -> _Progress | None:
+    if quiet:
+        return None
+    try:
+        tty = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+    except (ValueError, AttributeError):
+        tty = False
+    if tty or forced:
+        return _Progress(tty=tty)
+    return None
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="bench")(bench)
