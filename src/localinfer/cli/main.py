@@ -18,6 +18,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "run",
     "pull",
     "models",
+    "batch",
     "bench",
     "stats",
 )

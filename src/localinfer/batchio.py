@@ -1,0 +1,252 @@
+"""`localinfer batch` input and output: requests from JSONL or text, results as resumable JSONL.
+
+Input: JSONL, one request per line (``{"id": .., "prompt": ".."}`` or ``{"id": .., "messages": [..]}``,
+optional ``max_tokens``, ``temperature``, ``seed``, ``stop``), or plain text, one prompt per line (the
+id is the line number). Blank lines are not requests. A line that is not a valid request becomes an
+:class:`InputError` carrying its line number and the reason - never dropped silently.
+
+Output: one JSON object per line, each written with a single ``write`` and flushed, so a killed job
+leaves at most one torn line at the end. :func:`prepare_resume` cuts that line off, drops earlier
+error records (those requests are tried again) and returns the ids already answered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from localinfer.errors import UsageError
+
+_FIELDS = ("id", "prompt", "messages", "max_tokens", "temperature", "seed", "stop")
+_MAX_SEED = 2**32 - 2
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One request. ``None`` options take the command's defaults."""
+
+    id: Any  # str or int, as given (a line number for text input)
+    line: int
+    prompt: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+    ignore_eos: bool = False  # not settable from the input; for benchmarks
+
+
+@dataclass(frozen=True)
+class InputError:
+    """A line that is not a valid request; ``id`` is None when it could not be read."""
+
+    line: int
+    reason: str
+    id: Any = None
+
+
+def detect_format(text: str, name: str | None = None) -> str:
+    """jsonl or text: from the file name's extension, else from the first non-blank line."""
+    suffix = Path(name).suffix.lower() if name and name != "-" else ""
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if suffix == ".txt":
+        return "text"
+    for line in text.splitlines():
+        if line.strip():
+            return "jsonl" if line.lstrip().startswith("{") else "text"
+    return "text"
+
+
+def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None) -> list[BatchRequest | InputError]:
+    """Every non-blank line of the input, as a request or as an error naming the line."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    lines = raw.split(b"\n")
+    if fmt == "auto":
+        fmt = detect_format(raw[:65536].decode("utf-8", errors="replace"), name)
+    if fmt not in ("jsonl", "text"):
+        raise UsageError(f"--format must be auto, jsonl or text, not {fmt!r}")
+    items: list[BatchRequest | InputError] = []
+    for number, line_bytes in enumerate(lines, start=1):
+        line_bytes = line_bytes.rstrip(b"\r")
+        if not line_bytes.strip():
+            continue
+        try:
+            line = line_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            items.append(InputError(number, f"not valid UTF-8 (byte {exc.start + 1})"))
+            continue
+        if fmt == "text":
+            items.append(BatchRequest(id=number, line=number, prompt=line))
+        else:
+            items.append(_parse_json_line(line, number))
+    return items
+
+
+def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return InputError(number, f"not valid JSON: {exc.msg} (column {exc.colno})")
+    if not isinstance(obj, dict):
+        return InputError(number, "a request must be a JSON object")
+    rid = obj.get("id", number)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        return InputError(number, "'id' must be a string or an integer")
+    unknown = sorted(set(obj) - set(_FIELDS))
+    if unknown:
+        return InputError(number, f"unknown field {', '.join(map(repr, unknown))} (allowed: {', '.join(_FIELDS)})", rid)
+    try:
+        return BatchRequest(
+            id=rid,
+            line=number,
+            prompt=_prompt(obj),
+            messages=_messages(obj),
+            max_tokens=_int(obj, "max_tokens", 1, None),
+            temperature=_temperature(obj),
+            seed=_int(obj, "seed", 0, _MAX_SEED),
+            stop=_stop(obj),
+        )
+    except ValueError as exc:
+        return InputError(number, str(exc), rid)
+
+
+def _prompt(obj: dict[str, Any]) -> str | None:
+    has_prompt, has_messages = obj.get("prompt") is not None, obj.get("messages") is not None
+    if has_prompt == has_messages:
+        raise ValueError("a request needs exactly one of 'prompt' or 'messages'")
+    prompt = obj.get("prompt")
+    if has_prompt and not isinstance(prompt, str):
+        raise ValueError("'prompt' must be a string")
+    return prompt
+
+
+def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
+    messages = obj.get("messages")
+    if messages is None:
+        return None
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}] must be an object with string 'role' and 'content'")
+        out.append({"role": m["role"], "content": m["content"]})
+    return tuple(out)
+
+
+def _int(obj: dict[str, Any], key: str, low: int, high: int | None) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ValueError(f"'{key}' must be an integer {bound}")
+    return value
+
+
+def _temperature(obj: dict[str, Any]) -> float | None:
+    value = obj.get("temperature")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError("'temperature' must be a number >= 0")
+    return float(value)
+
+
+def _stop(obj: dict[str, Any]) -> tuple[str, ...] | None:
+    value = obj.get("stop")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise ValueError("'stop' must be a string or a list of strings")
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+
+def prepare_resume(path: Path) -> set[str]:
+    """Make ``path`` ready to append to, and return the id keys (``id_key``) it already answers.
+
+    A torn last line (the job was killed mid-write) is cut off; error records are removed, so those
+    requests run again; a line that is not ours anywhere else is refused rather than overwritten.
+    """
+    from localinfer.batchjob import id_key
+
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1  # everything after the last newline is a torn write
+    keep: list[bytes] = []
+    done: set[str] = set()
+    dropped = False
+    for number, line in enumerate(data[:cut].split(b"\n")[:-1], start=1):
+        if not line.strip():
+            dropped = True
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            rec = None
+        if not isinstance(rec, dict) or "id" not in rec:
+            raise UsageError(
+                f"{path}: line {number} is not a batch result, so it cannot be resumed",
+                hint="pass another --output file, or resume without --resume to start over",
+            )
+        if "error" in rec or rec["id"] is None:
+            dropped = True
+            continue
+        key = id_key(rec["id"])
+        if key in done:
+            dropped = True  # written twice by an older run: keep one
+            continue
+        done.add(key)
+        keep.append(line + b"\n")
+    if dropped:
+        tmp = path.with_name(path.name + ".resume-tmp")
+        tmp.write_bytes(b"".join(keep))
+        os.replace(tmp, path)
+    elif cut < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(cut)
+    return done
+
+
+class JsonlSink:
+    """Writes each record as one whole line with one ``write`` call, flushed at once."""
+
+    def __init__(self, stream: BinaryIO | None = None, path: Path | None = None, append: bool = False) -> None:
+        self._fd: int | None = None
+        self._stream = stream
+        if path is not None:
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+            self._fd = os.open(path, flags, 0o644)
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        if self._fd is not None:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        else:
+            assert self._stream is not None
+            self._stream.write(data)
+            self._stream.flush()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None

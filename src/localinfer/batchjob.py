@@ -1,0 +1,408 @@
+"""The core of `localinfer batch`: many requests through one model, several sequences at a time.
+
+Core API (plain values; `bench --parallel` uses it too)::
+
+    from localinfer import batchjob, inference
+    from localinfer.engine.batch import BatchStats
+
+    items = batchjob.parse_input(text, fmt="auto")          # -> [BatchRequest | InputError, ...]
+    #   or build them: batchjob.BatchRequest(id="a", line=1, prompt="Hi", max_tokens=64, ignore_eos=True)
+    opts = batchjob.batch_load_options(load_opts, parallel=8, ctx_per_seq=512)
+    loaded = inference.load(resolved, opts)                 # one context, 8 sequences of 512 tokens
+    stats = BatchStats()                                    # optional: aggregate figures (S_TG-like)
+    for result in batchjob.run_batch(items, loaded, parallel=8, defaults=batchjob.BatchDefaults(), stats=stats):
+        result.to_json()                                    # id, text, finish_reason, usage, timings | error
+    stats.decode_tps                                        # aggregate decode tok/s over decode-only steps
+
+``run_batch`` yields one :class:`BatchResult` per item, in completion order (``result.index`` is the
+item's position), errors included (``result.error``; never raised, except for model-wide failures).
+:func:`execute` adds what the command needs around it: output order, the error policy, progress and
+the summary. Input parsing and resumable output live in :mod:`localinfer.batchio`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from localinfer.batchio import BatchRequest, InputError, parse_input  # noqa: F401 - re-exported API
+from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
+
+if TYPE_CHECKING:
+    from localinfer.engine.batch import BatchStats
+    from localinfer.inference import LoadedModel, Request
+    from localinfer.store import ResolvedModel
+
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BatchDefaults:
+    """What a request gets when its line does not say (the command's flags)."""
+
+    sampling: SamplingOptions = SamplingOptions()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    system: str | None = None  # for prompt requests; messages are used as given
+    raw: bool = False  # prompt requests as plain completion, even when the model has a template
+    on_overflow: str = "error"  # error | truncate
+
+
+@dataclass
+class BatchResult:
+    """One request's outcome: an answer, or an error saying which input line and why."""
+
+    index: int  # position in the items given to run_batch
+    id: Any
+    line: int
+    text: str = ""
+    stats: GenerationStats | None = None
+    total_s: float = 0.0  # taken up (prompt built) -> last token
+    error: str | None = None
+    exc: LocalInferError | None = None  # the error as an exception (for --on-error abort)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.stats.finish_reason if self.stats else None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"id": self.id, "line": self.line, "error": self.error}
+        s = self.stats or GenerationStats()
+        return {
+            "id": self.id,
+            "text": self.text,
+            "finish_reason": s.finish_reason,
+            "usage": {
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "total_tokens": s.prompt_tokens + s.completion_tokens,
+                "truncated_prompt_tokens": s.truncated_tokens,
+            },
+            "timings": {
+                "ttft_ms": _ms(s.first_token_s),
+                "prefill_ms": _ms(s.prefill_s),
+                "decode_ms": _ms(s.decode_s),
+                "decode_tokens_per_s": None if s.decode_tps is None else round(s.decode_tps, 3),
+                "total_ms": _ms(self.total_s),
+            },
+            "seed": s.extra.get("seed"),
+        }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+class _SequenceView:
+    """The model as one sequence sees it: ``inference.build_prompt`` checks prompts against ``n_ctx``."""
+
+    def __init__(self, model: Any, n_ctx: int) -> None:
+        self._model = model
+        self.n_ctx = n_ctx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def _request(item: BatchRequest, defaults: BatchDefaults, loaded: LoadedModel) -> Request:
+    from localinfer import inference
+
+    sampling = defaults.sampling
+    if item.temperature is not None:
+        sampling = dataclasses.replace(sampling, temperature=item.temperature)
+    if item.seed is not None:
+        sampling = dataclasses.replace(sampling, seed=item.seed)
+    if item.messages is not None:
+        if loaded.template is None:
+            raise UsageError(f"{loaded.name} has no chat template, so it cannot take 'messages' (use 'prompt')")
+        messages: tuple = item.messages
+        raw_text = None
+    elif defaults.raw or loaded.template is None:
+        messages, raw_text = (), (f"{defaults.system}\n\n{item.prompt}" if defaults.system else item.prompt)
+    else:
+        messages, raw_text = inference.messages_for(item.prompt or "", defaults.system), None
+    return inference.Request(
+        messages=messages,
+        raw_text=raw_text,
+        max_tokens=item.max_tokens if item.max_tokens is not None else defaults.max_tokens,
+        stop=item.stop if item.stop is not None else defaults.stop,
+        sampling=sampling,
+        on_overflow=defaults.on_overflow,
+        ignore_eos=item.ignore_eos,
+    )
+
+
+def check_template(loaded: LoadedModel) -> None:
+    """Render a trivial chat once: a template the sandbox refuses fails the whole job, up front."""
+    if loaded.template is not None:
+        loaded.template.render([{"role": "user", "content": "hi"}])
+
+
+def run_batch(
+    items: Sequence[BatchRequest | InputError],
+    loaded: LoadedModel,
+    parallel: int,
+    defaults: BatchDefaults = BatchDefaults(),
+    *,
+    stats: BatchStats | None = None,
+) -> Iterator[BatchResult]:
+    """Run ``items`` ``parallel`` at a time on ``loaded`` (loaded with :func:`batch_load_options`).
+
+    Yields one result per item as it completes. A request whose prompt does not fit, or that the
+    template cannot render, becomes an error result; :class:`InputError` items come back as error
+    results in turn. ``stats``, when given, collects the engine's aggregate figures.
+    """
+    from localinfer.engine.batch import BatchDecoder, SeqJob
+    from localinfer.engine.templates import TemplateRefusedError
+    from localinfer.inference import LoadedModel as _Loaded, build_prompt
+
+    outbox: collections.deque[BatchResult] = collections.deque()
+    started: dict[int, tuple[BatchRequest, float, int]] = {}
+    decoder = BatchDecoder(loaded.model, parallel)
+    view = _Loaded(loaded.name, _SequenceView(loaded.model, decoder.n_ctx_seq), loaded.template)  # type: ignore[arg-type]
+
+    def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
+        return BatchResult(index, item.id, item.line, error=reason, exc=exc)
+
+    def jobs() -> Iterator[SeqJob]:
+        for index, item in enumerate(items):
+            if isinstance(item, InputError):
+                outbox.append(failed(index, item, item.reason, UsageError(f"line {item.line}: {item.reason}")))
+                continue
+            t0 = time.perf_counter()
+            try:
+                request = _request(item, defaults, loaded)
+                tokens, stops, dropped = build_prompt(view, request)  # type: ignore[arg-type]
+            except (UsageError, ContextOverflowError, TemplateRefusedError) as exc:
+                reason = str(exc) + (f" ({exc.hint})" if isinstance(exc, ContextOverflowError) and exc.hint else "")
+                exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
+                outbox.append(failed(index, item, reason, exc))
+                continue
+            started[index] = (item, t0, dropped)
+            stop = tuple(dict.fromkeys((*request.stop, *stops)))
+            yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos)
+
+    try:
+        if stats is not None:
+            decoder.stats = stats
+        for res in decoder.run(jobs()):
+            while outbox:
+                yield outbox.popleft()
+            item, t0, dropped = started.pop(res.key)
+            if res.error is not None:
+                yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
+                continue
+            res.stats.truncated_tokens = dropped
+            yield BatchResult(res.key, item.id, item.line, res.text, res.stats, total_s=res.t_end - t0)
+        while outbox:
+            yield outbox.popleft()
+    finally:
+        decoder.close()
+
+
+# -- sizing ---------------------------------------------------------------------------------------
+
+_CACHE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+
+
+def _layer_max(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, (list, tuple)) and value:
+        return max(int(v) for v in value)
+    return None
+
+
+def kv_bytes_per_token(resolved: ResolvedModel, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int | None:
+    """KV-cache bytes one token takes, from the GGUF header (an upper bound: no sliding window)."""
+    info = resolved.info
+    n_layer, n_embd = info.block_count, info.embedding_length
+    n_head, n_head_kv = _layer_max(info.head_count), _layer_max(info.head_count_kv)
+    if not (n_layer and n_embd and n_head):
+        return None
+    arch = info.architecture or ""
+    key_len = info.metadata.get(f"{arch}.attention.key_length")
+    val_len = info.metadata.get(f"{arch}.attention.value_length")
+    head_k = key_len if isinstance(key_len, int) else n_embd // n_head
+    head_v = val_len if isinstance(val_len, int) else n_embd // n_head
+    kv_heads = n_head_kv or n_head
+    per_layer = kv_heads * (head_k * _CACHE_BYTES.get(cache_type_k, 2.0) + head_v * _CACHE_BYTES.get(cache_type_v, 2.0))
+    return int(math.ceil(n_layer * per_layer))
+
+
+def default_ctx_per_seq(resolved: ResolvedModel) -> int:
+    """Like `run`: the model's trained context, at most 4096 tokens."""
+    from localinfer.engine.types import DEFAULT_CTX_CEILING
+
+    return min(resolved.info.context_length or DEFAULT_CTX_CEILING, DEFAULT_CTX_CEILING)
+
+
+def default_parallel(
+    n_pending: int,
+    *,
+    kv_bytes_per_seq: int | None,
+    available_bytes: int | None,
+    physical_cores: int,
+    gpu: bool,
+) -> int:
+    """How many sequences to run at once when --parallel is not given.
+
+    On a CPU, decode reads every weight once per step whatever the batch, so batching pays until
+    the cores run out of arithmetic: 4 sequences per physical core (llama-batched-bench on 2 cores:
+    B=8 gives 1.8x B=1), at most 16; on a GPU, 16. Never more than half the available memory
+    holds in KV cache, and never more than there are requests.
+    """
+    by_cores = 16 if gpu else min(16, max(1, 4 * physical_cores))
+    by_memory = by_cores
+    if kv_bytes_per_seq and available_bytes:
+        by_memory = max(1, int(available_bytes * 0.5 // kv_bytes_per_seq))
+    return max(1, min(by_cores, by_memory, max(1, n_pending)))
+
+
+def batch_load_options(base: LoadOptions, *, parallel: int, ctx_per_seq: int) -> LoadOptions:
+    """One context for ``parallel`` sequences of ``ctx_per_seq`` tokens each (KV cache not unified)."""
+    if parallel < 1:
+        raise UsageError("--parallel must be at least 1")
+    return dataclasses.replace(
+        base,
+        n_ctx=ctx_per_seq * parallel,
+        n_seq_max=parallel,
+        n_batch=max(base.n_batch, parallel),
+    )
+
+
+# -- the job ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchSummary:
+    """What the end-of-job summary says (README "Metrics": completion tokens, latency...)."""
+
+    requests: int = 0  # in the input
+    skipped: int = 0  # already in the output (--resume)
+    completed: int = 0  # answered in this run
+    errors: int = 0  # error records written in this run
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0  # from the first request taken up to the last result
+    parallel: int = 0
+    latencies: list[float] = field(default_factory=list)
+    decode_tps: float | None = None  # aggregate, over decode-only steps (llama-batched-bench's S_TG)
+    interrupted: bool = False
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.errors
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Completion tokens over the wall time (prefill included): the job's real throughput."""
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 and self.completion_tokens else None
+
+    def latency(self, q: float) -> float | None:
+        if not self.latencies:
+            return None
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+Progress = Callable[[BatchSummary, int], None]  # (summary so far, total pending)
+
+
+def execute(
+    items: Sequence[BatchRequest | InputError],
+    loaded: LoadedModel,
+    parallel: int,
+    defaults: BatchDefaults,
+    write: Callable[[dict[str, Any]], None],
+    *,
+    on_error: str = "skip",
+    keep_order: bool = False,
+    progress: Progress | None = None,
+    summary: BatchSummary | None = None,
+) -> BatchSummary:
+    """Run ``items`` and hand each output record to ``write`` (completion order, or input order).
+
+    ``on_error="abort"`` raises the first request's error (after writing what finished before it).
+    ``summary`` is filled in as results come, so it is right even if this raises or is interrupted.
+    """
+    from localinfer.engine.batch import BatchStats
+
+    summary = summary or BatchSummary()
+    summary.parallel = parallel
+    stats = BatchStats()
+    held: dict[int, BatchResult] = {}
+    next_index = 0
+    t0 = time.perf_counter()
+    results = run_batch(items, loaded, parallel, defaults, stats=stats)
+    try:
+        for result in results:
+            if result.error is not None and on_error == "abort":
+                raise result.exc or UsageError(result.error)
+            held[result.index] = result
+            ready: list[BatchResult] = []
+            if keep_order:
+                while next_index in held:
+                    ready.append(held.pop(next_index))
+                    next_index += 1
+            else:
+                ready.append(held.pop(result.index))
+            for r in ready:
+                write(r.to_json())
+                _account(summary, r)
+            summary.wall_s = time.perf_counter() - t0
+            summary.decode_tps = stats.decode_tps
+            if progress is not None:
+                progress(summary, len(items))
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        raise
+    finally:
+        results.close()  # now, not when the traceback lets go of it: the model may be closed next
+        summary.wall_s = time.perf_counter() - t0
+        summary.decode_tps = stats.decode_tps
+    return summary
+
+
+def _account(summary: BatchSummary, r: BatchResult) -> None:
+    if r.error is not None:
+        summary.errors += 1
+        return
+    summary.completed += 1
+    if r.stats is not None:
+        summary.prompt_tokens += r.stats.prompt_tokens
+        summary.completion_tokens += r.stats.completion_tokens
+    summary.latencies.append(r.total_s)
+
+
+def check_items(items: Iterable[BatchRequest | InputError], on_error: str) -> None:
+    """Before anything runs: duplicate ids are a usage error, and so is a bad line under abort."""
+    seen: dict[str, int] = {}
+    dups: list[str] = []
+    for item in items:
+        if on_error == "abort" and isinstance(item, InputError):
+            raise UsageError(f"line {item.line}: {item.reason}", hint="fix the line, or use --on-error skip")
+        if item.id is None:
+            continue
+        key = id_key(item.id)
+        if key in seen:
+            dups.append(f"{item.id!r} (lines {seen[key]} and {item.line})")
+        else:
+            seen[key] = item.line
+    if dups:
+        more = f" and {len(dups) - 3} more" if len(dups) > 3 else ""
+        raise UsageError(f"duplicate ids in the input: {', '.join(dups[:3])}{more}", hint="every request needs its own id")
+
+
+def id_key(value: Any) -> str:
+    """Ids compare as JSON values: 3 and "3" are different ids."""
+    import json
+
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,175 @@
+"""`localinfer batch`: a file of requests in, one JSON result per request out, several at a time."""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.cli import options as o
+from localinfer.cli.common import handle_errors
+
+
+class OnError(str, enum.Enum):
+    skip = "skip"
+    abort = "abort"
+
+
+class Overflow(str, enum.Enum):
+    error = "error"
+    truncate = "truncate"
+
+
+class InputFormat(str, enum.Enum):
+    auto = "auto"
+    jsonl = "jsonl"
+    text = "text"
+
+
+_JOB = "Batch job"
+
+ParallelOpt = Annotated[
+    Optional[int],
+    typer.Option("--parallel", "-np", min=1, max=256, help="Sequences decoded together. Default: from cores and memory (8 on 2 cores).", rich_help_panel=_JOB),
+]
+CtxPerSeqOpt = Annotated[
+    Optional[int],
+    typer.Option("--ctx-size", "-c", min=16, help="Context window of each request, in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=o._CONTEXT),
+]
+
+
+def _read_input(source: str) -> bytes:
+    from localinfer.errors import UsageError
+
+    if source == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError("no input on stdin", hint="pipe requests in, or pass a file: localinfer batch requests.jsonl")
+        return sys.stdin.buffer.read()
+    path = Path(source)
+    if not path.is_file():
+        raise UsageError(f"input file not found: {source}")
+    return path.read_bytes()
+
+
+def batch(
+    input: Annotated[str, typer.Argument(metavar="INPUT", help="JSONL (one request per line) or text (one prompt per line); - for stdin.", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write results here (JSONL). Default: stdout.", rich_help_panel=_JOB)] = None,
+    model: o.ModelOpt = None,
+    parallel: ParallelOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip ids already answered in --output; retry its errors.", rich_help_panel=_JOB)] = False,
+    on_error: Annotated[OnError, typer.Option("--on-error", help="A bad line or a prompt too long: write an error record, or stop the job.", rich_help_panel=_JOB)] = OnError.skip,
+    keep_order: Annotated[bool, typer.Option("--keep-order", help="Write results in input order (default: as they finish).", rich_help_panel=_JOB)] = False,
+    input_format: Annotated[InputFormat, typer.Option("--format", help="Input format; auto looks at the extension, then the first line.", rich_help_panel=_JOB)] = InputFormat.auto,
+    system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt for 'prompt' requests.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="'prompt' requests as plain completion: no chat template.")] = False,
+    temperature: o.TemperatureOpt = o.DEFAULTS.temperature,
+    top_p: o.TopPOpt = o.DEFAULTS.top_p,
+    top_k: o.TopKOpt = o.DEFAULTS.top_k,
+    min_p: o.MinPOpt = o.DEFAULTS.min_p,
+    repeat_penalty: o.RepeatPenaltyOpt = o.DEFAULTS.repeat_penalty,
+    seed: o.SeedOpt = None,
+    max_tokens: o.MaxTokensOpt = None,
+    stop: o.StopOpt = None,
+    on_overflow: Annotated[Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = Overflow.error,
+    ctx_size: CtxPerSeqOpt = None,
+    threads: o.ThreadsOpt = None,
+    gpu_layers: o.GpuLayersOpt = "auto",
+    flash_attn: o.FlashAttnOpt = "auto",
+    cache_type_k: o.CacheTypeKOpt = "f16",
+    cache_type_v: o.CacheTypeVOpt = "f16",
+    no_mmap: o.NoMmapOpt = False,
+    mlock: o.MlockOpt = False,
+    batch_size: o.BatchSizeOpt = 2048,
+    offline: o.OfflineOpt = False,
+    quiet: o.QuietOpt = False,
+    verbose: o.VerboseOpt = False,
+) -> None:
+    """Run many requests through one model, several sequences at a time; one JSON result per line."""
+    with handle_errors():
+        from localinfer import batchio, batchjob, inference
+        from localinfer.errors import UsageError
+        from localinfer.render.batch import make_progress, print_summary
+        from localinfer.render.stats import warn
+        from localinfer.store import resolve_model
+
+        say = (lambda msg: None) if quiet else warn
+        if resume and output is None:
+            raise UsageError("--resume needs --output FILE (the results to resume from)")
+        if output is not None and input != "-" and output.exists() and output.resolve() == Path(input).resolve():
+            raise UsageError("--output must not be the input file")
+        items = batchio.parse_input(_read_input(input), input_format.value, name=input)
+        batchjob.check_items(items, on_error.value)
+        done = batchio.prepare_resume(output) if resume and output is not None else set()
+        pending = [i for i in items if i.id is None or batchjob.id_key(i.id) not in done]
+        summary = batchjob.BatchSummary(requests=len(items), skipped=len(items) - len(pending))
+        if not pending:
+            if output is not None and not resume:
+                output.write_bytes(b"")
+            if not quiet:
+                print_summary(summary)
+            return
+
+        offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
+        base = o.load_options(
+            ctx_size=None, threads=threads, gpu_layers=gpu_layers, verbose=verbose, flash_attn=flash_attn,
+            cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, mlock=mlock, batch_size=batch_size,
+        )
+        resolved = resolve_model(model, offline=offline)
+        ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
+        if parallel is None:
+            parallel = _default_parallel(len(pending), resolved, ctx_per_seq, base)
+        loaded = inference.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
+        batchjob.check_template(loaded)
+        if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
+            say(f"--ctx-size {ctx_size} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
+        if loaded.template is None and not raw and any(isinstance(i, batchio.BatchRequest) and i.prompt is not None for i in pending):
+            say(f"{resolved.name} has no chat template; running prompts as plain completion (pass --raw to silence this)")
+        if system and any(isinstance(i, batchio.BatchRequest) and i.messages is not None for i in pending):
+            say("--system applies to 'prompt' requests; 'messages' requests are used as given")
+
+        defaults = batchjob.BatchDefaults(
+            sampling=o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed),
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            system=system,
+            raw=raw,
+            on_overflow=on_overflow.value,
+        )
+        sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
+        show = None if quiet else make_progress(len(pending))
+        try:
+            batchjob.execute(
+                pending, loaded, parallel, defaults, sink,
+                on_error=on_error.value, keep_order=keep_order, progress=show, summary=summary,
+            )
+        finally:
+            sink.close()
+            if show is not None:
+                show.close()
+                print_summary(summary, resolved.name)
+            loaded.close()
+
+
+def _default_parallel(n_pending: int, resolved, ctx_per_seq: int, base) -> int:
+    import psutil
+
+    from localinfer import batchjob
+    from localinfer.engine.llama import default_threads
+
+    per_token = batchjob.kv_bytes_per_token(resolved, base.cache_type_k, base.cache_type_v)
+    available = max(0, psutil.virtual_memory().available - resolved.info.file_size)
+    return batchjob.default_parallel(
+        n_pending,
+        kv_bytes_per_seq=per_token * ctx_per_seq if per_token else None,
+        available_bytes=available,
+        physical_cores=default_threads(),
+        gpu=base.n_gpu_layers != 0,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="batch")(batch)

@@ -1,0 +1,349 @@
+"""Several sequences decoding together in one llama.cpp context, with continuous batching.
+
+One ``llama_batch`` (``llama_batch_init``) carries, at each step, the next token of every sequence
+that is generating plus, in the room left (``n_batch``), prompt chunks of sequences that are starting
+- as llama-server does. Each sequence keeps its own native sampler chain for its whole life and
+samples from its own row of logits (``llama_sampler_sample(chain, ctx, batch_index)``). When a
+sequence finishes, its KV cells are dropped (``llama_memory_seq_rm(mem, seq, -1, -1)``) and the next
+job takes its slot at once.
+
+The context must be created with ``n_seq_max >= n_parallel`` and without a unified KV cache, so each
+sequence has its own ``n_ctx_seq`` cells: sequences cannot crowd each other out of the cache, nor
+see each other's tokens.
+
+Per-token Python work is kept small: the batch's arrays are filled through ctypes array views (slice
+assignment for prompt chunks), token pieces are cached by the Model, nothing is allocated per token
+but the text pieces themselves.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp
+
+from localinfer.engine.llama import Model
+from localinfer.engine.stopping import StopMatcher
+from localinfer.engine.types import GenerationStats, SamplingOptions
+from localinfer.errors import GenerationError, ResourceError
+
+
+@dataclass(frozen=True)
+class SeqJob:
+    """One sequence to run: its prompt tokens and how to sample. ``key`` comes back in the result."""
+
+    key: Any
+    tokens: Sequence[int]
+    sampling: SamplingOptions = SamplingOptions()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass
+class SeqResult:
+    """What one sequence produced. Times are ``time.perf_counter()`` values; ``error`` is set when the
+    job was refused (it never ran)."""
+
+    key: Any
+    text: str
+    stats: GenerationStats
+    t_admit: float = 0.0  # the job took a slot
+    t_end: float = 0.0  # its last token was sampled
+    error: str | None = None
+
+
+@dataclass
+class BatchStats:
+    """Aggregate figures over a run: what llama-batched-bench reports, measured the same way.
+
+    A *decode-only* step carries no prompt tokens (every token in it is a sequence's next token); its
+    time runs from filling the batch to the end of sampling, so it includes our Python overhead.
+    """
+
+    steps: int = 0
+    decode_only_steps: int = 0
+    mixed_steps: int = 0  # steps carrying prompt tokens and other sequences' next tokens together
+    decode_only_s: float = 0.0
+    decode_only_tokens: int = 0  # tokens sampled at the end of decode-only steps
+    llama_decode_s: float = 0.0  # inside llama_decode, all steps
+    decode_only_llama_s: float = 0.0  # of decode_only_s, inside llama_decode (the rest is sampling and Python)
+    prompt_tokens: int = 0  # prompt tokens evaluated
+    sampled_tokens: int = 0  # all tokens sampled (end-of-generation tokens included)
+    max_active: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Aggregate decode tokens/s over decode-only steps (llama-batched-bench's S_TG)."""
+        if self.decode_only_s <= 0 or self.decode_only_tokens <= 0:
+            return None
+        return self.decode_only_tokens / self.decode_only_s
+
+
+class _Slot:
+    """One running sequence (slot number = llama.cpp sequence id)."""
+
+    __slots__ = (
+        "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
+        "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos",
+    )
+
+    def __init__(self, seq: int, job: SeqJob, chain: Any, now: float) -> None:
+        self.seq = seq
+        self.job = job
+        self.chain = chain
+        self.pos = 0  # next position to fill = tokens in this sequence's cache
+        self.prompt: list[int] | None = list(job.tokens)  # None once the prompt is evaluated
+        self.off = 0  # prompt tokens already put in a batch
+        self.idx = -1  # this step: batch index of the row to sample from, -1 = none
+        self.last = -1  # last sampled token, to evaluate next step
+        self.n_gen = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.matcher = StopMatcher(job.stop)
+        self.pieces: list[str] = []
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt))
+        self.t_admit = now
+        self.t_first = 0.0
+        self.max_tokens = job.max_tokens
+        self.ignore_eos = job.ignore_eos
+
+
+class BatchDecoder:
+    """Runs jobs ``n_parallel`` at a time on one Model (its context needs ``n_seq_max >= n_parallel``)."""
+
+    def __init__(self, model: Model, n_parallel: int | None = None) -> None:
+        n_seq_max = int(llama_cpp.llama_n_seq_max(model._ctx))
+        self.n_parallel = n_parallel or n_seq_max
+        if not 1 <= self.n_parallel <= n_seq_max:
+            raise ValueError(f"n_parallel={self.n_parallel}, but the context holds {n_seq_max} sequences")
+        self.model = model
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(model._ctx))
+        self.capacity = max(model.n_batch, self.n_parallel)
+        self.stats = BatchStats()
+        self._batch = llama_cpp.llama_batch_init(self.capacity, 0, 1)
+        b = self._batch
+        cap = self.capacity
+        self._tok = (llama_cpp.llama_token * cap).from_address(ctypes.addressof(b.token.contents))
+        self._pos = (llama_cpp.llama_pos * cap).from_address(ctypes.addressof(b.pos.contents))
+        self._out = (ctypes.c_int8 * cap).from_address(ctypes.addressof(b.logits.contents))
+        n_seq_id = (ctypes.c_int32 * cap).from_address(ctypes.addressof(b.n_seq_id.contents))
+        n_seq_id[:] = [1] * cap
+        # One 1-element seq_id array per batch row (allocated by llama_batch_init).
+        self._seq = [(llama_cpp.llama_seq_id * 1).from_address(ctypes.addressof(b.seq_id[i].contents)) for i in range(cap)]
+        self._eog: dict[int, bool] = {}
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+            self._tok = self._pos = self._out = None  # type: ignore[assignment]
+            self._seq = []
+
+    def __enter__(self) -> BatchDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, jobs: Iterable[SeqJob]) -> Iterator[SeqResult]:
+        """Run ``jobs`` (pulled lazily, one each time a slot frees up); yield results as they finish.
+
+        A job whose prompt is empty or does not leave room for one token in ``n_ctx_seq`` is not run:
+        its result has ``error`` set. Closing the generator early (or an exception) drops every
+        running sequence and leaves the cache empty.
+        """
+        if self._batch is None:
+            raise GenerationError("this batch decoder is closed")
+        model = self.model
+        mem = model._mem
+        model.reset()
+        source = iter(jobs)
+        free = list(range(self.n_parallel - 1, -1, -1))  # pop() hands out 0 first
+        active: list[_Slot] = []
+        exhausted = False
+        clock = time.perf_counter
+        try:
+            while True:
+                while free and not exhausted:
+                    job = next(source, None)
+                    if job is None:
+                        exhausted = True
+                        break
+                    problem = self._refuse(job)
+                    if problem is not None:
+                        yield SeqResult(job.key, "", GenerationStats(prompt_tokens=len(job.tokens)), error=problem)
+                        continue
+                    if job.max_tokens is not None and job.max_tokens <= 0:
+                        now = clock()
+                        stats = GenerationStats(prompt_tokens=len(job.tokens), finish_reason="length", n_ctx=self.n_ctx_seq)
+                        yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
+                        continue
+                    chain, seed = model._sampler(job.sampling, job.tokens)
+                    slot = _Slot(free.pop(), job, chain, clock())
+                    slot.stats.n_ctx = self.n_ctx_seq
+                    slot.stats.extra["seed"] = seed
+                    active.append(slot)
+                if not active:
+                    return
+                if len(active) > self.stats.max_active:
+                    self.stats.max_active = len(active)
+                t_step = clock()
+                t_llama = self.stats.llama_decode_s
+                has_prompt = self._fill_and_decode(active)
+                done, n_sampled = self._sample(active)
+                t_end = clock()
+                st = self.stats
+                st.steps += 1
+                st.sampled_tokens += n_sampled
+                if not has_prompt:
+                    st.decode_only_steps += 1
+                    st.decode_only_s += t_end - t_step
+                    st.decode_only_llama_s += st.llama_decode_s - t_llama
+                    st.decode_only_tokens += n_sampled
+                for slot in done:
+                    active.remove(slot)
+                    llama_cpp.llama_memory_seq_rm(mem, slot.seq, -1, -1)
+                    llama_cpp.llama_sampler_free(slot.chain)
+                    slot.chain = None
+                    free.append(slot.seq)
+                    yield self._result(slot, t_end)
+        finally:
+            for slot in active:
+                if slot.chain is not None:
+                    llama_cpp.llama_sampler_free(slot.chain)
+                    slot.chain = None
+            if model._ctx is not None:
+                model.reset()
+
+    def _refuse(self, job: SeqJob) -> str | None:
+        n = len(job.tokens)
+        if n == 0:
+            return "empty prompt: nothing to evaluate"
+        if n >= self.n_ctx_seq:
+            return f"the prompt ({n} tokens) does not fit the context of one sequence ({self.n_ctx_seq} tokens)"
+        return None
+
+    def _fill_and_decode(self, active: list[_Slot]) -> bool:
+        """Put every generating sequence's last token, then prompt chunks, in the batch; decode it."""
+        tok, pos, out, seq = self._tok, self._pos, self._out, self._seq
+        n = 0
+        prefilling = False
+        for s in active:
+            if s.prompt is None:
+                tok[n] = s.last
+                pos[n] = s.pos
+                seq[n][0] = s.seq
+                out[n] = 1
+                s.idx = n
+                s.pos += 1
+                n += 1
+            else:
+                s.idx = -1
+                prefilling = True
+        if prefilling:
+            if n:
+                self.stats.mixed_steps += 1
+            room = self.capacity - n
+            for s in active:
+                if s.prompt is None or room <= 0:
+                    continue
+                k = min(len(s.prompt) - s.off, room)
+                end = n + k
+                tok[n:end] = s.prompt[s.off : s.off + k]
+                pos[n:end] = range(s.pos, s.pos + k)
+                out[n:end] = bytes(k)
+                sid = s.seq
+                for i in range(n, end):
+                    seq[i][0] = sid
+                s.off += k
+                s.pos += k
+                room -= k
+                n = end
+                if s.off == len(s.prompt):
+                    out[end - 1] = 1
+                    s.idx = end - 1
+        self._batch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self.model._ctx, self._batch)
+        self.stats.llama_decode_s += time.perf_counter() - t0
+        if rc != 0:
+            if rc == 1:
+                raise ResourceError(
+                    "llama.cpp found no room in the KV cache for this batch",
+                    hint="use a larger --ctx-size or a smaller --parallel",
+                )
+            raise GenerationError(f"llama_decode failed with code {rc}")
+        return prefilling
+
+    def _sample(self, active: list[_Slot]) -> tuple[list[_Slot], int]:
+        """Sample one token for every sequence that has logits this step; return those that finished."""
+        sample = llama_cpp.llama_sampler_sample
+        ctx = self.model._ctx
+        piece = self.model.piece
+        eog = self._eog
+        n_ctx_seq = self.n_ctx_seq
+        clock = time.perf_counter
+        done: list[_Slot] = []
+        n_sampled = 0
+        for s in active:
+            if s.idx < 0:
+                continue
+            token = sample(s.chain, ctx, s.idx)
+            n_sampled += 1
+            now = clock()
+            st = s.stats
+            if s.prompt is not None:  # the prompt's last chunk was just evaluated
+                st.prefill_s = now - s.t_admit
+                self.stats.prompt_tokens += len(s.prompt)
+                s.prompt = None
+            if s.n_gen == 0 and st.first_token_s is None:
+                s.t_first = now
+                st.first_token_s = now - s.t_admit
+            is_eog = eog.get(token)
+            if is_eog is None:
+                is_eog = eog[token] = self.model.is_eog(token)
+            if is_eog and not s.ignore_eos:
+                st.finish_reason = "stop"
+                self._flush(s)
+                done.append(s)
+                continue
+            s.n_gen += 1
+            st.completion_tokens = s.n_gen
+            st.decode_s = now - s.t_first
+            text, hit = s.matcher.feed(s.decoder.decode(piece(token)))
+            if text:
+                s.pieces.append(text)
+            if hit:
+                st.finish_reason = "stop"
+                done.append(s)
+                continue
+            if (s.max_tokens is not None and s.n_gen >= s.max_tokens) or s.pos >= n_ctx_seq:
+                st.finish_reason = "length"
+                self._flush(s)
+                done.append(s)
+                continue
+            s.last = token
+        return done, n_sampled
+
+    @staticmethod
+    def _flush(s: _Slot) -> None:
+        tail = s.matcher.flush() + s.decoder.decode(b"", final=True)
+        if tail:
+            s.pieces.append(tail)
+
+    def _result(self, s: _Slot, t_end: float) -> SeqResult:
+        s.stats.context_used = s.pos
+        return SeqResult(s.job.key, "".join(s.pieces), s.stats, t_admit=s.t_admit, t_end=t_end)
