@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Build the native llama.cpp reference tools (llama-bench, llama-batched-bench,
+# llama-completion) from the llama.cpp source vendored in the
+# llama-cpp-python 0.3.36 sdist from PyPI, with the same CMake options that
+# `pip install llama-cpp-python==0.3.36` uses by default on Linux/CPU, so the
+# native numbers are comparable with what localinfer runs through the bindings.
+#
+# Output:   benchmarks/.build/bin/{llama-bench,llama-batched-bench,llama-completion}
+#           (a symlink to benchmarks/.build/cmake/bin, which also holds the
+#           shared libs libllama.so / libggml*.so the tools load)
+#           benchmarks/.build/BUILD_INFO.txt  (what was built, how)
+# Idempotent: exits early when the three binaries already exist (FORCE=1 rebuilds).
+#
+# Environment knobs:
+#   FORCE=1                 rebuild even if the binaries exist
+#   JOBS=N                  parallel compile jobs (default 2)
+#   PYTHON=...              python used for `pip download` (default: python3)
+#   LLAMA_CPP_PYTHON_SDIST=/path/llama_cpp_python-0.3.36.tar.gz
+#                           use this tarball instead of downloading (sha256 still checked)
+#
+# Options mirrored from the llama-cpp-python 0.3.36 default build (its
+# CMakeLists.txt + scikit-build-core defaults; confirmed against the CMakeCache
+# of a real `pip install` on this machine):
+#   CMAKE_BUILD_TYPE=Release (-O3 -DNDEBUG), generator Ninja,
+#   BUILD_SHARED_LIBS=ON, GGML_NATIVE=ON (-march=native; pip does not set
+#   SOURCE_DATE_EPOCH, so ggml's default stays ON), GGML_OPENMP=ON,
+#   GGML_LLAMAFILE=ON, GGML_CPU_REPACK=ON, GGML_BACKEND_DL=OFF, no CUDA/Metal/
+#   Vulkan/BLAS, LLAMA_CURL=OFF, LLAMA_OPENSSL=ON (irrelevant for compute).
+# If llama-cpp-python was installed with custom CMAKE_ARGS, pass the same
+# -D options via EXTRA_CMAKE_ARGS="..." here, or the comparison is not like-for-like.
+set -euo pipefail
+
+VERSION="0.3.36"
+SDIST_NAME="llama_cpp_python-${VERSION}.tar.gz"
+# sha256 of the PyPI sdist (PyPI files are immutable; pinned for reproducibility)
+SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+TARGETS=(llama-bench llama-batched-bench llama-completion)
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${HERE}/.build"
+SRC_ROOT="${OUT}/src"
+LLAMA_SRC="${SRC_ROOT}/llama_cpp_python-${VERSION}/vendor/llama.cpp"
+CMAKE_DIR="${OUT}/cmake"
+BIN="${OUT}/bin"
+JOBS="${JOBS:-2}"
+PYTHON="${PYTHON:-python3}"
+
+have_all() {
+    local t
+    for t in "${TARGETS[@]}"; do
+        [[ -x "${BIN}/${t}" ]] || return 1
+    done
+}
+
+if [[ "${FORCE:-0}" != "1" ]] && have_all; then
+    echo "build_native.sh: binaries already present in ${BIN} (FORCE=1 to rebuild)"
+    exit 0
+fi
+
+command -v cmake >/dev/null || { echo "build_native.sh: cmake not found" >&2; exit 1; }
+mkdir -p "${OUT}/sdist" "${SRC_ROOT}"
+
+# 1. fetch the sdist ---------------------------------------------------------
+SDIST="${LLAMA_CPP_PYTHON_SDIST:-${OUT}/sdist/${SDIST_NAME}}"
+if [[ ! -f "${SDIST}" ]]; then
+    echo "build_native.sh: downloading ${SDIST_NAME} from PyPI"
+    "${PYTHON}" -m pip download --no-binary :all: --no-deps \
+        "llama-cpp-python==${VERSION}" -d "${OUT}/sdist"
+fi
+echo "${SDIST_SHA256}  ${SDIST}" | sha256sum -c - \
+    || { echo "build_native.sh: sha256 mismatch for ${SDIST}" >&2; exit 1; }
+
+# 2. unpack ------------------------------------------------------------------
+if [[ ! -f "${LLAMA_SRC}/CMakeLists.txt" ]]; then
+    echo "build_native.sh: unpacking"
+    tar -xzf "${SDIST}" -C "${SRC_ROOT}"
+fi
+
+# 3. configure ---------------------------------------------------------------
+GEN=()
+if command -v ninja >/dev/null; then GEN=(-G Ninja); fi
+# ggml turns GGML_NATIVE's *default* off when SOURCE_DATE_EPOCH is set; we set
+# it explicitly anyway, but keep the environment identical to a plain pip build.
+unset SOURCE_DATE_EPOCH
+CMAKE_OPTS=(
+    -DCMAKE_BUILD_TYPE=Release
+    -DBUILD_SHARED_LIBS=ON
+    -DGGML_NATIVE=ON
+    -DGGML_OPENMP=ON
+    -DGGML_BACKEND_DL=OFF
+    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_BLAS=OFF
+    -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF -DGGML_RPC=OFF
+    -DLLAMA_CURL=OFF
+    -DLLAMA_BUILD_COMMON=ON
+    -DLLAMA_BUILD_TOOLS=ON
+    -DLLAMA_BUILD_SERVER=OFF
+    -DLLAMA_BUILD_EXAMPLES=OFF
+    -DLLAMA_BUILD_TESTS=OFF
+)
+# shellcheck disable=SC2206
+EXTRA=(${EXTRA_CMAKE_ARGS:-})
+echo "build_native.sh: configuring ${CMAKE_DIR}"
+cmake -S "${LLAMA_SRC}" -B "${CMAKE_DIR}" "${GEN[@]}" "${CMAKE_OPTS[@]}" "${EXTRA[@]}"
+
+# 4. build only the three tools ----------------------------------------------
+echo "build_native.sh: building ${TARGETS[*]} with -j${JOBS}"
+cmake --build "${CMAKE_DIR}" --config Release -j "${JOBS}" --target "${TARGETS[@]}"
+
+ln -sfn cmake/bin "${BIN}"
+have_all || { echo "build_native.sh: build finished but binaries missing" >&2; exit 1; }
+
+# 5. record what was built -----------------------------------------------------
+{
+    echo "llama-cpp-python sdist: ${SDIST_NAME} sha256=${SDIST_SHA256}"
+    if [[ -d "${LLAMA_SRC}/.git" ]]; then
+        echo "vendored llama.cpp commit: $(git -C "${LLAMA_SRC}" rev-parse HEAD 2>/dev/null || echo unknown)"
+    fi
+    echo "cmake options: ${CMAKE_OPTS[*]} ${EXTRA[*]:-}"
+    echo "compiler: $(${CXX:-c++} --version | head -1)"
+    echo "host: $(uname -srm); cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+    grep -E '^(CMAKE_BUILD_TYPE|BUILD_SHARED_LIBS|GGML_NATIVE|GGML_OPENMP|GGML_LLAMAFILE|GGML_CPU_REPACK|GGML_AVX[A-Z0-9_]*|GGML_F16C|GGML_FMA|LLAMA_CURL|LLAMA_OPENSSL):' \
+        "${CMAKE_DIR}/CMakeCache.txt" || true
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+} > "${OUT}/BUILD_INFO.txt"
+echo "build_native.sh: done; binaries in ${BIN}"
