@@ -213,3 +213,17 @@ def test_bench_watts_without_price_is_a_usage_error(isolated_home):
     proc = run_cli("bench", "--watts", "100")
     assert proc.returncode == 2
     assert b"--kwh-price" in proc.stderr
+
+
+@pytest.mark.slow
+def test_parallel_requests_through_the_batch_engine(smollm2_path, isolated_home):
+    rows, _ = _bench_json("-m", str(smollm2_path), "-p", "8", "-n", "4", "-r", "2", "-t", "1", "--parallel", "1,3")
+    assert [r["test"] for r in rows] == ["pp8+tg4 x1", "pp8+tg4 x3"]
+    for r, n in zip(rows, (1, 3)):
+        assert r["kind"] == "parallel" and r["n_parallel"] == n and r["reps"] == 2
+        assert r["samples_tokens"] == [4 * n, 4 * n]  # every sequence generated exactly -n tokens
+        for ts, ns, tok in zip(r["samples_ts"], r["samples_ns"], r["samples_tokens"]):
+            assert ts == pytest.approx(tok / (ns / 1e9), rel=1e-3)
+        assert 0 < r["ttft_p50_ms"] <= r["ttft_p95_ms"] <= r["latency_p95_ms"]
+        assert r["ttft_p50_ms"] < r["latency_p50_ms"]
+    assert [r.extra["test"] for r in history.load_records(command="bench")] == ["pp8+tg4 x1", "pp8+tg4 x3"]

@@ -180,3 +180,72 @@ def test_concurrent_writers_lose_nothing_and_keep_the_database_sound(isolated_ho
         assert sorted(r.completion_tokens for r in rows if r.model == f"w{w}") == list(range(each))
     conn = sqlite3.connect(history.db_path())
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# -- many requests per command (batch) ---------------------------------------------------------------
+
+ANSWER = {
+    "id": 1, "text": "hello", "finish_reason": "length",
+    "usage": {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34},
+    "timings": {"ttft_ms": 150.0, "prefill_ms": 100.0, "decode_ms": 60.0, "decode_tokens_per_s": 50.0, "total_ms": 200.0},
+}
+
+
+def test_request_log_passes_records_on_and_writes_one_row_each(isolated_home, monkeypatch):
+    monkeypatch.delenv("LOCALINFER_LOG_TEXT", raising=False)
+    written = []
+    log = history.RequestLog("batch", _Resolved(), extra={"parallel": 4})
+    write = log.wrap(written.append)
+    write(ANSWER)
+    write({"id": 2, "line": 2, "error": "not valid JSON: the secret line"})
+    log.flush()
+    assert written == [ANSWER, {"id": 2, "line": 2, "error": "not valid JSON: the secret line"}]
+    ok, err = history.load_records()
+    assert (ok.command, ok.model, ok.model_sha256, ok.exit_status) == ("batch", "smollm2:135m", "f00d", 0)
+    assert (ok.prompt_tokens, ok.completion_tokens, ok.ttft_ms, ok.decode_tps, ok.total_ms) == (30, 4, 150.0, 50.0, 200.0)
+    assert ok.prefill_tps == pytest.approx(300.0) and ok.answer_text is None and ok.extra == {"parallel": 4}
+    assert err.exit_status == 1 and err.finish_reason == "error"
+    assert err.extra == {"parallel": 4, "error": True}  # the message may quote input: only with LOG_TEXT
+
+
+def test_request_log_records_a_failing_job_from_finally(isolated_home):
+    log = history.RequestLog("batch", _Resolved())
+    with pytest.raises(ContextOverflowError):
+        try:
+            log.wrap(lambda r: None)(ANSWER)
+            raise ContextOverflowError("abort")
+        finally:
+            log.flush()
+    rows = history.load_records()
+    assert [r.exit_status for r in rows] == [0, 6]
+    assert rows[1].extra == {"job": True}
+
+
+def test_request_log_flushes_in_groups(isolated_home):
+    log = history.RequestLog("batch", _Resolved(), flush_every=3, flush_s=3600)
+    write = log.wrap(lambda r: None)
+    for _ in range(4):
+        write(ANSWER)
+    assert len(history.load_records()) == 3  # one transaction for the first three
+    log.flush()
+    assert len(history.load_records()) == 4
+
+
+def test_request_log_respects_no_log(isolated_home):
+    log = history.RequestLog("batch", _Resolved(), no_log=True)
+    log.wrap(lambda r: None)(ANSWER)
+    log.flush()
+    assert history.load_records() == []
+
+
+@pytest.mark.slow
+def test_batch_command_records_every_request(smollm2_path, isolated_home):
+    from conftest import run_cli
+
+    proc = run_cli("batch", "-", "-m", str(smollm2_path), "-n", "3", "-t", "1", "--parallel", "2", "-q",
+                   "--format", "jsonl", input='{"prompt": "Hi"}\n{"prompt": "Hello"}\nnot json\n')
+    assert proc.returncode == 0, proc.stderr.decode()
+    rows = history.load_records(command="batch")
+    assert sorted(r.exit_status for r in rows) == [0, 0, 1]
+    assert sum(r.completion_tokens for r in rows) == 6
+    assert all(r.model == str(smollm2_path) for r in rows)

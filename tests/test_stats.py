@@ -205,8 +205,10 @@ def test_run_with_a_broken_history_still_answers(smollm2_path, isolated_home):
 def test_two_runs_at_once_are_both_recorded(smollm2_path, isolated_home):
     cmd = [sys.executable, "-m", "localinfer", "run", "-q", "-m", str(smollm2_path), "-n", "4", "-t", "1", "-p", "Hi"]
     procs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    errs = []
     for p in procs:
         _, err = p.communicate(timeout=300)
+        errs.append(err)
         assert p.returncode == 0, err.decode()
-    assert len(history.load_records()) == 2
+    assert len(history.load_records()) == 2, [e.decode() for e in errs]
     assert sqlite3.connect(history.db_path()).execute("PRAGMA integrity_check").fetchone()[0] == "ok"

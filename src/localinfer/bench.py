@@ -330,6 +330,16 @@ def run_test(
     return tuple(out)
 
 
+def build_version() -> str:
+    """llama-cpp-python's version: which llama.cpp the figures come from."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama_cpp_python")
+    except PackageNotFoundError:  # pragma: no cover - installed some other way
+        return "unknown"
+
+
 def backend_name(n_gpu_layers: int) -> str:
     from localinfer.engine.llama import supports_gpu_offload, system_info
 
@@ -373,14 +383,10 @@ def run_bench(
     configuration) pair loads the model once (the file stays in the page cache after the first).
     """
     import datetime
-    from importlib.metadata import PackageNotFoundError, version
 
     from localinfer.engine.llama import Model
 
-    try:
-        build = version("llama_cpp_python")
-    except PackageNotFoundError:  # pragma: no cover - installed some other way
-        build = "unknown"
+    build = build_version()
     for resolved in models:
         for options in configs:
             opts = replace(options, n_ctx=context_for(tests, options.n_ctx))

@@ -85,6 +85,7 @@ def batch(
     mlock: o.MlockOpt = False,
     batch_size: o.BatchSizeOpt = 2048,
     offline: o.OfflineOpt = False,
+    no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
 ) -> None:
@@ -141,13 +142,17 @@ def batch(
         )
         sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
         show = None if quiet else make_progress(len(pending))
+        from localinfer.history import RequestLog
+
+        log = RequestLog("batch", resolved, no_log=no_log, extra={"parallel": parallel})
         try:
             batchjob.execute(
-                pending, loaded, parallel, defaults, sink,
+                pending, loaded, parallel, defaults, log.wrap(sink),
                 on_error=on_error.value, keep_order=keep_order, progress=show, summary=summary,
             )
         finally:
             sink.close()
+            log.flush()
             if show is not None:
                 show.close()
                 print_summary(summary, resolved.name)

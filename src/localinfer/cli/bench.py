@@ -94,7 +94,7 @@ def bench(
     depth: Annotated[ListOpt, typer.Option("--depth", "-d", help="Tokens already in the context before each test. [default: 0]", rich_help_panel=_BENCH, show_default=False)] = None,
     repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1, help="Timed repetitions of each test.", rich_help_panel=_BENCH)] = 5,
     no_warmup: Annotated[bool, typer.Option("--no-warmup", help="Skip the untimed warm-up run before each test.", rich_help_panel=_BENCH)] = False,
-    parallel: Annotated[ListOpt, typer.Option("--parallel", "-np", help="Also measure N concurrent sequences (e.g. 1,4,8): aggregate t/s, TTFT and latency.", rich_help_panel=_BENCH)] = None,
+    parallel: Annotated[ListOpt, typer.Option("--parallel", "-np", help="Instead of pp/tg: N requests at once (e.g. 1,4,8), each a -p prompt and -n tokens (or --pg): aggregate t/s, TTFT and latency.", rich_help_panel=_BENCH)] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random prompt tokens and the sampler.", rich_help_panel=_BENCH)] = 0,
     threads: Annotated[ListOpt, typer.Option("--threads", "-t", help="CPU threads, one or more (1,2). Default: physical cores.", rich_help_panel=o._CONTEXT)] = None,
     ctx_size: Annotated[ListOpt, typer.Option("--ctx-size", "-c", help="Context size(s). Default: what the tests need.", rich_help_panel=o._CONTEXT)] = None,
@@ -140,6 +140,7 @@ def bench(
             for b in _ints("--batch-size", batch_size, (2048,), minimum=1)
         ]
         parallel_levels = _ints("--parallel", parallel, (), minimum=1)
+        shapes = _shapes(n_prompt, n_gen, pg) if parallel_levels else ()
         offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
         resolved = [resolve_model(m, offline=offline) for m in _models(model)]
         say = _progress_sink(quiet=quiet, forced=progress)
@@ -147,17 +148,25 @@ def bench(
         log = history.logging_enabled(no_log)
         current = None
         try:
-            for result in core.run_bench(
+            for result in () if parallel_levels else core.run_bench(
                 resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say
             ):
                 current = result.model
                 writer.add(result.to_json(pricing))
                 if log:
-                    history.append(_record(result, next(r for r in resolved if r.name == result.model.name)))
+                    history.append(_record(result))
             if parallel_levels:
-                _run_parallel(resolved, configs, tests, parallel_levels, repetitions, seed, pricing, writer, say, log)
+                from localinfer.bench_parallel import run_parallel
+
+                for presult in run_parallel(
+                    resolved, configs, shapes, parallel_levels, repetitions, warmup=not no_warmup, seed=seed, progress=say
+                ):
+                    current = presult.model
+                    writer.add(presult.to_json(pricing))
+                    if log:
+                        history.append(_parallel_record(presult))
         except BaseException as exc:
-            if log and current is not None or (log and resolved):
+            if log and resolved:
                 model_name = current.name if current is not None else resolved[0].name
                 history.append(history.UsageRecord(
                     command="bench", model=model_name,
@@ -176,7 +185,7 @@ def _gpu_layer_values(values: list[str] | None) -> list[str]:
     return [p.strip() for v in values or ("auto",) for p in v.split(",") if p.strip()] or ["auto"]
 
 
-def _record(result, resolved):
+def _record(result):
     """One history row per bench result: the tokens it processed and its mean rate."""
     from localinfer import history
 
@@ -184,7 +193,7 @@ def _record(result, resolved):
     return history.UsageRecord(
         command="bench",
         model=result.model.name,
-        model_sha256=resolved.sha256,
+        model_sha256=result.model.sha256,
         prompt_tokens=(t.depth + t.n_prompt) * reps,
         prompt_eval_tokens=t.n_prompt * reps,
         cached_tokens=t.depth * reps,
@@ -201,10 +210,28 @@ def _record(result, resolved):
     )
 
 
-def _run_parallel(resolved, configs, tests, levels, repetitions, seed, pricing, writer, say, log) -> None:
-    from localinfer.errors import UsageError
+def _shapes(n_prompt, n_gen, pg):
+    from localinfer.bench_parallel import shapes_for
 
-    raise UsageError("--parallel is not available yet: batch inference has not landed")
+    return shapes_for(_ints("--n-prompt", n_prompt, (512,)), _ints("--n-gen", n_gen, (128,)), _pairs(pg))
+
+
+def _parallel_record(result):
+    """One history row per --parallel result: all the sequences' tokens, the aggregate rate."""
+    from localinfer import history
+
+    reps = len(result.reps)
+    return history.UsageRecord(
+        command="bench",
+        model=result.model.name,
+        model_sha256=result.model.sha256,
+        prompt_tokens=sum(r.prompt_tokens for r in result.reps),
+        prompt_eval_tokens=sum(r.prompt_tokens for r in result.reps),
+        completion_tokens=sum(r.gen_tokens for r in result.reps),
+        total_ms=sum(r.wall_s for r in result.reps) * 1000.0,
+        finish_reason="length",
+        extra={"test": result.name, "reps": reps, "n_parallel": result.n_parallel, "n_threads": result.n_threads},
+    )
 
 
 class _Progress:

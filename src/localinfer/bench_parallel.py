@@ -1,0 +1,221 @@
+"""`localinfer bench --parallel N`: N requests arriving together, served by the batch engine.
+
+Each of the N sequences gets a prompt of ``n_prompt`` random tokens and generates exactly ``n_gen``
+tokens (end of generation disabled), through ``engine.batch.BatchDecoder`` - the code path of
+``localinfer batch``. Per repetition: the aggregate throughput (generated tokens of all sequences
+over the wall time, prefill included), llama-batched-bench's S_TG (tokens over the decode-only
+steps), and every sequence's TTFT and latency from the moment the N requests arrived.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from localinfer.bench import BENCH_SAMPLING, ModelFacts, Progress, backend_name, bos_token, build_version, mean_sd, random_tokens
+from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.errors import GenerationError, UsageError
+
+if TYPE_CHECKING:
+    from localinfer.cost import Pricing
+    from localinfer.engine.llama import Model
+    from localinfer.store import ResolvedModel
+
+
+@dataclass(frozen=True)
+class ParallelRep:
+    """One repetition: N sequences from their common arrival to the last token of the last one."""
+
+    wall_s: float
+    prompt_tokens: int  # all sequences
+    gen_tokens: int  # all sequences
+    ttft_s: tuple[float, ...]  # per sequence: arrival -> its first generated token
+    latency_s: tuple[float, ...]  # per sequence: arrival -> its last token
+    s_tg: float | None  # aggregate decode tok/s over decode-only steps (llama-batched-bench's S_TG)
+    llama_decode_s: float  # of wall_s, inside llama_decode
+
+    @property
+    def tps(self) -> float:
+        return self.gen_tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    from localinfer.usage import percentile as pct
+
+    return pct(values, q)
+
+
+def measure_parallel(
+    model: Model, n_parallel: int, n_prompt: int, n_gen: int, rng: random.Random, sampling: SamplingOptions = BENCH_SAMPLING
+) -> ParallelRep:
+    """Start ``n_parallel`` sequences at once and run them to exactly ``n_gen`` tokens each."""
+    from localinfer.engine.batch import BatchDecoder, BatchStats, SeqJob
+
+    bos = bos_token(model)
+    jobs = [
+        SeqJob(
+            key=i,
+            tokens=random_tokens(rng, n_prompt, model.n_vocab, bos),
+            sampling=dataclasses.replace(sampling, seed=(sampling.seed or 0) + i),
+            max_tokens=n_gen,
+            ignore_eos=True,
+        )
+        for i in range(n_parallel)
+    ]
+    stats = BatchStats()
+    with BatchDecoder(model, n_parallel) as decoder:
+        decoder.stats = stats
+        t0 = time.perf_counter()
+        results = list(decoder.run(jobs))
+    t_end = max((r.t_end for r in results), default=t0)
+    for r in results:
+        if r.error is not None or r.stats.completion_tokens != n_gen:
+            raise GenerationError(
+                f"bench --parallel: a sequence generated {r.stats.completion_tokens} of {n_gen} tokens"
+                + (f" ({r.error})" if r.error else "")
+            )
+    return ParallelRep(
+        wall_s=t_end - t0,
+        prompt_tokens=n_parallel * n_prompt,
+        gen_tokens=n_parallel * n_gen,
+        ttft_s=tuple(r.t_admit + (r.stats.first_token_s or 0.0) - t0 for r in results),
+        latency_s=tuple(r.t_end - t0 for r in results),
+        s_tg=stats.decode_tps,
+        llama_decode_s=stats.llama_decode_s,
+    )
+
+
+@dataclass(frozen=True)
+class ParallelResult:
+    """One shape (prompt, generation) at one level of concurrency, every repetition kept."""
+
+    model: ModelFacts
+    options: LoadOptions
+    n_threads: int
+    n_ctx: int
+    n_batch: int
+    n_parallel: int
+    n_prompt: int
+    n_gen: int
+    reps: tuple[ParallelRep, ...]
+    build: str = ""
+    test_time: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"pp{self.n_prompt}+tg{self.n_gen} x{self.n_parallel}"
+
+    def cost(self, pricing: Pricing) -> dict[str, Any] | None:
+        if not pricing.priced and not pricing.compares_api:
+            return None
+        avg = mean_sd([r.tps for r in self.reps])[0]
+        wall = sum(r.wall_s for r in self.reps) / len(self.reps)
+        return {
+            "per_million_tokens": pricing.per_million(avg),  # generated tokens
+            "per_request": pricing.for_seconds(wall / self.n_parallel),
+            "api_per_million_tokens": pricing.api_output_per_million,
+            "api_per_request": pricing.api_cost(self.n_prompt, self.n_gen),
+        }
+
+    def to_json(self, pricing: Pricing | None = None) -> dict[str, Any]:
+        m = self.model
+        tps = [r.tps for r in self.reps]
+        raw = [r.gen_tokens / r.llama_decode_s if r.llama_decode_s > 0 else math.nan for r in self.reps]
+        s_tg = [r.s_tg for r in self.reps if r.s_tg is not None]
+        ttft = [t for r in self.reps for t in r.ttft_s]
+        latency = [t for r in self.reps for t in r.latency_s]
+        avg, sd = mean_sd(tps)
+        out: dict[str, Any] = {
+            "model": m.name, "model_path": m.path, "model_sha256": m.sha256, "model_type": m.description,
+            "quant": m.quant, "model_size": m.size_bytes, "model_n_params": m.n_params, "backend": m.backend,
+            "n_gpu_layers": self.options.n_gpu_layers, "n_threads": self.n_threads, "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch, "n_ubatch": min(self.options.n_ubatch, self.n_batch),
+            "flash_attn": self.options.flash_attn, "type_k": self.options.cache_type_k, "type_v": self.options.cache_type_v,
+            "test": self.name, "kind": "parallel", "n_prompt": self.n_prompt, "n_gen": self.n_gen, "n_depth": 0,
+            "n_parallel": self.n_parallel, "reps": len(self.reps), "sampling": "default",
+            "avg_ts": _r(avg), "stddev_ts": _r(sd),
+            "raw_avg_ts": _r(mean_sd(raw)[0]), "raw_stddev_ts": _r(mean_sd(raw)[1]),
+            "s_tg_avg_ts": _r(mean_sd(s_tg)[0]) if s_tg else None,
+            "ttft_p50_ms": _ms(percentile(ttft, 50)), "ttft_p95_ms": _ms(percentile(ttft, 95)),
+            "latency_p50_ms": _ms(percentile(latency, 50)), "latency_p95_ms": _ms(percentile(latency, 95)),
+            "samples_ts": [_r(x) for x in tps],
+            "samples_ns": [round(r.wall_s * 1e9) for r in self.reps],
+            "samples_tokens": [r.gen_tokens for r in self.reps],
+            "llama_cpp_python": self.build, "test_time": self.test_time,
+        }
+        if pricing is not None:
+            cost = self.cost(pricing)
+            if cost is not None:
+                out["cost"] = {k: _r(v, 9) for k, v in cost.items()}
+        return out
+
+
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, digits)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def shapes_for(n_prompt: Sequence[int], n_gen: Sequence[int], pg: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The request shapes to serve in parallel: the --pg pairs, else the first -p with the first -n."""
+    if pg:
+        return tuple(pg)
+    p = next((x for x in n_prompt if x > 0), 0)
+    n = next((x for x in n_gen if x > 0), 0)
+    if p <= 0 or n <= 0:
+        raise UsageError("--parallel needs a prompt size and a generation size", hint="give -p and -n, or --pg P,N")
+    return ((p, n),)
+
+
+def run_parallel(
+    models: Sequence[ResolvedModel],
+    configs: Sequence[LoadOptions],
+    shapes: Sequence[tuple[int, int]],
+    levels: Sequence[int],
+    reps: int,
+    *,
+    warmup: bool = True,
+    seed: int = 0,
+    sampling: SamplingOptions = BENCH_SAMPLING,
+    progress: Progress | None = None,
+) -> Iterator[ParallelResult]:
+    """Every shape at every level, for every model and configuration (one load per level)."""
+    from localinfer.batchjob import batch_load_options
+    from localinfer.engine.llama import Model
+
+    per_seq = max(p + n for p, n in shapes) + 1
+    build = build_version()
+    for resolved in models:
+        for options in configs:
+            for level in levels:
+                opts = batch_load_options(options, parallel=level, ctx_per_seq=max(per_seq, options.n_ctx or 0))
+                if progress:
+                    progress(f"loading {resolved.name} for {level} parallel sequences (ctx {opts.n_ctx})")
+                with Model(resolved.path, opts) as model:
+                    facts = ModelFacts(
+                        name=resolved.name, path=str(resolved.path), sha256=resolved.sha256, description=model.description,
+                        quant=resolved.info.quantization, size_bytes=model.size_bytes, n_params=model.n_params,
+                        backend=backend_name(opts.n_gpu_layers),
+                    )
+                    for p, n in shapes:
+                        rng = random.Random(seed)
+                        if warmup:
+                            measure_parallel(model, level, p, 1, rng, sampling)
+                        done = []
+                        for i in range(reps):
+                            if progress:
+                                progress(f"pp{p}+tg{n} x{level}: repetition {i + 1}/{reps}")
+                            done.append(measure_parallel(model, level, p, n, rng, sampling))
+                        yield ParallelResult(
+                            model=facts, options=opts, n_threads=model.n_threads, n_ctx=model.n_ctx,
+                            n_batch=model.n_batch, n_parallel=level, n_prompt=p, n_gen=n, reps=tuple(done),
+                            build=build, test_time=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                        )
