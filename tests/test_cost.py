@@ -91,3 +91,16 @@ def test_format_money_keeps_small_amounts_readable():
     assert format_money(12.345) == "12.35"
     assert format_money(0.5) == "0.5"
     assert format_money(0.0000123) == "1.23e-05"
+
+
+def test_a_measured_workload_priced():
+    from localinfer.cost import for_workload
+
+    p = pricing(price_per_hour=3.6, compare_api_price="1,3")
+    # A 512-token prompt with a 128-token answer at 64 tok/s overall, 10 s a request.
+    cost = for_workload(p, tokens_per_second=64.0, request_seconds=10.0, prompt_tokens=512, gen_tokens=128)
+    assert cost["per_million_tokens"] == pytest.approx(3.6e6 / 3600 / 64)
+    assert cost["per_request"] == pytest.approx(0.01)
+    assert cost["api_per_request"] == pytest.approx((512 * 1 + 128 * 3) / 1e6)
+    assert cost["api_per_million_tokens"] == pytest.approx((512 * 1 + 128 * 3) / 640)  # token-weighted mix
+    assert for_workload(pricing(), tokens_per_second=1.0, request_seconds=1.0, prompt_tokens=1, gen_tokens=1) is None

@@ -114,6 +114,14 @@ class ModelFacts:
     n_params: int
     backend: str
 
+    @classmethod
+    def of(cls, resolved: ResolvedModel, model: Model, n_gpu_layers: int) -> ModelFacts:
+        return cls(
+            name=resolved.name, path=str(resolved.path), sha256=resolved.sha256, description=model.description,
+            quant=resolved.info.quantization, size_bytes=model.size_bytes, n_params=model.n_params,
+            backend=backend_name(n_gpu_layers),
+        )
+
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n - 1), as llama-bench reports; sd 0 for one value."""
@@ -173,23 +181,12 @@ class BenchResult:
         return statistics.fmean(r.seconds for r in self.reps) if self.reps else math.nan
 
     def cost(self, pricing: Pricing) -> dict[str, Any] | None:
-        """Cost per million tokens at this rate, per repetition, and what an API charges for the same."""
-        if not pricing.priced and not pricing.compares_api:
-            return None
+        """Per million of the tokens this test counts, per repetition, and the API's price for the same."""
+        from localinfer.cost import for_workload
+
         t = self.test
-        api_rep = pricing.api_cost(t.n_prompt, t.n_gen)
-        if t.kind == "pp":
-            api_m = pricing.api_input_per_million
-        elif t.kind == "tg":
-            api_m = pricing.api_output_per_million
-        else:
-            api_m = pricing.api_cost(t.n_prompt, t.n_gen) * 1e6 / t.tokens if pricing.compares_api else None  # type: ignore[operator]
-        return {
-            "per_million_tokens": pricing.per_million(self.avg_ts),
-            "per_request": pricing.for_seconds(self.mean_seconds),
-            "api_per_million_tokens": api_m,
-            "api_per_request": api_rep,
-        }
+        return for_workload(pricing, tokens_per_second=self.avg_ts, request_seconds=self.mean_seconds,
+                            prompt_tokens=t.n_prompt, gen_tokens=t.n_gen)
 
     def to_json(self, pricing: Pricing | None = None) -> dict[str, Any]:
         m, t = self.model, self.test
@@ -394,16 +391,7 @@ def run_bench(
                 progress(f"loading {resolved.name} (threads {opts.n_threads or 'default'}, ctx {opts.n_ctx})")
             t0 = time.perf_counter()
             with Model(resolved.path, opts) as model:
-                facts = ModelFacts(
-                    name=resolved.name,
-                    path=str(resolved.path),
-                    sha256=resolved.sha256,
-                    description=model.description,
-                    quant=resolved.info.quantization,
-                    size_bytes=model.size_bytes,
-                    n_params=model.n_params,
-                    backend=backend_name(opts.n_gpu_layers),
-                )
+                facts = ModelFacts.of(resolved, model, opts.n_gpu_layers)
                 if progress:
                     progress(f"loaded {resolved.name} in {time.perf_counter() - t0:.2f} s")
                 for test in tests:

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.bench import BENCH_SAMPLING, ModelFacts, Progress, backend_name, bos_token, build_version, mean_sd, random_tokens
+from localinfer.bench import BENCH_SAMPLING, ModelFacts, Progress, bos_token, build_version, mean_sd, random_tokens
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 
@@ -112,16 +112,15 @@ class ParallelResult:
         return f"pp{self.n_prompt}+tg{self.n_gen} x{self.n_parallel}"
 
     def cost(self, pricing: Pricing) -> dict[str, Any] | None:
-        if not pricing.priced and not pricing.compares_api:
-            return None
+        """Per million generated tokens at the aggregate rate; a request's share of the wall time."""
+        from localinfer.cost import for_workload
+
         avg = mean_sd([r.tps for r in self.reps])[0]
         wall = sum(r.wall_s for r in self.reps) / len(self.reps)
-        return {
-            "per_million_tokens": pricing.per_million(avg),  # generated tokens
-            "per_request": pricing.for_seconds(wall / self.n_parallel),
-            "api_per_million_tokens": pricing.api_output_per_million,
-            "api_per_request": pricing.api_cost(self.n_prompt, self.n_gen),
-        }
+        cost = for_workload(pricing, tokens_per_second=avg, request_seconds=wall / self.n_parallel, prompt_tokens=0, gen_tokens=self.n_gen)
+        if cost is not None:
+            cost["api_per_request"] = pricing.api_cost(self.n_prompt, self.n_gen)
+        return cost
 
     def to_json(self, pricing: Pricing | None = None) -> dict[str, Any]:
         m = self.model
@@ -200,11 +199,7 @@ def run_parallel(
                 if progress:
                     progress(f"loading {resolved.name} for {level} parallel sequences (ctx {opts.n_ctx})")
                 with Model(resolved.path, opts) as model:
-                    facts = ModelFacts(
-                        name=resolved.name, path=str(resolved.path), sha256=resolved.sha256, description=model.description,
-                        quant=resolved.info.quantization, size_bytes=model.size_bytes, n_params=model.n_params,
-                        backend=backend_name(opts.n_gpu_layers),
-                    )
+                    facts = ModelFacts.of(resolved, model, opts.n_gpu_layers)
                     for p, n in shapes:
                         rng = random.Random(seed)
                         if warmup:

@@ -83,6 +83,23 @@ class Pricing:
         }
 
 
+def for_workload(
+    pricing: Pricing, *, tokens_per_second: float, request_seconds: float, prompt_tokens: int, gen_tokens: int
+) -> dict[str, float | None] | None:
+    """A measured workload priced: per million of the tokens its rate counts, per request, and what
+    the API charges (input price for prompt tokens, output price for generated ones, mixed by count)."""
+    if not pricing.priced and not pricing.compares_api:
+        return None
+    api_request = pricing.api_cost(prompt_tokens, gen_tokens)
+    counted = prompt_tokens + gen_tokens
+    return {
+        "per_million_tokens": pricing.per_million(tokens_per_second),
+        "per_request": pricing.for_seconds(request_seconds),
+        "api_per_million_tokens": api_request * MILLION / counted if api_request is not None and counted else None,
+        "api_per_request": api_request,
+    }
+
+
 def parse_api_price(value: str | None) -> tuple[float | None, float | None]:
     """``"0.15,0.60"`` -> (input, output) per million tokens; one number means both."""
     if value is None or not value.strip():
