@@ -227,3 +227,22 @@ def test_parallel_requests_through_the_batch_engine(smollm2_path, isolated_home)
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p95_ms"] <= r["latency_p95_ms"]
         assert r["ttft_p50_ms"] < r["latency_p50_ms"]
     assert [r.extra["test"] for r in history.load_records(command="bench")] == ["pp8+tg4 x1", "pp8+tg4 x3"]
+
+
+@pytest.mark.slow
+def test_bench_on_a_terminal_with_no_color_shows_plain_progress(smollm2_path, isolated_home):
+    import os
+    import sys
+
+    import pexpect
+
+    child = pexpect.spawn(
+        sys.executable, ["-m", "localinfer", "bench", "-m", str(smollm2_path), "-p", "8", "-n", "4", "-r", "1", "-t", "1"],
+        env={**os.environ, "NO_COLOR": "1"}, timeout=300, dimensions=(50, 220),
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    out = child.before
+    assert child.exitstatus == 0, out
+    assert b"bench: tg4: repetition 1/1" in out  # progress lines on the terminal's stderr
+    assert b"\x1b[" not in out and "pp8".encode() in out and "±".encode() in out

@@ -212,3 +212,24 @@ def test_two_runs_at_once_are_both_recorded(smollm2_path, isolated_home):
         assert p.returncode == 0, err.decode()
     assert len(history.load_records()) == 2, [e.decode() for e in errs]
     assert sqlite3.connect(history.db_path()).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def _in_a_terminal(args: list[str], env: dict[str, str], timeout: float = 120) -> bytes:
+    import os
+
+    import pexpect
+
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", *args], env={**os.environ, **env}, timeout=timeout,
+                          dimensions=(50, 220))
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    return child.before
+
+
+def test_stats_on_a_terminal_is_styled_unless_no_color(isolated_home):
+    _seed(_sample())
+    styled = _in_a_terminal(["stats"], {"LOCALINFER_HOME": str(isolated_home)})
+    assert b"\x1b[" in styled and "Per model".encode() in styled
+    plain = _in_a_terminal(["stats"], {"LOCALINFER_HOME": str(isolated_home), "NO_COLOR": "1"})
+    assert b"\x1b[" not in plain and "Per model".encode() in plain

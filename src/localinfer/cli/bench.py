@@ -262,11 +262,11 @@ def _progress_sink(*, quiet: bool, forced: bool) -> _Progress | None:
     if quiet:
         return None
     try:
-        tty = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+        tty = sys.stderr.isatty()
     except (ValueError, AttributeError):
         tty = False
     if tty or forced:
-        return _Progress(tty=tty)
+        return _Progress(tty=tty and not os.environ.get("NO_COLOR"))  # NO_COLOR: plain lines
     return None
 
 
