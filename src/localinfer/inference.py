@@ -19,6 +19,9 @@ from localinfer.errors import ContextOverflowError, UsageError
 if TYPE_CHECKING:
     from localinfer.engine.llama import Model
     from localinfer.engine.templates import ChatTemplate
+    from localinfer.estimate import BufferReport
+    from localinfer.hardware import MemoryBudget
+    from localinfer.preflight import LoadPlan
     from localinfer.store import ResolvedModel
 
 Warn = Callable[[str], None]
@@ -38,24 +41,40 @@ class LoadedModel:
     model: Model
     template: ChatTemplate | None
     resolved: ResolvedModel | None = None
+    plan: LoadPlan | None = None  # the pre-flight's context size, GPU layers and memory estimate
+    buffers: BufferReport | None = None  # what llama.cpp reported allocating
 
     def close(self) -> None:
         self.model.close()
 
 
-def load(resolved: ResolvedModel, options: LoadOptions) -> LoadedModel:
-    """Load the model and pick its chat format: the GGUF's template, else the registry's format."""
+def load(
+    resolved: ResolvedModel,
+    options: LoadOptions,
+    *,
+    force: bool = False,
+    budget: MemoryBudget | None = None,
+) -> LoadedModel:
+    """Pre-flight, load the model and pick its chat format (the GGUF's template, else the registry's).
+
+    The pre-flight (localinfer.preflight.plan_load) sizes the context and the GPU layers and raises
+    ResourceError when the memory estimate exceeds what is available, unless ``force``.
+    """
     from localinfer.engine.llama import Model
     from localinfer.engine.templates import ChatTemplate
+    from localinfer.estimate import parse_buffer_report
+    from localinfer.preflight import plan_load
 
-    model = Model(resolved.path, options)
+    plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
+    model = Model(resolved.path, plan.apply(options))
     template: ChatTemplate | None = None
     gguf_template = model.chat_template
     if gguf_template:
         template = ChatTemplate(source="gguf", template=gguf_template, bos_text=model.bos_text, eos_text=model.eos_text)
     elif resolved.chat_format:
         template = ChatTemplate(source=f"registry:{resolved.chat_format}", format_name=resolved.chat_format)
-    return LoadedModel(name=resolved.name, model=model, template=template, resolved=resolved)
+    buffers = parse_buffer_report(getattr(model, "memory_log", ()))
+    return LoadedModel(name=resolved.name, model=model, template=template, resolved=resolved, plan=plan, buffers=buffers)
 
 
 @dataclass(frozen=True)
@@ -84,10 +103,21 @@ class Result:
     peak_rss: int
     mode: str  # chat | raw
     warnings: list[str] = field(default_factory=list)
+    plan: LoadPlan | None = None  # how the model was loaded (context source, GPU layers, estimate)
+    buffers: BufferReport | None = None  # llama.cpp's reported buffer sizes
 
     @property
     def finish_reason(self) -> str | None:
         return self.stats.finish_reason
+
+    @property
+    def gpu_layers(self) -> int | None:
+        """Layers llama.cpp offloaded to a GPU (what it reported; 0 on a CPU-only build)."""
+        if self.buffers is not None and self.buffers.offloaded is not None:
+            return self.buffers.offloaded
+        if self.plan is None:
+            return None
+        return self.plan.n_gpu_layers if self.plan.budget.gpu_offload else 0
 
     def to_json(self) -> dict[str, Any]:
         s = self.stats
@@ -113,8 +143,22 @@ class Result:
                 "decode_tokens_per_s": _round(s.decode_tps),
                 "total_ms": _ms(self.total_s),
             },
-            "context": {"n_ctx": s.n_ctx, "used": s.context_used},
-            "memory": {"peak_rss_bytes": self.peak_rss},
+            "context": {
+                "n_ctx": s.n_ctx,
+                "used": s.context_used,
+                "n_ctx_train": self.plan.n_ctx_train if self.plan else None,
+                "source": self.plan.ctx_source if self.plan else None,
+            },
+            "offload": {
+                "gpu_layers": self.gpu_layers,
+                "layers": self.plan.n_offloadable if self.plan else None,
+                "gpu_offload_supported": self.plan.budget.gpu_offload if self.plan else None,
+            },
+            "memory": {
+                "peak_rss_bytes": self.peak_rss,
+                "estimate": self.plan.estimate.to_json() if self.plan and self.plan.estimate else None,
+                "llama_cpp": self.buffers.to_json() if self.buffers and self.buffers.buffers else None,
+            },
             "seed": s.extra.get("seed"),
         }
 
@@ -205,7 +249,7 @@ def generate(
     pieces: list[str] = []
     ttft: float | None = None
     mode = "raw" if request.raw_text is not None else "chat"
-    result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode)
+    result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode, plan=loaded.plan, buffers=loaded.buffers)
     try:
         for step in loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens, stop=stop, ignore_eos=request.ignore_eos

@@ -21,6 +21,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "batch",
     "bench",
     "stats",
+    "doctor",
 )
 
 

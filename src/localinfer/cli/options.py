@@ -43,14 +43,17 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line, no
 
 
 def parse_gpu_layers(value: str) -> int:
-    """auto | all | N -> the number llama.cpp takes (-1 = all)."""
+    """auto | all | N -> LoadOptions.n_gpu_layers (-1 = all; auto = GPU_LAYERS_AUTO, which the
+    pre-flight in inference.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
+    the engine alone reads any negative value as all)."""
     v = value.strip().lower()
     if v == "all":
         return -1
     if v == "auto":
         from localinfer.engine.llama import supports_gpu_offload
+        from localinfer.estimate import GPU_LAYERS_AUTO
 
-        return -1 if supports_gpu_offload() else 0
+        return GPU_LAYERS_AUTO if supports_gpu_offload() else 0
     try:
         n = int(v)
     except ValueError:

@@ -102,8 +102,10 @@ def run(
         resolved = resolve_model(model, offline=offline)
         rec.model, rec.prompt_text = resolved, text
         t0 = time.perf_counter()
-        loaded = inference.load(resolved, load_opts)
+        loaded = inference.load(resolved, load_opts, force=force)
         load_s = time.perf_counter() - t0
+        for note in loaded.plan.notes if loaded.plan else ():
+            say(note)
         if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
             say(f"--ctx-size {ctx_size} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
         if raw or loaded.template is None:

@@ -57,6 +57,8 @@ def summary_line(result: Result) -> str:
     ]
     if s.truncated_tokens:
         parts.append(f"prompt truncated by {s.truncated_tokens} tokens")
+    if getattr(result, "gpu_layers", None):
+        parts.append(f"GPU layers {result.gpu_layers}")
     return " · ".join(parts)
 
 
@@ -89,10 +91,46 @@ def _rows(result: Result) -> list[tuple[str, str]]:
         ("completion tokens", str(s.completion_tokens)),
         ("decode", f"{_ms(s.decode_s)} · {_tps(s.decode_tps)} (tokens after the first)"),
         ("end to end", _ms(result.total_s)),
-        ("context", f"{s.context_used} / {s.n_ctx} tokens"),
+        ("context", f"{s.context_used} / {s.n_ctx} tokens" + _ctx_note(result)),
+        ("GPU layers", _gpu_note(result)),
+        ("memory", _memory_note(result)),
         ("peak RSS", human_bytes(result.peak_rss)),
         ("seed", str(s.extra.get("seed", "-"))),
     ]
+
+
+def _ctx_note(result: Result) -> str:
+    plan = getattr(result, "plan", None)
+    if plan is None:
+        return ""
+    train = f"trained on {plan.n_ctx_train}" if plan.n_ctx_train else "trained context unknown"
+    return f" ({plan.ctx_source}; {train})"
+
+
+def _gpu_note(result: Result) -> str:
+    plan = getattr(result, "plan", None)
+    layers = getattr(result, "gpu_layers", None)
+    if plan is None or layers is None:
+        return "-"
+    text = f"{layers} / {plan.n_offloadable} offloaded" if plan.n_offloadable else f"{layers} offloaded"
+    if not plan.budget.gpu_offload:
+        return text + " (CPU-only llama.cpp build)"
+    return text + f" (--gpu-layers {plan.gpu_layers_requested})"
+
+
+def _memory_note(result: Result) -> str:
+    """llama.cpp's buffers (weights, KV cache, compute) and our estimate of them."""
+    buffers = getattr(result, "buffers", None)
+    plan = getattr(result, "plan", None)
+    parts = []
+    if buffers is not None and buffers.buffers:
+        parts.append(
+            f"weights {human_bytes(buffers.total('model'))} · KV {human_bytes(buffers.total('KV'))} · "
+            f"compute {human_bytes(buffers.total('compute'))}"
+        )
+    if plan is not None and plan.estimate is not None:
+        parts.append(f"(estimated {human_bytes(plan.estimate.total)} in all)")
+    return " ".join(parts) or "-"
 
 
 def print_table(result: Result, stream: TextIO) -> None:

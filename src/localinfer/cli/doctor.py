@@ -1,0 +1,90 @@
+"""`localinfer doctor`: what this machine has, what llama.cpp was built with, and what to do about it.
+
+The report is what the user asked for, so it goes to stdout (plain text, or one JSON object with --json).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from localinfer.cli.common import handle_errors
+
+
+def _human(n: float | None) -> str:
+    from localinfer.diagnose import _human as h
+
+    return h(n)
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as aligned plain text."""
+    rows: list[tuple[str, str]] = []
+    osi, cpu, mem, llama = report["os"], report["cpu"], report["memory"], report["llama_cpp"]
+    rows.append(("OS", f"{osi['system']} {osi['release']} ({osi['machine']})"))
+    rows.append(("CPU", f"{cpu['model']} · {cpu['physical_cores']} physical / {cpu['logical_cores']} logical cores"))
+    ram = f"{_human(mem['total_bytes'])} total · {_human(mem['available_bytes'])} available"
+    if mem.get("swap_free_bytes"):
+        ram += f" · {_human(mem['swap_free_bytes'])} swap free"
+    if mem.get("cgroup_room_bytes") is not None:
+        ram += f" · {_human(mem['cgroup_room_bytes'])} left under the container limit"
+    rows.append(("RAM", ram))
+    gpus = report["gpus"]
+    if not gpus:
+        rows.append(("GPU", "none found"))
+    for g in gpus:
+        text = g["name"]
+        if g.get("memory_total_bytes"):
+            text += f" · {_human(g['memory_total_bytes'])}"
+            if g.get("memory_free_bytes") is not None:
+                text += f" ({_human(g['memory_free_bytes'])} free)"
+        if g.get("unified"):
+            text += " · unified memory"
+        if g.get("driver"):
+            text += f" · driver {g['driver']}"
+        rows.append(("GPU", text + f" [{g['source']}]"))
+    store = report["store"]
+    rows.append(("model store", f"{store['path']} · {_human(store['free_bytes'])} free"))
+    if "error" in llama:
+        rows.append(("llama.cpp", f"does not load: {llama['error']}"))
+    else:
+        rows.append(("llama.cpp", f"llama-cpp-python {llama['version']} · backends: {', '.join(llama['backends']) or '?'}"))
+        rows.append(("GPU offload", "yes" if llama["gpu_offload"] else "no (CPU-only build)"))
+        rows.append(("SIMD", " ".join(llama["simd"]) or "-"))
+        rows.append(("build features", " ".join(llama["build_features"]) or "-"))
+        rows.append(("weight repack", "on" if llama["cpu_repack"] else "off" + (" (AMX CPU)" if llama["amx"] else "")))
+        for d in llama["devices"]:
+            rows.append(("device", f"{d['name']} ({d['type']}): {d['description']} · {_human(d['total_bytes'])}"))
+    v = report["versions"]
+    rows.append(("versions", " · ".join(f"{k} {val}" for k, val in v.items() if val)))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {val}" for k, val in rows]
+    lines.append("")
+    lines.append("Advice:")
+    for item in report["advice"]:
+        lines.append(f"  - {item['message']}")
+        if item.get("command"):
+            lines.append(f"      {item['command']}")
+    return "\n".join(lines)
+
+
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+) -> None:
+    """Check this machine: CPU, RAM, GPUs, the llama.cpp build, disk; advice on what to fix and what fits."""
+    with handle_errors():
+        from localinfer.diagnose import report
+
+        data = report()
+        if json_out:
+            sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        else:
+            sys.stdout.write(render(data) + "\n")
+        sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="doctor")(doctor)

@@ -1,0 +1,133 @@
+"""`doctor`'s findings: the machine's facts (localinfer.hardware) and what to do about them.
+
+Advice is concrete: the exact reinstall command when a GPU is present but llama-cpp-python was built
+for the CPU only, the largest model this machine runs comfortably, why weight repacking is off on
+AMX CPUs, low disk in the model store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GiB = 1 << 30
+Q4_K_M_BYTES_PER_PARAM = 0.6  # ~4.85 bits per weight
+OVERHEAD = 1.2  # KV cache (4096 tokens) and compute buffers on top of the file, for typical models
+LOW_DISK = 10 * 1000**3
+
+_REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-cache-dir llama-cpp-python=={version}'
+_BUILD_FLAGS = {"nvidia": "-DGGML_CUDA=on", "apple": "-DGGML_METAL=on"}
+
+
+def _human(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def reinstall_command(vendor: str, version: str | None) -> str | None:
+    """The pip command that rebuilds llama-cpp-python for this GPU vendor (None: we know of none)."""
+    flags = _BUILD_FLAGS.get(vendor)
+    if flags is None:
+        return None
+    return _REINSTALL.format(flags=flags, version=version or "0.3.36")
+
+
+def comfortable_model(report: dict[str, Any]) -> dict[str, Any]:
+    """The largest GGUF file this machine runs comfortably (all in GPU memory when the build can
+    offload, else in RAM with room left for the OS), and what that means in parameters at Q4_K_M."""
+    llama = report.get("llama_cpp", {})
+    mem = report.get("memory", {})
+    ram_total = int(mem.get("total_bytes") or 0)
+    gpu_devices = [d for d in llama.get("devices", []) if d.get("type") in ("gpu", "igpu")]
+    if llama.get("gpu_offload") and gpu_devices:
+        budget = sum(int(d.get("total_bytes") or 0) for d in gpu_devices) - GiB * len(gpu_devices)
+        where = "GPU memory"
+    else:
+        room = mem.get("cgroup_room_bytes")
+        total = min(ram_total, room) if room else ram_total
+        budget = total - max(2 * 1000**3, total // 4)  # leave the OS and other programs their share
+        where = "RAM"
+    size = max(0, int(budget / OVERHEAD))
+    out: dict[str, Any] = {
+        "max_file_bytes": size,
+        "max_params_q4_k_m": int(size / Q4_K_M_BYTES_PER_PARAM),
+        "where": where,
+        "context": 4096,
+        "gpu_max_file_bytes_after_rebuild": None,
+    }
+    unused = [g for g in report.get("gpus", []) if g.get("memory_total_bytes") and not llama.get("gpu_offload")]
+    if unused:
+        vram = sum(int(g["memory_total_bytes"]) - GiB for g in unused)
+        out["gpu_max_file_bytes_after_rebuild"] = max(0, int(vram / OVERHEAD))
+    return out
+
+
+def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """What to do, most important first: [{"kind", "message", "command"?}]."""
+    out: list[dict[str, Any]] = []
+    llama = report.get("llama_cpp", {})
+    version = report.get("versions", {}).get("llama_cpp_python")
+    if "error" in llama:
+        out.append({
+            "kind": "llama_cpp_broken",
+            "message": f"llama-cpp-python does not load: {llama['error']}",
+            "command": f"pip install --force-reinstall --no-cache-dir llama-cpp-python=={version or '0.3.36'}",
+        })
+        return out
+    gpus = report.get("gpus", [])
+    gpu_devices = [d for d in llama.get("devices", []) if d.get("type") in ("gpu", "igpu")]
+    if gpus and not llama.get("gpu_offload"):
+        gpu = gpus[0]
+        cmd = reinstall_command(gpu.get("vendor", ""), version)
+        msg = (f"{gpu['name']} is present, but this llama-cpp-python was built for the CPU only, so models run "
+               "on the CPU; rebuild it with GPU support")
+        item: dict[str, Any] = {"kind": "gpu_unused", "message": msg}
+        if cmd:
+            item["command"] = cmd
+        out.append(item)
+    elif llama.get("gpu_offload") and not gpu_devices:
+        out.append({
+            "kind": "gpu_not_visible",
+            "message": f"llama-cpp-python was built with {', '.join(b for b in llama.get('backends', []) if b != 'CPU')} "
+            "but llama.cpp sees no GPU: check the driver (nvidia-smi) and that the GPU is visible to this process",
+        })
+    if llama.get("amx"):
+        state = "on (LOCALINFER_CPU_REPACK)" if llama.get("cpu_repack") else "off"
+        out.append({
+            "kind": "amx_repack",
+            "message": f"this CPU has AMX; llama.cpp's AMX matmul crashes (ggml-org/llama.cpp#20824), so weight "
+            f"repacking is {state}; native llama.cpp tools need --repack 0 / --no-repack to compare like with like",
+        })
+    fit = comfortable_model(report)
+    out.append({
+        "kind": "model_size",
+        "message": f"largest model that runs comfortably here: about {_human(fit['max_file_bytes'])} of GGUF "
+        f"(~{fit['max_params_q4_k_m'] / 1e9:.0f}B parameters at Q4_K_M) with a {fit['context']}-token context, "
+        f"in {fit['where']}"
+        + ("; on the CPU, decode speed is about memory bandwidth / file size, so smaller models answer faster"
+           if fit["where"] == "RAM" else "")
+        + (f"; with a GPU build, up to about {_human(fit['gpu_max_file_bytes_after_rebuild'])} would run on the GPU"
+           if fit["gpu_max_file_bytes_after_rebuild"] else ""),
+    })
+    store = report.get("store", {})
+    free = store.get("free_bytes")
+    if free is not None and free < LOW_DISK:
+        out.append({"kind": "low_disk", "message": f"only {_human(free)} free for models in {store.get('path')}"})
+    room = report.get("memory", {}).get("cgroup_room_bytes")
+    if room is not None:
+        out.append({"kind": "container_limit", "message": f"a container memory limit leaves {_human(room)} to this process"})
+    return out
+
+
+def report() -> dict[str, Any]:
+    """Facts and advice, JSON-able: what `localinfer doctor --json` prints."""
+    from localinfer.hardware import collect
+
+    facts = collect()
+    facts["comfortable_model"] = comfortable_model(facts)
+    facts["advice"] = advice(facts)
+    return facts

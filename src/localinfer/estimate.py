@@ -1,0 +1,378 @@
+"""How much memory a model will take in llama.cpp, from its GGUF header alone (no loading).
+
+Mirrors how llama.cpp sizes its buffers, so that we can refuse before an allocation fails and pick
+how many layers fit on a GPU:
+
+* weights: the tensors' bytes, per repeating layer (``blk.N.*``), the output layer (``output*``; for
+  models with tied embeddings a copy of ``token_embd`` when the output layer is offloaded) and the
+  input embeddings (always on the CPU);
+* KV cache: ``2 x cells x n_head_kv x head_dim x bytes per element`` per layer, where cells is the
+  context padded to 256; sliding-window layers (gemma2/3, cohere2, gpt-oss) take the full context
+  when ``swa_full`` (llama.cpp's library default, which our engine keeps) or else the window plus
+  one ubatch, padded;
+* compute buffer: the larger of the output phase (``n_ubatch x (n_vocab + 2 n_embd)`` floats) and
+  the attention phase (masks, and the KQ matrix without flash attention);
+* output buffer: one row of logits per sequence.
+
+Checked against the buffer sizes llama.cpp logs (tests/test_estimate_models.py). Pure arithmetic: no
+llama_cpp here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from localinfer.gguf import ArraySummary, ggml_type_size
+
+if TYPE_CHECKING:
+    from localinfer.gguf import GGUFInfo
+
+MiB = 1 << 20
+GiB = 1 << 30
+CTX_PAD = 256  # llama.cpp pads the context (per sequence) to a multiple of this
+GPU_LAYERS_AUTO = -2  # LoadOptions.n_gpu_layers: resolved by the pre-flight (-1 = all)
+DEFAULT_GPU_HEADROOM = GiB  # what auto leaves free on the GPU (llama.cpp's --fit leaves 1 GiB too)
+
+# Sliding-window layout llama.cpp hard-codes per architecture (set_swa_pattern): layer il uses the
+# window when il % n < n - 1.
+_SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2}
+
+
+class ShapeError(ValueError):
+    """The header lacks what the estimate needs (an architecture we cannot size)."""
+
+
+def _pad(n: int, to: int = CTX_PAD) -> int:
+    return -(-n // to) * to
+
+
+def _per_layer(value: object, n_layer: int, what: str) -> tuple[int, ...]:
+    if isinstance(value, bool):
+        raise ShapeError(f"bad {what}")
+    if isinstance(value, int):
+        return (value,) * n_layer
+    if isinstance(value, list) and len(value) == n_layer and all(isinstance(v, int) for v in value):
+        return tuple(value)
+    raise ShapeError(f"missing or unusable {what}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs from a GGUF header."""
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int  # the largest over layers
+    n_head_kv: tuple[int, ...]  # per layer (0 for layers without attention)
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int
+    n_ctx_train: int
+    n_swa: int  # sliding window, 0 when none
+    swa_layers: tuple[bool, ...]
+    layer_bytes: tuple[int, ...]  # weights of each repeating layer
+    input_bytes: int  # token embeddings (llama.cpp keeps them on the CPU)
+    output_bytes: int  # output head and norm: the "output layer" --gpu-layers counts last
+    output_tied: bool  # no output.weight: the head reuses token_embd (copied when offloaded)
+    other_bytes: int  # anything else (rope factors, ...), on the CPU
+
+    @property
+    def n_offloadable(self) -> int:
+        """What llama.cpp counts in "offloaded N/M layers": the repeating layers plus the output."""
+        return self.n_layer + 1
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.input_bytes + self.output_bytes + self.other_bytes
+
+    @classmethod
+    def from_gguf(cls, info: GGUFInfo, extra_tensors: Iterable = ()) -> ModelShape:
+        """From a header (plus the tensors of a split model's other shards). Raises ShapeError."""
+        arch = info.architecture
+        n_layer = info.block_count
+        n_embd = info.embedding_length
+        if not arch or not n_layer or not n_embd:
+            raise ShapeError("the header has no architecture, block_count or embedding_length")
+        md = info.metadata
+        head = _per_layer(md.get(f"{arch}.attention.head_count"), n_layer, "head_count")
+        head_kv_raw = md.get(f"{arch}.attention.head_count_kv", md.get(f"{arch}.attention.head_count"))
+        head_kv = _per_layer(head_kv_raw, n_layer, "head_count_kv")
+        n_head = max(head) or 1
+        key_len = md.get(f"{arch}.attention.key_length")
+        val_len = md.get(f"{arch}.attention.value_length")
+        lora = md.get(f"{arch}.attention.kv_lora_rank")
+        if isinstance(lora, int) and lora > 0:  # MLA (deepseek2): the cache holds the compressed latent
+            rope = md.get(f"{arch}.rope.dimension_count")
+            key_len, val_len = lora + (rope if isinstance(rope, int) else 64), lora
+            head_kv = tuple(1 if h else 0 for h in head_kv)
+        head_dim_k = key_len if isinstance(key_len, int) and key_len > 0 else n_embd // n_head
+        head_dim_v = val_len if isinstance(val_len, int) and val_len > 0 else head_dim_k
+
+        tensors = list(info.tensors) + list(extra_tensors)
+        layer = [0] * n_layer
+        input_b = output_b = other_b = 0
+        has_output = False
+        embd_shape: tuple[int, ...] = ()
+        for t in tensors:
+            m = re.match(r"blk\.(\d+)\.", t.name)
+            if m and int(m.group(1)) < n_layer:
+                layer[int(m.group(1))] += t.n_bytes
+            elif t.name.startswith("token_embd."):
+                input_b += t.n_bytes
+                if t.name == "token_embd.weight":
+                    embd_shape = t.shape
+            elif t.name.startswith("output"):
+                output_b += t.n_bytes
+                has_output = has_output or t.name == "output.weight"
+            else:
+                other_b += t.n_bytes
+
+        tokens = md.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, ArraySummary):
+            n_vocab = tokens.length
+        elif isinstance(tokens, list):
+            n_vocab = len(tokens)
+        elif len(embd_shape) >= 2:
+            n_vocab = embd_shape[1]
+        else:
+            raise ShapeError("cannot tell the vocabulary size")
+
+        n_swa = info.sliding_window or 0
+        swa_layers = (False,) * n_layer
+        if n_swa > 0:
+            pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+            if isinstance(pattern, list) and len(pattern) == n_layer:
+                swa_layers = tuple(bool(v) for v in pattern)
+            else:
+                n = pattern if isinstance(pattern, int) and pattern > 0 else _SWA_PATTERNS.get(arch)
+                if n:
+                    swa_layers = tuple(il % n < n - 1 for il in range(n_layer))
+        if not any(swa_layers):
+            n_swa = 0
+        return cls(
+            arch=arch,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=head_kv,
+            head_dim_k=head_dim_k,
+            head_dim_v=head_dim_v,
+            n_vocab=n_vocab,
+            n_ctx_train=info.context_length or 0,
+            n_swa=n_swa,
+            swa_layers=swa_layers,
+            layer_bytes=tuple(layer),
+            input_bytes=input_b,
+            output_bytes=output_b,
+            output_tied=not has_output,
+            other_bytes=other_b,
+        )
+
+
+def type_bytes(cache_type: str, n_elements: int) -> int:
+    """Bytes of ``n_elements`` stored as a ggml type (f16, q8_0, ...)."""
+    block, size = ggml_type_size(cache_type.upper())
+    return -(-n_elements // block) * size
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes llama.cpp will allocate, split between the host (RAM) and the GPU(s)."""
+
+    n_ctx: int  # cells, as llama.cpp pads them
+    n_ubatch: int
+    n_gpu_layers: int  # 0 .. n_layer + 1, as llama.cpp will apply it
+    weights_cpu: int
+    weights_gpu: int
+    kv_cpu: int
+    kv_gpu: int
+    compute_cpu: int
+    compute_gpu: int
+    output: int  # logits buffer, on the host
+
+    @property
+    def weights(self) -> int:
+        return self.weights_cpu + self.weights_gpu
+
+    @property
+    def kv(self) -> int:
+        return self.kv_cpu + self.kv_gpu
+
+    @property
+    def compute(self) -> int:
+        return self.compute_cpu + self.compute_gpu
+
+    @property
+    def cpu_bytes(self) -> int:
+        return self.weights_cpu + self.kv_cpu + self.compute_cpu + self.output
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.weights_gpu + self.kv_gpu + self.compute_gpu
+
+    @property
+    def total(self) -> int:
+        return self.cpu_bytes + self.gpu_bytes
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "n_ctx": self.n_ctx,
+            "n_gpu_layers": self.n_gpu_layers,
+            "weights_bytes": self.weights,
+            "kv_cache_bytes": self.kv,
+            "compute_bytes": self.compute,
+            "output_bytes": self.output,
+            "cpu_bytes": self.cpu_bytes,
+            "gpu_bytes": self.gpu_bytes,
+            "total_bytes": self.total,
+        }
+
+
+def effective_batch(n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int = 1) -> tuple[int, int]:
+    """(n_batch, n_ubatch) as the engine and llama.cpp will set them."""
+    nb = min(n_batch, n_ctx) if n_seq_max == 1 else n_batch
+    return nb, max(1, min(n_ubatch, nb))
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    n_ctx: int,
+    n_batch: int = 2048,
+    n_ubatch: int = 512,
+    n_seq_max: int = 1,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    flash_attn: str = "auto",
+    n_gpu_layers: int = 0,
+    swa_full: bool = True,
+) -> Estimate:
+    """The buffers llama.cpp allocates for this model and context (see the module docstring)."""
+    n_seq = max(1, n_seq_max)
+    _, ub = effective_batch(n_ctx, n_batch, n_ubatch, n_seq)
+    cells_seq = _pad(max(1, n_ctx // n_seq))  # per sequence (non-unified cache: one stream each)
+    cells = cells_seq * n_seq
+    swa_cells_seq = cells_seq if swa_full else min(cells_seq, _pad(shape.n_swa + ub))
+    swa_cells = swa_cells_seq * n_seq
+
+    n_layer = shape.n_layer
+    k = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    first_gpu = n_layer - min(k, n_layer)  # llama.cpp offloads the last layers first
+    output_on_gpu = k > n_layer
+
+    weights_cpu = shape.input_bytes + shape.other_bytes
+    weights_gpu = 0
+    kv_cpu = kv_gpu = 0
+    for il in range(n_layer):
+        c = swa_cells if shape.swa_layers[il] else cells
+        kv = type_bytes(cache_type_k, c * shape.n_head_kv[il] * shape.head_dim_k)
+        kv += type_bytes(cache_type_v, c * shape.n_head_kv[il] * shape.head_dim_v)
+        if il >= first_gpu:
+            weights_gpu += shape.layer_bytes[il]
+            kv_gpu += kv
+        else:
+            weights_cpu += shape.layer_bytes[il]
+            kv_cpu += kv
+    if output_on_gpu:
+        weights_gpu += shape.output_bytes + (shape.input_bytes if shape.output_tied else 0)
+    else:
+        weights_cpu += shape.output_bytes
+
+    # Compute buffer: the graph llama.cpp reserves for one ubatch, at its widest point.
+    fa = flash_attn != "off"
+    logits_phase = ub * 4 * (shape.n_vocab + 2 * shape.n_embd)
+    n_kv = cells_seq
+    masks = n_kv + (min(swa_cells_seq, n_kv) if shape.n_swa else 0)
+    attn_phase = ub * masks * (2 if fa else 4) + ub * 4 * 12 * shape.n_embd
+    if not fa:
+        attn_phase += ub * n_kv * shape.n_head * 4  # the KQ matrix of one layer, f32
+    if k == 0:
+        compute_cpu, compute_gpu = max(logits_phase, attn_phase), 0
+    elif output_on_gpu:
+        compute_cpu, compute_gpu = ub * 4 * 2 * shape.n_embd, max(logits_phase, attn_phase)
+    else:
+        compute_cpu, compute_gpu = logits_phase, attn_phase
+    return Estimate(
+        n_ctx=cells,
+        n_ubatch=ub,
+        n_gpu_layers=k,
+        weights_cpu=weights_cpu,
+        weights_gpu=weights_gpu,
+        kv_cpu=kv_cpu,
+        kv_gpu=kv_gpu,
+        compute_cpu=compute_cpu,
+        compute_gpu=compute_gpu,
+        output=shape.n_vocab * 4 * n_seq,
+    )
+
+
+def fit_gpu_layers(shape: ModelShape, vram_free: int, *, headroom: int = DEFAULT_GPU_HEADROOM, **kw) -> int:
+    """The most layers (0 .. n_layer + 1) whose GPU buffers fit in ``vram_free - headroom``."""
+    budget = vram_free - headroom
+    if budget <= 0:
+        return 0
+    for k in range(shape.n_offloadable, 0, -1):
+        if estimate(shape, n_gpu_layers=k, **kw).gpu_bytes <= budget:
+            return k
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# What llama.cpp reported (its log: "CPU KV buffer size = 11.25 MiB", "offloaded 31/31 layers")
+# --------------------------------------------------------------------------------------------
+
+_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output|RS) buffer size\s*=\s*([\d.]+)\s*MiB")
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_HOST_PREFIXES = ("CPU",)  # CPU, CPU_Mapped, CPU_REPACK, CUDA_Host is pinned host memory too
+
+
+def _is_host(device: str) -> bool:
+    return device.startswith(_HOST_PREFIXES) or device.endswith("_Host")
+
+
+@dataclass(frozen=True)
+class BufferReport:
+    """llama.cpp's own buffer sizes for one load, by kind and device (bytes)."""
+
+    buffers: tuple[tuple[str, str, int], ...]  # (kind: model|KV|compute|output|RS, device, bytes)
+    offloaded: int | None  # layers llama.cpp says it offloaded (None: it did not say: no GPU)
+    offloadable: int | None
+
+    def total(self, kind: str | None = None, *, host: bool | None = None) -> int:
+        return sum(
+            b
+            for k, dev, b in self.buffers
+            if (kind is None or k == kind) and (host is None or _is_host(dev) == host)
+        )
+
+    @property
+    def model_devices(self) -> tuple[str, ...]:
+        return tuple(dev for k, dev, _ in self.buffers if k == "model")
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "weights_bytes": self.total("model"),
+            "kv_cache_bytes": self.total("KV"),
+            "compute_bytes": self.total("compute"),
+            "output_bytes": self.total("output"),
+            "total_bytes": self.total(),
+        }
+
+
+def parse_buffer_report(lines: Iterable[str]) -> BufferReport:
+    """The buffer sizes in llama.cpp's log lines (engine Model.memory_log)."""
+    buffers: list[tuple[str, str, int]] = []
+    offloaded = offloadable = None
+    for line in lines:
+        m = _BUFFER_LINE.search(line)
+        if m:
+            buffers.append((m.group(2), m.group(1), round(float(m.group(3)) * MiB)))
+            continue
+        m = _OFFLOADED.search(line)
+        if m:
+            offloaded, offloadable = int(m.group(1)), int(m.group(2))
+    return BufferReport(tuple(buffers), offloaded, offloadable)

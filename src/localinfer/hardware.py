@@ -1,0 +1,386 @@
+"""Facts about this machine: CPU, memory, GPUs, what llama.cpp was built with, disk in the store.
+
+``doctor`` shows all of it; the pre-flight only asks :func:`memory_budget` (cheap: no subprocess).
+Two environment variables simulate hardware for tests and for planning on another machine:
+``LOCALINFER_FAKE_VRAM`` (e.g. ``8GB``: one simulated GPU with that much free memory) and
+``LOCALINFER_FAKE_RAM`` (available RAM).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FAKE_VRAM_ENV = "LOCALINFER_FAKE_VRAM"
+FAKE_RAM_ENV = "LOCALINFER_FAKE_RAM"
+NVIDIA_SMI_TIMEOUT_S = 3.0
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"8GB"``, ``"8 GiB"``, ``"512MB"`` or a plain byte count -> bytes. ValueError if unreadable."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _env_size(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse_size(raw)
+    except ValueError:
+        from localinfer.errors import UsageError
+
+        raise UsageError(f"{name}={raw!r} is not a size", hint="write it like 8GB, 512MiB or a byte count") from None
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU found on this machine (whether or not llama.cpp can use it)."""
+
+    name: str
+    vendor: str  # nvidia | apple
+    memory_total_bytes: int | None
+    memory_free_bytes: int | None
+    driver: str | None = None
+    source: str = ""  # nvml | nvidia-smi | sysctl | LOCALINFER_FAKE_VRAM
+    unified: bool = False  # shares the system RAM (Apple Silicon)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What a load may use: the pre-flight compares the estimate with these."""
+
+    ram_available: int  # RAM the OS can give now, plus free swap, within a cgroup limit
+    ram_total: int
+    swap_free: int = 0
+    gpu_offload: bool = False  # this llama-cpp-python build can offload to a GPU
+    vram_free: int | None = None  # free memory over the GPUs llama.cpp sees; None: none
+    unified: bool = False  # the GPU's memory is the RAM (Apple Silicon): both come from one pool
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# -- CPU ----------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name, best effort per OS."""
+    if sys.platform.startswith("linux"):
+        try:
+            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                    return value.strip()
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=2)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_cores() -> tuple[int | None, int | None]:
+    """(physical, logical) cores."""
+    import psutil
+
+    return psutil.cpu_count(logical=False), psutil.cpu_count(logical=True)
+
+
+def parse_system_info(text: str) -> dict[str, dict[str, str]]:
+    """llama.cpp's ``llama_print_system_info()`` -> {section: {feature: value}}.
+
+    ``"CPU : SSE3 = 1 | AVX2 = 1 | ... | CUDA : ARCHS = 890 | "`` -> {"CPU": {"SSE3": "1", ...}, "CUDA": {...}}.
+    """
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for part in text.split("|"):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.match(r"^(\w[\w ]*?)\s*:\s*(.*)$", part)
+        if m:  # "CPU : SSE3 = 1" opens a section
+            current = sections.setdefault(m.group(1).strip(), {})
+            part = m.group(2)
+        if current is None:
+            current = sections.setdefault("", {})
+        key, _, value = part.partition("=")
+        if key.strip():
+            current[key.strip()] = value.strip()
+    return sections
+
+
+# -- memory -------------------------------------------------------------------------------------------
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under this process's cgroup memory limit (containers), None when unlimited."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            raw = Path(limit_file).read_text().strip()
+            if raw == "max":
+                return None
+            limit = int(raw)
+            if limit >= 1 << 60:  # cgroup v1's "unlimited"
+                return None
+            return max(0, limit - int(Path(usage_file).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def memory() -> dict[str, int | None]:
+    """RAM total/available, swap free, and the room left under a cgroup limit (bytes)."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    try:
+        swap_free = int(psutil.swap_memory().free)
+    except (OSError, RuntimeError):
+        swap_free = 0
+    return {
+        "total_bytes": int(vm.total),
+        "available_bytes": int(vm.available),
+        "swap_free_bytes": swap_free,
+        "cgroup_room_bytes": _cgroup_room(),
+    }
+
+
+# -- GPUs ----------------------------------------------------------------------------------------------
+
+
+def _fake_gpu() -> GPU | None:
+    vram = _env_size(FAKE_VRAM_ENV)
+    if vram is None:
+        return None
+    return GPU(f"Simulated NVIDIA GPU ({FAKE_VRAM_ENV})", "nvidia", vram, vram, None, FAKE_VRAM_ENV)
+
+
+def _nvml_gpus() -> list[GPU] | None:
+    try:
+        import pynvml  # optional: only if the user installed nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no GPU: say nothing
+        return None
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else str(driver)
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            out.append(GPU(name.decode() if isinstance(name, bytes) else str(name), "nvidia", int(mem.total), int(mem.free), driver, "nvml"))
+        return out
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def parse_nvidia_smi(text: str) -> list[GPU]:
+    """``nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv,noheader,nounits``."""
+    out = []
+    for line in text.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 4 or not cols[0]:
+            continue
+        try:
+            total, free = int(float(cols[1])) << 20, int(float(cols[2])) << 20  # MiB
+        except ValueError:
+            total = free = None
+        out.append(GPU(cols[0], "nvidia", total, free, cols[3] or None, "nvidia-smi"))
+    return out
+
+
+def _nvidia_smi_gpus(timeout: float = NVIDIA_SMI_TIMEOUT_S) -> list[GPU]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        proc = subprocess.run(
+            [exe, "--query-gpu=name,memory.total,memory.free,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_nvidia_smi(proc.stdout) if proc.returncode == 0 else []
+
+
+def _apple_gpu(ram_total: int) -> GPU | None:
+    if sys.platform != "darwin" or platform.machine() != "arm64":
+        return None
+    # Metal lets the GPU use about 2/3 of RAM up to 36 GB, about 3/4 above (recommendedMaxWorkingSetSize).
+    usable = int(ram_total * (2 / 3 if ram_total <= 36 * 1000**3 else 3 / 4))
+    return GPU("Apple Silicon GPU (unified memory)", "apple", usable, None, None, "sysctl", unified=True)
+
+
+def gpus(ram_total: int | None = None) -> list[GPU]:
+    """GPUs on this machine, whether or not llama.cpp was built to use them.
+
+    ``LOCALINFER_FAKE_VRAM`` replaces them all with one simulated GPU.
+    """
+    fake = _fake_gpu()
+    if fake is not None:
+        return [fake]
+    found = _nvml_gpus()
+    if found is None:
+        found = _nvidia_smi_gpus()
+    if not found and ram_total is not None:
+        apple = _apple_gpu(ram_total)
+        if apple is not None:
+            found = [apple]
+    return found
+
+
+# -- llama.cpp ------------------------------------------------------------------------------------------
+
+
+_BUILD_FEATURES = frozenset({"LLAMAFILE", "OPENMP", "REPACK", "KLEIDIAI", "ACCELERATE", "BLAS", "AARCH64_REPACK"})
+
+
+def llama_facts() -> dict:
+    """What the installed llama-cpp-python was built with; {"error": ...} if it does not import."""
+    try:
+        from localinfer.engine import llama as engine
+    except Exception as exc:  # noqa: BLE001 - a broken install is exactly what doctor must report
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    import llama_cpp  # the engine imported it; we only read its version
+
+    info = engine.system_info()
+    sections = parse_system_info(info)
+    cpu = sections.get("CPU", {})
+    amx = engine.cpu_has_amx()
+    return {
+        "version": getattr(llama_cpp, "__version__", None),
+        "system_info": info.strip(),
+        "backends": engine.backends(),
+        "gpu_offload": engine.supports_gpu_offload(),
+        "devices": engine.devices(),
+        "simd": sorted(k for k, v in cpu.items() if v == "1" and k not in _BUILD_FEATURES),
+        "build_features": sorted(k for k, v in cpu.items() if v == "1" and k in _BUILD_FEATURES),
+        "amx": amx,
+        "cpu_repack": engine.cpu_repack_enabled(None),
+        "mmap": bool(llama_cpp.llama_supports_mmap()),
+        "mlock": bool(llama_cpp.llama_supports_mlock()),
+    }
+
+
+def _llama_gpu_free() -> tuple[bool, int | None, bool]:
+    """(offload supported, free bytes over llama.cpp's GPU devices or None, unified memory)."""
+    from localinfer.engine import llama as engine
+
+    if not engine.supports_gpu_offload():
+        return False, None, False
+    gpus_ = [d for d in engine.devices() if d["type"] in ("gpu", "igpu")]
+    if not gpus_:
+        return True, None, False
+    unified = sys.platform == "darwin" or all(d["type"] == "igpu" for d in gpus_)
+    return True, sum(d["free_bytes"] for d in gpus_), unified
+
+
+def memory_budget() -> MemoryBudget:
+    """What a load may use now. Cheap: psutil and llama.cpp's device list, no subprocess."""
+    mem = memory()
+    notes: list[str] = []
+    swap = int(mem["swap_free_bytes"] or 0)
+    ram = int(mem["available_bytes"] or 0)
+    room = mem["cgroup_room_bytes"]
+    if room is not None and room < ram:
+        ram = int(room)
+        notes.append("limited by this container's memory limit")
+        swap = 0
+    fake_ram = _env_size(FAKE_RAM_ENV)
+    if fake_ram is not None:
+        ram, swap = fake_ram, 0
+        notes.append(f"simulated by {FAKE_RAM_ENV}")
+    offload, vram, unified = _llama_gpu_free()
+    fake_vram = _env_size(FAKE_VRAM_ENV)
+    if fake_vram is not None and offload:
+        vram, unified = fake_vram, False
+    return MemoryBudget(
+        ram_available=ram + swap,
+        ram_total=int(mem["total_bytes"] or 0),
+        swap_free=swap,
+        gpu_offload=offload,
+        vram_free=vram,
+        unified=unified,
+        notes=tuple(notes),
+    )
+
+
+# -- everything, for doctor --------------------------------------------------------------------------------
+
+
+def store_disk() -> dict:
+    """The model store's path and the free disk where it lives (its nearest existing parent)."""
+    from localinfer.paths import models_dir
+
+    path = models_dir()
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    return {"path": str(path), "free_bytes": free}
+
+
+def versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    from localinfer import __version__
+
+    def ver(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "localinfer": __version__,
+        "python": platform.python_version(),
+        "llama_cpp_python": ver("llama-cpp-python"),
+        "typer": ver("typer"),
+        "huggingface_hub": ver("huggingface-hub"),
+    }
+
+
+def collect() -> dict:
+    """Every fact doctor reports, as plain JSON-able values."""
+    physical, logical = cpu_cores()
+    mem = memory()
+    return {
+        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
+               "platform": platform.platform()},
+        "cpu": {"model": cpu_model(), "physical_cores": physical, "logical_cores": logical},
+        "memory": mem,
+        "llama_cpp": llama_facts(),
+        "gpus": [asdict(g) for g in gpus(int(mem["total_bytes"] or 0))],
+        "store": store_disk(),
+        "versions": versions(),
+    }

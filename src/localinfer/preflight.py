@@ -1,0 +1,251 @@
+"""Before loading: pick the context size and GPU layers, and refuse what will not fit in memory.
+
+:func:`plan_load` turns the user's options (``--ctx-size`` or the default, ``--gpu-layers
+auto|all|N``) and the machine's :class:`~localinfer.hardware.MemoryBudget` into a :class:`LoadPlan`:
+the exact ``n_ctx`` and ``n_gpu_layers`` to hand llama.cpp, with the memory estimate behind them.
+When the estimate exceeds what is available it raises :class:`ResourceError` (exit 6) with the
+figures and what to change, unless ``force``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from localinfer.engine.types import DEFAULT_CTX_CEILING, LoadOptions
+from localinfer.errors import ResourceError, UsageError
+from localinfer.estimate import (
+    CTX_PAD,
+    DEFAULT_GPU_HEADROOM,
+    GPU_LAYERS_AUTO,
+    Estimate,
+    ModelShape,
+    ShapeError,
+    estimate,
+    fit_gpu_layers,
+)
+
+if TYPE_CHECKING:
+    from localinfer.gguf import GGUFInfo
+    from localinfer.hardware import MemoryBudget
+
+MIN_DEFAULT_CTX = 512  # the default context is reduced to fit memory, but not below this
+_QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What to ask llama.cpp for, and why."""
+
+    n_ctx: int | None  # None: let the engine decide (no estimate possible)
+    ctx_source: str  # "--ctx-size" | "default" | "default, reduced to fit memory"
+    n_ctx_train: int
+    n_gpu_layers: int  # for llama.cpp: 0..n_layer+1, or -1 (all) when the shape is unknown
+    gpu_layers_requested: str  # auto | all | N
+    n_offloadable: int | None  # n_layer + 1
+    estimate: Estimate | None
+    budget: MemoryBudget
+    notes: tuple[str, ...] = ()  # warnings for the user
+    forced: bool = False  # the estimate did not fit and --force loaded anyway
+
+    def apply(self, options: LoadOptions) -> LoadOptions:
+        """The options with this plan's context and GPU layers."""
+        return dataclasses.replace(options, n_ctx=self.n_ctx if self.n_ctx else options.n_ctx, n_gpu_layers=self.n_gpu_layers)
+
+    def to_json(self) -> dict:
+        return {
+            "n_ctx_source": self.ctx_source,
+            "gpu_layers_requested": self.gpu_layers_requested,
+            "estimate": self.estimate.to_json() if self.estimate else None,
+            "available": {"ram_bytes": self.budget.ram_available, "vram_bytes": self.budget.vram_free},
+            "forced": self.forced,
+        }
+
+
+def gpu_layers_label(n: int) -> str:
+    return "auto" if n == GPU_LAYERS_AUTO else "all" if n < 0 else str(n)
+
+
+def human(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def _est_kwargs(options: LoadOptions) -> dict:
+    return {
+        "n_batch": options.n_batch,
+        "n_ubatch": options.n_ubatch,
+        "n_seq_max": options.n_seq_max,
+        "cache_type_k": options.cache_type_k,
+        "cache_type_v": options.cache_type_v,
+        "flash_attn": options.flash_attn,
+    }
+
+
+def _cpu_need(e: Estimate, budget: MemoryBudget) -> int:
+    """Host memory the estimate takes from the RAM budget (all of it on unified memory)."""
+    return e.cpu_bytes + (e.gpu_bytes if budget.unified else 0)
+
+
+def _fits(e: Estimate, budget: MemoryBudget) -> bool:
+    if _cpu_need(e, budget) > budget.ram_available:
+        return False
+    return not (e.gpu_bytes and budget.vram_free is not None and e.gpu_bytes > budget.vram_free)
+
+
+def other_shard_tensors(info: GGUFInfo) -> list:
+    """The tensors of a split model's other shards (``name-00001-of-00003.gguf``), headers only."""
+    from localinfer.errors import LocalInferError
+    from localinfer.gguf import read_gguf
+
+    n = info.split_count or 1
+    m = re.search(r"-(\d{5})-of-(\d{5})\.gguf$", info.path.name)
+    if n <= 1 or not m:
+        return []
+    out: list = []
+    for i in range(1, n + 1):
+        if i == int(m.group(1)):
+            continue
+        shard = info.path.with_name(f"{info.path.name[: m.start()]}-{i:05d}-of-{m.group(2)}.gguf")
+        try:
+            out.extend(read_gguf(shard).tensors)
+        except LocalInferError:
+            pass  # llama.cpp will say which shard is missing
+    return out
+
+
+def largest_ctx(shape: ModelShape, budget: MemoryBudget, *, upper: int, n_gpu_layers: int, **kw) -> int:
+    """The largest context (a multiple of 256, at most ``upper``) that fits the budget; 0 if none."""
+
+    def fits(n: int) -> bool:
+        return _fits(estimate(shape, n_ctx=n, n_gpu_layers=n_gpu_layers, **kw), budget)
+
+    lo, hi = 0, max(0, upper) // CTX_PAD
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * CTX_PAD):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
+
+
+def plan_load(
+    info: GGUFInfo,
+    options: LoadOptions,
+    *,
+    budget: MemoryBudget | None = None,
+    name: str | None = None,
+    force: bool = False,
+    ceiling: int = DEFAULT_CTX_CEILING,
+    extra_tensors: Iterable | None = None,
+    headroom: int = DEFAULT_GPU_HEADROOM,
+) -> LoadPlan:
+    """Context size and GPU layers for this load; ResourceError when it cannot fit (unless ``force``)."""
+    if options.flash_attn == "off" and options.cache_type_v in _QUANTIZED:
+        raise UsageError(
+            f"--cache-type-v {options.cache_type_v} needs flash attention, and --flash-attn is off",
+            hint="use --flash-attn auto (or on), or --cache-type-v f16",
+        )
+    if budget is None:
+        from localinfer.hardware import memory_budget
+
+        budget = memory_budget()
+    name = name or info.path.name
+    requested = gpu_layers_label(options.n_gpu_layers)
+    notes: list[str] = []
+    if not budget.gpu_offload and requested != "auto" and options.n_gpu_layers != 0:
+        notes.append(
+            f"this llama-cpp-python build cannot offload to a GPU; --gpu-layers {requested} is ignored "
+            "(see `localinfer doctor`)"
+        )
+    try:
+        extra = other_shard_tensors(info) if extra_tensors is None else extra_tensors
+        shape = ModelShape.from_gguf(info, extra)
+    except ShapeError:
+        # Unknown layout: no estimate, llama.cpp decides (and its own errors are diagnosed on load).
+        layers = 0 if not budget.gpu_offload else (-1 if options.n_gpu_layers == GPU_LAYERS_AUTO else options.n_gpu_layers)
+        return LoadPlan(options.n_ctx, "--ctx-size" if options.n_ctx else "default", info.context_length or 0,
+                        layers, requested, None, None, budget, tuple(notes))
+
+    kw = _est_kwargs(options)
+    train = shape.n_ctx_train or ceiling
+    if options.n_ctx:
+        n_ctx, source = options.n_ctx, "--ctx-size"
+    else:
+        n_ctx, source = min(train, ceiling), "default"
+
+    def layers_for(ctx: int) -> int:
+        if not budget.gpu_offload:
+            return 0
+        if options.n_gpu_layers == GPU_LAYERS_AUTO:
+            if budget.vram_free is None:
+                return 0
+            return fit_gpu_layers(shape, budget.vram_free, headroom=headroom, n_ctx=ctx, **kw)
+        if options.n_gpu_layers < 0:
+            return shape.n_offloadable
+        return min(options.n_gpu_layers, shape.n_offloadable)
+
+    k = layers_for(n_ctx)
+    est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
+    if not _fits(est, budget) and source == "default":
+        fit = largest_ctx(shape, budget, upper=n_ctx, n_gpu_layers=k, **kw)
+        if fit >= MIN_DEFAULT_CTX:
+            n_ctx, source = fit, "default, reduced to fit memory"
+            k = layers_for(n_ctx)
+            est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
+    forced = False
+    if not _fits(est, budget):
+        if not force:
+            raise _not_enough(name, shape, est, budget, options, k, n_ctx)
+        forced = True
+        notes.append("the memory estimate exceeds what is available; loading anyway (--force)")
+    return LoadPlan(n_ctx, source, shape.n_ctx_train, k, requested, shape.n_offloadable, est, budget, tuple(notes), forced)
+
+
+def _not_enough(
+    name: str, shape: ModelShape, e: Estimate, budget: MemoryBudget, options: LoadOptions, k: int, n_ctx: int
+) -> ResourceError:
+    kw = _est_kwargs(options)
+    parts = f"weights {human(e.weights)}, KV cache {human(e.kv)}, compute {human(e.compute + e.output)}"
+    advice: list[str] = []
+    cpu_short = _cpu_need(e, budget) > budget.ram_available
+    if cpu_short:
+        avail = human(budget.ram_available)
+        if budget.swap_free:
+            avail += " (RAM and swap)"
+        message = (
+            f"not enough memory for {name} with a {n_ctx}-token context: it needs about "
+            f"{human(_cpu_need(e, budget))} ({parts}"
+            + (f"; {human(e.gpu_bytes)} of it on the GPU" if e.gpu_bytes and not budget.unified else "")
+            + f"), and {avail} is available"
+        )
+    else:
+        message = (
+            f"not enough GPU memory for {name} with {k} of {shape.n_offloadable} layers offloaded: it needs about "
+            f"{human(e.gpu_bytes)} on the GPU ({parts} in all), and {human(budget.vram_free)} is free"
+        )
+        fit_k = fit_gpu_layers(shape, budget.vram_free or 0, headroom=0, n_ctx=e.n_ctx, **kw)
+        advice.append(f"fewer --gpu-layers (about {fit_k} fit), or --gpu-layers auto")
+    if cpu_short:
+        fit_ctx = largest_ctx(shape, budget, upper=e.n_ctx, n_gpu_layers=k, **kw)
+        if fit_ctx >= CTX_PAD and e.kv > 0:
+            trained = f"this model was trained on {shape.n_ctx_train}; " if 0 < shape.n_ctx_train < e.n_ctx else ""
+            advice.append(f"a smaller --ctx-size ({trained}about {fit_ctx} tokens fit)")
+        if options.cache_type_k == "f16" and options.cache_type_v == "f16" and e.kv > e.weights:
+            advice.append("a quantized KV cache (--cache-type-k q8_0 --cache-type-v q8_0 halves it)")
+        if e.weights > budget.ram_available / 2:
+            advice.append("a smaller quantization or a smaller model")
+        if budget.gpu_offload and budget.vram_free and k < shape.n_offloadable and not budget.unified:
+            advice.append("more --gpu-layers")
+    advice.append("--force to try anyway")
+    hint = "use " + ", ".join(advice[:-1]) + "; or " + advice[-1] if len(advice) > 1 else "pass " + advice[0]
+    return ResourceError(message, hint=hint)

@@ -1,0 +1,106 @@
+"""`localinfer doctor`: the report's fields (real entry point and CliRunner) and its advice."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_cli
+from typer.testing import CliRunner
+
+from localinfer.cli.main import build_app
+from localinfer.diagnose import advice, comfortable_model, reinstall_command
+
+
+def _doctor_json(env: dict | None = None) -> dict:
+    proc = run_cli("doctor", "--json", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout)
+
+
+def test_doctor_json_has_the_machine_facts(isolated_home):
+    data = _doctor_json({"LOCALINFER_FAKE_VRAM": ""})
+    assert data["os"]["system"] and data["os"]["machine"]
+    assert data["cpu"]["model"] and data["cpu"]["logical_cores"] >= 1
+    assert data["memory"]["total_bytes"] >= data["memory"]["available_bytes"] > 0
+    llama = data["llama_cpp"]
+    assert llama["version"] == data["versions"]["llama_cpp_python"] and "CPU" in llama["backends"]
+    assert isinstance(llama["gpu_offload"], bool) and llama["simd"]
+    assert isinstance(llama["amx"], bool) and isinstance(llama["cpu_repack"], bool)
+    assert data["store"]["path"] == str(isolated_home / "models") and data["store"]["free_bytes"] > 0
+    assert data["versions"]["localinfer"] and data["versions"]["python"]
+    fit = data["comfortable_model"]
+    assert 0 < fit["max_file_bytes"] < data["memory"]["total_bytes"]
+    kinds = [a["kind"] for a in data["advice"]]
+    assert "model_size" in kinds
+    assert ("amx_repack" in kinds) == llama["amx"]
+    if not llama["gpu_offload"] and not data["gpus"]:
+        assert "gpu_unused" not in kinds
+
+
+def test_doctor_advises_a_cuda_rebuild_when_a_gpu_sits_unused():
+    data = _doctor_json({"LOCALINFER_FAKE_VRAM": "8GB"})
+    (gpu,) = data["gpus"]
+    assert gpu["memory_total_bytes"] == 8 * 1000**3 and gpu["source"] == "LOCALINFER_FAKE_VRAM"
+    if data["llama_cpp"]["gpu_offload"]:  # a GPU build: nothing to rebuild
+        return
+    (item,) = [a for a in data["advice"] if a["kind"] == "gpu_unused"]
+    assert item["command"].startswith('CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall')
+    assert f"llama-cpp-python=={data['versions']['llama_cpp_python']}" in item["command"]
+    assert data["comfortable_model"]["gpu_max_file_bytes_after_rebuild"] > 0
+
+
+def test_doctor_text_report_through_cli_runner(monkeypatch):
+    monkeypatch.setenv("LOCALINFER_FAKE_VRAM", "8GB")
+    res = CliRunner().invoke(build_app(), ["doctor"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    for label in ("OS", "CPU", "RAM", "GPU", "model store", "llama.cpp", "GPU offload", "SIMD", "versions", "Advice:"):
+        assert f"\n{label}" in "\n" + out, label
+    assert "Simulated NVIDIA GPU" in out and "8.0 GB" in out
+    assert "largest model that runs comfortably" in out
+
+
+def test_doctor_rejects_a_bad_simulated_size():
+    proc = run_cli("doctor", env={"LOCALINFER_FAKE_VRAM": "lots"}, timeout=120)
+    assert proc.returncode == 2 and b"LOCALINFER_FAKE_VRAM" in proc.stderr and proc.stdout == b""
+
+
+def _facts(**over) -> dict:
+    base = {
+        "llama_cpp": {"gpu_offload": False, "devices": [], "backends": ["CPU"], "amx": False, "cpu_repack": True},
+        "memory": {"total_bytes": 16 * 1000**3, "cgroup_room_bytes": None},
+        "gpus": [],
+        "store": {"path": "/m", "free_bytes": 100 * 1000**3},
+        "versions": {"llama_cpp_python": "0.3.36"},
+    }
+    base.update(over)
+    return base
+
+
+def test_advice_for_apple_silicon_is_a_metal_rebuild():
+    gpu = {"name": "Apple Silicon GPU (unified memory)", "vendor": "apple", "memory_total_bytes": 10 * 1000**3}
+    (item,) = [a for a in advice(_facts(gpus=[gpu])) if a["kind"] == "gpu_unused"]
+    assert item["command"] == reinstall_command("apple", "0.3.36")
+    assert 'CMAKE_ARGS="-DGGML_METAL=on"' in item["command"]
+
+
+def test_advice_on_a_gpu_build_sizes_models_by_vram():
+    dev = {"type": "gpu", "total_bytes": 24 << 30, "free_bytes": 23 << 30}
+    facts = _facts(llama_cpp={"gpu_offload": True, "devices": [dev], "backends": ["CUDA", "CPU"], "amx": False})
+    fit = comfortable_model(facts)
+    assert fit["where"] == "GPU memory" and fit["max_file_bytes"] == int((23 << 30) / 1.2)
+    assert all(a["kind"] != "gpu_unused" for a in advice(facts))
+
+
+def test_advice_when_a_gpu_build_sees_no_gpu_and_disk_is_low():
+    facts = _facts(
+        llama_cpp={"gpu_offload": True, "devices": [], "backends": ["CUDA", "CPU"], "amx": False},
+        store={"path": "/m", "free_bytes": 2 * 1000**3},
+    )
+    kinds = {a["kind"]: a for a in advice(facts)}
+    assert "CUDA" in kinds["gpu_not_visible"]["message"] and "2.0 GB" in kinds["low_disk"]["message"]
+
+
+def test_advice_when_llama_cpp_is_broken():
+    (item,) = advice(_facts(llama_cpp={"error": "OSError: libggml.so: cannot open"}))
+    assert item["kind"] == "llama_cpp_broken" and "0.3.36" in item["command"]
