@@ -234,33 +234,41 @@ def generate(
     write: Callable[[str], None],
     *,
     load_s: float = 0.0,
+    prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None,
 ) -> Result:
     """Stream one answer through ``write`` and return what was measured.
 
     TTFT runs from the start of this call (the request, after loading) to the first non-empty
     text handed to ``write``. If ``write`` or the user interrupts, ``stats`` stays correct for
-    what was produced; the exception propagates.
+    what was produced; the exception propagates (a KeyboardInterrupt carries the partial Result
+    as ``partial_result``). ``prompt``: tokens, stops and dropped count already built (as
+    build_prompt returns them; chat splices its turns onto the cached tokens).
     """
     t_request = time.perf_counter()
     stats = GenerationStats()
-    tokens, stops, dropped = build_prompt(loaded, request)
+    tokens, stops, dropped = prompt if prompt is not None else build_prompt(loaded, request)
     stats.truncated_tokens = dropped
     stop = tuple(dict.fromkeys((*request.stop, *stops)))
     pieces: list[str] = []
     ttft: float | None = None
     mode = "raw" if request.raw_text is not None else "chat"
     result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode, plan=loaded.plan, buffers=loaded.buffers)
+    steps = loaded.model.generate(
+        tokens, request.sampling, stats, max_tokens=request.max_tokens, stop=stop, ignore_eos=request.ignore_eos
+    )
     try:
-        for step in loaded.model.generate(
-            tokens, request.sampling, stats, max_tokens=request.max_tokens, stop=stop, ignore_eos=request.ignore_eos
-        ):
+        for step in steps:
             if not step.text:
                 continue
             write(step.text)
             pieces.append(step.text)
             if ttft is None:
                 ttft = time.perf_counter() - t_request
+    except KeyboardInterrupt as exc:
+        exc.partial_result = result  # type: ignore[attr-defined]  # chat keeps an interrupted answer
+        raise
     finally:
+        steps.close()  # when ``write`` raised, the engine finishes its stats and cache bookkeeping now
         result.text = "".join(pieces)
         result.ttft_s = ttft
         result.total_s = time.perf_counter() - t_request

@@ -16,6 +16,7 @@ from localinfer import __version__
 # Modules under localinfer.cli; each has register(app), which adds its command(s).
 _COMMAND_MODULES: tuple[str, ...] = (
     "run",
+    "chat",
     "pull",
     "models",
     "batch",

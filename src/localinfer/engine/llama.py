@@ -515,8 +515,13 @@ class Model:
     def _resync(self) -> None:
         """Make our token list agree with the cache after an error or an interruption."""
         n = int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
-        if n != len(self._tokens):
-            self.reset()
+        if n == len(self._tokens):
+            return
+        # Ctrl-C usually lands just after a llama_decode returned, before its tokens were recorded:
+        # drop that unrecorded tail instead of the whole cache (chat reuses the rest next turn).
+        if n > len(self._tokens) > 0 and llama_cpp.llama_memory_seq_rm(self._mem, 0, len(self._tokens), -1):
+            return
+        self.reset()
 
     # -- sampling and generation -----------------------------------------------------------------------
     def _sampler(self, opts: SamplingOptions, history: Sequence[int]) -> tuple[ctypes.c_void_p, int]:

@@ -1,0 +1,347 @@
+"""A chat over one loaded model: system prompt, history, settings, cache-friendly prompts, trimming.
+
+The core of `localinfer chat` (the command is cli/chat.py, its input loop cli/chat_repl.py, the
+settings chat_settings.py); plain values in and out.
+
+KV-cache reuse. The engine keeps the longest common token prefix of a new prompt with what its KV
+cache holds, so turn N+1 only pays for its new tokens if its prompt starts with the exact tokens of
+turn N's prompt and answer. Re-tokenizing the rendered history is not enough: a sampled answer is
+often not in the tokenizer's canonical form (at temperature 1 most answers have a token the
+tokenizer would have merged differently), which would make the cache diverge inside the previous
+answer. So, like llama.cpp's llama-cli, the prompt of turn N+1 is the tokens already in the cache
+(turn N's prompt plus the answer as sampled) followed by the tokens of the text rendered after them,
+when that text lines up with the canonical tokenization at that boundary; otherwise we fall back on
+the canonical tokens and the engine reuses what prefix it can.
+
+Context window. When system prompt + history + the new message + room for an answer would not fit,
+the oldest turns are dropped (never the system prompt), from the front, and stay dropped (so the
+next turns reuse the cache again); ``notify`` tells the user. A message that cannot fit even alone
+raises ContextOverflowError and leaves the conversation as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localinfer.chat_settings import ChatSettings, Totals
+from localinfer.errors import ContextOverflowError, UsageError
+
+if TYPE_CHECKING:
+    from localinfer.engine.templates import ChatPrompt
+    from localinfer.inference import LoadedModel, Result
+
+Write = Callable[[str], None]
+Notify = Callable[[str], None]
+
+ROLES = ("system", "user", "assistant")
+
+
+# -- the conversation ------------------------------------------------------------------------------
+
+
+def has_chat_format(loaded: LoadedModel) -> bool:
+    return loaded.template is not None
+
+
+def no_template_error(name: str) -> UsageError:
+    """The one-line refusal for a model that cannot chat (no template, no chat_format)."""
+    return UsageError(
+        f"{name} has no chat template and models.toml names no chat_format for it, so it cannot chat in "
+        f"a format it was trained on; for plain completion use: localinfer run --raw -m {name}"
+    )
+
+
+class Conversation:
+    """A system prompt, the message history and settings over one LoadedModel (which it owns)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        system: str | None = None,
+        settings: ChatSettings = ChatSettings(),
+        notify: Notify | None = None,
+        load_s: float = 0.0,
+    ) -> None:
+        if not has_chat_format(loaded):
+            raise no_template_error(loaded.name)
+        self.loaded = loaded
+        self.system = system or None
+        self.settings = settings
+        self.notify: Notify = notify or (lambda _msg: None)
+        self.history: list[dict[str, Any]] = []  # user/assistant (and loaded) messages, never the system prompt
+        self.start = 0  # history[start:] is what the model sees; older turns were dropped to fit
+        self.last: Result | None = None
+        self.totals = Totals()
+        self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
+        self._load_s = load_s  # reported with the first turn after a (re)load
+
+    # -- what the model sees ---------------------------------------------------------------------
+    @property
+    def model(self):
+        return self.loaded.model
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    def context_messages(self, start: int | None = None) -> list[dict[str, Any]]:
+        """The messages rendered for the model: the system prompt, then history[start:] (role and content)."""
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        first = self.start if start is None else start
+        msgs.extend({"role": m["role"], "content": m["content"]} for m in self.history[first:])
+        return msgs
+
+    def reserve(self) -> int:
+        """Tokens kept free for the answer when fitting the prompt into the context."""
+        if self.settings.max_tokens:
+            return min(self.settings.max_tokens, self.n_ctx // 2)
+        return max(1, min(512, self.n_ctx // 4))
+
+    def _render(self, messages: list[dict[str, Any]]) -> ChatPrompt:
+        assert self.loaded.template is not None
+        try:
+            return self.loaded.template.render(messages)
+        except ValueError as exc:  # the template's raise_exception(), e.g. "roles must alternate"
+            raise UsageError(f"the model's chat template refused this conversation: {exc}") from None
+
+    def _tokenize(self, prompt: ChatPrompt) -> list[int]:
+        return self.model.tokenize(prompt.text, add_special=prompt.add_special, parse_special=True)
+
+    def _fit(self) -> tuple[ChatPrompt, list[int]]:
+        """Render the context, dropping the oldest turns until prompt + reserve fit (system prompt kept)."""
+        budget = self.n_ctx - self.reserve()
+        start, first_len = self.start, None
+        while True:
+            prompt = self._render(self.context_messages(start))
+            tokens = self._tokenize(prompt)
+            first_len = len(tokens) if first_len is None else first_len
+            if len(tokens) <= budget:
+                break
+            nxt = self._next_turn(start)
+            if nxt is None:
+                what = "your message" + (" and the system prompt" if self.system else "")
+                raise ContextOverflowError(
+                    f"{what} ({len(tokens)} tokens) leave no room for an answer in the {self.n_ctx}-token context",
+                    hint="shorten the message, lower max_tokens, or restart chat with a larger --ctx-size",
+                )
+            start = nxt
+        if start != self.start:
+            dropped = start - self.start
+            self.totals.dropped_turns += dropped
+            kept = "; the system prompt is kept" if self.system else ""
+            self.notify(
+                f"context full: dropped the {dropped} oldest message{'s' if dropped != 1 else ''} "
+                f"({first_len - len(tokens)} tokens) to fit the {self.n_ctx}-token context{kept}"
+            )
+            self.start = start
+        return prompt, tokens
+
+    def _next_turn(self, start: int) -> int | None:
+        """Where the context starts once the turn at ``start`` is dropped: the next user message.
+
+        None when only the new message (the last one, never dropped) would be left to drop.
+        """
+        for i in range(start + 1, len(self.history)):
+            if self.history[i]["role"] == "user":
+                return i
+        return None
+
+    def _splice(self, prompt: ChatPrompt, full: list[int]) -> list[int]:
+        """The cached tokens + the tokens of the new text, when they line up (see the module docstring)."""
+        cache = self.model.cached_tokens
+        if not cache or full[: len(cache)] == cache or self._anchor is None:
+            return full
+        text0, tokens0 = self._anchor
+        if cache[: len(tokens0)] != tokens0:
+            return full
+        cached_text = text0 + self.model.detokenize(cache[len(tokens0) :])
+        if len(cached_text) >= len(prompt.text) or not prompt.text.startswith(cached_text):
+            return full
+        rest = self.model.tokenize(prompt.text[len(cached_text) :], add_special=False, parse_special=True)
+        if not rest or len(rest) >= len(full) or full[len(full) - len(rest) :] != rest:
+            return full
+        return cache + rest
+
+    # -- turns -------------------------------------------------------------------------------------
+    def ask(self, text: str, write: Write) -> Result:
+        """Add a user message, stream the answer through ``write`` and keep it in the history.
+
+        Ctrl-C (KeyboardInterrupt) while answering stops the answer: the partial answer stays in the
+        history marked ``interrupted`` and the Result has finish_reason "interrupted" (an answer
+        interrupted before its first word is dropped with its message). Errors leave the history as
+        it was.
+        """
+        self.history.append({"role": "user", "content": text})
+        return self._answer(write)
+
+    def _answer(self, write: Write) -> Result:
+        """Answer the history's last (user) message."""
+        from localinfer import inference
+
+        try:
+            prompt, full = self._fit()
+            tokens = self._splice(prompt, full)
+        except BaseException:
+            self.history.pop()
+            raise
+        request = inference.Request(
+            max_tokens=self.settings.max_tokens, stop=self.settings.stop, sampling=self.settings.sampling
+        )
+        load_s, self._load_s = self._load_s, 0.0
+        self._anchor = (prompt.text, list(tokens))
+        try:
+            result = inference.generate(self.loaded, request, write, load_s=load_s, prompt=(tokens, prompt.stop, 0))
+        except KeyboardInterrupt as exc:
+            result = getattr(exc, "partial_result", None)
+            if result is None:
+                self.history.pop()
+                raise
+            result.stats.finish_reason = "interrupted"
+        except BaseException:
+            self.history.pop()
+            raise
+        if result.finish_reason == "interrupted" and not result.text:
+            self.history.pop()
+        else:
+            message: dict[str, Any] = {"role": "assistant", "content": result.text}
+            if result.finish_reason == "interrupted":
+                message["interrupted"] = True
+            self.history.append(message)
+        self.last = result
+        self.totals.add(result)
+        return result
+
+    def retry(self, write: Write) -> Result:
+        """Regenerate the last answer (or answer a trailing user message, e.g. after /load).
+
+        If the new answer fails or is interrupted before its first word, the old one is kept.
+        """
+        answer = self.history.pop() if self.history and self.history[-1]["role"] == "assistant" else None
+        if not self.history or self.history[-1]["role"] != "user" or len(self.history) <= self.start:
+            if answer is not None:
+                self.history.append(answer)
+            raise UsageError("nothing to retry: ask something first")
+        user, n = self.history[-1], len(self.history)
+        try:
+            result = self._answer(write)
+        except BaseException:
+            if answer is not None:
+                self.history.extend([user, answer])
+            raise
+        if len(self.history) < n and answer is not None:
+            self.history.extend([user, answer])
+        return result
+
+    # -- commands ----------------------------------------------------------------------------------
+    def clear(self) -> None:
+        """A new conversation (same system prompt and settings); the KV cache is emptied."""
+        self.history = []
+        self.start = 0
+        self.last = None
+        self._anchor = None
+        self.model.reset()
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+
+    def set(self, key: str, value: str) -> None:
+        self.settings = self.settings.with_value(key, value)
+
+    def switch_model(self, loaded: LoadedModel, *, load_s: float = 0.0) -> None:
+        """Chat on with another model, keeping the conversation; the old one is closed."""
+        if not has_chat_format(loaded):
+            raise no_template_error(loaded.name)
+        old, self.loaded = self.loaded, loaded
+        self.start = 0  # a new context size: fit again from the whole history
+        self._anchor = None
+        self._load_s = load_s
+        if old is not loaded:
+            old.close()
+
+    def close(self) -> None:
+        self.loaded.close()
+
+    # -- files -------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The conversation as an OpenAI-style chat request body (``model`` and ``messages``)."""
+        messages = self.context_messages(0)
+        offset = 1 if self.system else 0
+        data: dict[str, Any] = {"model": self.loaded.name, "messages": messages}
+        interrupted = [i + offset for i, m in enumerate(self.history) if m.get("interrupted")]
+        if interrupted:
+            data["interrupted"] = interrupted  # indexes into messages of answers cut short by Ctrl-C
+        return data
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the whole conversation (dropped turns included) as JSON; returns the path written."""
+        target = Path(path).expanduser()
+        text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise UsageError(f"cannot save to {target}: {exc.strerror or exc}") from None
+        return target
+
+    def load(self, path: str | os.PathLike[str]) -> int:
+        """Replace the conversation with a saved one (a messages list, or an object with ``messages``).
+
+        A leading system message becomes the system prompt. Returns the number of messages loaded.
+        The KV cache is kept: whatever prefix the loaded conversation shares with it is reused.
+        """
+        source = Path(path).expanduser()
+        try:
+            data = json.loads(source.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{source} is not valid JSON: {exc}") from None
+        messages, interrupted = parse_messages(data, str(source))
+        system = None
+        if messages and messages[0]["role"] == "system":
+            system = messages[0]["content"]
+            messages = messages[1:]
+            interrupted = {i - 1 for i in interrupted}
+        for i in interrupted:
+            if 0 <= i < len(messages) and messages[i]["role"] == "assistant":
+                messages[i]["interrupted"] = True
+        self.system = system or None
+        self.history = messages
+        self.start = 0
+        self.last = None
+        return len(messages) + (1 if system else 0)
+
+
+def parse_messages(data: Any, where: str = "the conversation") -> tuple[list[dict[str, Any]], set[int]]:
+    """Validate OpenAI-style messages (content as a string or a list of text parts)."""
+    interrupted: set[int] = set()
+    if isinstance(data, dict):
+        marks = data.get("interrupted") or []
+        if isinstance(marks, list):
+            interrupted = {i for i in marks if isinstance(i, int)}
+        data = data.get("messages")
+    if not isinstance(data, list):
+        raise UsageError(f"{where}: expected a list of messages or an object with \"messages\"")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(data):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise UsageError(f"{where}: message {i} needs a role among {', '.join(ROLES)}")
+        content = m.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+                raise UsageError(f"{where}: message {i} has non-text content, which chat cannot use")
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise UsageError(f"{where}: message {i} has no text content")
+        out.append({"role": m["role"], "content": content})
+    return out, interrupted
