@@ -89,3 +89,12 @@ def test_registry_chat_format_renders_without_a_gguf_template():
         "<|im_start|>assistant"
     )
     assert "<|im_end|>" in prompt.stop
+
+
+def test_a_template_that_rejects_the_messages_is_a_usage_error():
+    from localinfer.engine.templates import ChatTemplate
+    from localinfer.errors import UsageError
+
+    strict = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}ok"
+    with pytest.raises(UsageError, match="first message must be from the user"):
+        ChatTemplate(source="gguf", template=strict).render([{"role": "system", "content": "S"}])

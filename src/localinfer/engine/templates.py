@@ -59,6 +59,11 @@ class ChatTemplate:
                     f"the model's chat template failed: {exc}",
                     hint="use --raw for plain completion",
                 ) from None
+            except ValueError as exc:  # the template's own raise_exception(): it rejects these messages
+                raise UsageError(
+                    f"the model's chat template rejected the conversation: {exc}",
+                    hint="check the roles (system/user/assistant alternate), or use --raw",
+                ) from None
             stops = tuple(s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s)
             return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
         name = (self.format_name or "").replace("-", "_").replace(".", "_")
