@@ -11,7 +11,8 @@ For each B in --npl, both sides decode B sequences together: B prompts, then --n
   max(npl) tokens per sequence, repacking off like native, B requests of about NPP prompt tokens
   (plain completion). Its "decode" figure is tokens sampled in decode-only steps over their wall
   time (filling the batch + llama_decode + native sampling + our Python), the counterpart of S_TG;
-  "e2e" is completion tokens over the whole run's wall time, the counterpart of S.
+  "e2e" is prompt + generated tokens over the whole run's wall time (prompt templating,
+  tokenization, prefill, sampler set-up included), the counterpart of S.
 
 Native and localinfer runs alternate (--reps times) so that drifting machine load hits both; the
 report gives medians and the ratios of medians. Greedy sampling by default (llama-batched-bench
@@ -79,10 +80,11 @@ def ours(model_path: str, threads: int, parallel: int, ctx_per_seq: int, npp: in
     if any(r.error for r in results):
         raise RuntimeError(f"a request failed: {[r.error for r in results if r.error][0]}")
     completion = sum(r.stats.completion_tokens for r in results)
+    prompt = sum(r.stats.prompt_tokens for r in results)
     overhead = (stats.decode_only_s - stats.decode_only_llama_s) / stats.decode_only_s if stats.decode_only_s else None
     return {
         "decode": stats.decode_tps,
-        "e2e": completion / wall,
+        "e2e": (prompt + completion) / wall,  # like S: prompt and generated tokens over the whole run
         "prompt_tokens": results[0].stats.prompt_tokens,
         "completion_tokens": completion,
         "overhead": overhead,
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             native_rows[row["B"]].append(row)
         for b in npl:
             our_rows[b].append(ours(model, args.threads, b, ctx_per_seq, args.npp, args.ntg, args.temperature))
-        print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
+        line = ", ".join(f"B={b}: native {native_rows[b][-1]['S_TG']:.1f} ours {our_rows[b][-1]['decode']:.1f} t/s" for b in npl)
+        print(f"rep {rep + 1}/{args.reps}: {line} (loadavg {os.getloadavg()[0]:.2f})", file=sys.stderr)
 
     med = statistics.median
     report: dict = {

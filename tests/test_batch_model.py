@@ -126,6 +126,29 @@ def test_continuous_batching_refills_slots_and_mixes_prefill_with_decode(smollm2
     assert stats.sampled_tokens == sum(lengths)
 
 
+def test_idle_sequences_between_busy_ones_get_a_throwaway_token(smollm2_path):
+    """Without a unified KV cache llama.cpp runs one ubatch per run of consecutive sequence ids; a
+    filler token for each idle id keeps the batch whole, and changes nobody's answer."""
+    from localinfer.engine.batch import BatchDecoder, SeqJob
+
+    loaded = _load(smollm2_path, 4, ctx=256)
+    try:
+        prompt = loaded.model.tokenize("The weather today is")
+        texts, fillers = {}, {}
+        for fill in (True, False):
+            jobs = [SeqJob(i, prompt, GREEDY, max_tokens=12 if i % 2 == 0 else 1, ignore_eos=True) for i in range(4)]
+            with BatchDecoder(loaded.model, 4) as decoder:
+                decoder.fill_gaps = fill
+                texts[fill] = {r.key: r.text for r in decoder.run(jobs)}
+            fillers[fill] = decoder.stats.filler_tokens
+    finally:
+        loaded.close()
+    # Jobs 1 and 3 stop after one token; sequence 1 then idles between 0 and 2 for 11 steps.
+    assert fillers == {True: 11, False: 0}
+    assert texts[True] == texts[False]
+    assert len(texts[True][0]) > len(texts[True][1])
+
+
 def test_per_request_options_and_errors(smollm2_path):
     items = [
         BatchRequest(id="short", line=1, prompt="Count from one to twenty.", max_tokens=3),

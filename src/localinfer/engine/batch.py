@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import heapq
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class BatchStats:
     steps: int = 0
     decode_only_steps: int = 0
     mixed_steps: int = 0  # steps carrying prompt tokens and other sequences' next tokens together
+    filler_tokens: int = 0  # throwaway tokens given to idle sequences between busy ones
     decode_only_s: float = 0.0
     decode_only_tokens: int = 0  # tokens sampled at the end of decode-only steps
     llama_decode_s: float = 0.0  # inside llama_decode, all steps
@@ -114,6 +116,10 @@ class _Slot:
         self.ignore_eos = job.ignore_eos
 
 
+def _by_seq(slot: _Slot) -> int:
+    return slot.seq
+
+
 class BatchDecoder:
     """Runs jobs ``n_parallel`` at a time on one Model (its context needs ``n_seq_max >= n_parallel``)."""
 
@@ -137,6 +143,10 @@ class BatchDecoder:
         # One 1-element seq_id array per batch row (allocated by llama_batch_init).
         self._seq = [(llama_cpp.llama_seq_id * 1).from_address(ctypes.addressof(b.seq_id[i].contents)) for i in range(cap)]
         self._eog: dict[int, bool] = {}
+        self._fillers: list[int] = []  # idle sequence ids given a throwaway token this step
+        self.fill_gaps = True  # False: leave idle sequences out (one ubatch per run of busy ids)
+        bos = int(llama_cpp.llama_vocab_bos(model._vocab))
+        self._filler = bos if bos >= 0 else 0
 
     def close(self) -> None:
         if self._batch is not None:
@@ -171,9 +181,9 @@ class BatchDecoder:
         mem = model._mem
         model.reset()
         source = iter(jobs)
-        free = list(range(self.n_parallel - 1, -1, -1))  # pop() hands out 0 first
-        active: list[_Slot] = []
-        exhausted = False
+        free = list(range(self.n_parallel))  # a heap: the lowest free sequence id goes first
+        active: list[_Slot] = []  # in sequence id order (see _fill_and_decode)
+        exhausted = admitted = False
         clock = time.perf_counter
         try:
             while True:
@@ -192,12 +202,16 @@ class BatchDecoder:
                         yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
                         continue
                     chain, seed = model._sampler(job.sampling, job.tokens)
-                    slot = _Slot(free.pop(), job, chain, clock())
+                    slot = _Slot(heapq.heappop(free), job, chain, clock())
                     slot.stats.n_ctx = self.n_ctx_seq
                     slot.stats.extra["seed"] = seed
                     active.append(slot)
+                    admitted = True
                 if not active:
                     return
+                if admitted:
+                    active.sort(key=_by_seq)
+                    admitted = False
                 if len(active) > self.stats.max_active:
                     self.stats.max_active = len(active)
                 t_step = clock()
@@ -218,7 +232,7 @@ class BatchDecoder:
                     llama_cpp.llama_memory_seq_rm(mem, slot.seq, -1, -1)
                     llama_cpp.llama_sampler_free(slot.chain)
                     slot.chain = None
-                    free.append(slot.seq)
+                    heapq.heappush(free, slot.seq)
                     yield self._result(slot, t_end)
         finally:
             for slot in active:
@@ -237,11 +251,37 @@ class BatchDecoder:
         return None
 
     def _fill_and_decode(self, active: list[_Slot]) -> bool:
-        """Put every generating sequence's last token, then prompt chunks, in the batch; decode it."""
+        """Fill the batch in sequence id order and decode it; True if it carried prompt tokens.
+
+        Without a unified KV cache, llama.cpp splits a batch into ubatches of *consecutive* sequence
+        ids (``split_equal(..., sequential=true)``), and each ubatch reads all the weights once. So
+        each sequence's tokens sit together, in id order, and an idle sequence between two busy
+        ones gets a throwaway token (position 0, no logits, removed right after): one ubatch for
+        all the next tokens, instead of one per run of consecutive ids. Next tokens get room first;
+        prompt chunks share what is left of ``n_batch``.
+        """
         tok, pos, out, seq = self._tok, self._pos, self._out, self._seq
-        n = 0
-        prefilling = False
+        n_next = 0
         for s in active:
+            if s.prompt is None:
+                n_next += 1
+        prefilling = n_next < len(active)
+        fillers = self._fillers
+        fillers.clear()
+        room = self.capacity - n_next - (active[-1].seq - active[0].seq + 1 - len(active))
+        n = 0
+        expect = active[0].seq
+        fill = self.fill_gaps
+        for s in active:
+            while fill and expect < s.seq:
+                tok[n] = self._filler
+                pos[n] = 0
+                seq[n][0] = expect
+                out[n] = 0
+                fillers.append(expect)
+                n += 1
+                expect += 1
+            expect = s.seq + 1
             if s.prompt is None:
                 tok[n] = s.last
                 pos[n] = s.pos
@@ -250,35 +290,34 @@ class BatchDecoder:
                 s.idx = n
                 s.pos += 1
                 n += 1
-            else:
-                s.idx = -1
-                prefilling = True
-        if prefilling:
-            if n:
-                self.stats.mixed_steps += 1
-            room = self.capacity - n
-            for s in active:
-                if s.prompt is None or room <= 0:
-                    continue
-                k = min(len(s.prompt) - s.off, room)
-                end = n + k
-                tok[n:end] = s.prompt[s.off : s.off + k]
-                pos[n:end] = range(s.pos, s.pos + k)
-                out[n:end] = bytes(k)
-                sid = s.seq
-                for i in range(n, end):
-                    seq[i][0] = sid
-                s.off += k
-                s.pos += k
-                room -= k
-                n = end
-                if s.off == len(s.prompt):
-                    out[end - 1] = 1
-                    s.idx = end - 1
+                continue
+            s.idx = -1
+            if room <= 0:
+                continue
+            k = min(len(s.prompt) - s.off, room)
+            end = n + k
+            tok[n:end] = s.prompt[s.off : s.off + k]
+            pos[n:end] = range(s.pos, s.pos + k)
+            out[n:end] = bytes(k)
+            sid = s.seq
+            for i in range(n, end):
+                seq[i][0] = sid
+            s.off += k
+            s.pos += k
+            room -= k
+            n = end
+            if s.off == len(s.prompt):
+                out[end - 1] = 1
+                s.idx = end - 1
+        if prefilling and n_next:
+            self.stats.mixed_steps += 1
+        self.stats.filler_tokens += len(fillers)
         self._batch.n_tokens = n
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self.model._ctx, self._batch)
         self.stats.llama_decode_s += time.perf_counter() - t0
+        for sid in fillers:
+            llama_cpp.llama_memory_seq_rm(self.model._mem, sid, -1, -1)
         if rc != 0:
             if rc == 1:
                 raise ResourceError(
