@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         nat = [r["native"][kind]["avg_ts"] for r in rounds]
         loc = [r["localinfer"][kind]["avg_ts"] for r in rounds]
         ratio = statistics.median(ratios)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratio, ratio, ratio]
         rows.append({
             "test": f"{kind}{size}",
             "native_ts": statistics.median(nat),
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             "localinfer_sd": statistics.median(r["localinfer"][kind]["stddev_ts"] for r in rounds),
             "localinfer_raw_ts": statistics.median(r["localinfer"][kind]["raw_avg_ts"] for r in rounds),
             "ratio_median": ratio,
+            "ratio_iqr": [q[0], q[2]],
             "ratios": ratios,
             "raw_ratio_median": statistics.median(raw_ratios),
             "within_5pct": abs(ratio - 1.0) <= TOLERANCE,
@@ -111,14 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"threads {args.threads}, -r {args.reps}, {args.rounds} alternating rounds, llama-bench --repack {int(repack)}, "
           f"{time.perf_counter() - t0:.0f} s, loadavg now {os.getloadavg()[0]:.2f}")
     print()
-    print("| test  | llama-bench t/s   | localinfer bench t/s | raw t/s  | ratio (median) | ratios per round      | within 5 % |")
-    print("| ----- | ----------------: | -------------------: | -------: | -------------: | --------------------- | ---------- |")
+    print("Medians over the rounds; the ratio is the median of the per-round ratios (each round runs both")
+    print("back to back), with its interquartile range: the spread is the machine's noise, not the tools'.")
+    print()
+    print("| test  | llama-bench t/s | localinfer t/s | raw t/s | ratio (median) | ratio IQR     | within 5 % |")
+    print("| ----- | --------------: | -------------: | ------: | -------------: | ------------- | ---------- |")
     for r in rows:
+        lo, hi = r["ratio_iqr"]
         print(
-            f"| {r['test']:<5} | {r['native_ts']:8.2f} ± {r['native_sd']:6.2f} | {r['localinfer_ts']:11.2f} ± {r['localinfer_sd']:6.2f} "
-            f"| {r['localinfer_raw_ts']:8.2f} | {r['ratio_median']:14.3f} | {', '.join(f'{x:.3f}' for x in r['ratios']):<21} "
-            f"| {'yes' if r['within_5pct'] else 'NO':<10} |"
+            f"| {r['test']:<5} | {r['native_ts']:15.2f} | {r['localinfer_ts']:14.2f} | {r['localinfer_raw_ts']:7.2f} "
+            f"| {r['ratio_median']:14.3f} | {lo:.3f} - {hi:.3f} | {'yes' if r['within_5pct'] else 'NO':<10} |"
         )
+    print()
+    for r in rows:
+        print(f"{r['test']} ratios per round: {', '.join(f'{x:.3f}' for x in r['ratios'])}")
     return 0
 
 
