@@ -197,6 +197,37 @@ def test_summary_percentiles_and_lines():
     assert batchjob.BatchSummary().latency(0.5) is None
 
 
+def test_plain_progress_is_periodic_and_quiet_at_the_end():
+    import io
+
+    from localinfer.render.batch import PlainBatchProgress
+
+    out = io.StringIO()
+    progress = PlainBatchProgress(out, interval=0.0)
+    progress(batchjob.BatchSummary(completed=3, completion_tokens=30, wall_s=2.0), 10)
+    progress(batchjob.BatchSummary(completed=10, completion_tokens=100, wall_s=5.0), 10)  # the summary follows
+    assert out.getvalue() == "batch: 3/10 requests, 15.0 tok/s, ETA 4.67 s\n"
+    slow = io.StringIO()
+    progress = PlainBatchProgress(slow, interval=3600.0)
+    progress(batchjob.BatchSummary(completed=3, wall_s=2.0), 10)
+    assert slow.getvalue() == ""
+
+
+def test_a_template_the_sandbox_refuses_fails_the_job_up_front(tmp_path):
+    from localinfer.engine.templates import ChatTemplate, TemplateRefusedError
+    from localinfer.inference import LoadedModel
+
+    marker = tmp_path / "pwned"
+    evil = "{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) + "').read() }}"
+    with pytest.raises(TemplateRefusedError, match="refused by the sandbox"):
+        batchjob.check_template(LoadedModel("m", None, ChatTemplate(source="gguf", template=evil)))  # type: ignore[arg-type]
+    assert not marker.exists()
+    # A template that only rejects some conversations fails those requests, not the job.
+    picky = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message first') }}{% endif %}"
+    batchjob.check_template(LoadedModel("m", None, ChatTemplate(source="gguf", template=picky)))  # type: ignore[arg-type]
+    batchjob.check_template(LoadedModel("m", None, None))  # type: ignore[arg-type]
+
+
 # -- the command without a model ------------------------------------------------------------------------
 
 

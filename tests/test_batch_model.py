@@ -212,6 +212,22 @@ def test_text_input_from_stdin_in_input_order(smollm2_path):
     assert all(r["usage"]["completion_tokens"] > 0 for r in records)
 
 
+def test_results_come_as_they_finish_or_in_input_order(smollm2_path, tmp_path):
+    reqs = tmp_path / "reqs.jsonl"
+    reqs.write_text(
+        json.dumps({"id": "long", "prompt": "Count from 1 to 100, separated by commas.", "max_tokens": 24}) + "\n"
+        + json.dumps({"id": "s1", "prompt": "Hi", "max_tokens": 1}) + "\n"
+        + json.dumps({"id": "s2", "prompt": "Hello", "max_tokens": 1}) + "\n"
+    )
+    args = ("batch", str(reqs), "-m", str(smollm2_path), "--parallel", "3", "--temperature", "0", "-c", "256", "-t", "1", "-q")
+    as_done = run_cli(*args)
+    in_order = run_cli(*args, "--keep-order")
+    assert as_done.returncode == in_order.returncode == 0
+    assert [r["id"] for r in _records(as_done.stdout)] == ["s1", "s2", "long"]
+    assert [r["id"] for r in _records(in_order.stdout)] == ["long", "s1", "s2"]
+    assert _records(in_order.stdout)[0]["usage"]["completion_tokens"] == 24
+
+
 def test_bad_input_policies_and_overlong_prompts(smollm2_path, tmp_path):
     reqs = tmp_path / "reqs.jsonl"
     reqs.write_text(json.dumps({"id": "ok", "prompt": "Hi", "max_tokens": 2}) + "\n"

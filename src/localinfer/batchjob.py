@@ -140,9 +140,21 @@ def _request(item: BatchRequest, defaults: BatchDefaults, loaded: LoadedModel) -
 
 
 def check_template(loaded: LoadedModel) -> None:
-    """Render a trivial chat once: a template the sandbox refuses fails the whole job, up front."""
-    if loaded.template is not None:
+    """Render a trivial chat once: a template the sandbox refuses fails the whole job, up front.
+
+    (A template that merely dislikes some conversation fails those requests alone, later.)
+    """
+    from localinfer.engine.templates import TemplateRefusedError
+
+    if loaded.template is None:
+        return
+    try:
         loaded.template.render([{"role": "user", "content": "hi"}])
+    except TemplateRefusedError as exc:
+        if "refused by the sandbox" in str(exc):
+            raise
+    except UsageError:  # the template rejects this conversation (raise_exception)
+        pass
 
 
 def run_batch(
