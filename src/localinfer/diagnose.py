@@ -8,6 +8,7 @@ AMX CPUs, low disk in the model store.
 from __future__ import annotations
 
 from typing import Any
+from localinfer.units import human_bytes as _human
 
 GiB = 1 << 30
 Q4_K_M_BYTES_PER_PARAM = 0.6  # ~4.85 bits per weight
@@ -16,16 +17,6 @@ LOW_DISK = 10 * 1000**3
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-cache-dir llama-cpp-python=={version}'
 _BUILD_FLAGS = {"nvidia": "-DGGML_CUDA=on", "apple": "-DGGML_METAL=on"}
-
-
-def _human(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000.0
-    return f"{n:.1f} TB"  # pragma: no cover
 
 
 def reinstall_command(vendor: str, version: str | None) -> str | None:

@@ -27,6 +27,7 @@ from localinfer.estimate import (
     estimate,
     fit_gpu_layers,
 )
+from localinfer.units import human_bytes as human
 
 if TYPE_CHECKING:
     from localinfer.gguf import GGUFInfo
@@ -67,16 +68,6 @@ class LoadPlan:
 
 def gpu_layers_label(n: int) -> str:
     return "auto" if n == GPU_LAYERS_AUTO else "all" if n < 0 else str(n)
-
-
-def human(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000.0
-    return f"{n:.1f} TB"  # pragma: no cover
 
 
 def _est_kwargs(options: LoadOptions) -> dict:

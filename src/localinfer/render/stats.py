@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from typing import TYPE_CHECKING, TextIO
+from localinfer.units import human_bytes
 
 if TYPE_CHECKING:
     from localinfer.inference import Result
@@ -20,16 +21,6 @@ def _styled(stream: TextIO) -> bool:
         return stream.isatty()
     except (ValueError, AttributeError):
         return False
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000.0
-    return f"{n:.1f} TB"
 
 
 def _ms(s: float | None) -> str:

@@ -9,6 +9,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from localinfer.units import human_bytes as human_size
 
 HASH_BLOCK = 4 * 1024 * 1024
 
@@ -112,17 +113,6 @@ def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator
         yield
     finally:
         lock.release()
-
-
-def human_size(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
 
 
 def human_count(n: int | None) -> str:
