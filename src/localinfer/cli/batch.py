@@ -1,6 +1,5 @@
 """`localinfer batch`: a file of requests in, one JSON result per request out, several at a time."""
 
-from __future__ import annotations
 
 import enum
 import os

@@ -3,7 +3,6 @@
 The results table (or JSON/CSV/Markdown) is the command's output, on stdout; progress goes to stderr.
 """
 
-from __future__ import annotations
 
 import enum
 import os

@@ -3,7 +3,6 @@
 The report is what the user asked for, so it goes to stdout (plain text, or one JSON object with --json).
 """
 
-from __future__ import annotations
 
 import json
 import sys

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import TYPE_CHECKING
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
 from localinfer import __version__
 
@@ -27,12 +29,16 @@ _COMMAND_MODULES: tuple[str, ...] = (
 
 
 def _version_callback(value: bool) -> None:
+    import typer
+
     if value:
         sys.stdout.write(f"localinfer {__version__}\n")
         raise typer.Exit()
 
 
 def build_app() -> typer.Typer:
+    import typer
+
     app = typer.Typer(
         name="localinfer",
         help="Local, on-device LLM inference: pull GGUF models, run and chat with them, measure honestly.",
@@ -59,5 +65,8 @@ def build_app() -> typer.Typer:
 
 def main() -> None:
     """Console-script entry point."""
+    if sys.argv[1:] in (["--version"], ["-V"]):  # answered before Typer is even imported
+        sys.stdout.write(f"localinfer {__version__}\n")
+        return
     app = build_app()
     app(prog_name="localinfer")

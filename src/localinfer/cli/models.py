@@ -3,7 +3,6 @@
 What the user asked for (the table, the details, the JSON) goes to stdout; progress and errors to stderr.
 """
 
-from __future__ import annotations
 
 import json
 import sys

@@ -1,6 +1,5 @@
 """`localinfer pull`: fetch a model into the store, verified (or register a local file in place)."""
 
-from __future__ import annotations
 
 from typing import Annotated, Optional
 

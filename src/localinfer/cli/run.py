@@ -1,6 +1,5 @@
 """`localinfer run`: one prompt in, the answer streamed to stdout, the measurements on stderr."""
 
-from __future__ import annotations
 
 import enum
 import json
@@ -13,7 +12,6 @@ import typer
 
 from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
-from localinfer.history import recording
 
 
 class Overflow(str, enum.Enum):
@@ -72,6 +70,8 @@ def run(
     verbose: o.VerboseOpt = False,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
+    from localinfer.history import recording
+
     with handle_errors(), recording("run", no_log=no_log) as rec:
         from localinfer import inference
         from localinfer.errors import UsageError

@@ -1,6 +1,5 @@
 """`localinfer stats`: what the usage history says - tokens, requests, TTFT and tok/s, per model and per day."""
 
-from __future__ import annotations
 
 import enum
 import json
