@@ -108,16 +108,17 @@ def run(
             say(note)
         if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
             say(f"--ctx-size {ctx_size} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
+        messages: tuple = ()
+        raw_text: str | None = None
         if raw or loaded.template is None:
             if not raw:
                 say(f"{resolved.name} has no chat template; running plain completion (pass --raw to silence this)")
-            body = f"{system}\n\n{text}" if system else text
-            request = inference.Request(raw_text=body)
+            raw_text = f"{system}\n\n{text}" if system else text
         else:
-            request = inference.Request(messages=inference.messages_for(text, system))
+            messages = inference.messages_for(text, system)
         request = inference.Request(
-            messages=request.messages,
-            raw_text=request.raw_text,
+            messages=messages,
+            raw_text=raw_text,
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
             sampling=sampling,
