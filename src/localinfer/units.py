@@ -13,3 +13,14 @@ def human_bytes(n: int | float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000.0
     return f"{n:.1f} TB"
+
+
+def human_duration(seconds: float | None) -> str:
+    """Milliseconds under ten seconds, seconds above: 412 ms, 13.4 s."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def human_rate(tokens_per_s: float | None) -> str:
+    return "-" if tokens_per_s is None else f"{tokens_per_s:.1f} tok/s"

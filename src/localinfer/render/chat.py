@@ -10,6 +10,8 @@ import os
 from typing import TYPE_CHECKING, TextIO
 
 from localinfer.render.stats import human_bytes
+from localinfer.units import human_duration as ms
+from localinfer.units import human_rate as tps
 
 if TYPE_CHECKING:
     from localinfer.conversation import Conversation
@@ -51,15 +53,6 @@ def print_dim(text: str, stream: TextIO) -> None:
     stream.write(dim(text, stream) + "\n")
     stream.flush()
 
-
-def ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def tps(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f} tok/s"
 
 
 def turn_line(result: Result) -> str:

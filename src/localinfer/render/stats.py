@@ -9,6 +9,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, TextIO
 from localinfer.units import human_bytes
+from localinfer.units import human_duration as _ms
+from localinfer.units import human_rate as _tps
 
 if TYPE_CHECKING:
     from localinfer.inference import Result
@@ -22,15 +24,6 @@ def _styled(stream: TextIO) -> bool:
     except (ValueError, AttributeError):
         return False
 
-
-def _ms(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s * 1000:.0f} ms" if s < 10 else f"{s:.1f} s"
-
-
-def _tps(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f} tok/s"
 
 
 def summary_line(result: Result) -> str:
