@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from localinfer.batchio import BatchRequest, InputError, parse_input  # noqa: F401 - re-exported API
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
+from localinfer.units import json_ms as _ms
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchStats
@@ -94,10 +95,6 @@ class BatchResult:
             },
             "seed": s.extra.get("seed"),
         }
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 3)
 
 
 class _SequenceView:

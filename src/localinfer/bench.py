@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
+from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
     from localinfer.cost import Pricing
@@ -231,12 +232,6 @@ class BenchResult:
             if cost is not None:
                 out["cost"] = {k: _r(v, 9) for k, v in cost.items()}
         return out
-
-
-def _r(x: float | None, digits: int = 3) -> float | None:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return None
-    return round(x, digits)
 
 
 # -- measuring -------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from localinfer.bench import BENCH_SAMPLING, ModelFacts, Progress, bos_token, build_version, mean_sd, random_tokens
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
+from localinfer.units import json_ms as _ms
+from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
     from localinfer.cost import Pricing
@@ -153,14 +155,6 @@ class ParallelResult:
             if cost is not None:
                 out["cost"] = {k: _r(v, 9) for k, v in cost.items()}
         return out
-
-
-def _r(x: float | None, digits: int = 3) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, digits)
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 3)
 
 
 def shapes_for(n_prompt: Sequence[int], n_gen: Sequence[int], pg: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 from localinfer.errors import ContextOverflowError, UsageError
+from localinfer.units import json_ms as _ms
+from localinfer.units import json_number as _round
 
 if TYPE_CHECKING:
     from localinfer.engine.llama import Model
@@ -161,14 +163,6 @@ class Result:
             },
             "seed": s.extra.get("seed"),
         }
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 3)
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
 
 
 def _overflow_error(n_prompt: int, max_tokens: int | None, n_ctx: int, n_train: int) -> ContextOverflowError:

@@ -24,3 +24,15 @@ def human_duration(seconds: float | None) -> str:
 
 def human_rate(tokens_per_s: float | None) -> str:
     return "-" if tokens_per_s is None else f"{tokens_per_s:.1f} tok/s"
+
+
+def json_number(x: float | None, digits: int = 3) -> float | None:
+    """A figure as our JSON outputs carry it: rounded; None for missing or NaN (JSON has no NaN)."""
+    if x is None or x != x:
+        return None
+    return round(x, digits)
+
+
+def json_ms(seconds: float | None) -> float | None:
+    """Seconds as milliseconds in JSON, to the microsecond."""
+    return None if seconds is None else round(seconds * 1000.0, 3)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.errors import UsageError
+from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
     from localinfer.cost import Pricing
@@ -56,10 +57,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def _busy_seconds(r: UsageRecord) -> float:
     return ((r.total_ms or 0.0) + (r.load_ms or 0.0)) / 1000.0
-
-
-def _r(x: float | None, digits: int = 3) -> float | None:
-    return None if x is None else round(x, digits)
 
 
 def summarize_group(records: Sequence[UsageRecord], pricing: Pricing | None = None) -> dict[str, Any]:
