@@ -5,6 +5,7 @@ A loopback fake Hub (tests/fakehub.py, the same server the tests use) serves one
 one of --size-mb MB by default, or --file). Runs alternate between:
 
 * ``curl -s -o OUT URL``                        (no hashing, no fsync)
+* the same, then ``fsync(OUT)``                  (no hashing; the bytes are on disk when it ends, as pull's are)
 * ``python -m localinfer pull owner/repo:Q4_K_M``   (fresh store each run: HEAD + GET, sha256 while
                                                    writing, fsync, GGUF header check, rename, manifest)
 
@@ -50,11 +51,15 @@ def _get_time(hub: FakeHub, since: int) -> float:
     raise RuntimeError("the server never saw the GET")
 
 
-def run_curl(hub: FakeHub, url: str, out: Path) -> tuple[float, float]:
+def run_curl(hub: FakeHub, url: str, out: Path, durable: bool = False) -> tuple[float, float]:
     os.sync()
     n = len(hub.log)
     t0 = time.monotonic()
     subprocess.run(["curl", "-s", "-f", "-o", str(out), url], check=True)
+    if durable:  # what pull also does before it registers the file: wait until the bytes are on disk
+        fd = os.open(out, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
     t1 = time.monotonic()
     out.unlink()
     return t1 - _get_time(hub, n), t1 - t0
@@ -99,11 +104,12 @@ def main() -> int:
         url = f"{hub.url}/{REPO}/resolve/main/{NAME}"
         env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
         env.update(HF_ENDPOINT=hub.url, HF_HOME=str(work / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
-        curl_t, curl_e2e, pull_t, pull_e2e = [], [], [], []
+        curl_t, curl_e2e, pull_t, pull_e2e, durable_t = [], [], [], [], []
         for _ in range(args.runs):
             a, b = run_curl(hub, url, work / "curl.out")
             curl_t.append(a)
             curl_e2e.append(b)
+            durable_t.append(run_curl(hub, url, work / "curl.out", durable=True)[0])
             a, b = run_pull(hub, work / "home", env, f.sha256)
             pull_t.append(a)
             pull_e2e.append(b)
@@ -119,12 +125,15 @@ def main() -> int:
             "runs": args.runs,
             "cpus": os.cpu_count(),
             "curl_transfer_mb_s": round(rate(curl_t), 1),
+            "curl_fsync_transfer_mb_s": round(rate(durable_t), 1),
             "pull_transfer_mb_s": round(rate(pull_t), 1),
             "transfer_ratio": round(rate(pull_t) / rate(curl_t), 3),
+            "transfer_ratio_vs_curl_fsync": round(rate(pull_t) / rate(durable_t), 3),
             "curl_end_to_end_mb_s": round(rate(curl_e2e), 1),
             "pull_end_to_end_mb_s": round(rate(pull_e2e), 1),
             "end_to_end_ratio": round(rate(pull_e2e) / rate(curl_e2e), 3),
             "curl_transfer_s": [round(t, 3) for t in curl_t],
+            "curl_fsync_transfer_s": [round(t, 3) for t in durable_t],
             "pull_transfer_s": [round(t, 3) for t in pull_t],
             "pull_end_to_end_s": [round(t, 3) for t in pull_e2e],
         }
@@ -133,8 +142,10 @@ def main() -> int:
         else:
             print(f"file: {mb:.1f} MB over loopback, {args.runs} runs each, medians, {os.cpu_count()} CPUs")
             print(f"curl -o          transfer {result['curl_transfer_mb_s']:8.1f} MB/s   end to end {result['curl_end_to_end_mb_s']:8.1f} MB/s")
+            print(f"curl -o + fsync  transfer {result['curl_fsync_transfer_mb_s']:8.1f} MB/s")
             print(f"localinfer pull  transfer {result['pull_transfer_mb_s']:8.1f} MB/s   end to end {result['pull_end_to_end_mb_s']:8.1f} MB/s")
             print(f"ratio (pull/curl) transfer {result['transfer_ratio']:.2f}   end to end {result['end_to_end_ratio']:.2f}   (target >= 0.90 for the transfer)")
+            print(f"ratio (pull/curl+fsync) transfer {result['transfer_ratio_vs_curl_fsync']:.2f}")
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

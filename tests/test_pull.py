@@ -461,6 +461,24 @@ def test_verify_detects_corruption_and_pull_repairs(hub: FakeHub) -> None:
     assert invoke("verify", f"{REPO}:Q4_K_M").exit_code == 0
 
 
+def test_a_blob_left_short_by_a_crash_is_refused_before_use(hub: FakeHub) -> None:
+    # Downloaded bytes are not fsync'ed: a crash before write-back brings the file back short, with
+    # the mtime it may have had. The durable record of the verified file must no longer match.
+    assert invoke("pull", REPO).exit_code == 0
+    f = hub.repos[REPO].files["tiny-Q4_K_M.gguf"]
+    blob = models_dir() / "blobs" / f"sha256-{f.sha256}"
+    st = blob.stat()
+    with blob.open("r+b") as fh:
+        fh.truncate(f.size // 3)
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = invoke("run", "-m", REPO, "--offline", "-p", "hi")
+    assert r.exit_code == 4, r.stderr
+    assert "corrupt" in r.stderr and "localinfer pull" in r.stderr
+    fix = invoke("pull", REPO)
+    assert fix.exit_code == 0, fix.stderr
+    assert blob.stat().st_size == f.size
+
+
 def test_run_repairs_a_corrupt_store_copy_by_pulling(hub: FakeHub) -> None:
     assert invoke("pull", REPO).exit_code == 0
     f = hub.repos[REPO].files["tiny-Q4_K_M.gguf"]

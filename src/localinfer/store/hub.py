@@ -8,23 +8,18 @@ The token is sent to the Hub only, never printed or logged by us.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
-from localinfer.errors import LocalInferError, ModelNotFoundError, NetworkError, ResourceError
-from localinfer.store.fsutil import hash_prefix
-from localinfer.store.types import NullProgress, ProgressSink
+from localinfer.errors import LocalInferError, ModelNotFoundError, NetworkError
+from localinfer.store.types import ProgressSink
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
-MAX_RETRIES = 5  # consecutive failed attempts (without a single new byte) before giving up
 
 
 def endpoint() -> str:
@@ -189,172 +184,28 @@ def download(
     label: str,
     progress: ProgressSink | None = None,
 ) -> str:
-    """Download ``meta.url`` into ``dest`` (a partial file), resuming from the bytes already in it.
+    """Download ``meta.url`` into ``dest`` (a partial file), resuming; returns the sha256 of the whole file.
 
-    The sha256 is computed while writing (the bytes already on disk are hashed once, when resuming).
-    Transient failures (connection cut, timeout, 5xx) are retried with a Range request from the last
-    byte written; a server that ignores Range (200 instead of 206) makes us start over cleanly.
-    Returns the hex digest of the complete file. The partial file is left in place on any failure so
-    the next pull resumes it.
+    huggingface_hub builds the request headers (user agent, the token when the bytes live on the
+    Hub itself); ``transfer.fetch`` moves the bytes (see there for why not huggingface_hub's stream).
     """
-    import httpx2
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    from huggingface_hub.utils import build_hf_headers
 
-    sink = progress or NullProgress()
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    from localinfer.store import transfer
+
     headers = build_hf_headers(token=(token() or False) if meta.send_auth else False)
-    headers["Accept-Encoding"] = "identity"
-    fd = os.open(str(dest), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    with os.fdopen(fd, "r+b", buffering=0) as fh:
-        have = fh.seek(0, os.SEEK_END)
-        if size is not None and have > size:
-            fh.truncate(0)
-            have = fh.seek(0)
-        digest = _BackgroundHash(hash_prefix(dest, have) if have else None)
-        sink.start(label, size, have)
-        failures = 0
-        try:
-            while size is None or have < size:
-                req = dict(headers)
-                if have:
-                    req["Range"] = f"bytes={have}-"
-                got_bytes = False
-                try:
-                    with get_session().stream("GET", meta.url, headers=req, timeout=_timeout(), follow_redirects=True) as resp:
-                        if resp.status_code in TRANSIENT_STATUS:
-                            raise _Transient(f"HTTP {resp.status_code}")
-                        if resp.status_code == 416 and size is not None and have >= size:
-                            break
-                        with hub_errors(repo, filename):
-                            hf_raise_for_status(resp)
-                        if have and resp.status_code == 200:
-                            # Range ignored: the body is the whole file. Start over, cleanly.
-                            sink.note(f"{filename}: the server ignored the resume request, downloading from the start")
-                            fh.seek(0)
-                            fh.truncate(0)
-                            have = 0
-                            digest.restart()
-                            sink.reset(0)
-                        elif have and resp.status_code == 206:
-                            start = _content_range_start(resp.headers.get("Content-Range"))
-                            if start != have:
-                                raise NetworkError(
-                                    f"the server resumed {filename} at byte {start}, not {have}",
-                                    hint="run the same command again",
-                                )
-                        if size is None:
-                            size = _total_from(resp) or None
-                        for chunk in resp.iter_raw():
-                            if size is not None and have + len(chunk) > size:
-                                raise NetworkError(
-                                    f"the server sent more than the {size} bytes announced for {filename}",
-                                    hint="run the same command again",
-                                )
-                            _write_all(fh, chunk)
-                            digest.update(chunk)
-                            have += len(chunk)
-                            got_bytes = True
-                            sink.advance(len(chunk))
-                    if size is None:
-                        break
-                    if have < size:
-                        raise _Transient(f"the connection closed after {have} of {size} bytes")
-                except (httpx2.TransportError, _Transient) as exc:
-                    failures = 0 if got_bytes else failures + 1
-                    if failures > MAX_RETRIES:
-                        raise NetworkError(
-                            f"downloading {filename} failed after {MAX_RETRIES} retries at {have} of {size} bytes ({_describe(exc)})",
-                            hint="run the same command again: it resumes where it stopped",
-                        ) from None
-                    sink.note(f"{filename}: {_describe(exc)}; resuming at byte {have}")
-                    time.sleep(min(0.25 * 2 ** max(failures - 1, 0), 4.0))
-            os.fsync(fh.fileno())
-            return digest.hexdigest()
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise ResourceError(
-                    f"the disk filled up while downloading {filename} ({have} bytes written to {dest})",
-                    hint="free some space and run the same command again: it resumes where it stopped",
-                ) from None
-            raise
-        finally:
-            digest.close()
-            sink.finish()
-
-
-class _Transient(Exception):
-    pass
-
-
-def _write_all(fh, data: bytes) -> None:  # noqa: ANN001
-    view = memoryview(data)
-    while view:
-        n = fh.write(view)
-        view = view[n:]
-
-
-class _BackgroundHash:
-    """sha256 computed on a helper thread, so hashing overlaps receiving and writing.
-
-    ``hashlib`` releases the GIL while it hashes large buffers, so on a multi-core machine the digest
-    costs (almost) no wall time; chunks are handed over in order through a bounded queue.
-    """
-
-    def __init__(self, start=None) -> None:  # noqa: ANN001 - hashlib's type is private
-        import queue
-        import threading
-
-        self._digest = start if start is not None else _new_hash()
-        self._queue: queue.Queue = queue.Queue(maxsize=64)
-        self._thread = threading.Thread(target=self._run, name="localinfer-sha256", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        get, update = self._queue.get, self._digest.update
-        while True:
-            chunk = get()
-            if chunk is None:
-                return
-            update(chunk)
-
-    def update(self, chunk: bytes) -> None:
-        self._queue.put(chunk)
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-    def hexdigest(self) -> str:
-        self.close()
-        return self._digest.hexdigest()
-
-    def restart(self) -> None:
-        """Forget everything hashed so far (the download starts again from byte 0)."""
-        self.close()
-        self.__init__()  # type: ignore[misc]
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text and not isinstance(exc, _Transient) else (text or type(exc).__name__)
-
-
-def _new_hash():  # noqa: ANN202 - hashlib's type is private
-    import hashlib
-
-    return hashlib.sha256()
-
-
-def _content_range_start(value: str | None) -> int | None:
-    m = re.match(r"^\s*bytes\s+(\d+)-\d+/(\d+|\*)\s*$", value or "")
-    return int(m.group(1)) if m else None
-
-
-def _total_from(resp) -> int | None:  # noqa: ANN001
-    cr = resp.headers.get("Content-Range")
-    if cr and "/" in cr:
-        tail = cr.rsplit("/", 1)[1]
-        return int(tail) if tail.isdigit() else None
-    cl = resp.headers.get("Content-Length")
-    return int(cl) if cl and cl.isdigit() else None
+    auth = headers.pop("authorization", None) or headers.pop("Authorization", None)
+    try:
+        return transfer.fetch(
+            meta.url,
+            dest,
+            size=size,
+            headers=headers,
+            auth=auth,
+            timeout=_timeout(),
+            what=filename,
+            label=label,
+            progress=progress,
+        )
+    except transfer.Refused as exc:
+        raise transfer.refused_error(exc.status, f"{repo}/{filename}", _token_hint(), f"{endpoint()}/{repo}") from None
