@@ -69,4 +69,11 @@ def main() -> None:
         sys.stdout.write(f"localinfer {__version__}\n")
         return
     app = build_app()
-    app(prog_name="localinfer")
+    try:
+        app(prog_name="localinfer")
+    finally:
+        # At exit the interpreter garbage-collects everything still alive: 50-100 ms once
+        # huggingface_hub or llama_cpp are loaded. The process is ending; let it just free the memory.
+        import gc
+
+        gc.freeze()
