@@ -268,14 +268,14 @@ def llama_facts() -> dict:
         from localinfer.engine import llama as engine
     except Exception as exc:  # noqa: BLE001 - a broken install is exactly what doctor must report
         return {"error": f"{type(exc).__name__}: {exc}"}
-    import llama_cpp  # the engine imported it; we only read its version
+    from localinfer.engine.bindings import version
 
     info = engine.system_info()
     sections = parse_system_info(info)
     cpu = sections.get("CPU", {})
     amx = engine.cpu_has_amx()
     return {
-        "version": getattr(llama_cpp, "__version__", None),
+        "version": version(),
         "system_info": info.strip(),
         "backends": engine.backends(),
         "gpu_offload": engine.supports_gpu_offload(),
@@ -284,8 +284,8 @@ def llama_facts() -> dict:
         "build_features": sorted(k for k, v in cpu.items() if v == "1" and k in _BUILD_FEATURES),
         "amx": amx,
         "cpu_repack": engine.cpu_repack_enabled(None),
-        "mmap": bool(llama_cpp.llama_supports_mmap()),
-        "mlock": bool(llama_cpp.llama_supports_mlock()),
+        "mmap": bool(engine.llama_cpp.llama_supports_mmap()),
+        "mlock": bool(engine.llama_cpp.llama_supports_mlock()),
     }
 
 

@@ -26,9 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import llama_cpp
-
-from localinfer.engine.llama import Model
+from localinfer.engine.llama import Model, llama_cpp
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, SamplingOptions
 from localinfer.errors import GenerationError, ResourceError

@@ -19,8 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import llama_cpp
-
+from localinfer.engine import bindings as _bindings
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import (
     DEFAULT_CTX_CEILING,
@@ -30,6 +29,8 @@ from localinfer.engine.types import (
     Step,
 )
 from localinfer.errors import GenerationError, InvalidModelError, ModelLoadError, ResourceError, UsageError
+
+llama_cpp = _bindings.bindings()  # the C API only: not the package's numpy/jinja2-importing __init__
 
 _CACHE_TYPES = {
     "f32": llama_cpp.GGML_TYPE_F32,
@@ -65,7 +66,7 @@ class _LlamaLog:
         self.seq = 0
         self.echo = False
         self._callback = llama_cpp.llama_log_callback(self._on_log)
-        llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+        _bindings.set_log_callback(self._callback)
 
     def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         try:
@@ -139,11 +140,11 @@ _DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend
 
 def _ggml():
     """ggml's C API for backends and devices (not bound by llama-cpp-python; same library, via ctypes)."""
-    lib = llama_cpp.llama_cpp._lib
+    lib = llama_cpp._lib
     if not hasattr(lib, "ggml_backend_dev_count"):  # Windows: symbols of a dependency are not visible
         from llama_cpp._ctypes_extensions import load_shared_library
 
-        lib = load_shared_library("ggml", llama_cpp.llama_cpp._base_path)
+        lib = load_shared_library("ggml", llama_cpp._base_path)
     p = ctypes.c_void_p
     for name, res, args in (
         ("ggml_backend_reg_count", ctypes.c_size_t, []),

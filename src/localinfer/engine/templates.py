@@ -36,8 +36,9 @@ class ChatTemplate:
     eos_text: str = ""
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> ChatPrompt:
-        from llama_cpp import llama_chat_format
+        from localinfer.engine.bindings import chat_format
 
+        llama_chat_format = chat_format()
         if self.template is not None:
             import jinja2
 
@@ -76,6 +77,7 @@ class ChatTemplate:
 
 
 def known_chat_formats() -> list[str]:
-    from llama_cpp import llama_chat_format
+    from localinfer.engine.bindings import chat_format
 
+    llama_chat_format = chat_format()
     return sorted(n[len("format_") :] for n in dir(llama_chat_format) if n.startswith("format_"))
