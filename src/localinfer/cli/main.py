@@ -68,10 +68,16 @@ def main() -> None:
     if sys.argv[1:] in (["--version"], ["-V"]):  # answered before Typer is even imported
         sys.stdout.write(f"localinfer {__version__}\n")
         return
+    if sys.argv[1:2] == ["run"]:  # llama.cpp starts loading the weights while Typer is imported
+        from localinfer.cli.prescan import preload_run
+
+        preload_run(sys.argv[2:])
     app = build_app()
     try:
         app(prog_name="localinfer")
     finally:
+        if "localinfer.preload" in sys.modules:
+            sys.modules["localinfer.preload"].settle()
         # At exit the interpreter garbage-collects everything still alive: 50-100 ms once
         # huggingface_hub or llama_cpp are loaded. The process is ending; let it just free the memory.
         import gc

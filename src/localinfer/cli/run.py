@@ -73,7 +73,7 @@ def run(
     from localinfer.history import recording
 
     with handle_errors(), recording("run", no_log=no_log) as rec:
-        from localinfer import inference
+        from localinfer import inference, preload
         from localinfer.errors import UsageError
         from localinfer.render.stats import print_summary, warn
         from localinfer.store import resolve_model
@@ -99,11 +99,11 @@ def run(
         )
         say = (lambda msg: None) if quiet else warn
 
-        resolved = resolve_model(model, offline=offline)
+        resolved = preload.resolved(model) or resolve_model(model, offline=offline)
         rec.model, rec.prompt_text = resolved, text
         t0 = time.perf_counter()
         loaded = inference.load(resolved, load_opts, force=force)
-        load_s = time.perf_counter() - t0
+        load_s = max(time.perf_counter() - t0, loaded.model.load_s)  # weights loaded ahead count in full
         for note in loaded.plan.notes if loaded.plan else ():
             say(note)
         if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:

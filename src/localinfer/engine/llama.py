@@ -300,6 +300,78 @@ def _diagnose_load_failure(log: _LlamaLog, path: Path, what: str, since: int = 0
     )
 
 
+def _model_params(options: LoadOptions):  # noqa: ANN202 - a ctypes struct
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 2**31 - 1
+    mparams.load_mode = _load_mode(options.use_mmap, options.use_mlock)
+    mparams.use_extra_bufts = cpu_repack_enabled(options.cpu_repack)
+    return mparams
+
+
+def _params_key(path: Path, mparams) -> tuple:  # noqa: ANN001
+    return (str(path), mparams.n_gpu_layers, mparams.load_mode, bool(mparams.use_extra_bufts))
+
+
+class _Preload:
+    """A model load started ahead on a thread (``preload_model``), waiting for ``Model`` to take it."""
+
+    def __init__(self, path: Path, options: LoadOptions) -> None:
+        import threading
+
+        self.log = _ensure_backend(options.verbose)
+        self.log_start = self.log.seq
+        mparams = _model_params(options)
+        self.key = _params_key(path, mparams)
+        self.model = None
+        self.seconds = 0.0
+        # Each line llama.cpp logs from the loading thread needs the GIL, which the main thread
+        # (importing, parsing) would otherwise hold for up to 5 ms at a time.
+        self._interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0002)
+        self.thread = threading.Thread(target=self._run, args=(path, mparams), name="localinfer-preload", daemon=True)
+        self.thread.start()
+
+    def _run(self, path: Path, mparams) -> None:  # noqa: ANN001
+        t0 = time.perf_counter()
+        try:
+            with _stdout_to_stderr():
+                self.model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams) or None
+        finally:
+            self.seconds = time.perf_counter() - t0
+            sys.setswitchinterval(self._interval)
+
+    def take(self, key: tuple):  # noqa: ANN201
+        """The loaded model if it was loaded for ``key`` (waiting for it); otherwise it is freed."""
+        self.thread.join()
+        model, self.model = self.model, None
+        if model is not None and key != self.key:
+            llama_cpp.llama_model_free(model)
+            model = None
+        return model
+
+
+_preloaded: list[_Preload] = []  # at most one per process
+
+
+def preload_model(path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> bool:
+    """Start loading ``path``'s weights on a thread, for the next ``Model(path, ...)`` to take.
+
+    Only where the load does not depend on a memory plan: CPU-only builds (GPU builds decide the
+    offloaded layers from free VRAM first). The GGUF must have been validated already. Returns
+    whether a load was started.
+    """
+    if _preloaded or supports_gpu_offload() or options.verbose:
+        return False
+    _preloaded.append(_Preload(Path(path), options))
+    return True
+
+
+def settle_preload() -> None:
+    """Wait for a load still running ahead (llama.cpp must not be mid-load when the process exits)."""
+    for pre in _preloaded:
+        pre.thread.join()
+
+
 class Model:
     """A loaded GGUF model with one context (``n_seq_max`` sequences share it)."""
 
@@ -309,14 +381,19 @@ class Model:
         log = _ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 2**31 - 1
-        mparams.load_mode = _load_mode(options.use_mmap, options.use_mlock)
-        mparams.use_extra_bufts = cpu_repack_enabled(options.cpu_repack)
+        mparams = _model_params(options)
         self._model = None
         self._ctx = None
-        with _stdout_to_stderr():
-            model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
+        model, ahead_s = None, 0.0
+        if _preloaded:  # a load started ahead (preload_model): taken if it is this one
+            pre = _preloaded.pop()
+            model = pre.take(_params_key(self.path, mparams))
+            if model is not None:
+                log_start, ahead_s = pre.log_start, pre.seconds
+                t0 = time.perf_counter()  # the wait for it is part of ahead_s
+        if model is None:
+            with _stdout_to_stderr():
+                model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
         if not model:
             raise _diagnose_load_failure(log, self.path, "load", log_start)
         self._model = model
@@ -352,7 +429,7 @@ class Model:
         self.n_threads = threads
         self.n_threads_batch = int(cparams.n_threads_batch)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.load_s = time.perf_counter() - t0
+        self.load_s = ahead_s + time.perf_counter() - t0
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (llama_cpp.llama_token * 1)()

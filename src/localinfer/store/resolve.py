@@ -231,6 +231,28 @@ def _not_installed(spec: ModelSpec, why: str) -> ModelNotFoundError:
     return ModelNotFoundError(f"model {spec.name!r} is not installed{why}", hint=f"localinfer pull {spec.raw}")
 
 
+def resolve_installed(spec: str | None) -> ResolvedModel | None:
+    """``spec``'s model if it is installed and every file's digest is cached as verified already.
+
+    Reads only (registry, manifest, digest cache, GGUF header): no hashing, assembling, downloading
+    or writing; None when resolving would need any of those. For ``localinfer.preload``.
+    """
+    from localinfer.registry import load_registry
+
+    registry = load_registry()
+    parsed = parse_spec(spec if spec is not None else registry.default)
+    store = Store()
+    if parsed.kind == "path":
+        return _resolve_path(parsed, store) if parsed.path is not None and parsed.path.is_file() else None
+    entry = store.entry(parsed.name)
+    if entry is None:
+        return None
+    for path, rec in zip(store.file_paths(entry), entry.get("files", [])):
+        if store.cached_digest(path) != rec.get("sha256"):
+            return None
+    return resolve_entry(store, entry, registry=registry)
+
+
 def resolve_model(
     spec: str | None,
     *,

@@ -1,0 +1,53 @@
+"""Start loading the model before the command line is even parsed.
+
+A cold ``run`` is Python start-up (interpreter, Typer, our modules: ~200 ms) followed by llama.cpp
+loading the weights (~100 ms for SmolLM2, in C, with the GIL released). ``cli.prescan`` reads which
+model ``run``'s argv names and calls ``start``: if that model is installed and verified already
+(``store.resolve.resolve_installed``: no hashing, assembling or downloading), its header validated,
+the engine starts loading its weights on a thread (``engine.llama.preload_model``) while Typer is
+imported and parses the options. ``Model`` then takes that load if it asks for the same file with
+the same parameters, and frees it otherwise; the context is always created with the real options.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from localinfer.store.types import ResolvedModel
+
+_started: list[tuple[str | None, ResolvedModel]] = []  # (spec as given, its resolution): at most one
+
+
+def start(spec: str | None) -> None:
+    """Resolve ``spec`` (None: the default model) if that needs no work, and start loading it."""
+    if _started:
+        return
+    try:
+        from localinfer.store.resolve import resolve_installed
+
+        resolved = resolve_installed(spec)
+        if resolved is None:
+            return
+        from localinfer.engine.llama import preload_model
+
+        if preload_model(resolved.path):
+            _started.append((spec, resolved))
+    except Exception:  # noqa: BLE001 - only a head start: the real resolve and load report problems
+        return
+
+
+def resolved(spec: str | None) -> ResolvedModel | None:
+    """The resolution ``start`` made of ``spec``, if it started one for exactly ``spec``."""
+    for given, res in _started:
+        if given == spec:
+            return res
+    return None
+
+
+def settle() -> None:
+    """Wait for a load still running ahead, before the process exits."""
+    if _started:
+        from localinfer.engine.llama import settle_preload
+
+        settle_preload()
