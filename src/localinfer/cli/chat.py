@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
-from localinfer.chat_settings import ChatSettings, canonical_key, unquote
 from localinfer.cli import options as o
-from localinfer.cli.chat_repl import run_lines, run_repl, split_command
 from localinfer.cli.common import handle_errors
 
 if TYPE_CHECKING:
@@ -72,6 +70,9 @@ def chat(
         sampling = o.sampling_options(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )
+        from localinfer.chat_settings import ChatSettings
+        from localinfer.cli.chat_repl import run_lines, run_repl
+
         settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
         interactive = _isatty(sys.stdin) and _isatty(sys.stdout)
         session = ChatSession(
@@ -226,6 +227,8 @@ class ChatSession:
     # -- slash commands --------------------------------------------------------------------------
     def command(self, line: str) -> bool:
         """Run one slash command; False means leave the chat."""
+        from localinfer.chat_settings import unquote
+        from localinfer.cli.chat_repl import split_command
         from localinfer.errors import UsageError
         from localinfer.render.chat import HELP, show_lines, stats_lines
 
@@ -287,6 +290,8 @@ class ChatSession:
         return True
 
     def _set(self, arg: str) -> None:
+        from localinfer.chat_settings import canonical_key, unquote
+
         conv = self.conv
         assert conv is not None
         if not arg:

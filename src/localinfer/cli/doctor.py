@@ -4,7 +4,6 @@ The report is what the user asked for, so it goes to stdout (plain text, or one 
 """
 
 
-import json
 import sys
 from typing import Annotated, Any
 
@@ -79,6 +78,7 @@ def doctor(
 
         data = report()
         if json_out:
+            import json
             sys.stdout.write(json.dumps(data, indent=2) + "\n")
         else:
             sys.stdout.write(render(data) + "\n")

@@ -4,7 +4,6 @@ What the user asked for (the table, the details, the JSON) goes to stdout; progr
 """
 
 
-import json
 import sys
 from typing import Annotated, Any, Optional
 
@@ -50,6 +49,7 @@ def list_cmd(
         if available:
             avail = available_models()
             if json_out:
+                import json
                 _out(json.dumps(avail, indent=2))
                 return
             rows = [
@@ -64,6 +64,7 @@ def list_cmd(
             return
         data = list_models()
         if json_out:
+            import json
             _out(json.dumps(data, indent=2))
             return
         models = data["models"]
@@ -101,6 +102,7 @@ def show(
 
         d = show_model(model)
         if json_out:
+            import json
             _out(json.dumps(d, indent=2))
             return
         params = d["parameters"]

@@ -3,12 +3,15 @@ and their translation into the engine's plain option values."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.engine import defaults as DEFAULTS  # noqa: N812 - sampling defaults, read in signatures
 from localinfer.errors import UsageError
+
+if TYPE_CHECKING:
+    from localinfer.engine.types import LoadOptions, SamplingOptions
 
 _SAMPLING = "Sampling"
 _CONTEXT = "Model and context"
@@ -86,6 +89,8 @@ def load_options(
     mlock: bool = False,
     batch_size: int = 2048,
 ) -> LoadOptions:
+    from localinfer.engine.types import LoadOptions
+
     return LoadOptions(
         n_ctx=ctx_size,
         n_threads=threads,
@@ -103,9 +108,9 @@ def load_options(
 def sampling_options(
     *, temperature: float, top_p: float, top_k: int, min_p: float, repeat_penalty: float, seed: int | None
 ) -> SamplingOptions:
+    from localinfer.engine.types import SamplingOptions
+
     return SamplingOptions(
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
     )
 
-
-DEFAULTS = SamplingOptions()

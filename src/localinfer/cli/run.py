@@ -2,7 +2,6 @@
 
 
 import enum
-import json
 import os
 import sys
 import time
@@ -128,6 +127,7 @@ def run(
         result = inference.generate(loaded, request, write, load_s=load_s)
         rec.result = result
         if json_out:
+            import json
             sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
             sys.stdout.flush()
         else:

@@ -2,7 +2,6 @@
 
 
 import enum
-import json
 import sys
 from typing import Annotated, Optional
 
@@ -41,6 +40,7 @@ def stats(
         summary = usage.summarize(records, pricing, since=since_ts, model=model, command=cmd)
         summary["database"] = str(history.db_path())
         if json_out:
+            import json
             sys.stdout.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
             return
         from localinfer.render.usage import print_stats

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localinfer.engine import defaults
+
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -35,12 +37,12 @@ DEFAULT_CTX_CEILING = 4096
 class SamplingOptions:
     """Sampler chain settings; defaults follow llama.cpp's."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
+    temperature: float = defaults.temperature
+    top_k: int = defaults.top_k
+    top_p: float = defaults.top_p
+    min_p: float = defaults.min_p
+    repeat_penalty: float = defaults.repeat_penalty
+    repeat_last_n: int = defaults.repeat_last_n
     seed: int | None = None  # None: a random seed each request
 
     @property
