@@ -537,3 +537,49 @@ def test_file_in_the_hf_cache_is_reused_after_verification(hub: FakeHub, tmp_pat
     assert "not usable" in r.stderr
     assert len(hub.requests("GET", "tiny-F16")) == 1
     assert (models_dir() / "blobs" / f"sha256-{g.sha256}").is_file()
+
+
+# ---- concurrent rm, stale partials -------------------------------------------------------------
+
+
+def test_a_blob_deleted_by_a_concurrent_rm_is_fetched_again(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two names for the same bytes. While the second pull is between fetching (here: reusing the
+    # first one's verified blob) and recording its entry, `rm` of the first name frees the blob.
+    from localinfer.store import pull as pull_mod
+    from localinfer.store.manage import remove_model
+
+    assert invoke("pull", REPO).exit_code == 0
+    f = hub.repos[REPO].files["tiny-Q4_K_M.gguf"]
+    blob = models_dir() / "blobs" / f"sha256-{f.sha256}"
+    real = pull_mod.entry_for_files
+    raced = []
+
+    def entry_then_rm(**kw):  # noqa: ANN003, ANN202
+        if not raced:
+            raced.append(remove_model(f"{REPO}:Q4_K_M"))
+            assert not blob.exists()  # the rm really freed the bytes the pull is about to record
+        return real(**kw)
+
+    monkeypatch.setattr(pull_mod, "entry_for_files", entry_then_rm)
+    gets = len(hub.requests("GET", "tiny-Q4_K_M"))
+    r = invoke("pull", f"{REPO}/tiny-Q4_K_M.gguf")
+    assert r.exit_code == 0, r.stderr
+    assert raced and raced[0].freed_bytes == f.size
+    assert "deleted meanwhile" in r.stderr
+    assert len(hub.requests("GET", "tiny-Q4_K_M")) == gets + 1  # fetched again
+    assert list(listed()) == [f"{REPO}/tiny-Q4_K_M.gguf"]
+    assert invoke("verify").exit_code == 0
+
+
+def test_stale_partial_downloads_are_pruned(hub: FakeHub) -> None:
+    part_dir = models_dir() / "partial"
+    part_dir.mkdir(parents=True)
+    stale, fresh = part_dir / f"sha256-{'a' * 64}.part", part_dir / f"sha256-{'b' * 64}.part"
+    stale.write_bytes(b"x" * 1000)
+    fresh.write_bytes(b"y" * 1000)
+    week = 7 * 24 * 3600
+    os.utime(stale, (os.path.getmtime(stale) - week - 60,) * 2)
+    r = invoke("pull", REPO)
+    assert r.exit_code == 0, r.stderr
+    assert not stale.exists() and fresh.exists()
+    assert f"unfinished download left for more than a week: {stale.name}" in r.stderr

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,13 @@ MANIFEST_VERSION = 1
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+PARTIAL_MAX_AGE_S = 7 * 24 * 3600  # an unfinished download left alone this long is deleted by the next pull
+
+
+class _Gone(Exception):
+    pass
 
 
 class Store:
@@ -106,12 +113,43 @@ class Store:
             data["version"] = MANIFEST_VERSION
             atomic_write_json(self.manifest_path, data)
 
-    def put(self, entry: dict[str, Any]) -> None:
-        with self.edit() as models:
-            old = models.get(entry["name"])
-            if old is not None and old.get("last_used") and not entry.get("last_used"):
-                entry["last_used"] = old["last_used"]
-            models[entry["name"]] = entry
+    def put(self, entry: dict[str, Any], *, require: Iterable[Path] = ()) -> bool:
+        """Record ``entry``; False (nothing written) if a file of ``require`` is gone by then.
+
+        ``gc_blobs`` decides and deletes under the same manifest lock, so a blob checked here cannot
+        disappear before the entry that uses it is on disk.
+        """
+        try:
+            with self.edit() as models:
+                if any(not p.is_file() for p in require):
+                    raise _Gone
+                old = models.get(entry["name"])
+                if old is not None and old.get("last_used") and not entry.get("last_used"):
+                    entry["last_used"] = old["last_used"]
+                models[entry["name"]] = entry
+        except _Gone:
+            return False
+        return True
+
+    def prune_partials(self, max_age_s: float = PARTIAL_MAX_AGE_S) -> list[Path]:
+        """Delete downloads in ``partial/`` untouched for ``max_age_s`` (a file that changed upstream
+        leaves its old partial behind for good); an active download is written to all the time."""
+        import time
+
+        gone = []
+        cutoff = time.time() - max_age_s
+        try:
+            candidates = list(self.partial_dir.iterdir())
+        except OSError:
+            return gone
+        for path in candidates:
+            try:
+                if path.is_file() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    gone.append(path)
+            except OSError:
+                continue
+        return gone
 
     def touch(self, name: str) -> None:
         """Record that ``name`` was just used (for ``list``'s "last used"). Silent if it is not installed."""

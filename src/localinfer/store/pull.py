@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from localinfer.errors import ChecksumError, InvalidModelError, ModelNotFoundError, ResourceError, UsageError
+from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, ResourceError, UsageError
 from localinfer.store.fsutil import file_lock, fsync_dir, human_size, sha256_file
 from localinfer.store.manifest import Store
 from localinfer.store.names import (
@@ -272,6 +272,8 @@ def _pull_hub(
     from localinfer.store import hub
 
     store = Store()
+    for stale in store.prune_partials():
+        progress.note(f"deleted an unfinished download left for more than a week: {stale.name}")
     if hub_offline(offline):
         entry = store.entry(key)
         if entry is not None:
@@ -332,30 +334,36 @@ def _pull_hub(
     _memory_check(total, progress)
     _check_disk(store, need, key)
 
-    files: list[dict[str, Any]] = []
-    infos = []
-    for f, meta, size, expected in plan:
-        blob, info = _fetch_blob(store, repo=repo, filename=f, meta=meta, size=size, sha256=expected, progress=progress)
-        infos.append(info)
-        files.append({"filename": f, "sha256": expected, "size": blob.stat().st_size})
+    for _attempt in range(3):
+        files: list[dict[str, Any]] = []
+        infos = []
+        for f, meta, size, expected in plan:
+            blob, info = _fetch_blob(store, repo=repo, filename=f, meta=meta, size=size, sha256=expected, progress=progress)
+            infos.append(info)
+            files.append({"filename": f, "sha256": expected, "size": blob.stat().st_size})
 
-    load = _link_split(store, files) if len(files) > 1 else store.blob_path(files[0]["sha256"])
-    entry = entry_for_files(
-        name=key,
-        kind="store",
-        source=f"hf://{repo}/{wanted[0]}@{commit}",
-        files=files,
-        load=str(load.relative_to(store.root)),
-        info=infos[0],
-        chat_format=chat_format,
-        repo=repo,
-        revision=revision or "main",
-        commit=commit,
-        quant=quant_of(wanted[0]) or infos[0].quantization,
-    )
-    entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
-    old = store.entry(key)
-    store.put(entry)
+        load = _link_split(store, files) if len(files) > 1 else store.blob_path(files[0]["sha256"])
+        entry = entry_for_files(
+            name=key,
+            kind="store",
+            source=f"hf://{repo}/{wanted[0]}@{commit}",
+            files=files,
+            load=str(load.relative_to(store.root)),
+            info=infos[0],
+            chat_format=chat_format,
+            repo=repo,
+            revision=revision or "main",
+            commit=commit,
+            quant=quant_of(wanted[0]) or infos[0].quantization,
+        )
+        entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
+        old = store.entry(key)
+        if store.put(entry, require=[store.blob_path(rec["sha256"]) for rec in files] + [store.root / entry["load"]]):
+            break
+        # An `rm` of another model that shared these bytes deleted them between our fetch and now.
+        progress.note(f"{key}: a file was deleted meanwhile by another command; fetching it again")
+    else:
+        raise LocalInferError(f"{key}: its files kept being deleted while it was pulled", hint="run the pull again")
     if old is not None and old.get("kind") == "store":
         gc_blobs(store, [rec["sha256"] for rec in old.get("files", [])])
     progress.note(f"pulled {key} ({human_size(entry['size'])}, sha256 verified)")
@@ -464,20 +472,25 @@ def _link_split(store: Store, files: list[dict[str, Any]]) -> Path:
 
 
 def gc_blobs(store: Store, candidates: list[str]) -> int:
-    """Delete the blobs (and split links) among ``candidates`` that no manifest entry uses; bytes freed."""
-    used: set[str] = set()
-    for entry in store.entries().values():
-        if entry.get("kind") == "store":
-            used.update(rec["sha256"] for rec in entry.get("files", []))
+    """Delete the blobs (and split links) among ``candidates`` that no manifest entry uses; bytes freed.
+
+    Decided and done under the manifest lock: a pull records its entry under that lock only if its
+    files still exist (``Store.put(require=...)``), so a blob is never deleted under a new entry.
+    """
     freed = 0
-    for sha in set(candidates) - used:
-        blob = store.blob_path(sha)
-        with file_lock(store.lock_path(f"sha256-{sha}")):
-            if blob.is_file():
-                freed += blob.stat().st_size
-                blob.unlink()
-                store.forget_digest(blob)
-        links = store.links_dir / sha
-        if links.is_dir():
-            shutil.rmtree(links, ignore_errors=True)
+    with file_lock(store.lock_path("manifest")):
+        used: set[str] = set()
+        for entry in store.entries().values():
+            if entry.get("kind") == "store":
+                used.update(rec["sha256"] for rec in entry.get("files", []))
+        for sha in set(candidates) - used:
+            blob = store.blob_path(sha)
+            with file_lock(store.lock_path(f"sha256-{sha}")):
+                if blob.is_file():
+                    freed += blob.stat().st_size
+                    blob.unlink()
+                    store.forget_digest(blob)
+            links = store.links_dir / sha
+            if links.is_dir():
+                shutil.rmtree(links, ignore_errors=True)
     return freed
