@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Where decode time goes, against llama-bench: our loop, llama_decode alone, and the sampler.
+
+In one process, alternating with `llama-bench tg N @ dD` (same model, threads, depth, repacking):
+
+* loop (sampled):  the engine's generate() with the default sampler chain (tok/s over tokens after the first)
+* loop (greedy):   the same with temperature 0
+* llama_decode:    the time inside llama_decode only (GenerationStats.decode_calls_s), same runs
+* sampler:         microseconds per llama_sampler_sample call (llama.cpp builds a candidate array of
+                   the whole vocabulary for every token; llama-bench samples nothing)
+
+    .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import native  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", "-m", default=None)
+    ap.add_argument("--threads", "-t", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("-n", type=int, default=128, help="tokens generated")
+    ap.add_argument("-d", type=int, default=48, help="depth: prompt tokens in the cache before decoding")
+    args = ap.parse_args()
+    model = args.model or native.default_model()
+
+    from localinfer.engine.llama import Model, cpu_repack_enabled, llama_cpp
+    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+
+    repack = cpu_repack_enabled(None)
+    m = Model(model, LoadOptions(n_ctx=4096, n_threads=args.threads))
+    words = "Write a long story about a robot who learns to paint. Describe every painting in detail. "
+    prompt = m.tokenize(words * (args.d // 8 + 2))[: args.d]
+
+    def loop(sampling: SamplingOptions) -> tuple[float, float]:
+        m.reset()
+        st = GenerationStats()
+        for _ in m.generate(prompt, sampling, st, max_tokens=args.n + 1, ignore_eos=True):
+            pass
+        n = st.completion_tokens - 1
+        return n / st.decode_s, n / st.decode_calls_s
+
+    def sampler_us(sampling: SamplingOptions, n: int = 64) -> float:
+        m.reset()
+        m._decode(prompt)
+        chain, _ = m._sampler(sampling, prompt)
+        try:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                llama_cpp.llama_sampler_sample(chain, m._ctx, -1)
+            return (time.perf_counter() - t0) / n * 1e6
+        finally:
+            llama_cpp.llama_sampler_free(chain)
+
+    rows: dict[str, list[float]] = {"llama-bench": [], "loop (sampled)": [], "loop (greedy)": [], "llama_decode only": []}
+    for i in range(args.pairs):
+        bench = native.llama_bench(model, args.threads, 0, args.n, 1, extra_args=["-d", str(args.d)], repack=repack)["tg"][0]
+        sampled, raw1 = loop(SamplingOptions(seed=100 + i))
+        greedy, raw2 = loop(SamplingOptions(temperature=0.0))
+        rows["llama-bench"].append(bench)
+        rows["loop (sampled)"].append(sampled)
+        rows["loop (greedy)"].append(greedy)
+        rows["llama_decode only"].append(statistics.fmean((raw1, raw2)))
+        print(f"pair {i + 1}/{args.pairs}: llama-bench {bench:.2f}, sampled {sampled:.2f}, greedy {greedy:.2f}, "
+              f"llama_decode {rows['llama_decode only'][-1]:.2f} t/s", file=sys.stderr, flush=True)
+    ref = rows["llama-bench"]
+    print(f"model {model}, -t {args.threads}, tg{args.n} @ d{args.d}, repack {int(repack)}, {args.pairs} pairs, medians")
+    print("| measure | tok/s | ratio to llama-bench (median of pairs) |")
+    print("| --- | ---: | ---: |")
+    for name, vals in rows.items():
+        ratio = statistics.median(v / r for v, r in zip(vals, ref))
+        print(f"| {name} | {statistics.median(vals):.2f} | {ratio:.3f} |")
+    print(f"sampler: default chain {sampler_us(SamplingOptions(seed=1)):.0f} us/token, "
+          f"greedy {sampler_us(SamplingOptions(temperature=0.0)):.0f} us/token")
+    m.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
