@@ -186,6 +186,24 @@ def test_split_model_is_one_model(hub: FakeHub) -> None:
     assert blobs() == [] and not any((models_dir() / "links").iterdir())
 
 
+@pytest.mark.slow
+def test_a_pulled_split_model_runs_like_the_whole_file(hub: FakeHub, smollm2_path: Path, tmp_path: Path) -> None:
+    # SmolLM2 cut into two shards the way llama-gguf-split does: pulled from the Hub as one model,
+    # then loaded by llama.cpp from the store's links, it answers exactly as the single file does.
+    from ggufsplit import split_gguf
+
+    for shard in split_gguf(smollm2_path, tmp_path / "shards", "SmolLM2-135M-Instruct-Q4_1"):
+        hub.add_file("acme/Smol-Split-GGUF", shard.name, shard)
+    r = invoke("pull", "acme/Smol-Split-GGUF:Q4_1")
+    assert r.exit_code == 0, r.stderr
+    assert len(blobs()) == 2
+    args = ["-p", "The capital of France is", "--raw", "-n", "12", "--temperature", "0", "-c", "256", "-q", "--no-log"]
+    split = invoke("run", "-m", "acme/Smol-Split-GGUF:Q4_1", "--offline", *args)
+    whole = invoke("run", "-m", str(smollm2_path), *args)
+    assert split.exit_code == 0 and whole.exit_code == 0, split.stderr + whole.stderr
+    assert split.stdout == whole.stdout and "Paris" in split.stdout
+
+
 def test_incomplete_split_on_the_hub(hub: FakeHub) -> None:
     del hub.repos[SPLIT_REPO].files["big-Q6_K-00003-of-00003.gguf"]
     r = invoke("pull", f"{SPLIT_REPO}/big-Q6_K-00001-of-00003.gguf")
