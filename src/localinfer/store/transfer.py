@@ -9,10 +9,10 @@ huggingface_hub's httpx stream copies every 64 KiB chunk several times and ran a
 this path runs at 0.95x curl with the sha256 included (``benchmarks/pull_vs_curl.py``).
 
 The bytes are not fsync'ed (neither curl, huggingface_hub nor Ollama do): on a disk slower than the
-network, waiting for them cost the download a third of its speed. The manifest and the verified
-digest record (size, mtime, inode) are fsync'ed; a crash before the kernel wrote the bytes out
-leaves the blob short (ext4 brings such files back truncated), so it no longer matches its record
-and is re-hashed, and refused, before llama.cpp ever sees it.
+network, waiting for them cost the download a third of its speed. Instead, the record that says
+the file was verified (``Store.record_digest(synced=False)``) holds only until the machine restarts:
+the first use after a restart (so after any crash) hashes the file again, and a torn file is
+refused before llama.cpp ever sees it.
 
 Proxies (``HTTPS_PROXY``/``NO_PROXY``...) and redirects are urllib's; the ``Authorization`` header
 is never carried across a redirect.
@@ -43,9 +43,10 @@ MAX_RETRIES = 5  # consecutive failed attempts (without a single new byte) befor
 class Refused(Exception):
     """The server answered a final HTTP error status (not worth retrying)."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, content_range: str | None = None) -> None:
         super().__init__(f"HTTP {status}")
         self.status = status
+        self.content_range = content_range
 
 
 def fetch(
@@ -88,8 +89,20 @@ def fetch(
             try:
                 resp = _open(opener, url, headers, auth, have, timeout)
             except Refused as exc:
-                if exc.status == 416 and size is not None and have >= size:
-                    break
+                if exc.status == 416:  # nothing left at byte `have`: complete, or longer than the file
+                    total = _unsatisfied_total(exc.content_range)
+                    if total == have or (total is None and size is not None and have >= size):
+                        break  # complete: the sha256 decides
+                    sink.note(f"{what}: the partial download is longer than the file on the server; starting over")
+                    os.ftruncate(fd, 0)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    have = before = 0
+                    hasher.restart()
+                    sink.reset(0)
+                    failures += 1
+                    if failures > MAX_RETRIES:
+                        raise
+                    continue
                 if exc.status not in TRANSIENT_STATUS:
                     raise
                 resp, reason = None, str(exc)
@@ -203,8 +216,9 @@ def _open(opener, url: str, headers: dict[str, str], auth: str | None, have: int
     try:
         return opener.open(req, timeout=timeout)
     except urllib.error.HTTPError as exc:
+        content_range = exc.headers.get("Content-Range") if exc.headers is not None else None
         exc.close()
-        raise Refused(exc.code) from None
+        raise Refused(exc.code, content_range) from None
     except urllib.error.URLError as exc:
         raise _Transient(_describe(exc.reason if isinstance(exc.reason, BaseException) else exc)) from None
     except (OSError, HTTPException) as exc:
@@ -271,6 +285,12 @@ def _describe(exc: object) -> str:
 
 def _content_range_start(value: str | None) -> int | None:
     m = re.match(r"^\s*bytes\s+(\d+)-\d+/(\d+|\*)\s*$", value or "")
+    return int(m.group(1)) if m else None
+
+
+def _unsatisfied_total(value: str | None) -> int | None:
+    """N from a 416's ``Content-Range: bytes */N``."""
+    m = re.match(r"^\s*bytes\s+\*/(\d+)\s*$", value or "")
     return int(m.group(1)) if m else None
 
 
