@@ -113,3 +113,19 @@ def test_llama_cpp_facts_and_devices():
 def test_store_disk_points_at_the_model_store(isolated_home):
     store = hardware.store_disk()
     assert store["path"] == str(isolated_home / "models") and store["free_bytes"] > 0
+
+
+def test_proc_meminfo_matches_psutil():
+    import sys
+
+    import psutil
+    import pytest
+
+    from localinfer.hardware import _proc_meminfo
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("/proc/meminfo is Linux's")
+    total, available, swap_free = _proc_meminfo()
+    assert total == psutil.virtual_memory().total
+    assert abs(available - psutil.virtual_memory().available) < 256 * 2**20  # read a moment apart
+    assert abs(swap_free - psutil.swap_memory().free) < 256 * 2**20

@@ -14,9 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from localinfer.hardware import MemoryBudget
     from localinfer.store.types import ResolvedModel
 
-_started: list[tuple[str | None, ResolvedModel]] = []  # (spec as given, its resolution): at most one
+# (spec as given, its resolution, the memory measured before loading began): at most one
+_started: list[tuple[str | None, ResolvedModel, MemoryBudget]] = []
 
 
 def start(spec: str | None) -> None:
@@ -29,20 +31,33 @@ def start(spec: str | None) -> None:
         resolved = resolve_installed(spec)
         if resolved is None:
             return
+        from localinfer.hardware import memory_budget
+
+        # Measured before the weights start loading, and used by the real pre-flight too: a load in
+        # progress (repacked weights are new memory) would make memory look smaller. A model whose
+        # weights alone take most of the memory is not loaded ahead: the pre-flight decides first.
+        budget = memory_budget()
+        if resolved.info.file_size > 0.75 * budget.ram_available:
+            return
         from localinfer.engine.llama import preload_model
 
         if preload_model(resolved.path):
-            _started.append((spec, resolved))
+            _started.append((spec, resolved, budget))
     except Exception:  # noqa: BLE001 - only a head start: the real resolve and load report problems
         return
 
 
 def resolved(spec: str | None) -> ResolvedModel | None:
     """The resolution ``start`` made of ``spec``, if it started one for exactly ``spec``."""
-    for given, res in _started:
+    for given, res, _budget in _started:
         if given == spec:
             return res
     return None
+
+
+def budget() -> MemoryBudget | None:
+    """The memory measured before the load ahead began (for the pre-flight), if one began."""
+    return _started[0][2] if _started else None
 
 
 def settle() -> None:

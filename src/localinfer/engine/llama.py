@@ -367,9 +367,14 @@ def preload_model(path: str | os.PathLike, options: LoadOptions = LoadOptions())
 
 
 def settle_preload() -> None:
-    """Wait for a load still running ahead (llama.cpp must not be mid-load when the process exits)."""
+    """Wait for a load still running ahead: llama.cpp must not be mid-load when the interpreter exits
+    (its exit-time cleanup would run under the loading thread). A second Ctrl-C does not cut this short."""
     for pre in _preloaded:
-        pre.thread.join()
+        while pre.thread.is_alive():
+            try:
+                pre.thread.join()
+            except KeyboardInterrupt:
+                continue
 
 
 class Model:
@@ -386,8 +391,9 @@ class Model:
         self._ctx = None
         model, ahead_s = None, 0.0
         if _preloaded:  # a load started ahead (preload_model): taken if it is this one
-            pre = _preloaded.pop()
+            pre = _preloaded[0]
             model = pre.take(_params_key(self.path, mparams))
+            _preloaded.clear()  # only now: interrupted while waiting, settle_preload() still waits
             if model is not None:
                 log_start, ahead_s = pre.log_start, pre.seconds
                 t0 = time.perf_counter()  # the wait for it is part of ahead_s
