@@ -11,7 +11,7 @@ the median ratio is what the verdict uses (the machine is shared, single rounds 
     .venv/bin/python benchmarks/bench_vs_llama_bench.py --model /path/to/model.gguf --json
 
 llama-bench runs with ``--repack 0`` wherever our engine disables weight repacking (CPUs with
-AMX, see ``localinfer.engine.llama.cpu_repack_enabled``), so both use the same kernels.
+AMX, see ``localinfer.engine.backend.cpu_repack_enabled``), so both use the same kernels.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     model = args.model or native.default_model()
 
-    from localinfer.engine.llama import cpu_repack_enabled
+    from localinfer.engine.backend import cpu_repack_enabled
 
     repack = cpu_repack_enabled(None)
     rounds = []

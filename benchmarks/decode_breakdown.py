@@ -36,7 +36,8 @@ def main() -> int:
     args = ap.parse_args()
     model = args.model or native.default_model()
 
-    from localinfer.engine.llama import Model, cpu_repack_enabled, llama_cpp
+    from localinfer.engine.backend import cpu_repack_enabled, llama_cpp
+    from localinfer.engine.llama import Model
     from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 
     repack = cpu_repack_enabled(None)

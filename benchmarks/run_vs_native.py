@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pkg = byte_compile_localinfer()
     _progress(f"byte-compiled {pkg} (as pip install does)")
-    from localinfer.engine.llama import cpu_repack_enabled
+    from localinfer.engine.backend import cpu_repack_enabled
 
     repack = cpu_repack_enabled(None)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]

@@ -100,12 +100,13 @@ def test_mlock_locks_the_weights(smollm2_path):
         return int(re.search(r"VmLck:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
 
     before = locked()
-    from localinfer.engine import llama as engine
+    from localinfer.engine import backend as engine
 
-    start = engine._ensure_backend(False).seq
+    log = engine.ensure_backend(False)
+    start = log.seq
     model = Model(smollm2_path, LoadOptions(n_ctx=256, use_mlock=True))
     try:
-        warned = any("mlock" in text for _, text in engine._log.since(start))
+        warned = any("mlock" in text for _, text in log.since(start))
         # either the pages are locked, or llama.cpp said why it could not (RLIMIT_MEMLOCK)
         assert locked() - before >= 90 * 2**20 or warned
     finally:

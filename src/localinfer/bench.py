@@ -333,7 +333,7 @@ def build_version() -> str:
 
 
 def backend_name(n_gpu_layers: int) -> str:
-    from localinfer.engine.llama import supports_gpu_offload, system_info
+    from localinfer.engine.backend import supports_gpu_offload, system_info
 
     if n_gpu_layers == 0 or not supports_gpu_offload():
         return "CPU"

@@ -292,7 +292,7 @@ _BUILD_FEATURES = frozenset({"LLAMAFILE", "OPENMP", "REPACK", "KLEIDIAI", "ACCEL
 def llama_facts() -> dict:
     """What the installed llama-cpp-python was built with; {"error": ...} if it does not import."""
     try:
-        from localinfer.engine import llama as engine
+        from localinfer.engine import backend as engine
     except Exception as exc:  # noqa: BLE001 - a broken install is exactly what doctor must report
         return {"error": f"{type(exc).__name__}: {exc}"}
     from localinfer.engine.bindings import version

@@ -163,7 +163,7 @@ def _default_parallel(n_pending: int, resolved, ctx_per_seq: int, base) -> int:
     import psutil
 
     from localinfer import batchjob
-    from localinfer.engine.llama import default_threads
+    from localinfer.engine.backend import default_threads
 
     per_token = batchjob.kv_bytes_per_token(resolved, base.cache_type_k, base.cache_type_v)
     available = max(0, psutil.virtual_memory().available - resolved.info.file_size)

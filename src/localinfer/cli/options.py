@@ -53,7 +53,7 @@ def parse_gpu_layers(value: str) -> int:
     if v == "all":
         return -1
     if v == "auto":
-        from localinfer.engine.llama import supports_gpu_offload
+        from localinfer.engine.backend import supports_gpu_offload
         from localinfer.estimate import GPU_LAYERS_AUTO
 
         return GPU_LAYERS_AUTO if supports_gpu_offload() else 0

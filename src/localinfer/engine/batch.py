@@ -26,7 +26,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from localinfer.engine.llama import Model, llama_cpp
+from localinfer.engine.backend import llama_cpp
+from localinfer.engine.llama import Model
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, SamplingOptions
 from localinfer.errors import GenerationError, ResourceError

@@ -1,4 +1,5 @@
-"""The only module that talks to llama.cpp (through llama-cpp-python's low-level bindings).
+"""Loading GGUF models into llama.cpp and generating with them (through llama-cpp-python's
+low-level bindings; process-wide state and machine facts are in ``engine.backend``).
 
 We drive llama.cpp directly - one batch per decode, the native sampler chain, our own KV-cache
 bookkeeping - instead of going through ``llama_cpp.Llama``: it keeps the per-token overhead near
@@ -8,18 +9,24 @@ zero, lets us time prefill and decode exactly, and reuse the cache across chat t
 from __future__ import annotations
 
 import codecs
-import collections
-import contextlib
 import ctypes
 import os
-import re
 import secrets
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from localinfer.engine import bindings as _bindings
+from localinfer.engine.backend import (
+    cpu_repack_enabled,
+    default_threads,
+    ensure_backend,
+    llama_cpp,
+    load_mode,
+    stdout_to_stderr,
+    supports_gpu_offload,
+)
+from localinfer.engine.load_errors import diagnose_load_failure
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import (
     DEFAULT_CTX_CEILING,
@@ -28,9 +35,7 @@ from localinfer.engine.types import (
     SamplingOptions,
     Step,
 )
-from localinfer.errors import GenerationError, InvalidModelError, ModelLoadError, ResourceError, UsageError
-
-llama_cpp = _bindings.bindings()  # the C API only: not the package's numpy/jinja2-importing __init__
+from localinfer.errors import GenerationError, ResourceError
 
 _CACHE_TYPES = {
     "f32": llama_cpp.GGML_TYPE_F32,
@@ -52,258 +57,11 @@ _FLASH_ATTN = {
 _LOG_WARN, _LOG_ERROR = 3, 4  # ggml_log_level
 
 
-class _LlamaLog:
-    """llama.cpp's log, captured (for error messages) and echoed to stderr only when verbose.
-
-    llama.cpp has one process-wide log callback, so this is the one piece of process state we keep.
-    """
-
-    def __init__(self) -> None:
-        self.lines: collections.deque[str] = collections.deque(maxlen=400)
-        # Warnings, errors and memory figures, kept apart: a load logs thousands of debug lines that
-        # would push them out of ``lines``. (seq, level, text); ``seq`` counts every line logged.
-        self.notable: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=512)
-        self.seq = 0
-        self.echo = False
-        self._callback = llama_cpp.llama_log_callback(self._on_log)
-        _bindings.set_log_callback(self._callback)
-
-    def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        try:
-            message = text.decode("utf-8", errors="replace")
-        except Exception:  # noqa: BLE001 - never raise into C
-            return
-        self.lines.append(message)
-        self.seq += 1
-        if level in (_LOG_WARN, _LOG_ERROR) or "buffer size =" in message or "offloaded" in message:
-            self.notable.append((self.seq, level, message))
-        if self.echo:
-            try:
-                sys.stderr.write(message)
-            except Exception:  # noqa: BLE001
-                pass
-
-    def tail(self, n: int = 40) -> str:
-        return "".join(list(self.lines)[-n:])
-
-    def since(self, seq: int) -> list[tuple[int, str]]:
-        """(level, text) of the notable lines logged after line number ``seq``."""
-        return [(level, text) for s, level, text in self.notable if s > seq]
-
-
-_log: _LlamaLog | None = None
-
-
-def _ensure_backend(verbose: bool) -> _LlamaLog:
-    global _log
-    if _log is None:
-        _log = _LlamaLog()
-        llama_cpp.llama_backend_init()
-    _log.echo = verbose
-    return _log
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """While llama.cpp loads, anything it prints on fd 1 goes to fd 2: stdout is for the model's text."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError):
-        yield
-        return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def default_threads() -> int:
-    """Physical cores (what llama.cpp recommends); logical cores when that is unknown."""
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-def supports_gpu_offload() -> bool:
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def system_info() -> str:
-    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
-
-
-_DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
-
-
-def _ggml():
-    """ggml's C API for backends and devices (not bound by llama-cpp-python; same library, via ctypes)."""
-    lib = llama_cpp._lib
-    if not hasattr(lib, "ggml_backend_dev_count"):  # Windows: symbols of a dependency are not visible
-        from llama_cpp._ctypes_extensions import load_shared_library
-
-        lib = load_shared_library("ggml", llama_cpp._base_path)
-    p = ctypes.c_void_p
-    for name, res, args in (
-        ("ggml_backend_reg_count", ctypes.c_size_t, []),
-        ("ggml_backend_reg_get", p, [ctypes.c_size_t]),
-        ("ggml_backend_reg_name", ctypes.c_char_p, [p]),
-        ("ggml_backend_dev_count", ctypes.c_size_t, []),
-        ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
-        ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
-        ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
-        ("ggml_backend_dev_type", ctypes.c_int, [p]),
-        ("ggml_backend_dev_memory", None, [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
-    ):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
-
-
-def backends() -> list[str]:
-    """Backends compiled into this llama-cpp-python (``["CUDA", "CPU"]``, ``["Metal", "BLAS", "CPU"]``)."""
-    _ensure_backend(False)
-    try:
-        lib = _ggml()
-        return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
-    except (AttributeError, OSError, RuntimeError):
-        return []
-
-
-def devices() -> list[dict]:
-    """The devices llama.cpp can use: name, description, type (cpu/gpu/igpu/accel), free and total bytes."""
-    _ensure_backend(False)
-    try:
-        lib = _ggml()
-    except (AttributeError, OSError, RuntimeError):
-        return []
-    out = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(
-            {
-                "name": (lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
-                "description": (lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
-                "type": _DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
-                "free_bytes": int(free.value),
-                "total_bytes": int(total.value),
-            }
-        )
-    return out
-
-
-def _load_mode(use_mmap: bool, use_mlock: bool) -> int:
-    if use_mmap:
-        return llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK if use_mlock else llama_cpp.LLAMA_LOAD_MODE_MMAP
-    return llama_cpp.LLAMA_LOAD_MODE_MLOCK if use_mlock else llama_cpp.LLAMA_LOAD_MODE_NONE
-
-
-def cpu_has_amx() -> bool:
-    return "AMX_INT8 = 1" in system_info()
-
-
-def cpu_repack_enabled(requested: bool | None) -> bool:
-    """Whether llama.cpp may repack weights into CPU "extra" buffers (AMX, AVX/ARM repack).
-
-    Default: on, except on CPUs with AMX, where llama.cpp's AMX matmul segfaults on the first
-    batched decode (ggml-org/llama.cpp#20824, seen here with SmolLM2 Q4_1 on Sapphire Rapids).
-    ``LOCALINFER_CPU_REPACK=1|0`` or ``--cpu-repack/--no-cpu-repack`` decide explicitly.
-    """
-    if requested is not None:
-        return requested
-    env = os.environ.get("LOCALINFER_CPU_REPACK", "").strip().lower()
-    if env in ("1", "true", "yes", "on"):
-        return True
-    if env in ("0", "false", "no", "off"):
-        return False
-    return not cpu_has_amx()
-
-
-_MEMORY_MARKERS = (
-    "insufficient memory",
-    "failed to allocate",
-    "out of memory",
-    "unable to allocate",
-    "cannot allocate",
-    "cudamalloc failed",
-    "erroroutofdevicememory",
-)
-_ARCH_MARKERS = ("unknown model architecture", "unsupported model architecture")
-_BAD_FILE_MARKERS = (
-    "not within the file bounds",
-    "corrupted or incomplete",
-    "key not found in model",
-    "wrong shape",
-    "wrong number of tensors",
-    "missing tensor",
-    "failed to read",
-    "unexpectedly reached end of file",
-    "gguf_init_from_file",
-    "invalid magic",
-    "error loading model hyperparameters",
-    "error loading model vocabulary",
-    "is not of the expected type",
-    "has wrong type",
-)
-_PREFIX = re.compile(r"^(?:[~\w.]+: |error loading model: )+")
-
-
-def _reason(line: str) -> str:
-    """llama.cpp's log line without its ``function: `` prefixes."""
-    return _PREFIX.sub("", line.strip()) or line.strip()
-
-
-def _diagnose_load_failure(log: _LlamaLog, path: Path, what: str, since: int = 0) -> Exception:
-    """One line saying why llama.cpp refused: memory (exit 6), a bad file (exit 4), or else (exit 1)."""
-    errors = [text.strip() for level, text in log.since(since) if level == _LOG_ERROR and text.strip()]
-    if not errors:  # no error-level line: fall back on whatever was logged last
-        errors = [ln.strip() for ln in list(log.lines)[-60:] if ln.strip()]
-    low = [e.lower() for e in errors]
-
-    def first(markers: tuple[str, ...]) -> str | None:
-        for line, lower in zip(errors, low):
-            if any(m in lower for m in markers):
-                return line
-        return None
-
-    if first(_MEMORY_MARKERS):
-        sizes = [int(m.group(1)) for e in errors if (m := re.search(r"buffer of size (\d+)", e))]
-        amount = f" {max(sizes) / 1e9:.1f} GB" if sizes else ""
-        return ResourceError(
-            f"not enough memory to {what} {path.name}: llama.cpp could not allocate{amount} ({_reason(errors[-1])})",
-            hint="try a smaller --ctx-size, a quantized KV cache (--cache-type-k/v q8_0), fewer --gpu-layers, "
-            "or a smaller quantization",
-        )
-    line = first(("requires flash_attn",))
-    if line:
-        return UsageError(f"llama.cpp refused the options: {_reason(line)}", hint="use --flash-attn on (or auto)")
-    line = first(_ARCH_MARKERS)
-    if line:
-        return InvalidModelError(
-            f"{path.name}: this llama.cpp build does not support the model's architecture ({_reason(line)})",
-            hint="upgrade llama-cpp-python, or pick another model",
-        )
-    line = first(_BAD_FILE_MARKERS)
-    if line:
-        return InvalidModelError(
-            f"{path.name} is not a usable model: {_reason(line)}",
-            hint="the file may be incomplete or damaged; pull it again (localinfer pull) or check its source",
-        )
-    detail = _reason(first(("error loading model",)) or errors[0]) if errors else "no details in llama.cpp's log"
-    return ModelLoadError(
-        f"llama.cpp could not {what} {path.name}: {detail}",
-        hint="run with --verbose to see llama.cpp's log",
-    )
-
 
 def _model_params(options: LoadOptions):  # noqa: ANN202 - a ctypes struct
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 2**31 - 1
-    mparams.load_mode = _load_mode(options.use_mmap, options.use_mlock)
+    mparams.load_mode = load_mode(options.use_mmap, options.use_mlock)
     mparams.use_extra_bufts = cpu_repack_enabled(options.cpu_repack)
     return mparams
 
@@ -318,7 +76,7 @@ class _Preload:
     def __init__(self, path: Path, options: LoadOptions) -> None:
         import threading
 
-        self.log = _ensure_backend(options.verbose)
+        self.log = ensure_backend(options.verbose)
         self.log_start = self.log.seq
         mparams = _model_params(options)
         self.key = _params_key(path, mparams)
@@ -334,7 +92,7 @@ class _Preload:
     def _run(self, path: Path, mparams) -> None:  # noqa: ANN001
         t0 = time.perf_counter()
         try:
-            with _stdout_to_stderr():
+            with stdout_to_stderr():
                 self.model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams) or None
         finally:
             self.seconds = time.perf_counter() - t0
@@ -383,7 +141,7 @@ class Model:
     def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
         self.options = options
-        log = _ensure_backend(options.verbose)
+        log = ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()
         mparams = _model_params(options)
@@ -398,10 +156,10 @@ class Model:
                 log_start, ahead_s = pre.log_start, pre.seconds
                 t0 = time.perf_counter()  # the wait for it is part of ahead_s
         if model is None:
-            with _stdout_to_stderr():
+            with stdout_to_stderr():
                 model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
         if not model:
-            raise _diagnose_load_failure(log, self.path, "load", log_start)
+            raise diagnose_load_failure(log, self.path, "load", log_start)
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
@@ -418,10 +176,10 @@ class Model:
         cparams.type_k = _CACHE_TYPES[options.cache_type_k]
         cparams.type_v = _CACHE_TYPES[options.cache_type_v]
         cparams.no_perf = True
-        with _stdout_to_stderr():
+        with stdout_to_stderr():
             ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
-            err = _diagnose_load_failure(log, self.path, "create a context for", log_start)
+            err = diagnose_load_failure(log, self.path, "create a context for", log_start)
             llama_cpp.llama_model_free(model)
             self._model = None
             raise err

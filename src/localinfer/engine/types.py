@@ -26,7 +26,7 @@ class LoadOptions:
     cache_type_v: str = "f16"
     use_mmap: bool = True
     use_mlock: bool = False
-    cpu_repack: bool | None = None  # None: on, except on AMX CPUs (see engine.llama.cpu_repack_enabled)
+    cpu_repack: bool | None = None  # None: on, except on AMX CPUs (see engine.backend.cpu_repack_enabled)
     verbose: bool = False  # llama.cpp's log to stderr (it is always captured for error messages)
 
 

@@ -1,0 +1,194 @@
+"""llama.cpp's process-wide state and what it says about this machine.
+
+The bindings (without llama-cpp-python's numpy-importing ``__init__``), the one log callback that
+captures llama.cpp's log, backend initialisation, and the build's facts: system info, backends,
+devices, GPU offload, AMX and weight repacking, physical cores. ``engine.llama`` loads and runs
+models on top of this.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import os
+import sys
+from collections.abc import Iterator
+
+from localinfer.engine import bindings as _bindings
+
+llama_cpp = _bindings.bindings()  # the C API only: not the package's numpy/jinja2-importing __init__
+
+_LOG_WARN, _LOG_ERROR = 3, 4  # ggml_log_level
+
+
+class LlamaLog:
+    """llama.cpp's log, captured (for error messages) and echoed to stderr only when verbose.
+
+    llama.cpp has one process-wide log callback, so this is the one piece of process state we keep.
+    """
+
+    def __init__(self) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=400)
+        # Warnings, errors and memory figures, kept apart: a load logs thousands of debug lines that
+        # would push them out of ``lines``. (seq, level, text); ``seq`` counts every line logged.
+        self.notable: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=512)
+        self.seq = 0
+        self.echo = False
+        self._callback = llama_cpp.llama_log_callback(self._on_log)
+        _bindings.set_log_callback(self._callback)
+
+    def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        try:
+            message = text.decode("utf-8", errors="replace")
+        except Exception:  # noqa: BLE001 - never raise into C
+            return
+        self.lines.append(message)
+        self.seq += 1
+        if level in (_LOG_WARN, _LOG_ERROR) or "buffer size =" in message or "offloaded" in message:
+            self.notable.append((self.seq, level, message))
+        if self.echo:
+            try:
+                sys.stderr.write(message)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def tail(self, n: int = 40) -> str:
+        return "".join(list(self.lines)[-n:])
+
+    def since(self, seq: int) -> list[tuple[int, str]]:
+        """(level, text) of the notable lines logged after line number ``seq``."""
+        return [(level, text) for s, level, text in self.notable if s > seq]
+
+
+_log: LlamaLog | None = None
+
+
+def ensure_backend(verbose: bool) -> LlamaLog:
+    global _log
+    if _log is None:
+        _log = LlamaLog()
+        llama_cpp.llama_backend_init()
+    _log.echo = verbose
+    return _log
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """While llama.cpp loads, anything it prints on fd 1 goes to fd 2: stdout is for the model's text."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def default_threads() -> int:
+    """Physical cores (what llama.cpp recommends); logical cores when that is unknown."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+_DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
+
+
+def _ggml():
+    """ggml's C API for backends and devices (not bound by llama-cpp-python; same library, via ctypes)."""
+    lib = llama_cpp._lib
+    if not hasattr(lib, "ggml_backend_dev_count"):  # Windows: symbols of a dependency are not visible
+        from llama_cpp._ctypes_extensions import load_shared_library
+
+        lib = load_shared_library("ggml", llama_cpp._base_path)
+    p = ctypes.c_void_p
+    for name, res, args in (
+        ("ggml_backend_reg_count", ctypes.c_size_t, []),
+        ("ggml_backend_reg_get", p, [ctypes.c_size_t]),
+        ("ggml_backend_reg_name", ctypes.c_char_p, [p]),
+        ("ggml_backend_dev_count", ctypes.c_size_t, []),
+        ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
+        ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
+        ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
+        ("ggml_backend_dev_type", ctypes.c_int, [p]),
+        ("ggml_backend_dev_memory", None, [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
+    ):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+def backends() -> list[str]:
+    """Backends compiled into this llama-cpp-python (``["CUDA", "CPU"]``, ``["Metal", "BLAS", "CPU"]``)."""
+    ensure_backend(False)
+    try:
+        lib = _ggml()
+        return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
+    except (AttributeError, OSError, RuntimeError):
+        return []
+
+
+def devices() -> list[dict]:
+    """The devices llama.cpp can use: name, description, type (cpu/gpu/igpu/accel), free and total bytes."""
+    ensure_backend(False)
+    try:
+        lib = _ggml()
+    except (AttributeError, OSError, RuntimeError):
+        return []
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(
+            {
+                "name": (lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
+                "description": (lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+                "type": _DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
+                "free_bytes": int(free.value),
+                "total_bytes": int(total.value),
+            }
+        )
+    return out
+
+
+def load_mode(use_mmap: bool, use_mlock: bool) -> int:
+    if use_mmap:
+        return llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK if use_mlock else llama_cpp.LLAMA_LOAD_MODE_MMAP
+    return llama_cpp.LLAMA_LOAD_MODE_MLOCK if use_mlock else llama_cpp.LLAMA_LOAD_MODE_NONE
+
+
+def cpu_has_amx() -> bool:
+    return "AMX_INT8 = 1" in system_info()
+
+
+def cpu_repack_enabled(requested: bool | None) -> bool:
+    """Whether llama.cpp may repack weights into CPU "extra" buffers (AMX, AVX/ARM repack).
+
+    Default: on, except on CPUs with AMX, where llama.cpp's AMX matmul segfaults on the first
+    batched decode (ggml-org/llama.cpp#20824, seen here with SmolLM2 Q4_1 on Sapphire Rapids).
+    ``LOCALINFER_CPU_REPACK=1|0`` or ``--cpu-repack/--no-cpu-repack`` decide explicitly.
+    """
+    if requested is not None:
+        return requested
+    env = os.environ.get("LOCALINFER_CPU_REPACK", "").strip().lower()
+    if env in ("1", "true", "yes", "on"):
+        return True
+    if env in ("0", "false", "no", "off"):
+        return False
+    return not cpu_has_amx()
+
