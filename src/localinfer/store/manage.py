@@ -114,7 +114,7 @@ class Removal:
 
 def remove_model(name: str) -> Removal:
     """Forget ``name``; delete its blobs unless another model uses them. In-place files are never deleted."""
-    from localinfer.store.pull import gc_blobs
+    from localinfer.store.blobs import gc_blobs
 
     store = Store()
     with store.edit() as models:
