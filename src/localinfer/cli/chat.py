@@ -74,7 +74,9 @@ def chat(
         from localinfer.cli.chat_repl import run_lines, run_repl
 
         settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
-        interactive = _isatty(sys.stdin) and _isatty(sys.stdout)
+        from localinfer.render.term import is_tty
+
+        interactive = is_tty(sys.stdin) and is_tty(sys.stdout)
         session = ChatSession(
             load_opts=load_opts,
             offline=offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false"),
@@ -96,13 +98,6 @@ def chat(
 
 def register(app: typer.Typer) -> None:
     app.command(name="chat")(chat)
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return stream is not None and stream.isatty()
-    except (ValueError, AttributeError):
-        return False
 
 
 def _stdin_lines() -> TextIO:

@@ -3,20 +3,14 @@ seconds otherwise) and the summary at the end."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
+from localinfer.render.term import styled, write_line
 
 if TYPE_CHECKING:
     from localinfer.batchjob import BatchSummary
 
-
-def _is_tty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (ValueError, AttributeError):
-        return False
 
 
 def _duration(seconds: float | None) -> str:
@@ -59,7 +53,7 @@ class PlainBatchProgress:
         if now - self._last < self.interval or summary.done >= total:
             return
         self._last = now
-        _write(self.stream, progress_line(summary, total))
+        write_line(self.stream, progress_line(summary, total))
 
     def close(self) -> None:
         pass
@@ -98,7 +92,7 @@ class RichBatchProgress:
 
 def make_progress(total: int, stream: TextIO | None = None) -> Any:
     stream = stream or sys.stderr
-    if _is_tty(stream) and not os.environ.get("NO_COLOR"):
+    if styled(stream):
         return RichBatchProgress(total, stream)
     return PlainBatchProgress(stream)
 
@@ -126,12 +120,6 @@ def summary_lines(summary: BatchSummary, model: str | None = None) -> list[str]:
 def print_summary(summary: BatchSummary, model: str | None = None, stream: TextIO | None = None) -> None:
     stream = stream or sys.stderr
     for line in summary_lines(summary, model):
-        _write(stream, line)
+        write_line(stream, line)
 
 
-def _write(stream: TextIO, text: str) -> None:
-    try:
-        stream.write(text + "\n")
-        stream.flush()
-    except (OSError, ValueError):
-        pass

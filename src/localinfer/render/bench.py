@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from localinfer.cost import Pricing, format_money
+from localinfer.render.term import is_tty
 
 FORMATS = ("table", "json", "jsonl", "csv", "md")
 
@@ -131,12 +132,6 @@ def csv_text(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
     return buf.getvalue()
 
 
-def _is_tty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (ValueError, AttributeError):
-        return False
-
 
 def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], stream: TextIO | None = None, title: str | None = None) -> None:
     """A Rich table; plain (no ANSI) when the stream is not a terminal or NO_COLOR is set."""
@@ -144,7 +139,7 @@ def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], str
     from rich.table import Table
 
     stream = stream or sys.stdout
-    tty = _is_tty(stream)
+    tty = is_tty(stream)
     console = Console(
         file=stream,
         highlight=False,

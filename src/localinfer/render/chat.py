@@ -6,10 +6,10 @@ clean. No Rich here: the REPL prints a line per turn and must not pay Rich's imp
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, TextIO
 
-from localinfer.render.stats import human_bytes
+from localinfer.render.term import styled
+from localinfer.units import human_bytes
 from localinfer.units import human_duration as ms
 from localinfer.units import human_rate as tps
 
@@ -35,14 +35,6 @@ Input:
   pasted text keeps its lines. //text sends a message that starts with "/".
   Ctrl-C stops an answer (what was written is kept) or clears the line.'''
 
-
-def styled(stream: TextIO) -> bool:
-    if os.environ.get("NO_COLOR"):
-        return False
-    try:
-        return stream.isatty()
-    except (ValueError, AttributeError):
-        return False
 
 
 def dim(text: str, stream: TextIO) -> str:

@@ -11,15 +11,10 @@ import sys
 import time
 from typing import Any, TextIO
 
-from localinfer.store.fsutil import human_size
+from localinfer.render.term import is_tty, write_line
+from localinfer.units import human_bytes as human_size
 
 
-def _write(stream: TextIO, text: str) -> None:
-    try:
-        stream.write(text + "\n")
-        stream.flush()
-    except (OSError, ValueError):
-        pass
 
 
 class PlainProgress:
@@ -42,14 +37,14 @@ class PlainProgress:
         self._active = True
         size = human_size(total) if total is not None else "unknown size"
         resumed = f", resuming at {human_size(completed)}" if completed else ""
-        _write(self.stream, f"{label}: {size}{resumed}")
+        write_line(self.stream, f"{label}: {size}{resumed}")
 
     def advance(self, nbytes: int) -> None:
         self._done += nbytes
         now = time.monotonic()
         if now - self._last >= self.interval:
             self._last = now
-            _write(self.stream, f"{self._label}: {self._status(now)}")
+            write_line(self.stream, f"{self._label}: {self._status(now)}")
 
     def reset(self, completed: int) -> None:
         self._done = self._start_done = completed
@@ -76,14 +71,14 @@ class PlainProgress:
         now = time.monotonic()
         elapsed = max(now - self._t0, 1e-9)
         moved = self._done - self._start_done
-        _write(
+        write_line(
             self.stream,
             f"{self._label}: done, {human_size(self._done)} in {_duration(elapsed)}"
             + (f" ({human_size(moved / elapsed)}/s)" if moved else ""),
         )
 
     def note(self, message: str) -> None:
-        _write(self.stream, message)
+        write_line(self.stream, message)
 
 
 class RichProgress:
@@ -169,10 +164,7 @@ def _duration(seconds: float) -> str:
 def make_progress(stream: TextIO | None = None) -> PlainProgress | RichProgress:
     """A Rich bar when ``stream`` (stderr by default) is a terminal, plain lines otherwise."""
     stream = stream or sys.stderr
-    try:
-        tty = stream.isatty()
-    except (ValueError, AttributeError):
-        tty = False
+    tty = is_tty(stream)
     if tty and os.environ.get("TERM") != "dumb":
         return RichProgress(None if stream is sys.stderr else stream)
     return PlainProgress(stream)

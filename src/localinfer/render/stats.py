@@ -5,9 +5,10 @@ Plain text when stderr is not a terminal or NO_COLOR is set; Rich styling (dim) 
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, TextIO
+
+from localinfer.render.term import styled
 from localinfer.units import human_bytes
 from localinfer.units import human_duration as _ms
 from localinfer.units import human_rate as _tps
@@ -15,14 +16,6 @@ from localinfer.units import human_rate as _tps
 if TYPE_CHECKING:
     from localinfer.inference import Result
 
-
-def _styled(stream: TextIO) -> bool:
-    if os.environ.get("NO_COLOR"):
-        return False
-    try:
-        return stream.isatty()
-    except (ValueError, AttributeError):
-        return False
 
 
 
@@ -50,7 +43,7 @@ def print_summary(result: Result, *, verbose: bool = False, stream: TextIO | Non
     stream = stream or sys.stderr
     if not verbose:
         line = summary_line(result)
-        if _styled(stream):
+        if styled(stream):
             from rich.console import Console
 
             Console(file=stream, highlight=False).print(line, style="dim", markup=False, soft_wrap=True)
@@ -119,7 +112,7 @@ def _memory_note(result: Result) -> str:
 
 def print_table(result: Result, stream: TextIO) -> None:
     rows = _rows(result)
-    if not _styled(stream):
+    if not styled(stream):
         width = max(len(k) for k, _ in rows)
         stream.write("".join(f"{k:<{width}}  {v}\n" for k, v in rows))
         stream.flush()
@@ -138,7 +131,7 @@ def print_table(result: Result, stream: TextIO) -> None:
 def warn(message: str, stream: TextIO | None = None) -> None:
     """One warning line on stderr."""
     stream = stream or sys.stderr
-    if _styled(stream):
+    if styled(stream):
         stream.write(f"\x1b[33mwarning:\x1b[0m {message}\n")
     else:
         stream.write(f"warning: {message}\n")

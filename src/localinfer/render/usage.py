@@ -9,6 +9,7 @@ import sys
 from typing import Any, TextIO
 
 from localinfer.cost import format_money
+from localinfer.render.term import is_tty
 
 _BLOCKS = " ▏▎▍▌▋▊▉█"
 BAR_WIDTH = 30
@@ -43,10 +44,7 @@ def _pair(a: float | None, b: float | None, fmt: str = "{:.0f}") -> str:
 def _console(stream: TextIO):
     from rich.console import Console
 
-    try:
-        tty = stream.isatty()
-    except (ValueError, AttributeError):
-        tty = False
+    tty = is_tty(stream)
     no_color = bool(os.environ.get("NO_COLOR")) or not tty
     return Console(file=stream, highlight=False, no_color=no_color, force_terminal=tty and not no_color, width=None if tty else 200)
 
