@@ -33,6 +33,7 @@ from localinfer.store.resolve import (
     hub_offline,
     install_from_package,
     read_header,
+    read_local_file,
     verify_file,
 )
 from localinfer.store.types import ProgressSink
@@ -131,14 +132,8 @@ def _default_alias(path: Path) -> str:
 
 
 def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSink) -> dict[str, Any]:
-    path = parsed.path
-    assert path is not None
-    if not path.exists():
-        raise ModelNotFoundError(f"no such file: {parsed.raw}", hint="check the path")
-    if path.is_dir():
-        raise InvalidModelError(f"{parsed.raw} is a directory, not a GGUF file")
+    path, info = read_local_file(parsed)  # refuse non-GGUF / hostile files before anything is recorded
     path = path.resolve()
-    info = read_header(path)  # refuse non-GGUF / hostile files before anything is recorded
     key = name or alias_name(_default_alias(path))
     from localinfer.registry import load_registry
 

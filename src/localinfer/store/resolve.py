@@ -211,14 +211,20 @@ def resolve_entry(
     )
 
 
-def _resolve_path(spec: ModelSpec, store: Store) -> ResolvedModel:
+def read_local_file(spec: ModelSpec) -> tuple[Path, GGUFInfo]:
+    """The local file a path spec names and its header: missing, a directory, or not a sound GGUF
+    is refused here, before the file is used or registered."""
     path = spec.path
     assert path is not None
     if not path.exists():
         raise ModelNotFoundError(f"no such file: {spec.raw}", hint="check the path")
     if path.is_dir():
         raise InvalidModelError(f"{spec.raw} is a directory, not a GGUF file")
-    info = read_header(path)
+    return path, read_header(path)
+
+
+def _resolve_path(spec: ModelSpec, store: Store) -> ResolvedModel:
+    path, info = read_local_file(spec)
     return ResolvedModel(
         name=spec.raw,
         path=path,

@@ -94,11 +94,7 @@ def fetch(
                     if total == have or (total is None and size is not None and have >= size):
                         break  # complete: the sha256 decides
                     sink.note(f"{what}: the partial download is longer than the file on the server; starting over")
-                    os.ftruncate(fd, 0)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    have = before = 0
-                    hasher.restart()
-                    sink.reset(0)
+                    have = before = _start_over(fd, hasher, sink)
                     failures += 1
                     if failures > MAX_RETRIES:
                         raise
@@ -113,11 +109,7 @@ def fetch(
                     if have and resp.status == 200:
                         # Range ignored: the body is the whole file. Start over, cleanly.
                         sink.note(f"{what}: the server ignored the resume request, downloading from the start")
-                        os.ftruncate(fd, 0)
-                        os.lseek(fd, 0, os.SEEK_SET)
-                        have = before = 0
-                        hasher.restart()
-                        sink.reset(0)
+                        have = before = _start_over(fd, hasher, sink)
                     elif have and _content_range_start(resp.headers.get("Content-Range")) != have:
                         raise NetworkError(
                             f"the server resumed {what} at the wrong byte (asked for {have})",
@@ -159,6 +151,15 @@ def fetch(
             hasher.close()
         os.close(fd)
         sink.finish()
+
+
+def _start_over(fd: int, hasher: _Hasher, sink: ProgressSink) -> int:
+    """Empty the partial file and forget what was hashed and shown: the download restarts at byte 0."""
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    hasher.restart()
+    sink.reset(0)
+    return 0
 
 
 def _receive(resp, fd: int, have: int, size: int | None, hasher: _Hasher, sink: ProgressSink):  # noqa: ANN001, ANN202
