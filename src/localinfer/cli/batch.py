@@ -2,7 +2,6 @@
 
 
 import enum
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -113,7 +112,6 @@ def batch(
                 print_summary(summary)
             return
 
-        offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
         base = o.load_options(
             ctx_size=None, threads=threads, gpu_layers=gpu_layers, verbose=verbose, flash_attn=flash_attn,
             cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, mlock=mlock, batch_size=batch_size,

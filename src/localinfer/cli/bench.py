@@ -5,7 +5,6 @@ The results table (or JSON/CSV/Markdown) is the command's output, on stdout; pro
 
 
 import enum
-import os
 import sys
 from typing import Annotated, Optional
 
@@ -140,7 +139,6 @@ def bench(
         ]
         parallel_levels = _ints("--parallel", parallel, (), minimum=1)
         shapes = _shapes(n_prompt, n_gen, pg) if parallel_levels else ()
-        offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
         resolved = [resolve_model(m, offline=offline) for m in _models(model)]
         say = _progress_sink(quiet=quiet, forced=progress)
         writer = Writer(output.value, pricing)
@@ -258,14 +256,12 @@ class _Progress:
 
 
 def _progress_sink(*, quiet: bool, forced: bool) -> _Progress | None:
+    from localinfer.render.term import is_tty, styled
+
     if quiet:
         return None
-    try:
-        tty = sys.stderr.isatty()
-    except (ValueError, AttributeError):
-        tty = False
-    if tty or forced:
-        return _Progress(tty=tty and not os.environ.get("NO_COLOR"))  # NO_COLOR: plain lines
+    if is_tty(sys.stderr) or forced:
+        return _Progress(tty=styled(sys.stderr))  # NO_COLOR or not a terminal: plain lines
     return None
 
 

@@ -8,7 +8,6 @@ module reads input, runs slash commands and prints.
 from __future__ import annotations
 
 import io
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -79,7 +78,7 @@ def chat(
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)
         session = ChatSession(
             load_opts=load_opts,
-            offline=offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false"),
+            offline=offline,  # with HF_HUB_OFFLINE, applied by resolve_model
             force=force,
             quiet=quiet,
             verbose=verbose,

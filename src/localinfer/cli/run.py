@@ -2,7 +2,6 @@
 
 
 import enum
-import os
 import sys
 import time
 from typing import Annotated, Optional
@@ -80,7 +79,6 @@ def run(
         if prompt_words and prompt:
             raise UsageError("give the prompt either as an argument or with --prompt, not both")
         text = inference.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
-        offline = offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
         load_opts = o.load_options(
             ctx_size=ctx_size,
             threads=threads,
