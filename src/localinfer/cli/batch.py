@@ -17,11 +17,6 @@ class OnError(str, enum.Enum):
     abort = "abort"
 
 
-class Overflow(str, enum.Enum):
-    error = "error"
-    truncate = "truncate"
-
-
 class InputFormat(str, enum.Enum):
     auto = "auto"
     jsonl = "jsonl"
@@ -72,7 +67,7 @@ def batch(
     seed: o.SeedOpt = None,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
-    on_overflow: Annotated[Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = Overflow.error,
+    on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
     ctx_size: CtxPerSeqOpt = None,
     threads: o.ThreadsOpt = None,
     gpu_layers: o.GpuLayersOpt = "auto",

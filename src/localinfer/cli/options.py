@@ -3,6 +3,7 @@ and their translation into the engine's plain option values."""
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -43,6 +44,13 @@ NoLogOpt = Annotated[bool, typer.Option("--no-log", help="Do not record this req
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; also HF_HUB_OFFLINE=1.", rich_help_panel=_CONTEXT)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and a full stats table.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line, no warnings; only the answer.")]
+
+
+class Overflow(str, enum.Enum):
+    """--on-overflow: what to do with a prompt that does not fit the context."""
+
+    error = "error"
+    truncate = "truncate"
 
 
 def parse_gpu_layers(value: str) -> int:

@@ -1,7 +1,6 @@
 """`localinfer run`: one prompt in, the answer streamed to stdout, the measurements on stderr."""
 
 
-import enum
 import sys
 import time
 from typing import Annotated, Optional
@@ -10,11 +9,6 @@ import typer
 
 from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
-
-
-class Overflow(str, enum.Enum):
-    error = "error"
-    truncate = "truncate"
 
 
 def read_piped_stdin() -> str | None:
@@ -60,7 +54,7 @@ def run(
     batch_size: o.BatchSizeOpt = 2048,
     force: o.ForceOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
-    on_overflow: Annotated[Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = Overflow.error,
+    on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = o.Overflow.error,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
