@@ -82,12 +82,9 @@ def hub_errors(repo: str, filename: str | None = None) -> Iterator[None]:
     except RevisionNotFoundError:
         raise ModelNotFoundError(f"revision not found in {repo}", hint="check the @revision (branch, tag or commit)") from None
     except RemoteEntryNotFoundError:
-        raise ModelNotFoundError(f"file not found on the Hub: {what}", hint=f"see the files at {endpoint()}/{repo}/tree/main") from None
+        raise _file_not_found(repo, what) from None
     except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 403):
-            raise NetworkError(f"the Hub refused access to {what} (HTTP {status})", hint=_token_hint()) from None
-        raise NetworkError(f"the Hub answered HTTP {status} for {what}", hint="try again later") from None
+        raise _refused(exc.response.status_code if exc.response is not None else None, what) from None
     except OfflineModeIsEnabled:
         raise NetworkError("cannot reach the Hub: offline mode is on (HF_HUB_OFFLINE)", hint="unset HF_HUB_OFFLINE") from None
     except httpx2.TransportError as exc:
@@ -95,6 +92,17 @@ def hub_errors(repo: str, filename: str | None = None) -> Iterator[None]:
             f"cannot reach the Hub at {endpoint()}: {type(exc).__name__}",
             hint="check your connection (or HF_ENDPOINT); run the same command again to resume",
         ) from None
+
+
+def _file_not_found(repo: str, what: str) -> ModelNotFoundError:
+    return ModelNotFoundError(f"file not found on the Hub: {what}", hint=f"see the files at {endpoint()}/{repo}/tree/main")
+
+
+def _refused(status: int | None, what: str) -> NetworkError:
+    """Our error for a final HTTP error status from the Hub (401/403: a hint about the token)."""
+    if status in (401, 403):
+        return NetworkError(f"the Hub refused access to {what} (HTTP {status})", hint=_token_hint())
+    return NetworkError(f"the Hub answered HTTP {status} for {what}", hint="try again later")
 
 
 def list_repo(repo: str, revision: str | None) -> RepoListing:
@@ -208,4 +216,5 @@ def download(
             progress=progress,
         )
     except transfer.Refused as exc:
-        raise transfer.refused_error(exc.status, f"{repo}/{filename}", _token_hint(), f"{endpoint()}/{repo}") from None
+        what = f"{repo}/{filename}"
+        raise (_file_not_found(repo, what) if exc.status == 404 else _refused(exc.status, what)) from None

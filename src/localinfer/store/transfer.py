@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from localinfer.errors import ModelNotFoundError, NetworkError, ResourceError
+from localinfer.errors import NetworkError, ResourceError
 from localinfer.store.fsutil import hash_prefix
 from localinfer.store.types import NullProgress, ProgressSink
 
@@ -304,11 +304,3 @@ def _total_from(headers, have: int) -> int | None:  # noqa: ANN001
     cl = headers.get("Content-Length")
     return have + int(cl) if cl and cl.strip().isdigit() else None
 
-
-def refused_error(status: int, what: str, token_hint: str, endpoint: str) -> Exception:
-    """Our error for a final HTTP status on a file's GET."""
-    if status in (401, 403):
-        return NetworkError(f"the Hub refused access to {what} (HTTP {status})", hint=token_hint)
-    if status == 404:
-        return ModelNotFoundError(f"file not found on the Hub: {what}", hint=f"check the name; see {endpoint}")
-    return NetworkError(f"the Hub answered HTTP {status} for {what}", hint="try again later")
