@@ -295,14 +295,12 @@ def llama_facts() -> dict:
         from localinfer.engine import backend as engine
     except Exception as exc:  # noqa: BLE001 - a broken install is exactly what doctor must report
         return {"error": f"{type(exc).__name__}: {exc}"}
-    from localinfer.engine.bindings import version
-
     info = engine.system_info()
     sections = parse_system_info(info)
     cpu = sections.get("CPU", {})
     amx = engine.cpu_has_amx()
     return {
-        "version": version(),
+        "version": _dist_version("llama-cpp-python"),
         "system_info": info.strip(),
         "backends": engine.backends(),
         "gpu_offload": engine.supports_gpu_offload(),
@@ -377,23 +375,25 @@ def store_disk() -> dict:
     return {"path": str(path), "free_bytes": free}
 
 
-def versions() -> dict[str, str | None]:
+def _dist_version(dist: str) -> str | None:
+    """An installed distribution's version, read from its metadata (the package is not imported)."""
     from importlib import metadata
 
-    from localinfer import __version__
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
-    def ver(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
+
+def versions() -> dict[str, str | None]:
+    from localinfer import __version__
 
     return {
         "localinfer": __version__,
         "python": platform.python_version(),
-        "llama_cpp_python": ver("llama-cpp-python"),
-        "typer": ver("typer"),
-        "huggingface_hub": ver("huggingface-hub"),
+        "llama_cpp_python": _dist_version("llama-cpp-python"),
+        "typer": _dist_version("typer"),
+        "huggingface_hub": _dist_version("huggingface-hub"),
     }
 
 

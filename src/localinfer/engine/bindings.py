@@ -64,13 +64,3 @@ def chat_format() -> ModuleType:
             set_log_callback(_log_callback[0])
     return mod
 
-
-def version() -> str | None:
-    """The installed llama-cpp-python's version, without importing it."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("llama_cpp_python")
-    except PackageNotFoundError:
-        return None
