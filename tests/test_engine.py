@@ -66,6 +66,49 @@ def test_ignore_eos_generates_exactly_n_tokens_and_stats_add_up(model):
     assert stats.context_used == len(prompt) + 31  # the last sampled token is never evaluated
 
 
+def test_characters_split_across_tokens_stream_as_the_whole_answer_decodes(model):
+    # Byte-level BPE spells most CJK characters and emoji as 2-4 byte tokens: the stream must hold
+    # their first bytes back and still give exactly the text the whole token list decodes to.
+    prompt = model.tokenize(
+        "<|im_start|>user\nSay hello in Chinese.<|im_end|>\n<|im_start|>assistant\n", parse_special=True
+    )
+    model.reset()
+    streamed, _ = run(model, prompt, max_tokens=40, ignore_eos=True)
+    model.reset()
+    run(model, prompt, max_tokens=41, ignore_eos=True)  # greedy: the same 40 tokens, all now in the cache
+    tokens = model.cached_tokens[len(prompt) : len(prompt) + 40]
+    pieces = [model.piece(t) for t in tokens]
+    split = [p for p in pieces if not _whole_utf8(p)]
+    assert len(split) >= 4 and any(_whole_utf8(p) and p for p in pieces)
+    assert streamed == b"".join(pieces).decode("utf-8", errors="replace")
+    assert "你好" in streamed
+
+
+def test_a_broken_character_then_whole_text_streams_as_decoding_with_replacement(model, monkeypatch):
+    # The sampler is scripted: the first half of an emoji, a whole word, then a whole emoji.
+    from localinfer.engine import llama as engine
+
+    star = model.tokenize("🌟", add_special=False)
+    word = model.tokenize(" world", add_special=False)
+    assert len(star) >= 2 and len(word) == 1
+    script = [star[0], *word, *star]
+    feed = iter(script)
+    monkeypatch.setattr(engine.llama_cpp, "llama_sampler_sample", lambda *_: next(feed))
+    model.reset()
+    text, stats = run(model, model.tokenize("Hi"), max_tokens=len(script))
+    assert stats.completion_tokens == len(script)
+    assert text == b"".join(model.piece(t) for t in script).decode("utf-8", errors="replace")
+    assert text == "\ufffd world🌟"
+
+
+def _whole_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def test_sandboxed_template_refuses_to_escape(tmp_path):
     from localinfer.engine.templates import ChatTemplate, TemplateRefusedError
 

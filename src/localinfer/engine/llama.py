@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from localinfer.engine.backend import (
     cpu_repack_enabled,
@@ -194,7 +195,7 @@ class Model:
         self.n_threads_batch = int(cparams.n_threads_batch)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.load_s = ahead_s + time.perf_counter() - t0
-        self._pieces: dict[int, bytes] = {}
+        self._outs: dict[int, tuple[bytes, str | None, bool]] = {}  # see _learn
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (llama_cpp.llama_token * 1)()
         self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
@@ -294,12 +295,21 @@ class Model:
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
+    def _learn(self, token: int) -> tuple[bytes, str | None, bool]:
+        """What a sampled token adds to the answer, cached: its bytes (control tokens render as
+        nothing), their text when they are whole UTF-8 characters on their own (else None: part of
+        a character split across tokens), and whether it ends generation."""
+        raw = self._piece(token)
+        try:
+            text: str | None = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        out = self._outs[token] = (raw, text, bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)))
+        return out
+
     def piece(self, token: int) -> bytes:
         """The bytes a sampled token adds to the answer (control tokens render as nothing)."""
-        cached = self._pieces.get(token)
-        if cached is None:
-            cached = self._pieces[token] = self._piece(token)
-        return cached
+        return (self._outs.get(token) or self._learn(token))[0]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
@@ -346,13 +356,14 @@ class Model:
                 batch = llama_cpp.llama_batch_get_one(arr, len(chunk))
             rc = llama_cpp.llama_decode(self._ctx, batch)
             if rc != 0:
-                self._resync()
-                if rc == 1:
-                    raise ResourceError(
-                        f"the context is full ({self.n_ctx} tokens)", hint="use a larger --ctx-size"
-                    )
-                raise GenerationError(f"llama_decode failed with code {rc}")
+                self._decode_failed(rc)
             self._tokens.extend(chunk)
+
+    def _decode_failed(self, rc: int) -> NoReturn:
+        self._resync()
+        if rc == 1:
+            raise ResourceError(f"the context is full ({self.n_ctx} tokens)", hint="use a larger --ctx-size")
+        raise GenerationError(f"llama_decode failed with code {rc}")
 
     def _resync(self) -> None:
         """Make our token list agree with the cache after an error or an interruption."""
@@ -438,16 +449,24 @@ class Model:
         stop: Sequence[str],
         ignore_eos: bool,
     ) -> Iterator[Step]:
+        # The per-token path. Every step here runs with the CPU caches just flushed by llama_decode
+        # (it streams all the weights), so it touches as little as it can: one dict lookup per
+        # token, the decoder and stop matcher only when a piece needs them, one ctypes call each to
+        # sample and to decode.
         sample = llama_cpp.llama_sampler_sample
-        ctx = self._ctx
-        is_eog = self.is_eog
-        piece = self.piece
+        decode = llama_cpp.llama_decode
+        ctx, one, batch, cached = self._ctx, self._one, self._one_batch, self._tokens
+        outs, learn = self._outs, self._learn
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        held = False  # the decoder holds the first bytes of a character split across tokens
         matcher = StopMatcher(stop)
+        feed = matcher.feed
         clock = time.perf_counter
+        n_ctx = self.n_ctx
+        limit = max_tokens if max_tokens is not None else n_ctx + 1
         n_gen = 0
         t_first = 0.0
-        if max_tokens is not None and max_tokens <= 0:
+        if limit <= 0:
             stats.finish_reason = "length"
             return
         while True:
@@ -456,7 +475,8 @@ class Model:
             if n_gen == 0:
                 t_first = now
                 stats.first_token_s = now - t_start
-            if is_eog(token) and not ignore_eos:
+            raw, text, eog = outs.get(token) or learn(token)
+            if eog and not ignore_eos:
                 stats.finish_reason = "stop"
                 tail = matcher.flush() + decoder.decode(b"", final=True)
                 if tail:
@@ -465,18 +485,25 @@ class Model:
             n_gen += 1
             stats.completion_tokens = n_gen
             stats.decode_s = now - t_first
-            text, hit = matcher.feed(decoder.decode(piece(token)))
+            if text is None or held:
+                text = decoder.decode(raw)
+                held = bool(decoder.getstate()[0])
+            text, hit = feed(text)
             if text or hit:
                 yield Step(text, token)
             if hit:
                 stats.finish_reason = "stop"
                 return
-            if (max_tokens is not None and n_gen >= max_tokens) or len(self._tokens) >= self.n_ctx:
+            if n_gen >= limit or len(cached) >= n_ctx:
                 stats.finish_reason = "length"
                 tail = matcher.flush() + decoder.decode(b"", final=True)
                 if tail:
                     yield Step(tail, None)
                 return
+            one[0] = token
             t_call = clock()
-            self._decode((token,))
+            rc = decode(ctx, batch)
             stats.decode_calls_s += clock() - t_call
+            if rc != 0:
+                self._decode_failed(rc)
+            cached.append(token)

@@ -13,11 +13,16 @@ class StopMatcher:
 
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = tuple(s for s in stops if s)
+        self._firsts = "".join(sorted({s[0] for s in self._stops}))  # where any stop could begin
         self._pending = ""
 
     def feed(self, text: str) -> tuple[str, bool]:
-        if not self._stops:
-            return text, False
+        if not self._pending:  # the usual piece, on the per-token path: no stop can begin in it
+            for c in self._firsts:
+                if c in text:
+                    break
+            else:
+                return text, False
         buf = self._pending + text
         first = min(((i, s) for s in self._stops if (i := buf.find(s)) >= 0), default=None)
         if first is not None:
