@@ -6,8 +6,13 @@ In one process, alternating with `llama-bench tg N @ dD` (same model, threads, d
 * loop (sampled):  the engine's generate() with the default sampler chain (tok/s over tokens after the first)
 * loop (greedy):   the same with temperature 0
 * llama_decode:    the time inside llama_decode only (GenerationStats.decode_calls_s), same runs
-* sampler:         microseconds per llama_sampler_sample call (llama.cpp builds a candidate array of
-                   the whole vocabulary for every token; llama-bench samples nothing)
+* per token:       medians, inside generate() with the default chain: the time in llama_decode, the
+                   time between two llama_decode calls (sampling + our Python), and of that the
+                   llama_sampler_sample call alone. Medians of single tokens are steady where whole-run
+                   tok/s drift by a few percent. (The sampler builds a candidate array of the whole
+                   vocabulary for every token, with caches that llama_decode has just flushed;
+                   llama-bench samples nothing.)
+* sampler (warm):  the same call repeated on the same logits, for comparison
 
     .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48]
 """
@@ -65,6 +70,37 @@ def main() -> int:
         finally:
             llama_cpp.llama_sampler_free(chain)
 
+    def per_token(sampling: SamplingOptions) -> tuple[float, float, float]:
+        """Medians (us) of: llama_decode, the gap between two decodes, the sampler call in that gap."""
+        clock = time.perf_counter
+        decode, sample = llama_cpp.llama_decode, llama_cpp.llama_sampler_sample
+        marks: list[tuple[float, float]] = []
+        samples: list[float] = []
+
+        def timed_decode(ctx, batch):  # noqa: ANN001, ANN202
+            t0 = clock()
+            rc = decode(ctx, batch)
+            marks.append((t0, clock()))
+            return rc
+
+        def timed_sample(chain, ctx, idx):  # noqa: ANN001, ANN202
+            t0 = clock()
+            token = sample(chain, ctx, idx)
+            samples.append(clock() - t0)
+            return token
+
+        llama_cpp.llama_decode, llama_cpp.llama_sampler_sample = timed_decode, timed_sample
+        try:
+            m.reset()
+            for _ in m.generate(prompt, sampling, GenerationStats(), max_tokens=args.n + 1, ignore_eos=True):
+                pass
+        finally:
+            llama_cpp.llama_decode, llama_cpp.llama_sampler_sample = decode, sample
+        steps = marks[2:]  # the prompt, then the first token's decode (a new graph)
+        inside = [b - a for a, b in steps]
+        between = [steps[i + 1][0] - steps[i][1] for i in range(len(steps) - 1)]
+        return (statistics.median(inside) * 1e6, statistics.median(between) * 1e6, statistics.median(samples[2:]) * 1e6)
+
     rows: dict[str, list[float]] = {"llama-bench": [], "loop (sampled)": [], "loop (greedy)": [], "llama_decode only": []}
     for i in range(args.pairs):
         bench = native.llama_bench(model, args.threads, 0, args.n, 1, extra_args=["-d", str(args.d)], repack=repack)["tg"][0]
@@ -83,7 +119,12 @@ def main() -> int:
     for name, vals in rows.items():
         ratio = statistics.median(v / r for v, r in zip(vals, ref))
         print(f"| {name} | {statistics.median(vals):.2f} | {ratio:.3f} |")
-    print(f"sampler: default chain {sampler_us(SamplingOptions(seed=1)):.0f} us/token, "
+    runs = [per_token(SamplingOptions(seed=7 + i)) for i in range(3)]
+    dec, gap, smp = (statistics.median(r[j] for r in runs) for j in range(3))
+    print(f"per token (medians, default chain): llama_decode {dec:.0f} us; between two decodes {gap:.0f} us "
+          f"= {gap / (dec + gap) * 100:.2f}% of the step, of which the sampler call {smp:.0f} us "
+          f"and our Python {gap - smp:.0f} us")
+    print(f"sampler (warm, same logits again): default chain {sampler_us(SamplingOptions(seed=1)):.0f} us/token, "
           f"greedy {sampler_us(SamplingOptions(temperature=0.0)):.0f} us/token")
     m.close()
     return 0
