@@ -20,6 +20,7 @@ In one process, alternating with `llama-bench tg N @ dD` (same model, threads, d
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -40,6 +41,9 @@ def main() -> int:
     ap.add_argument("-d", type=int, default=48, help="depth: prompt tokens in the cache before decoding")
     args = ap.parse_args()
     model = args.model or native.default_model()
+    # The engine's own loop on the weights as loaded, like llama-bench's: on AMX CPUs, not the
+    # repacked decoding twin (engine.twin; benchmarks/amx_twin.py measures that).
+    os.environ["LOCALINFER_AMX_DECODE"] = "0"
 
     from localinfer.engine.backend import cpu_repack_enabled, llama_cpp
     from localinfer.engine.llama import Model

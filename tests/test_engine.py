@@ -141,3 +141,64 @@ def test_a_template_that_rejects_the_messages_is_a_usage_error():
     strict = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}ok"
     with pytest.raises(UsageError, match="first message must be from the user"):
         ChatTemplate(source="gguf", template=strict).render([{"role": "system", "content": "S"}])
+
+
+def _twin_here() -> bool:
+    from localinfer.engine.backend import cpu_has_amx
+
+    return cpu_has_amx()
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_amx_twin_decodes_long_answers_the_same_way_every_time(model):
+    # engine.twin: the prompt is evaluated on the main context, the answer decoded on a copy of the
+    # model repacked for AMX, the KV cache copied across both ways.
+    prompt = model.tokenize(
+        "<|im_start|>user\nTell me about cats.<|im_end|>\n<|im_start|>assistant\n", parse_special=True
+    )
+    model.reset()
+    first, s1 = run(model, prompt, max_tokens=40, ignore_eos=True)
+    assert model.decodes_on_twin and s1.completion_tokens == 40
+    again, s2 = run(model, prompt, max_tokens=40, ignore_eos=True)
+    assert again == first  # the prompt's cache came back from the twin intact
+    assert s2.cached_tokens == len(prompt) - 1
+    answer = model.cached_tokens[len(prompt) :]
+    assert len(answer) == 39  # decoded on the twin, now in the cache
+    follow = model.cached_tokens + model.tokenize("<|im_end|>\n<|im_start|>user\nAnd dogs?<|im_end|>\n", parse_special=True)
+    text, s3 = run(model, follow, max_tokens=40)
+    assert s3.cached_tokens == len(prompt) + 39 and text.strip()
+    sampled = SamplingOptions(seed=5)
+    model.reset()
+    a, _ = run(model, prompt, sampled, max_tokens=48)
+    model.reset()
+    b, _ = run(model, prompt, sampled, max_tokens=48)
+    assert a == b  # same seed, same text: the first token from the prompt side, the rest from the twin
+    model.reset()
+    run(model, prompt, max_tokens=12)
+    assert not model.decodes_on_twin  # a short answer is not worth waiting for the twin
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_an_answer_cut_short_on_the_twin_leaves_a_consistent_cache(model):
+    prompt = model.tokenize("Once upon a time")
+    model.reset()
+    stats = GenerationStats()
+    steps = model.generate(prompt, GREEDY, stats, max_tokens=60, ignore_eos=True)
+    for i, _ in enumerate(steps):
+        if i == 20:
+            break
+    steps.close()  # as when the reader goes away or Ctrl-C lands
+    assert model.decodes_on_twin
+    n = len(model.cached_tokens)
+    assert n == len(prompt) + stats.completion_tokens - 1 == stats.context_used
+    text, s2 = run(model, model.cached_tokens + model.tokenize(" The end.", add_special=False), max_tokens=8)
+    assert s2.cached_tokens == n and text
+
+
+def test_amx_decoding_twin_can_be_turned_off(smollm2_path, monkeypatch):
+    from localinfer.engine.llama import Model
+
+    monkeypatch.setenv("LOCALINFER_AMX_DECODE", "0")
+    with Model(smollm2_path, LoadOptions(n_ctx=512, n_threads=2)) as m:
+        run(m, m.tokenize("Once upon a time"), max_tokens=40, ignore_eos=True)
+        assert not m.decodes_on_twin and m._twin is None

@@ -88,10 +88,14 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
         })
     if llama.get("amx"):
         state = "on (LOCALINFER_CPU_REPACK)" if llama.get("cpu_repack") else "off"
+        twin = "" if llama.get("cpu_repack") else (
+            "; answers of 32 tokens or more are decoded on a second copy repacked for AMX, whose single-token "
+            "path works (about 2x decode, more RAM; LOCALINFER_AMX_DECODE=0 turns it off)"
+        )
         out.append({
             "kind": "amx_repack",
-            "message": f"this CPU has AMX; llama.cpp's AMX matmul crashes (ggml-org/llama.cpp#20824), so weight "
-            f"repacking is {state}; native llama.cpp tools need --repack 0 / --no-repack to compare like with like",
+            "message": f"this CPU has AMX; llama.cpp's AMX matmul crashes on batches (ggml-org/llama.cpp#20824), so "
+            f"weight repacking is {state}{twin}; native llama.cpp tools need --repack 0 / --no-repack to evaluate a prompt",
         })
     fit = comfortable_model(report)
     out.append({

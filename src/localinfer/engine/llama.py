@@ -28,6 +28,7 @@ from localinfer.engine.backend import (
     supports_gpu_offload,
 )
 from localinfer.engine.load_errors import diagnose_load_failure
+from localinfer.engine import twin as _twin
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import (
     DEFAULT_CTX_CEILING,
@@ -184,11 +185,11 @@ class Model:
             llama_cpp.llama_model_free(model)
             self._model = None
             raise err
-        self._ctx = ctx
+        self._ctx = self._ctx_prompt = ctx  # _ctx: the context holding the live cache (see engine.twin)
         # llama.cpp's own figures for this load ("CPU KV buffer size = 11.25 MiB", "offloaded 31/31
         # layers to GPU"): parsed by localinfer.estimate.parse_buffer_report.
         self.memory_log = tuple(t for _, t in log.since(log_start) if "buffer size =" in t or "offloaded" in t)
-        self._mem = llama_cpp.llama_get_memory(ctx)
+        self._mem = self._mem_prompt = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
         self.n_batch = int(cparams.n_batch)
         self.n_threads = threads
@@ -200,12 +201,21 @@ class Model:
         self._one = (llama_cpp.llama_token * 1)()
         self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
         self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
+        self._params = (mparams, cparams)
+        self._twin: _twin.DecodeTwin | None = None
+        self._twin_wanted = _twin.wanted(
+            options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self.size_bytes + self._kv_bytes()
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
+        if getattr(self, "_twin", None) is not None:
+            self._twin.close()
+            self._twin = None
+        self._ctx = getattr(self, "_ctx_prompt", self._ctx)
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+            self._ctx = self._ctx_prompt = None
         if self._model:
             llama_cpp.llama_model_free(self._model)
             self._model = None
@@ -325,7 +335,38 @@ class Model:
     def reset(self) -> None:
         """Forget everything in the KV cache (a new conversation)."""
         llama_cpp.llama_memory_clear(self._mem, True)
+        if self._mem is not self._mem_prompt:  # the live cache was on the decoding twin
+            llama_cpp.llama_memory_clear(self._mem_prompt, True)
+            self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
         self._tokens = []
+
+    def _to_prompt_side(self) -> None:
+        """Prompts are evaluated on the main context: bring the live cache back from the twin."""
+        if self._ctx is self._ctx_prompt:
+            return
+        if not self._tokens or not _twin.copy_sequence(self._ctx, self._ctx_prompt):
+            llama_cpp.llama_memory_clear(self._mem_prompt, True)
+            self._tokens = []
+        self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
+
+    def _to_twin(self):  # noqa: ANN202 - a llama_context pointer
+        """Move the live cache to the decoding twin (waiting for its load); the context to decode on."""
+        twin = self._twin
+        if twin is not None and twin.ready() and _twin.copy_sequence(self._ctx_prompt, twin.ctx):
+            self._ctx, self._mem = twin.ctx, twin.mem
+        else:
+            self._twin_wanted = False  # it failed to load or to take the cache: decode here from now on
+        return self._ctx
+
+    def _kv_bytes(self) -> int:
+        from localinfer.estimate import parse_buffer_report
+
+        return parse_buffer_report(self.memory_log).total("KV")
+
+    @property
+    def decodes_on_twin(self) -> bool:
+        """Whether the last answer was decoded on the AMX twin (engine.twin)."""
+        return self._ctx is not self._ctx_prompt
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Keep the longest cached prefix of ``prompt`` (at least one token is left to evaluate)."""
@@ -421,7 +462,11 @@ class Model:
         stats.n_ctx = self.n_ctx
         stats.prompt_tokens = len(prompt)
         stats.finish_reason = None
+        use_twin = self._twin_wanted and (max_tokens is None or max_tokens >= _twin.MIN_TOKENS)
         try:
+            self._to_prompt_side()
+            if use_twin and self._twin is None:  # loads while the prompt is evaluated
+                self._twin = _twin.DecodeTwin(self.path, *self._params)
             cached = self._reuse_prefix(prompt)
             stats.cached_tokens = cached
             t0 = time.perf_counter()
@@ -430,7 +475,7 @@ class Model:
             chain, seed = self._sampler(sampling, prompt)
             stats.extra["seed"] = seed
             try:
-                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos)
+                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, use_twin)
             finally:
                 llama_cpp.llama_sampler_free(chain)
         except (KeyboardInterrupt, GeneratorExit):
@@ -448,6 +493,7 @@ class Model:
         max_tokens: int | None,
         stop: Sequence[str],
         ignore_eos: bool,
+        to_twin: bool = False,
     ) -> Iterator[Step]:
         # The per-token path. Every step here runs with the CPU caches just flushed by llama_decode
         # (it streams all the weights), so it touches as little as it can: one dict lookup per
@@ -500,6 +546,9 @@ class Model:
                 if tail:
                     yield Step(tail, None)
                 return
+            if to_twin:  # after the first token: decode the rest on the AMX twin (engine.twin)
+                to_twin = False
+                ctx = self._to_twin()
             one[0] = token
             t_call = clock()
             rc = decode(ctx, batch)

@@ -1,0 +1,102 @@
+"""A second copy of the model, repacked for AMX, that only decodes.
+
+On CPUs with AMX the engine loads weights unrepacked (``backend.cpu_repack_enabled``): llama.cpp's
+AMX kernels crash on any matmul with more than one row, so a prompt cannot be evaluated on weights
+repacked for AMX. A single-token decode takes AMX's VNNI path instead, which works and is about
+twice as fast (``benchmarks/amx_twin.py``). So ``Model`` evaluates prompts as usual and, for
+answers long enough to repay the load, copies the sequence's KV cache into a context of this copy
+(``llama_state_seq_get_data``/``set_data``, a few ms) and decodes there; the next prompt copies the
+cache back first.
+
+The copy is loaded on a thread at low priority when the first such answer starts, so the prompt's
+evaluation keeps both cores, and the answer waits for it after its first token. The first token
+always comes from the prompt's evaluation and every later one from this copy: the same seed gives
+the same text (AMX rounds differently from the unrepacked path, so it is not the text without it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+from localinfer.engine.backend import cpu_has_amx, cpu_repack_enabled, llama_cpp, supports_gpu_offload
+
+MIN_TOKENS = 32  # an answer capped below this decodes where its prompt was evaluated: the load would not pay
+
+
+def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_bytes: int) -> bool:
+    """Whether a model loaded with these settings gets a twin (before any answer asks for it).
+    ``extra_bytes``: what the twin adds, its weights and KV cache (a copy of the main context's)."""
+    if os.environ.get("LOCALINFER_AMX_DECODE", "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if cpu_repack is not None or os.environ.get("LOCALINFER_CPU_REPACK", "").strip():
+        return False  # repacking decided explicitly: keep to it
+    if cpu_repack_enabled(None) or not cpu_has_amx() or n_seq_max != 1:
+        return False
+    if n_gpu_layers != 0 and supports_gpu_offload():
+        return False
+    from localinfer.hardware import memory
+
+    return extra_bytes <= 0.25 * (memory()["available_bytes"] or 0)
+
+
+class DecodeTwin:
+    """The repacked copy and its context, loading on a thread until ``ready()``."""
+
+    def __init__(self, path: Path, mparams, cparams) -> None:  # noqa: ANN001 - ctypes structs
+        self.model = None
+        self.ctx = None
+        self.mem = None
+        self.failed = False
+        cparams = type(cparams).from_buffer_copy(cparams)
+        cparams.n_batch = cparams.n_ubatch = 1  # it only ever decodes one token: a small compute buffer
+        self._thread = threading.Thread(target=self._load, args=(path, mparams, cparams), name="localinfer-amx-twin")
+        self._thread.start()  # not a daemon: the interpreter waits for it rather than exit mid-load
+
+    def _load(self, path: Path, mparams, cparams) -> None:  # noqa: ANN001
+        try:  # Linux: this thread only; the prompt's evaluation runs meanwhile and keeps the cores
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        mp = type(mparams).from_buffer_copy(mparams)
+        mp.use_extra_bufts = True
+        # No fd redirection here (unlike the main load): the answer may be streaming to stdout.
+        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mp)
+        if not model:
+            self.failed = True
+            return
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            self.failed = True
+            return
+        self.model, self.ctx, self.mem = model, ctx, llama_cpp.llama_get_memory(ctx)
+
+    def ready(self) -> bool:
+        """Wait for the load; whether the copy can decode."""
+        self._thread.join()
+        return not self.failed
+
+    def close(self) -> None:
+        while self._thread.is_alive():  # llama.cpp must not be mid-load when its model is freed
+            try:
+                self._thread.join()
+            except KeyboardInterrupt:
+                continue
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+        self.failed = True
+
+
+def copy_sequence(src_ctx, dst_ctx) -> bool:  # noqa: ANN001
+    """Replace sequence 0 of ``dst_ctx``'s KV cache with ``src_ctx``'s."""
+    size = llama_cpp.llama_state_seq_get_size(src_ctx, 0)
+    buf = (ctypes.c_uint8 * size)()
+    got = llama_cpp.llama_state_seq_get_data(src_ctx, buf, size, 0)
+    return got > 0 and llama_cpp.llama_state_seq_set_data(dst_ctx, buf, got, 0) == got
