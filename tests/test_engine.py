@@ -202,3 +202,21 @@ def test_amx_decoding_twin_can_be_turned_off(smollm2_path, monkeypatch):
     with Model(smollm2_path, LoadOptions(n_ctx=512, n_threads=2)) as m:
         run(m, m.tokenize("Once upon a time"), max_tokens=40, ignore_eos=True)
         assert not m.decodes_on_twin and m._twin is None
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_chat_starts_loading_the_twin_before_the_first_message(smollm2_path):
+    from localinfer.cli.chat import ChatSession
+
+    session = ChatSession(
+        load_opts=LoadOptions(n_ctx=512, n_threads=2), offline=True, force=False, quiet=True,
+        verbose=False, no_log=True, interactive=False,
+    )
+    loaded, _ = session._load(str(smollm2_path))
+    try:
+        twin = loaded.model._twin
+        assert twin is not None and twin.ready()  # loading since the model was; nobody asked anything yet
+        run(loaded.model, loaded.model.tokenize("Once upon a time"), max_tokens=40, ignore_eos=True)
+        assert loaded.model.decodes_on_twin and loaded.model._twin is twin  # the same copy, loaded once
+    finally:
+        loaded.close()

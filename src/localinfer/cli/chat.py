@@ -159,6 +159,7 @@ class ChatSession:
             loaded.close()
             raise no_template_error(resolved.name)
         touch(resolved.name)  # `list`'s "last used"
+        loaded.model.prepare_decode_twin()  # AMX CPUs: loads at low priority while the user types
         for note in loaded.plan.notes if getattr(loaded, "plan", None) else ():
             self.say(note)
         n_ctx = self.load_opts.n_ctx

@@ -358,6 +358,12 @@ class Model:
             self._twin_wanted = False  # it failed to load or to take the cache: decode here from now on
         return self._ctx
 
+    def prepare_decode_twin(self) -> None:
+        """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:
+        the chat REPL does while the user types its first message, so that answer need not wait."""
+        if self._twin_wanted and self._twin is None:
+            self._twin = _twin.DecodeTwin(self.path, *self._params)
+
     def _kv_bytes(self) -> int:
         from localinfer.estimate import parse_buffer_report
 
@@ -465,8 +471,8 @@ class Model:
         use_twin = self._twin_wanted and (max_tokens is None or max_tokens >= _twin.MIN_TOKENS)
         try:
             self._to_prompt_side()
-            if use_twin and self._twin is None:  # loads while the prompt is evaluated
-                self._twin = _twin.DecodeTwin(self.path, *self._params)
+            if use_twin:  # if not loading yet: it loads while the prompt is evaluated
+                self.prepare_decode_twin()
             cached = self._reuse_prefix(prompt)
             stats.cached_tokens = cached
             t0 = time.perf_counter()
