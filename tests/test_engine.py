@@ -220,3 +220,25 @@ def test_chat_starts_loading_the_twin_before_the_first_message(smollm2_path):
         assert loaded.model.decodes_on_twin and loaded.model._twin is twin  # the same copy, loaded once
     finally:
         loaded.close()
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_a_twin_still_loading_is_stopped_when_another_model_loads_or_its_model_closes(smollm2_path):
+    from localinfer.engine import twin as twin_mod
+    from localinfer.engine.llama import Model
+
+    first = Model(smollm2_path, LoadOptions(n_ctx=512, n_threads=2))
+    first.prepare_decode_twin()
+    loading = first._twin
+    assert loading is not None and loading in twin_mod._loading
+    second = Model(smollm2_path, LoadOptions(n_ctx=512, n_threads=2))  # settles: stops the first's load
+    try:
+        assert not twin_mod._loading and not loading.ready()
+        assert not any("AMX" in line for line in second.memory_log)  # the twin logged nothing into this load
+        text, _ = run(first, first.tokenize("Once upon a time"), max_tokens=40, ignore_eos=True)
+        assert text and not first.decodes_on_twin and first._twin is None  # it decodes where it is
+        second.prepare_decode_twin()
+    finally:
+        second.close()  # while its twin may still be loading
+        first.close()
+    assert second._twin is None and not twin_mod._loading

@@ -88,7 +88,9 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
         })
     if llama.get("amx"):
         state = "on (LOCALINFER_CPU_REPACK)" if llama.get("cpu_repack") else "off"
-        twin = "" if llama.get("cpu_repack") else (
+        from localinfer.engine.twin import allowed_by_env
+
+        twin = "" if llama.get("cpu_repack") or not allowed_by_env() else (
             "; answers of 32 tokens or more are decoded on a second copy repacked for AMX, whose single-token "
             "path works (about 2x decode, more RAM; LOCALINFER_AMX_DECODE=0 turns it off)"
         )

@@ -78,6 +78,8 @@ def main() -> None:
     finally:
         if "localinfer.preload" in sys.modules:
             sys.modules["localinfer.preload"].settle()
+        if "localinfer.engine.twin" in sys.modules:  # an AMX decoding twin still loading: stop it
+            sys.modules["localinfer.engine.twin"].settle()
         # At exit the interpreter garbage-collects everything still alive: 50-100 ms once
         # huggingface_hub or llama_cpp are loaded. The process is ending; let it just free the memory.
         import gc

@@ -58,7 +58,7 @@ class LlamaLog:
 
     def since(self, seq: int) -> list[tuple[int, str]]:
         """(level, text) of the notable lines logged after line number ``seq``."""
-        return [(level, text) for s, level, text in self.notable if s > seq]
+        return [(level, text) for s, level, text in list(self.notable) if s > seq]  # a copy: other threads log
 
 
 _log: LlamaLog | None = None

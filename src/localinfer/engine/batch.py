@@ -177,8 +177,8 @@ class BatchDecoder:
         if self._batch is None:
             raise GenerationError("this batch decoder is closed")
         model = self.model
+        model.reset()  # also brings the live cache back from a decoding twin (engine.twin)
         mem = model._mem
-        model.reset()
         source = iter(jobs)
         free = list(range(self.n_parallel))  # a heap: the lowest free sequence id goes first
         active: list[_Slot] = []  # in sequence id order (see _fill_and_decode)

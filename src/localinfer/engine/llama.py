@@ -143,6 +143,7 @@ class Model:
     def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
         self.options = options
+        _twin.settle()  # another model's twin still loading would log into this load's lines
         log = ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()
@@ -203,9 +204,7 @@ class Model:
         self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
         self._params = (mparams, cparams)
         self._twin: _twin.DecodeTwin | None = None
-        self._twin_wanted = _twin.wanted(
-            options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self.size_bytes + self._kv_bytes()
-        )
+        self._twin_wanted = _twin.wanted(options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self._twin_bytes())
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -354,8 +353,10 @@ class Model:
         twin = self._twin
         if twin is not None and twin.ready() and _twin.copy_sequence(self._ctx_prompt, twin.ctx):
             self._ctx, self._mem = twin.ctx, twin.mem
-        else:
-            self._twin_wanted = False  # it failed to load or to take the cache: decode here from now on
+        elif twin is not None:  # it failed to load or to take the cache: decode here from now on
+            self._twin_wanted = False
+            self._twin = None
+            twin.close()
         return self._ctx
 
     def prepare_decode_twin(self) -> None:
@@ -364,10 +365,12 @@ class Model:
         if self._twin_wanted and self._twin is None:
             self._twin = _twin.DecodeTwin(self.path, *self._params)
 
-    def _kv_bytes(self) -> int:
+    def _twin_bytes(self) -> int:
+        """What a decoding twin would add: this load's buffers again, and the KV copy's buffer."""
         from localinfer.estimate import parse_buffer_report
 
-        return parse_buffer_report(self.memory_log).total("KV")
+        report = parse_buffer_report(self.memory_log)
+        return report.total() + report.total("KV")
 
     @property
     def decodes_on_twin(self) -> bool:
@@ -468,7 +471,8 @@ class Model:
         stats.n_ctx = self.n_ctx
         stats.prompt_tokens = len(prompt)
         stats.finish_reason = None
-        use_twin = self._twin_wanted and (max_tokens is None or max_tokens >= _twin.MIN_TOKENS)
+        room = self.n_ctx - len(prompt)  # what the answer can reach at most
+        use_twin = self._twin_wanted and min(room, max_tokens if max_tokens is not None else room) >= _twin.MIN_TOKENS
         try:
             self._to_prompt_side()
             if use_twin:  # if not loading yet: it loads while the prompt is evaluated

@@ -26,20 +26,39 @@ from localinfer.engine.backend import cpu_has_amx, cpu_repack_enabled, llama_cpp
 MIN_TOKENS = 32  # an answer capped below this decodes where its prompt was evaluated: the load would not pay
 
 
-def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_bytes: int) -> bool:
-    """Whether a model loaded with these settings gets a twin (before any answer asks for it).
-    ``extra_bytes``: what the twin adds, its weights and KV cache (a copy of the main context's)."""
+def allowed_by_env() -> bool:
+    """Neither ``LOCALINFER_AMX_DECODE=0`` nor an explicit ``LOCALINFER_CPU_REPACK`` (keep to it)."""
     if os.environ.get("LOCALINFER_AMX_DECODE", "").strip().lower() in ("0", "false", "no", "off"):
         return False
-    if cpu_repack is not None or os.environ.get("LOCALINFER_CPU_REPACK", "").strip():
-        return False  # repacking decided explicitly: keep to it
+    return not os.environ.get("LOCALINFER_CPU_REPACK", "").strip()
+
+
+def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_bytes: int) -> bool:
+    """Whether a model loaded with these settings gets a twin (before any answer asks for it).
+    ``extra_bytes``: what the twin adds: its weights, KV cache and compute buffer, and the buffer a
+    copy of the cache goes through."""
+    if not allowed_by_env() or cpu_repack is not None:
+        return False
     if cpu_repack_enabled(None) or not cpu_has_amx() or n_seq_max != 1:
         return False
     if n_gpu_layers != 0 and supports_gpu_offload():
         return False
-    from localinfer.hardware import memory
+    from localinfer.hardware import memory_budget
 
-    return extra_bytes <= 0.25 * (memory()["available_bytes"] or 0)
+    budget = memory_budget()  # RAM available, under a container's limit, LOCALINFER_FAKE_RAM honoured
+    return extra_bytes <= 0.25 * (budget.ram_available - budget.swap_free)
+
+
+_loading: list[DecodeTwin] = []  # twins whose load has not finished
+
+
+def settle() -> None:
+    """Stop the twins still loading and wait for them: before another model loads (llama.cpp's log is
+    one per process) and before the interpreter exits (llama.cpp must not be mid-load then)."""
+    for twin in list(_loading):
+        twin.cancel()
+    for twin in list(_loading):
+        twin.wait()
 
 
 class DecodeTwin:
@@ -50,41 +69,58 @@ class DecodeTwin:
         self.ctx = None
         self.mem = None
         self.failed = False
+        self._cancelled = False
+        # The same context settings as the main one (a sliding-window cache is sized from n_ubatch:
+        # a smaller one could not take the main context's cells).
         cparams = type(cparams).from_buffer_copy(cparams)
-        cparams.n_batch = cparams.n_ubatch = 1  # it only ever decodes one token: a small compute buffer
+        mparams = type(mparams).from_buffer_copy(mparams)
+        mparams.use_extra_bufts = True
+        self._progress = llama_cpp.llama_progress_callback(lambda _p, _u: not self._cancelled)
+        mparams.progress_callback = self._progress
         self._thread = threading.Thread(target=self._load, args=(path, mparams, cparams), name="localinfer-amx-twin")
+        _loading.append(self)
         self._thread.start()  # not a daemon: the interpreter waits for it rather than exit mid-load
 
     def _load(self, path: Path, mparams, cparams) -> None:  # noqa: ANN001
-        try:  # Linux: this thread only; the prompt's evaluation runs meanwhile and keeps the cores
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
-        mp = type(mparams).from_buffer_copy(mparams)
-        mp.use_extra_bufts = True
-        # No fd redirection here (unlike the main load): the answer may be streaming to stdout.
-        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mp)
-        if not model:
-            self.failed = True
-            return
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            llama_cpp.llama_model_free(model)
-            self.failed = True
-            return
-        self.model, self.ctx, self.mem = model, ctx, llama_cpp.llama_get_memory(ctx)
+        model = ctx = None
+        try:
+            try:  # Linux: this thread only; the prompt's evaluation runs meanwhile and keeps the cores
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except (AttributeError, OSError):
+                pass
+            # No fd redirection here (unlike the main load): the answer may be streaming to stdout.
+            model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+            if model and not self._cancelled:
+                ctx = llama_cpp.llama_init_from_model(model, cparams)
+        finally:
+            if ctx:
+                self.model, self.ctx, self.mem = model, ctx, llama_cpp.llama_get_memory(ctx)
+            else:
+                if model:
+                    llama_cpp.llama_model_free(model)
+                self.failed = True
+            if self in _loading:
+                _loading.remove(self)
 
     def ready(self) -> bool:
         """Wait for the load; whether the copy can decode."""
         self._thread.join()
-        return not self.failed
+        return not self.failed and self.ctx is not None
 
-    def close(self) -> None:
-        while self._thread.is_alive():  # llama.cpp must not be mid-load when its model is freed
+    def cancel(self) -> None:
+        """Stop a load still running (llama.cpp asks between tensors); ``ready()`` then says False."""
+        self._cancelled = True
+
+    def wait(self) -> None:
+        while self._thread.is_alive():  # a second Ctrl-C does not cut this short
             try:
                 self._thread.join()
             except KeyboardInterrupt:
                 continue
+
+    def close(self) -> None:
+        self.cancel()
+        self.wait()  # llama.cpp must not be mid-load when its model is freed
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
