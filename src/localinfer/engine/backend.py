@@ -19,7 +19,7 @@ from localinfer.engine import bindings as _bindings
 
 llama_cpp = _bindings.bindings()  # the C API only: not the package's numpy/jinja2-importing __init__
 
-_LOG_WARN, _LOG_ERROR = 3, 4  # ggml_log_level
+LOG_WARN, LOG_ERROR = 3, 4  # ggml_log_level
 
 
 class LlamaLog:
@@ -45,7 +45,7 @@ class LlamaLog:
             return
         self.lines.append(message)
         self.seq += 1
-        if level in (_LOG_WARN, _LOG_ERROR) or "buffer size =" in message or "offloaded" in message:
+        if level in (LOG_WARN, LOG_ERROR) or "buffer size =" in message or "offloaded" in message:
             self.notable.append((self.seq, level, message))
         if self.echo:
             try:
@@ -71,6 +71,16 @@ def ensure_backend(verbose: bool) -> LlamaLog:
         llama_cpp.llama_backend_init()
     _log.echo = verbose
     return _log
+
+
+def join_past_interrupts(thread) -> None:  # noqa: ANN001 - a threading.Thread
+    """Wait for a thread running a llama.cpp load: llama.cpp must not be mid-load when its model is
+    freed or the interpreter exits. A Ctrl-C (even a second one) does not cut the wait short."""
+    while thread.is_alive():
+        try:
+            thread.join()
+        except KeyboardInterrupt:
+            continue
 
 
 @contextlib.contextmanager

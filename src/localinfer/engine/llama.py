@@ -22,6 +22,7 @@ from localinfer.engine.backend import (
     cpu_repack_enabled,
     default_threads,
     ensure_backend,
+    join_past_interrupts,
     llama_cpp,
     load_mode,
     stdout_to_stderr,
@@ -54,10 +55,6 @@ _FLASH_ATTN = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-
-
-_LOG_WARN, _LOG_ERROR = 3, 4  # ggml_log_level
-
 
 
 def _model_params(options: LoadOptions):  # noqa: ANN202 - a ctypes struct
@@ -130,11 +127,7 @@ def settle_preload() -> None:
     """Wait for a load still running ahead: llama.cpp must not be mid-load when the interpreter exits
     (its exit-time cleanup would run under the loading thread). A second Ctrl-C does not cut this short."""
     for pre in _preloaded:
-        while pre.thread.is_alive():
-            try:
-                pre.thread.join()
-            except KeyboardInterrupt:
-                continue
+        join_past_interrupts(pre.thread)
 
 
 class Model:

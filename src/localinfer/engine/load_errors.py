@@ -6,10 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from localinfer.engine.backend import LlamaLog
+from localinfer.engine.backend import LOG_ERROR, LlamaLog
 from localinfer.errors import InvalidModelError, ModelLoadError, ResourceError, UsageError
-
-_LOG_ERROR = 4  # ggml_log_level
 
 
 _MEMORY_MARKERS = (
@@ -48,7 +46,7 @@ def _reason(line: str) -> str:
 
 def diagnose_load_failure(log: LlamaLog, path: Path, what: str, since: int = 0) -> Exception:
     """One line saying why llama.cpp refused: memory (exit 6), a bad file (exit 4), or else (exit 1)."""
-    errors = [text.strip() for level, text in log.since(since) if level == _LOG_ERROR and text.strip()]
+    errors = [text.strip() for level, text in log.since(since) if level == LOG_ERROR and text.strip()]
     if not errors:  # no error-level line: fall back on whatever was logged last
         errors = [ln.strip() for ln in list(log.lines)[-60:] if ln.strip()]
     low = [e.lower() for e in errors]

@@ -21,7 +21,13 @@ import os
 import threading
 from pathlib import Path
 
-from localinfer.engine.backend import cpu_has_amx, cpu_repack_enabled, llama_cpp, supports_gpu_offload
+from localinfer.engine.backend import (
+    cpu_has_amx,
+    cpu_repack_enabled,
+    join_past_interrupts,
+    llama_cpp,
+    supports_gpu_offload,
+)
 
 MIN_TOKENS = 32  # an answer capped below this decodes where its prompt was evaluated: the load would not pay
 
@@ -112,11 +118,7 @@ class DecodeTwin:
         self._cancelled = True
 
     def wait(self) -> None:
-        while self._thread.is_alive():  # a second Ctrl-C does not cut this short
-            try:
-                self._thread.join()
-            except KeyboardInterrupt:
-                continue
+        join_past_interrupts(self._thread)
 
     def close(self) -> None:
         self.cancel()
