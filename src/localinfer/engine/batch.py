@@ -141,7 +141,6 @@ class BatchDecoder:
         n_seq_id[:] = [1] * cap
         # One 1-element seq_id array per batch row (allocated by llama_batch_init).
         self._seq = [(llama_cpp.llama_seq_id * 1).from_address(ctypes.addressof(b.seq_id[i].contents)) for i in range(cap)]
-        self._eog: dict[int, bool] = {}
         self._fillers: list[int] = []  # idle sequence ids given a throwaway token this step
         self.fill_gaps = True  # False: leave idle sequences out (one ubatch per run of busy ids)
         bos = int(llama_cpp.llama_vocab_bos(model._vocab))
@@ -330,8 +329,7 @@ class BatchDecoder:
         """Sample one token for every sequence that has logits this step; return those that finished."""
         sample = llama_cpp.llama_sampler_sample
         ctx = self.model._ctx
-        piece = self.model.piece
-        eog = self._eog
+        outs, learn = self.model._outs, self.model._learn  # the model's per-token cache (bytes, text, eog)
         n_ctx_seq = self.n_ctx_seq
         clock = time.perf_counter
         done: list[_Slot] = []
@@ -350,9 +348,7 @@ class BatchDecoder:
             if s.n_gen == 0 and st.first_token_s is None:
                 s.t_first = now
                 st.first_token_s = now - s.t_admit
-            is_eog = eog.get(token)
-            if is_eog is None:
-                is_eog = eog[token] = self.model.is_eog(token)
+            raw, _, is_eog = outs.get(token) or learn(token)
             if is_eog and not s.ignore_eos:
                 st.finish_reason = "stop"
                 self._flush(s)
@@ -361,7 +357,7 @@ class BatchDecoder:
             s.n_gen += 1
             st.completion_tokens = s.n_gen
             st.decode_s = now - s.t_first
-            text, hit = s.matcher.feed(s.decoder.decode(piece(token)))
+            text, hit = s.matcher.feed(s.decoder.decode(raw))
             if text:
                 s.pieces.append(text)
             if hit:

@@ -316,9 +316,6 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
     # -- KV cache --------------------------------------------------------------------------------------
     @property
     def cached_tokens(self) -> list[int]:
