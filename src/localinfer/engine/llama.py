@@ -197,7 +197,7 @@ class Model:
         self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
         self._params = (mparams, cparams)
         self._twin: _twin.DecodeTwin | None = None
-        self._twin_wanted = _twin.wanted(options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self._twin_bytes())
+        self._twin_wanted = _twin.wanted(options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self._twin_bytes)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from localinfer.engine.backend import (
@@ -39,10 +40,10 @@ def allowed_by_env() -> bool:
     return not os.environ.get("LOCALINFER_CPU_REPACK", "").strip()
 
 
-def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_bytes: int) -> bool:
+def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_bytes: Callable[[], int]) -> bool:
     """Whether a model loaded with these settings gets a twin (before any answer asks for it).
-    ``extra_bytes``: what the twin adds: its weights, KV cache and compute buffer, and the buffer a
-    copy of the cache goes through."""
+    ``extra_bytes()``: what the twin adds: its weights, KV cache and compute buffer, and the buffer a
+    copy of the cache goes through (asked last: only on AMX CPUs)."""
     if not allowed_by_env() or cpu_repack is not None:
         return False
     if cpu_repack_enabled(None) or not cpu_has_amx() or n_seq_max != 1:
@@ -52,7 +53,7 @@ def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_byt
     from localinfer.hardware import memory_budget
 
     budget = memory_budget()  # RAM available, under a container's limit, LOCALINFER_FAKE_RAM honoured
-    return extra_bytes <= 0.25 * (budget.ram_available - budget.swap_free)
+    return extra_bytes() <= 0.25 * (budget.ram_available - budget.swap_free)
 
 
 _loading: list[DecodeTwin] = []  # twins whose load has not finished
