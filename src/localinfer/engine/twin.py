@@ -24,7 +24,6 @@ from pathlib import Path
 
 from localinfer.engine.backend import (
     cpu_has_amx,
-    cpu_repack_enabled,
     join_past_interrupts,
     llama_cpp,
     supports_gpu_offload,
@@ -46,7 +45,7 @@ def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_byt
     copy of the cache goes through (asked last: only on AMX CPUs)."""
     if not allowed_by_env() or cpu_repack is not None:
         return False
-    if cpu_repack_enabled(None) or not cpu_has_amx() or n_seq_max != 1:
+    if not cpu_has_amx() or n_seq_max != 1:  # with repacking left to its default: off exactly on AMX
         return False
     if n_gpu_layers != 0 and supports_gpu_offload():
         return False
@@ -77,9 +76,8 @@ class DecodeTwin:
         self.mem = None
         self.failed = False
         self._cancelled = False
-        # The same context settings as the main one (a sliding-window cache is sized from n_ubatch:
-        # a smaller one could not take the main context's cells).
-        cparams = type(cparams).from_buffer_copy(cparams)
+        # The main context's settings as they are (a sliding-window cache is sized from n_ubatch: a
+        # smaller one could not take the main context's cells); the model's, with repacking on.
         mparams = type(mparams).from_buffer_copy(mparams)
         mparams.use_extra_bufts = True
         self._progress = llama_cpp.llama_progress_callback(lambda _p, _u: not self._cancelled)
@@ -112,7 +110,7 @@ class DecodeTwin:
     def ready(self) -> bool:
         """Wait for the load; whether the copy can decode."""
         self._thread.join()
-        return not self.failed and self.ctx is not None
+        return not self.failed  # set whenever the load did not end with a context
 
     def cancel(self) -> None:
         """Stop a load still running (llama.cpp asks between tensors); ``ready()`` then says False."""
