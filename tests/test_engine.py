@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
@@ -242,3 +244,21 @@ def test_a_twin_still_loading_is_stopped_when_another_model_loads_or_its_model_c
         second.close()  # while its twin may still be loading
         first.close()
     assert second._twin is None and not twin_mod._loading
+
+
+def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_is_imported():
+    # Importing the chat formatter runs llama-cpp-python's __init__, which installs its own log
+    # callback until chat_format() puts ours back. A load on another thread (the AMX twin in chat,
+    # a load ahead) logging in that window must not reach the user's terminal.
+    import subprocess
+
+    code = (
+        "from localinfer.engine import bindings\n"
+        "bindings.chat_format()\n"
+        "import llama_cpp._logger as theirs\n"
+        "theirs.llama_log_callback(4, b'a debug line from another thread\\n', None)\n"
+        "theirs.llama_log_callback(2, b'a warning\\n', None)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""

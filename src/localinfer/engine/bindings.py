@@ -58,6 +58,12 @@ def chat_format() -> ModuleType:
     mod = sys.modules.get("llama_cpp.llama_chat_format")
     if mod is None:
         bindings()
+        # Until ours is put back, llama-cpp-python's callback has llama.cpp's log, and it prints every
+        # line to stderr unless its logger says otherwise: a load running on another thread (the
+        # AMX decoding twin, a load ahead) would print its debug lines on the user's terminal.
+        import logging
+
+        logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
         from llama_cpp import llama_chat_format as mod
 
         if _log_callback:  # importing the package just replaced it with llama-cpp-python's logger
