@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -262,3 +263,26 @@ def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_i
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and proc.stderr == ""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_importing_the_formatter_starts_no_blas_threads():
+    # llama-cpp-python's __init__ imports numpy, whose OpenBLAS starts a thread per core that spins
+    # for work it will never get (we compute nothing with numpy), on the core the prompt's evaluation
+    # and the AMX twin's load need. The user's own OPENBLAS_NUM_THREADS is left alone.
+    import subprocess
+
+    code = (
+        "import os, time\n"
+        "from localinfer.engine import bindings\n"
+        "bindings.chat_format()\n"
+        "import numpy\n"
+        "time.sleep(0.05)\n"
+        "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "None"]  # no thread but the main one; the environment as it was
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**env, "OPENBLAS_NUM_THREADS": "2"})
+    assert proc.stdout.split()[1] == "2"
