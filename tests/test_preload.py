@@ -7,7 +7,7 @@ import re
 import pytest
 from conftest import run_cli
 
-from localinfer.cli.prescan import FLAGS, NO_HEAD_START, VALUE_OPTIONS, run_model
+from localinfer.cli.prescan import FLAGS, NO_HEAD_START, VALUE_OPTIONS, max_tokens, run_model, scan
 
 
 def test_prescan_tables_match_runs_options():
@@ -45,6 +45,107 @@ def test_prescan_tables_match_runs_options():
 )
 def test_prescan_finds_the_model(args, expected):
     assert run_model(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], None),
+        (["-n", "64", "-p", "x"], 64),
+        (["--max-tokens=8"], 8),
+        (["-n", "5", "--max-tokens", "40"], 40),  # the last one wins
+        (["-n", "many"], None),  # Typer will refuse it; no cap as far as the head start goes
+    ],
+)
+def test_prescan_reads_the_answers_cap(args, expected):
+    values = scan(args)
+    assert values is not None and max_tokens(values) == expected
+
+
+def _amx() -> bool:
+    from localinfer.engine.backend import cpu_has_amx
+
+    return cpu_has_amx()
+
+
+def test_the_decoding_twin_starts_ahead_only_when_the_answer_may_be_long(smollm2_path, monkeypatch):
+    from localinfer import preload
+    from localinfer.engine import llama as engine
+    from localinfer.engine import twin as twin_mod
+
+    for cap, expect_twin in ((8, False), (None, _amx())):
+        monkeypatch.setattr(preload, "_started", [])
+        preload.start(str(smollm2_path), max_tokens=cap)
+        pre = engine._preloaded[0]
+        try:
+            assert (pre.twin is not None) == expect_twin
+        finally:
+            pre.take(None)  # frees the weights (no Model asked for these)
+            pre.take_twin(taken=False)
+            engine._preloaded.clear()
+            twin_mod.settle()
+    assert not twin_mod._loading
+
+
+@pytest.mark.skipif(not _amx(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_the_model_takes_the_twin_loaded_ahead_without_its_log_lines(smollm2_path):
+    from localinfer.engine import llama as engine
+    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+    from localinfer.hardware import memory_budget
+
+    assert engine.preload_model(smollm2_path, twin_budget=memory_budget())
+    ahead = engine._preloaded[0].twin
+    assert ahead is not None
+    model = engine.Model(smollm2_path, LoadOptions(n_ctx=256, n_threads=2))
+    try:
+        assert model._twin is ahead and ahead.ready()  # its context made with the model's settings
+        # Both loads ran at once; the report is this load's alone (the twin's "AMX model buffer" and
+        # its second KV cache would be counted as this model's memory).
+        assert not any("AMX" in line for line in model.memory_log)
+        assert sum("KV buffer size" in line for line in model.memory_log) == 1
+        stats = GenerationStats()
+        text = "".join(s.text for s in model.generate(model.tokenize("Once upon a time"), SamplingOptions(temperature=0), stats, max_tokens=40, ignore_eos=True))
+        assert text and stats.completion_tokens == 40 and model.decodes_on_twin and model._twin is ahead
+    finally:
+        model.close()
+
+
+@pytest.mark.skipif(not _amx(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_a_twin_loaded_ahead_that_the_model_does_not_want_is_stopped(smollm2_path):
+    from localinfer.engine import llama as engine
+    from localinfer.engine import twin as twin_mod
+    from localinfer.engine.types import LoadOptions
+    from localinfer.hardware import memory_budget
+
+    assert engine.preload_model(smollm2_path, twin_budget=memory_budget())
+    ahead = engine._preloaded[0].twin
+    model = engine.Model(smollm2_path, LoadOptions(n_ctx=256, n_threads=2, n_seq_max=2))  # batches: no twin
+    try:
+        assert engine._preloaded == [] and model._twin is None
+        twin_mod.settle()
+        assert ahead.failed and ahead.model is None and not twin_mod._loading
+    finally:
+        model.close()
+
+
+def test_a_process_that_only_started_loading_ahead_still_exits(smollm2_path):
+    # The twin's weights load, then it waits for a context's settings that nobody will send: the
+    # interpreter ending must stop it (it is not a daemon thread: it must not be killed mid-load).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from localinfer.engine import llama as engine\n"
+        "from localinfer.hardware import memory_budget\n"
+        "assert engine.preload_model(sys.argv[1], twin_budget=memory_budget())\n"
+        "pre = engine._preloaded[0]\n"
+        "pre.thread.join()\n"
+        "print('twin' if pre.twin is not None else 'none')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().strip() == ("twin" if _amx() else "none")
 
 
 def test_the_weights_loaded_ahead_are_taken_with_their_log(smollm2_path):

@@ -7,6 +7,7 @@ model ``run``'s argv names and calls ``start``: if that model is installed and v
 the engine starts loading its weights on a thread (``engine.llama.preload_model``) while Typer is
 imported and parses the options. ``Model`` then takes that load if it asks for the same file with
 the same parameters, and frees it otherwise; the context is always created with the real options.
+Where the answer may be long, the AMX decoding twin's weights start loading too (``engine.twin``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 _started: list[tuple[str | None, ResolvedModel, MemoryBudget]] = []
 
 
-def start(spec: str | None) -> None:
-    """Resolve ``spec`` (None: the default model) if that needs no work, and start loading it."""
+def start(spec: str | None, max_tokens: int | None = None) -> None:
+    """Resolve ``spec`` (None: the default model) if that needs no work, and start loading it; and,
+    unless ``max_tokens`` caps the answer too short for it, its AMX decoding twin (``engine.twin``)."""
     if _started:
         return
     try:
@@ -39,9 +41,13 @@ def start(spec: str | None) -> None:
         budget = memory_budget()
         if resolved.info.file_size > 0.75 * budget.ram_available:
             return
+        from localinfer.engine import twin
         from localinfer.engine.llama import preload_model
 
-        if preload_model(resolved.path):
+        # The twin's weights alone must fit its share of memory (twin.wanted checks exactly later).
+        long_answer = max_tokens is None or max_tokens >= twin.MIN_TOKENS
+        fits = resolved.info.file_size <= 0.25 * (budget.ram_available - budget.swap_free)
+        if preload_model(resolved.path, twin_budget=budget if long_answer and fits else None):
             _started.append((spec, resolved, budget))
     except Exception:  # noqa: BLE001 - only a head start: the real resolve and load report problems
         return

@@ -20,36 +20,51 @@ FLAGS = frozenset({
 NO_HEAD_START = frozenset({"-h", "--help", "-v", "--verbose", "--"})  # --verbose: llama.cpp's log is shown live
 
 
-def run_model(args: list[str]) -> tuple[bool, str | None]:
-    """(whether the model can be told, the -m/--model value or None for the default) for ``run args``."""
-    model: str | None = None
+ALIASES = {"-m": "--model", "-n": "--max-tokens"}  # the options read here, by their long name
+
+
+def scan(args: list[str]) -> dict[str, str] | None:
+    """The options ``run args`` gives, by long name where ``ALIASES`` has one (the last value wins, as
+    in Typer); None when the command line is unusual enough to give no head start."""
+    values: dict[str, str] = {}
     i = 0
     while i < len(args):
         arg = args[i]
         i += 1
         if arg in NO_HEAD_START:
-            return False, None
+            return None
         if not arg.startswith("-") or arg == "-":
             continue  # a word of the prompt
         name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         if name in FLAGS and not eq:
             continue
         if name not in VALUE_OPTIONS:
-            return False, None
+            return None
         if not eq:
             if i >= len(args):
-                return False, None
+                return None
             value = args[i]
             i += 1
-        if name in ("-m", "--model"):
-            model = value
-    return True, model
+        values[ALIASES.get(name, name)] = value
+    return values
+
+
+def run_model(args: list[str]) -> tuple[bool, str | None]:
+    """(whether the model can be told, the -m/--model value or None for the default) for ``run args``."""
+    values = scan(args)
+    return (False, None) if values is None else (True, values.get("--model"))
+
+
+def max_tokens(values: dict[str, str]) -> int | None:
+    """The cap ``-n/--max-tokens`` puts on the answer (None: none, or not a number Typer would take)."""
+    given = values.get("--max-tokens", "").strip()
+    return int(given) if given.isdigit() else None
 
 
 def preload_run(args: list[str]) -> None:
     """Start loading the model ``localinfer run args`` will use, when that can be told from ``args``."""
-    ok, model = run_model(args)
-    if ok:
+    values = scan(args)
+    if values is not None:
         from localinfer import preload
 
-        preload.start(model)
+        preload.start(values.get("--model"), max_tokens(values))

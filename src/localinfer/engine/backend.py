@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import threading
 from collections.abc import Iterator
 
 from localinfer.engine import bindings as _bindings
@@ -35,6 +36,7 @@ class LlamaLog:
         self.notable: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=512)
         self.seq = 0
         self.echo = False
+        self.muted: set[int] = set()  # threads whose lines are kept out (see log_muted)
         self._callback = llama_cpp.llama_log_callback(self._on_log)
         _bindings.set_log_callback(self._callback)
 
@@ -43,10 +45,16 @@ class LlamaLog:
             message = text.decode("utf-8", errors="replace")
         except Exception:  # noqa: BLE001 - never raise into C
             return
+        if self.muted and threading.get_ident() in self.muted:
+            self._echo(message)
+            return
         self.lines.append(message)
         self.seq += 1
         if level in (LOG_WARN, LOG_ERROR) or "buffer size =" in message or "offloaded" in message:
             self.notable.append((self.seq, level, message))
+        self._echo(message)
+
+    def _echo(self, message: str) -> None:
         if self.echo:
             try:
                 sys.stderr.write(message)
@@ -71,6 +79,20 @@ def ensure_backend(verbose: bool) -> LlamaLog:
         llama_cpp.llama_backend_init()
     _log.echo = verbose
     return _log
+
+
+@contextlib.contextmanager
+def log_muted() -> Iterator[None]:
+    """Keep what llama.cpp logs from this thread out of the captured log (still echoed when verbose):
+    a load running beside another one (the AMX decoding twin) must not land in that load's report,
+    which is parsed for its memory figures and its errors."""
+    log = ensure_backend(_log.echo if _log is not None else False)
+    me = threading.get_ident()
+    log.muted.add(me)
+    try:
+        yield
+    finally:
+        log.muted.discard(me)
 
 
 def join_past_interrupts(thread) -> None:  # noqa: ANN001 - a threading.Thread

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from localinfer.engine.backend import (
     cpu_repack_enabled,
@@ -39,6 +39,9 @@ from localinfer.engine.types import (
     Step,
 )
 from localinfer.errors import GenerationError, ResourceError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from localinfer.hardware import MemoryBudget
 
 _CACHE_TYPES = {
     "f32": llama_cpp.GGML_TYPE_F32,
@@ -72,7 +75,7 @@ def _params_key(path: Path, mparams) -> tuple:  # noqa: ANN001
 class _Preload:
     """A model load started ahead on a thread (``preload_model``), waiting for ``Model`` to take it."""
 
-    def __init__(self, path: Path, options: LoadOptions) -> None:
+    def __init__(self, path: Path, options: LoadOptions, twin_budget: MemoryBudget | None) -> None:
         import threading
 
         self.log = ensure_backend(options.verbose)
@@ -81,6 +84,12 @@ class _Preload:
         self.key = _params_key(path, mparams)
         self.model = None
         self.seconds = 0.0
+        # The AMX decoding twin (engine.twin), when the answer may be long enough to want one: its
+        # weights load beside these, on the core Python's start-up leaves idle.
+        self.twin: _twin.DecodeTwin | None = None
+        self.twin_budget = twin_budget
+        if twin_budget is not None and _twin.possible(options.n_gpu_layers, options.cpu_repack, options.n_seq_max):
+            self.twin = _twin.DecodeTwin(path, mparams)
         # Each line llama.cpp logs from the loading thread needs the GIL, which the main thread
         # (importing, parsing) would otherwise hold for up to 5 ms at a time.
         self._interval = sys.getswitchinterval()
@@ -106,20 +115,33 @@ class _Preload:
             model = None
         return model
 
+    def take_twin(self, taken: bool) -> _twin.DecodeTwin | None:
+        """The twin started with this load, if the load was ``taken``; otherwise it is stopped (it frees
+        itself; ``twin.settle`` waits for it)."""
+        twin, self.twin = self.twin, None
+        if twin is not None and not taken:
+            twin.cancel()
+            twin = None
+        return twin
+
 
 _preloaded: list[_Preload] = []  # at most one per process
 
 
-def preload_model(path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> bool:
+def preload_model(
+    path: str | os.PathLike, options: LoadOptions = LoadOptions(), *, twin_budget: MemoryBudget | None = None
+) -> bool:
     """Start loading ``path``'s weights on a thread, for the next ``Model(path, ...)`` to take.
 
     Only where the load does not depend on a memory plan: CPU-only builds (GPU builds decide the
     offloaded layers from free VRAM first). The GGUF must have been validated already. Returns
-    whether a load was started.
+    whether a load was started. ``twin_budget`` (the memory measured before): the first answer may
+    be long, so the AMX decoding twin starts loading too, where this CPU and these settings allow
+    one; the model takes it if its memory check (``twin.wanted``, against this budget) agrees.
     """
     if _preloaded or supports_gpu_offload() or options.verbose:
         return False
-    _preloaded.append(_Preload(Path(path), options))
+    _preloaded.append(_Preload(Path(path), options, twin_budget))
     return True
 
 
@@ -136,25 +158,29 @@ class Model:
     def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
         self.options = options
-        _twin.settle()  # another model's twin still loading would log into this load's lines
         log = ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()
         mparams = _model_params(options)
         self._model = None
         self._ctx = None
-        model, ahead_s = None, 0.0
+        self._twin: _twin.DecodeTwin | None = None
+        model, ahead_s, twin_ahead, twin_budget = None, 0.0, None, None
         if _preloaded:  # a load started ahead (preload_model): taken if it is this one
             pre = _preloaded[0]
             model = pre.take(_params_key(self.path, mparams))
+            twin_ahead, twin_budget = pre.take_twin(model is not None), pre.twin_budget
             _preloaded.clear()  # only now: interrupted while waiting, settle_preload() still waits
             if model is not None:
                 log_start, ahead_s = pre.log_start, pre.seconds
                 t0 = time.perf_counter()  # the wait for it is part of ahead_s
+        _twin.settle(keep=twin_ahead)  # other twins still loading: their memory is wanted now
         if model is None:
             with stdout_to_stderr():
                 model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
         if not model:
+            if twin_ahead is not None:
+                twin_ahead.cancel()
             raise diagnose_load_failure(log, self.path, "load", log_start)
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
@@ -176,6 +202,8 @@ class Model:
             ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             err = diagnose_load_failure(log, self.path, "create a context for", log_start)
+            if twin_ahead is not None:
+                twin_ahead.cancel()
             llama_cpp.llama_model_free(model)
             self._model = None
             raise err
@@ -196,8 +224,15 @@ class Model:
         self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
         self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
         self._params = (mparams, cparams)
-        self._twin: _twin.DecodeTwin | None = None
-        self._twin_wanted = _twin.wanted(options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self._twin_bytes)
+        self._twin_wanted = _twin.wanted(
+            options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self._twin_bytes, twin_budget
+        )
+        if twin_ahead is not None:  # its weights are loading (or loaded): it gets this context's settings
+            if self._twin_wanted:
+                self._twin = twin_ahead
+                twin_ahead.start_context(cparams)
+            else:
+                twin_ahead.cancel()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -8,10 +8,14 @@ answers long enough to repay the load, copies the sequence's KV cache into a con
 (``llama_state_seq_get_data``/``set_data``, a few ms) and decodes there; the next prompt copies the
 cache back first.
 
-The copy is loaded on a thread at low priority when the first such answer starts, so the prompt's
-evaluation keeps both cores, and the answer waits for it after its first token. The first token
-always comes from the prompt's evaluation and every later one from this copy: the same seed gives
-the same text (AMX rounds differently from the unrepacked path, so it is not the text without it).
+The copy loads on a thread at low priority (nice 19: it takes only a core nobody else wants), as early
+as what it is for is known: in ``run``, beside the load ahead (``engine.llama.preload_model``) while
+Python starts up, which leaves a core idle for most of half a second; in ``chat``, as soon as the
+model is loaded, while the user types; otherwise when the first such answer starts. Its context
+is created once the main context's settings are known (``start_context``). An answer whose first
+token comes before the copy is ready waits for it. The first token always comes from the prompt's
+evaluation and every later one from this copy: the same seed gives the same text (AMX rounds
+differently from the unrepacked path, so it is not the text without it).
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localinfer.engine.backend import (
     cpu_has_amx,
     join_past_interrupts,
     llama_cpp,
+    log_muted,
     supports_gpu_offload,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from localinfer.hardware import MemoryBudget
 
 MIN_TOKENS = 32  # an answer capped below this decodes where its prompt was evaluated: the load would not pay
 
@@ -39,38 +48,56 @@ def allowed_by_env() -> bool:
     return not os.environ.get("LOCALINFER_CPU_REPACK", "").strip()
 
 
-def wanted(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int, extra_bytes: Callable[[], int]) -> bool:
-    """Whether a model loaded with these settings gets a twin (before any answer asks for it).
-    ``extra_bytes()``: what the twin adds: its weights, KV cache and compute buffer, and the buffer a
-    copy of the cache goes through (asked last: only on AMX CPUs)."""
+def possible(n_gpu_layers: int, cpu_repack: bool | None, n_seq_max: int) -> bool:
+    """The cheap half of ``wanted``: the environment, the CPU and the settings allow a twin."""
     if not allowed_by_env() or cpu_repack is not None:
         return False
     if not cpu_has_amx() or n_seq_max != 1:  # with repacking left to its default: off exactly on AMX
         return False
-    if n_gpu_layers != 0 and supports_gpu_offload():
-        return False
-    from localinfer.hardware import memory_budget
+    return n_gpu_layers == 0 or not supports_gpu_offload()
 
-    budget = memory_budget()  # RAM available, under a container's limit, LOCALINFER_FAKE_RAM honoured
+
+def wanted(
+    n_gpu_layers: int,
+    cpu_repack: bool | None,
+    n_seq_max: int,
+    extra_bytes: Callable[[], int],
+    budget: MemoryBudget | None = None,
+) -> bool:
+    """Whether a model loaded with these settings gets a twin (before any answer asks for it).
+    ``extra_bytes()``: what the twin adds: its weights, KV cache and compute buffer, and the buffer a
+    copy of the cache goes through (asked last: only on AMX CPUs). ``budget``: the memory measured
+    before loading began, when a twin may be loading already (its memory would count against it)."""
+    if not possible(n_gpu_layers, cpu_repack, n_seq_max):
+        return False
+    if budget is None:
+        from localinfer.hardware import memory_budget
+
+        budget = memory_budget()  # RAM available, under a container's limit, LOCALINFER_FAKE_RAM honoured
     return extra_bytes() <= 0.25 * (budget.ram_available - budget.swap_free)
 
 
 _loading: list[DecodeTwin] = []  # twins whose load has not finished
 
 
-def settle() -> None:
-    """Stop the twins still loading and wait for them: before another model loads (llama.cpp's log is
-    one per process) and before the interpreter exits (llama.cpp must not be mid-load then)."""
-    for twin in list(_loading):
+def settle(keep: DecodeTwin | None = None) -> None:
+    """Stop the twins still loading (but ``keep``) and wait for them: before another model loads, to
+    free their memory, and before the interpreter exits (llama.cpp must not be mid-load then)."""
+    stopping = [twin for twin in _loading if twin is not keep]
+    for twin in stopping:
         twin.cancel()
-    for twin in list(_loading):
+    for twin in stopping:
         twin.wait()
 
 
 class DecodeTwin:
-    """The repacked copy and its context, loading on a thread until ``ready()``."""
+    """The repacked copy and its context, loading on a thread until ``ready()``.
 
-    def __init__(self, path: Path, mparams, cparams) -> None:  # noqa: ANN001 - ctypes structs
+    Without ``cparams`` the thread loads the weights and then waits for ``start_context`` (the main
+    context's settings) or ``cancel``.
+    """
+
+    def __init__(self, path: Path, mparams, cparams=None) -> None:  # noqa: ANN001 - ctypes structs
         self.model = None
         self.ctx = None
         self.mem = None
@@ -78,25 +105,31 @@ class DecodeTwin:
         self._cancelled = False
         # The main context's settings as they are (a sliding-window cache is sized from n_ubatch: a
         # smaller one could not take the main context's cells); the model's, with repacking on.
+        self._cparams = cparams
+        self._go = threading.Event()  # set once the context can be created, or the load is cancelled
+        if cparams is not None:
+            self._go.set()
         mparams = type(mparams).from_buffer_copy(mparams)
         mparams.use_extra_bufts = True
         self._progress = llama_cpp.llama_progress_callback(lambda _p, _u: not self._cancelled)
         mparams.progress_callback = self._progress
-        self._thread = threading.Thread(target=self._load, args=(path, mparams, cparams), name="localinfer-amx-twin")
+        self._thread = threading.Thread(target=self._load, args=(path, mparams), name="localinfer-amx-twin")
         _loading.append(self)
         self._thread.start()  # not a daemon: the interpreter waits for it rather than exit mid-load
 
-    def _load(self, path: Path, mparams, cparams) -> None:  # noqa: ANN001
+    def _load(self, path: Path, mparams) -> None:  # noqa: ANN001
         model = ctx = None
         try:
-            try:  # Linux: this thread only; the prompt's evaluation runs meanwhile and keeps the cores
+            try:  # Linux: this thread only; whatever else runs meanwhile keeps the cores
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             except (AttributeError, OSError):
                 pass
-            # No fd redirection here (unlike the main load): the answer may be streaming to stdout.
-            model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
-            if model and not self._cancelled:
-                ctx = llama_cpp.llama_init_from_model(model, cparams)
+            # Its log lines stay out of the captured log: another load may be running (the main one,
+            # ahead) and its report is parsed. No fd redirection (the answer may be streaming to stdout).
+            with log_muted():
+                model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+                if model and self._await_context():
+                    ctx = llama_cpp.llama_init_from_model(model, self._cparams)
         finally:
             if ctx:
                 self.model, self.ctx, self.mem = model, ctx, llama_cpp.llama_get_memory(ctx)
@@ -107,6 +140,19 @@ class DecodeTwin:
             if self in _loading:
                 _loading.remove(self)
 
+    def _await_context(self) -> bool:
+        """Wait for the context's settings; False when cancelled. The interpreter ending without
+        anyone settling this twin (a script that only preloaded) cancels it: it waits for this thread."""
+        while not self._go.wait(0.05):
+            if not threading.main_thread().is_alive():
+                return False
+        return not self._cancelled
+
+    def start_context(self, cparams) -> None:  # noqa: ANN001 - a ctypes struct
+        """Create the context, with the main context's settings, as soon as the weights are loaded."""
+        self._cparams = cparams
+        self._go.set()
+
     def ready(self) -> bool:
         """Wait for the load; whether the copy can decode."""
         self._thread.join()
@@ -115,6 +161,7 @@ class DecodeTwin:
     def cancel(self) -> None:
         """Stop a load still running (llama.cpp asks between tensors); ``ready()`` then says False."""
         self._cancelled = True
+        self._go.set()
 
     def wait(self) -> None:
         join_past_interrupts(self._thread)
