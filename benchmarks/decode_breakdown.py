@@ -14,7 +14,11 @@ In one process, alternating with `llama-bench tg N @ dD` (same model, threads, d
                    llama-bench samples nothing.)
 * sampler (warm):  the same call repeated on the same logits, for comparison
 
-    .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48]
+    .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48] [--twin]
+
+``--twin`` (AMX CPUs): our loop on the AMX decoding twin (engine.twin, loaded before measuring),
+against llama-bench's default (repacking on), the depth filled one token at a time (-b 1 -ub 1: a
+batch crashes there).
 """
 
 from __future__ import annotations
@@ -39,18 +43,24 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("-n", type=int, default=128, help="tokens generated")
     ap.add_argument("-d", type=int, default=48, help="depth: prompt tokens in the cache before decoding")
+    ap.add_argument("--twin", action="store_true", help="decode on the AMX twin, against llama-bench with repacking on")
     args = ap.parse_args()
     model = args.model or native.default_model()
-    # The engine's own loop on the weights as loaded, like llama-bench's: on AMX CPUs, not the
-    # repacked decoding twin (engine.twin; benchmarks/amx_twin.py measures that).
-    os.environ["LOCALINFER_AMX_DECODE"] = "0"
+    if not args.twin:  # the engine's own loop on the weights as loaded, like llama-bench's
+        os.environ["LOCALINFER_AMX_DECODE"] = "0"
 
     from localinfer.engine.backend import cpu_repack_enabled, llama_cpp
     from localinfer.engine.llama import Model
     from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 
     repack = cpu_repack_enabled(None)
+    bench_args = ["-d", str(args.d)]
     m = Model(model, LoadOptions(n_ctx=4096, n_threads=args.threads))
+    if args.twin:
+        m.prepare_decode_twin()
+        if m._twin is None or not m._twin.ready():
+            raise SystemExit("no AMX decoding twin here (engine.twin): not an AMX CPU, or turned off")
+        repack, bench_args = True, [*bench_args, "-b", "1", "-ub", "1"]
     words = "Write a long story about a robot who learns to paint. Describe every painting in detail. "
     prompt = m.tokenize(words * (args.d // 8 + 2))[: args.d]
 
@@ -107,7 +117,7 @@ def main() -> int:
 
     rows: dict[str, list[float]] = {"llama-bench": [], "loop (sampled)": [], "loop (greedy)": [], "llama_decode only": []}
     for i in range(args.pairs):
-        bench = native.llama_bench(model, args.threads, 0, args.n, 1, extra_args=["-d", str(args.d)], repack=repack)["tg"][0]
+        bench = native.llama_bench(model, args.threads, 0, args.n, 1, extra_args=bench_args, repack=repack)["tg"][0]
         sampled, raw1 = loop(SamplingOptions(seed=100 + i))
         greedy, raw2 = loop(SamplingOptions(temperature=0.0))
         rows["llama-bench"].append(bench)
@@ -117,7 +127,8 @@ def main() -> int:
         print(f"pair {i + 1}/{args.pairs}: llama-bench {bench:.2f}, sampled {sampled:.2f}, greedy {greedy:.2f}, "
               f"llama_decode {rows['llama_decode only'][-1]:.2f} t/s", file=sys.stderr, flush=True)
     ref = rows["llama-bench"]
-    print(f"model {model}, -t {args.threads}, tg{args.n} @ d{args.d}, repack {int(repack)}, {args.pairs} pairs, medians")
+    print(f"model {model}, -t {args.threads}, tg{args.n} @ d{args.d}, repack {int(repack)}, "
+          f"{'AMX twin, ' if args.twin else ''}{args.pairs} pairs, medians")
     print("| measure | tok/s | ratio to llama-bench (median of pairs) |")
     print("| --- | ---: | ---: |")
     for name, vals in rows.items():
