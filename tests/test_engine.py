@@ -266,14 +266,18 @@ def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_i
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
-def test_importing_the_formatter_starts_no_blas_threads():
+def test_the_cli_starts_no_blas_threads_when_the_formatter_imports_numpy():
     # llama-cpp-python's __init__ imports numpy, whose OpenBLAS starts a thread per core that spins
     # for work it will never get (we compute nothing with numpy), on the core the prompt's evaluation
-    # and the AMX twin's load need. The user's own OPENBLAS_NUM_THREADS is left alone.
+    # and the AMX twin's load need. The CLI's entry point keeps it to one thread, before any thread of
+    # its own runs; a user's own OPENBLAS_NUM_THREADS is left alone.
     import subprocess
 
     code = (
-        "import os, time\n"
+        "import os, sys, time\n"
+        "from localinfer.cli.main import main\n"
+        "sys.argv = ['localinfer', '--version']\n"
+        "main()\n"
         "from localinfer.engine import bindings\n"
         "bindings.chat_format()\n"
         "import numpy\n"
@@ -283,6 +287,6 @@ def test_importing_the_formatter_starts_no_blas_threads():
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["1", "None"]  # no thread but the main one; the environment as it was
+    assert proc.stdout.splitlines()[-1].split() == ["1", "1"]  # no thread but the main one
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**env, "OPENBLAS_NUM_THREADS": "2"})
-    assert proc.stdout.split()[1] == "2"
+    assert proc.stdout.splitlines()[-1].split()[1] == "2"

@@ -55,6 +55,7 @@ def test_prescan_finds_the_model(args, expected):
         (["--max-tokens=8"], 8),
         (["-n", "5", "--max-tokens", "40"], 40),  # the last one wins
         (["-n", "many"], None),  # Typer will refuse it; no cap as far as the head start goes
+        (["-n", "\u00b2"], None),  # a digit, but not a number int() takes
     ],
 )
 def test_prescan_reads_the_answers_cap(args, expected):
@@ -126,6 +127,59 @@ def test_a_twin_loaded_ahead_that_the_model_does_not_want_is_stopped(smollm2_pat
         assert ahead.failed and ahead.model is None and not twin_mod._loading
     finally:
         model.close()
+
+
+def test_memory_measured_before_the_loads_ahead_counts_only_when_their_twin_is_taken(smollm2_path, monkeypatch):
+    # With the weights loaded ahead not taken (other parameters), the model loads its own: the twin's
+    # memory check must see memory as it is now, not as it was before any load.
+    from localinfer.engine import llama as engine
+    from localinfer.engine import twin as twin_mod
+    from localinfer.engine.types import LoadOptions
+    from localinfer.hardware import memory_budget
+
+    budgets = []
+    real = twin_mod.wanted
+
+    def spy(*args):
+        budgets.append(args[4])
+        return real(*args)
+
+    monkeypatch.setattr(twin_mod, "wanted", spy)
+    assert engine.preload_model(smollm2_path, twin_budget=memory_budget())
+    model = engine.Model(smollm2_path, LoadOptions(n_ctx=256, n_threads=2, use_mmap=False))
+    try:
+        assert budgets == [None] and model._twin is None
+    finally:
+        model.close()
+        twin_mod.settle()
+
+
+def test_ctrl_c_before_typer_takes_over_stops_the_loads_ahead_quietly(smollm2_path, monkeypatch):
+    # The head start runs while Typer is imported: a Ctrl-C then must cancel the AMX twin's load
+    # (not wait for all of it at exit) and end with 130, not a traceback.
+    import localinfer.cli.main as cli_main
+    from localinfer import preload
+    from localinfer.engine import llama as engine
+    from localinfer.engine import twin as twin_mod
+
+    started = []
+
+    def interrupted():
+        if engine._preloaded and engine._preloaded[0].twin is not None:
+            started.append(engine._preloaded[0].twin)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preload, "_started", [])
+    monkeypatch.setattr(cli_main, "build_app", interrupted)
+    monkeypatch.setattr("sys.argv", ["localinfer", "run", "-m", str(smollm2_path), "-p", "hi"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.main()
+    assert exit_info.value.code == 130
+    assert not twin_mod._loading
+    assert all(twin._cancelled for twin in started)
+    engine._preloaded.clear()
+    if _amx():
+        assert started  # the twin had started ahead, and was stopped
 
 
 def test_a_process_that_only_started_loading_ahead_still_exits(smollm2_path):

@@ -7,6 +7,7 @@ modules import nothing heavy at import time, so `localinfer --help` stays fast.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -65,16 +66,24 @@ def build_app() -> typer.Typer:
 
 def main() -> None:
     """Console-script entry point."""
+    # llama-cpp-python's chat formatter imports numpy (we never compute with it), whose OpenBLAS
+    # would start a thread per core that spins for ~100-200 ms looking for work, just while `run`
+    # evaluates the prompt. OpenBLAS reads this once; set here, before any thread of ours runs (a
+    # C thread reading the environment while Python changes it could crash), unless the user did.
+    if "OPENBLAS_NUM_THREADS" not in os.environ:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
     if sys.argv[1:] in (["--version"], ["-V"]):  # answered before Typer is even imported
         sys.stdout.write(f"localinfer {__version__}\n")
         return
-    if sys.argv[1:2] == ["run"]:  # llama.cpp starts loading the weights while Typer is imported
-        from localinfer.cli.prescan import preload_run
-
-        preload_run(sys.argv[2:])
-    app = build_app()
     try:
+        if sys.argv[1:2] == ["run"]:  # llama.cpp starts loading the weights while Typer is imported
+            from localinfer.cli.prescan import preload_run
+
+            preload_run(sys.argv[2:])
+        app = build_app()
         app(prog_name="localinfer")
+    except KeyboardInterrupt:  # before Typer took over (it handles its own): no traceback
+        raise SystemExit(130) from None
     finally:
         if "localinfer.preload" in sys.modules:
             sys.modules["localinfer.preload"].settle()

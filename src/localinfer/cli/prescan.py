@@ -58,7 +58,7 @@ def run_model(args: list[str]) -> tuple[bool, str | None]:
 def max_tokens(values: dict[str, str]) -> int | None:
     """The cap ``-n/--max-tokens`` puts on the answer (None: none, or not a number Typer would take)."""
     given = values.get("--max-tokens", "").strip()
-    return int(given) if given.isdigit() else None
+    return int(given) if given.isdecimal() else None  # not isdigit(): "²" is a digit int() refuses
 
 
 def preload_run(args: list[str]) -> None:

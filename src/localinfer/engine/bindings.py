@@ -62,20 +62,10 @@ def chat_format() -> ModuleType:
         # line to stderr unless its logger says otherwise: a load running on another thread (the
         # AMX decoding twin, a load ahead) would print its debug lines on the user's terminal.
         import logging
-        import os
 
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
-        # The package imports numpy (we never compute with it), whose OpenBLAS starts one thread per
-        # core that spins looking for work for ~100-200 ms: just when the prompt is evaluated (and
-        # the AMX twin loads). One thread, unless the user chose otherwise: OpenBLAS reads it once.
-        blas_default = "OPENBLAS_NUM_THREADS" not in os.environ
-        if blas_default:
-            os.environ["OPENBLAS_NUM_THREADS"] = "1"
-        try:
-            from llama_cpp import llama_chat_format as mod
-        finally:
-            if blas_default:
-                os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        # (It imports numpy too: the CLI keeps numpy's OpenBLAS to one thread, cli.main.)
+        from llama_cpp import llama_chat_format as mod
 
         if _log_callback:  # importing the package just replaced it with llama-cpp-python's logger
             set_log_callback(_log_callback[0])

@@ -169,7 +169,9 @@ class Model:
         if _preloaded:  # a load started ahead (preload_model): taken if it is this one
             pre = _preloaded[0]
             model = pre.take(_params_key(self.path, mparams))
-            twin_ahead, twin_budget = pre.take_twin(model is not None), pre.twin_budget
+            twin_ahead = pre.take_twin(model is not None)
+            if twin_ahead is not None:  # the memory measured before both loads (the twin's would count)
+                twin_budget = pre.twin_budget
             _preloaded.clear()  # only now: interrupted while waiting, settle_preload() still waits
             if model is not None:
                 log_start, ahead_s = pre.log_start, pre.seconds
