@@ -86,7 +86,10 @@ def log_muted() -> Iterator[None]:
     """Keep what llama.cpp logs from this thread out of the captured log (still echoed when verbose):
     a load running beside another one (the AMX decoding twin) must not land in that load's report,
     which is parsed for its memory figures and its errors."""
-    log = ensure_backend(_log.echo if _log is not None else False)
+    log = _log  # not ensure_backend(): from this thread it would write the verbose flag back racily
+    if log is None:  # no backend yet: nothing of ours to keep lines out of
+        yield
+        return
     me = threading.get_ident()
     log.muted.add(me)
     try:
