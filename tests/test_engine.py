@@ -265,6 +265,38 @@ def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_i
     assert proc.stdout == "" and proc.stderr == ""
 
 
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_the_twin_loaded_without_the_tokenizer_computes_the_same_logits(which, smollm2_path, gemma_path):
+    # engine.twin loads its copy with the tokenizer replaced by placeholder tokens (much faster): it
+    # never tokenizes, and its logits must be those of the copy loaded whole, to the bit.
+    import ctypes
+
+    from localinfer.engine import twin as twin_mod
+    from localinfer.engine.backend import llama_cpp
+    from localinfer.engine.llama import Model
+
+    path = smollm2_path if which == "smollm2" else gemma_path
+    with Model(path, LoadOptions(n_ctx=256, n_threads=2)) as m:
+        arch, n_vocab = m.vocab_shape
+        assert arch == ("llama" if which == "smollm2" else "gemma3") and n_vocab == m.n_vocab
+        logits = []
+        for vocab in (None, m.vocab_shape):
+            twin = twin_mod.DecodeTwin(m.path, *m._params, vocab=vocab)
+            try:
+                assert twin.ready() and (twin._overrides is not None) == (vocab is not None)
+                vocab_of = llama_cpp.llama_model_get_vocab(twin.model)
+                assert llama_cpp.llama_vocab_n_tokens(vocab_of) == n_vocab
+                one = (llama_cpp.llama_token * 1)()
+                for token in m.tokenize("The capital of France is"):  # one at a time: a decode, as the twin does
+                    one[0] = token
+                    assert llama_cpp.llama_decode(twin.ctx, llama_cpp.llama_batch_get_one(one, 1)) == 0
+                row = llama_cpp.llama_get_logits_ith(twin.ctx, -1)
+                logits.append(bytes(ctypes.cast(row, ctypes.POINTER(ctypes.c_char * (4 * n_vocab))).contents))
+            finally:
+                twin.close()
+        assert logits[0] == logits[1]
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
 def test_the_cli_starts_no_blas_threads_when_the_formatter_imports_numpy():
     # llama-cpp-python's __init__ imports numpy, whose OpenBLAS starts a thread per core that spins

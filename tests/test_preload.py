@@ -80,6 +80,8 @@ def test_the_decoding_twin_starts_ahead_only_when_the_answer_may_be_long(smollm2
         pre = engine._preloaded[0]
         try:
             assert (pre.twin is not None) == expect_twin
+            if pre.twin is not None:  # loaded without the tokenizer: the header told its size
+                assert pre.twin._overrides is not None and pre.twin._overrides[1].value.val_i64 == 49152
         finally:
             pre.take(None)  # frees the weights (no Model asked for these)
             pre.take_twin(taken=False)

@@ -75,7 +75,9 @@ def _params_key(path: Path, mparams) -> tuple:  # noqa: ANN001
 class _Preload:
     """A model load started ahead on a thread (``preload_model``), waiting for ``Model`` to take it."""
 
-    def __init__(self, path: Path, options: LoadOptions, twin_budget: MemoryBudget | None) -> None:
+    def __init__(
+        self, path: Path, options: LoadOptions, twin_budget: MemoryBudget | None, twin_vocab: tuple[str, int] | None
+    ) -> None:
         import threading
 
         self.log = ensure_backend(options.verbose)
@@ -89,7 +91,7 @@ class _Preload:
         self.twin: _twin.DecodeTwin | None = None
         self.twin_budget = twin_budget
         if twin_budget is not None and _twin.possible(options.n_gpu_layers, options.cpu_repack, options.n_seq_max):
-            self.twin = _twin.DecodeTwin(path, mparams)
+            self.twin = _twin.DecodeTwin(path, mparams, vocab=twin_vocab)
         # Each line llama.cpp logs from the loading thread needs the GIL, which the main thread
         # (importing, parsing) would otherwise hold for up to 5 ms at a time.
         self._interval = sys.getswitchinterval()
@@ -129,7 +131,11 @@ _preloaded: list[_Preload] = []  # at most one per process
 
 
 def preload_model(
-    path: str | os.PathLike, options: LoadOptions = LoadOptions(), *, twin_budget: MemoryBudget | None = None
+    path: str | os.PathLike,
+    options: LoadOptions = LoadOptions(),
+    *,
+    twin_budget: MemoryBudget | None = None,
+    twin_vocab: tuple[str, int] | None = None,
 ) -> bool:
     """Start loading ``path``'s weights on a thread, for the next ``Model(path, ...)`` to take.
 
@@ -138,10 +144,12 @@ def preload_model(
     whether a load was started. ``twin_budget`` (the memory measured before): the first answer may
     be long, so the AMX decoding twin starts loading too, where this CPU and these settings allow
     one; the model takes it if its memory check (``twin.wanted``, against this budget) agrees.
+    ``twin_vocab``: (architecture, vocabulary size) from the GGUF's header, for the twin to load
+    without the tokenizer (engine.twin).
     """
     if _preloaded or supports_gpu_offload() or options.verbose:
         return False
-    _preloaded.append(_Preload(Path(path), options, twin_budget))
+    _preloaded.append(_Preload(Path(path), options, twin_budget, twin_vocab))
     return True
 
 
@@ -273,6 +281,12 @@ class Model:
         return buf.value.decode("utf-8", errors="replace")
 
     @property
+    def vocab_shape(self) -> tuple[str, int] | None:
+        """(architecture, vocabulary size): what loading a copy without the tokenizer needs (engine.twin)."""
+        arch = self.meta("general.architecture")
+        return (arch, self.n_vocab) if arch else None
+
+    @property
     def chat_template(self) -> str | None:
         raw = llama_cpp.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
@@ -390,7 +404,7 @@ class Model:
         """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:
         the chat REPL does while the user types its first message, so that answer need not wait."""
         if self._twin_wanted and self._twin is None:
-            self._twin = _twin.DecodeTwin(self.path, *self._params)
+            self._twin = _twin.DecodeTwin(self.path, *self._params, vocab=self.vocab_shape)
 
     def _twin_bytes(self) -> int:
         """What a decoding twin would add: this load's buffers again, and the KV copy's buffer."""
