@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localinfer.gguf import ArraySummary, ggml_type_size
+from localinfer.gguf import ggml_type_size
 
 if TYPE_CHECKING:
     from localinfer.gguf import GGUFInfo
@@ -131,11 +131,8 @@ class ModelShape:
             else:
                 other_b += t.n_bytes
 
-        tokens = md.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, ArraySummary):
-            n_vocab = tokens.length
-        elif isinstance(tokens, list):
-            n_vocab = len(tokens)
+        if info.vocab_size is not None:
+            n_vocab = info.vocab_size
         elif len(embd_shape) >= 2:
             n_vocab = embd_shape[1]
         else:

@@ -312,6 +312,14 @@ class GGUFInfo:
         return self._str("general.architecture")
 
     @property
+    def vocab_size(self) -> int | None:
+        """The tokenizer's token count (its list, kept or summarised), or None without one."""
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, ArraySummary):
+            return tokens.length
+        return len(tokens) if isinstance(tokens, list) else None
+
+    @property
     def name(self) -> str | None:
         return self._str("general.name")
 

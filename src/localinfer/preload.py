@@ -47,8 +47,7 @@ def start(spec: str | None, max_tokens: int | None = None) -> None:
         # The twin's weights alone must fit its share of memory (twin.wanted checks exactly later).
         long_answer = max_tokens is None or max_tokens >= twin.MIN_TOKENS
         fits = resolved.info.file_size <= 0.25 * (budget.ram_available - budget.swap_free)
-        tokens = resolved.info.metadata.get("tokenizer.ggml.tokens")
-        vocab = (resolved.info.architecture, len(tokens) if isinstance(tokens, list) else getattr(tokens, "length", 0))
+        vocab = (resolved.info.architecture, resolved.info.vocab_size or 0)
         if preload_model(resolved.path, twin_budget=budget if long_answer and fits else None, twin_vocab=vocab):
             _started.append((spec, resolved, budget))
     except Exception:  # noqa: BLE001 - only a head start: the real resolve and load report problems
