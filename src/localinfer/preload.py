@@ -46,7 +46,7 @@ def start(spec: str | None, max_tokens: int | None = None) -> None:
 
         # The twin's weights alone must fit its share of memory (twin.wanted checks exactly later).
         long_answer = max_tokens is None or max_tokens >= twin.MIN_TOKENS
-        fits = resolved.info.file_size <= 0.25 * (budget.ram_available - budget.swap_free)
+        fits = twin.fits(resolved.info.file_size, budget)
         vocab = (resolved.info.architecture, resolved.info.vocab_size or 0)
         if preload_model(resolved.path, twin_budget=budget if long_answer and fits else None, twin_vocab=vocab):
             _started.append((spec, resolved, budget))

@@ -74,7 +74,12 @@ def wanted(
         from localinfer.hardware import memory_budget
 
         budget = memory_budget()  # RAM available, under a container's limit, LOCALINFER_FAKE_RAM honoured
-    return extra_bytes() <= 0.25 * (budget.ram_available - budget.swap_free)
+    return fits(extra_bytes(), budget)
+
+
+def fits(extra_bytes: int, budget: MemoryBudget) -> bool:
+    """A twin may take a quarter of the RAM available (swap does not count)."""
+    return extra_bytes <= 0.25 * (budget.ram_available - budget.swap_free)
 
 
 _loading: list[DecodeTwin] = []  # twins whose load has not finished
