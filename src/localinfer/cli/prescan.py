@@ -49,12 +49,6 @@ def scan(args: list[str]) -> dict[str, str] | None:
     return values
 
 
-def run_model(args: list[str]) -> tuple[bool, str | None]:
-    """(whether the model can be told, the -m/--model value or None for the default) for ``run args``."""
-    values = scan(args)
-    return (False, None) if values is None else (True, values.get("--model"))
-
-
 def max_tokens(values: dict[str, str]) -> int | None:
     """The cap ``-n/--max-tokens`` puts on the answer (None: none, or not a number Typer would take)."""
     given = values.get("--max-tokens", "").strip()
