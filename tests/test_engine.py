@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -208,17 +209,23 @@ def test_amx_decoding_twin_can_be_turned_off(smollm2_path, monkeypatch):
 
 
 @pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
-def test_chat_starts_loading_the_twin_before_the_first_message(smollm2_path):
+@pytest.mark.parametrize("interactive", [True, False])
+def test_chat_starts_loading_the_twin_before_the_first_message(smollm2_path, interactive):
     from localinfer.cli.chat import ChatSession
 
     session = ChatSession(
         load_opts=LoadOptions(n_ctx=512, n_threads=2), offline=True, force=False, quiet=True,
-        verbose=False, no_log=True, interactive=False,
+        verbose=False, no_log=True, interactive=interactive,
     )
     loaded, _ = session._load(str(smollm2_path))
     try:
         twin = loaded.model._twin
-        assert twin is not None and twin.ready()  # loading since the model was; nobody asked anything yet
+        assert twin is not None and twin.weights_loaded.wait(60)  # loading since the model was
+        if interactive:  # the user is typing: its context is made at once
+            assert twin.ready()
+        else:  # messages piped in come at once: the context waits for the first token (engine.twin)
+            time.sleep(0.2)
+            assert twin.ctx is None and not twin.failed
         run(loaded.model, loaded.model.tokenize("Once upon a time"), max_tokens=40, ignore_eos=True)
         assert loaded.model.decodes_on_twin and loaded.model._twin is twin  # the same copy, loaded once
     finally:
@@ -295,6 +302,38 @@ def test_the_twin_loaded_without_the_tokenizer_computes_the_same_logits(which, s
             finally:
                 twin.close()
         assert logits[0] == logits[1]
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_the_twin_loads_with_no_openmp_team_of_its_own(smollm2_path):
+    # The twin's weight conversion for AMX runs an OpenMP team. Its worker would live as long as the
+    # twin's thread, which waits through the prompt's evaluation for the context's settings; with
+    # more threads than CPUs, libgomp makes the main team's barriers sleep (prefill 30 -> 50 ms).
+    # So while the twin waits, the process has exactly one more thread: the twin's own.
+    import subprocess
+
+    code = (
+        "import os, sys, time\n"
+        "from localinfer.engine import twin as twin_mod\n"
+        "from localinfer.engine.llama import Model\n"
+        "from localinfer.engine.types import LoadOptions\n"
+        "m = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "t = twin_mod.DecodeTwin(m.path, m._params[0], vocab=m.vocab_shape)\n"
+        "assert t.weights_loaded.wait(60) and not t.failed\n"
+        "time.sleep(0.1)\n"
+        "during = len(os.listdir('/proc/self/task'))\n"
+        "assert t.ctx is None  # no settings given: it waits for them\n"
+        "t.start_context(m._params[1])\n"
+        "assert t.ready() and t.ctx is not None\n"
+        "t.close()\n"
+        "print(before, during)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    before, during = map(int, proc.stdout.split())
+    assert during == before + 1
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from conftest import run_cli
@@ -102,7 +103,11 @@ def test_the_model_takes_the_twin_loaded_ahead_without_its_log_lines(smollm2_pat
     assert ahead is not None
     model = engine.Model(smollm2_path, LoadOptions(n_ctx=256, n_threads=2))
     try:
-        assert model._twin is ahead and ahead.ready()  # its context made with the model's settings
+        assert model._twin is ahead and ahead.weights_loaded.wait(60)
+        # Its context is created only once the first token is out: nothing of the twin may run while
+        # the prompt is evaluated (engine.twin).
+        time.sleep(0.2)
+        assert ahead.ctx is None and not ahead.failed
         # Both loads ran at once; the report is this load's alone (the twin's "AMX model buffer" and
         # its second KV cache would be counted as this model's memory).
         assert not any("AMX" in line for line in model.memory_log)
@@ -110,6 +115,7 @@ def test_the_model_takes_the_twin_loaded_ahead_without_its_log_lines(smollm2_pat
         stats = GenerationStats()
         text = "".join(s.text for s in model.generate(model.tokenize("Once upon a time"), SamplingOptions(temperature=0), stats, max_tokens=40, ignore_eos=True))
         assert text and stats.completion_tokens == 40 and model.decodes_on_twin and model._twin is ahead
+        assert ahead.ctx is not None  # created after the first token, with the model's settings
     finally:
         model.close()
 

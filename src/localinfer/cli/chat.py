@@ -159,7 +159,9 @@ class ChatSession:
             loaded.close()
             raise no_template_error(resolved.name)
         touch(resolved.name)  # `list`'s "last used"
-        loaded.model.prepare_decode_twin()  # AMX CPUs: loads at low priority while the user types
+        # AMX CPUs: loads at low priority while the user types (piped messages come at once: its
+        # context then waits for the first answer's first token)
+        loaded.model.prepare_decode_twin(idle=self.interactive)
         for note in loaded.plan.notes if getattr(loaded, "plan", None) else ():
             self.say(note)
         n_ctx = self.load_opts.n_ctx

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -123,6 +124,31 @@ def stdout_to_stderr() -> Iterator[None]:
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def openmp_one_thread() -> bool:
+    """Keep the OpenMP teams this thread starts to itself (``omp_set_num_threads(1)`` sets the calling
+    thread's own setting); whether the build's OpenMP runtime was found (Linux: the one mapped in).
+
+    For a thread running llama.cpp beside the main one (the AMX decoding twin's load, whose weight
+    conversion runs an OpenMP team): a team's workers live as long as the thread that started it, and
+    once libgomp manages more threads than there are CPUs it makes every barrier sleep at once rather
+    than spin. ggml's graph compute meets at a barrier after each operation, so a second team of
+    two slowed the prompt's evaluation from ~30 to ~50 ms on 2 cores (SmolLM2).
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if ".so" in line}
+    except OSError:
+        return False
+    for path in sorted(paths):  # libgomp.so.1, a wheel's libgomp-1a2b3c4d.so.1, LLVM's libomp, Intel's libiomp5
+        if re.match(r"lib(gomp|omp|iomp5)[-.]", os.path.basename(path)):
+            try:
+                ctypes.CDLL(path).omp_set_num_threads(1)
+            except (OSError, AttributeError):
+                continue
+            return True
+    return False
 
 
 def default_threads() -> int:

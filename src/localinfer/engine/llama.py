@@ -237,10 +237,9 @@ class Model:
         self._twin_wanted = _twin.wanted(
             options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self._twin_bytes, twin_budget
         )
-        if twin_ahead is not None:  # its weights are loading (or loaded): it gets this context's settings
+        if twin_ahead is not None:  # its weights are loading (or loaded); its context waits (_to_twin)
             if self._twin_wanted:
                 self._twin = twin_ahead
-                twin_ahead.start_context(cparams)
             else:
                 twin_ahead.cancel()
 
@@ -390,8 +389,11 @@ class Model:
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
 
     def _to_twin(self):  # noqa: ANN202 - a llama_context pointer
-        """Move the live cache to the decoding twin (waiting for its load); the context to decode on."""
+        """Move the live cache to the decoding twin (waiting for its load); the context to decode on.
+        Its context is created now if it was not yet: the prompt's evaluation is over."""
         twin = self._twin
+        if twin is not None:
+            twin.start_context(self._params[1])
         if twin is not None and twin.ready() and _twin.copy_sequence(self._ctx_prompt, twin.ctx):
             self._ctx, self._mem = twin.ctx, twin.mem
         elif twin is not None:  # it failed to load or to take the cache: decode here from now on
@@ -400,11 +402,16 @@ class Model:
             twin.close()
         return self._ctx
 
-    def prepare_decode_twin(self) -> None:
+    def prepare_decode_twin(self, idle: bool = True) -> None:
         """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:
-        the chat REPL does while the user types its first message, so that answer need not wait."""
+        the chat REPL does while the user types its first message, so that answer need not wait.
+        ``idle``: nothing is evaluated meanwhile, so its context is created as soon as it loads;
+        otherwise that waits for the first token (``_to_twin``)."""
         if self._twin_wanted and self._twin is None:
-            self._twin = _twin.DecodeTwin(self.path, *self._params, vocab=self.vocab_shape)
+            mparams, cparams = self._params
+            self._twin = _twin.DecodeTwin(self.path, mparams, cparams if idle else None, vocab=self.vocab_shape)
+        elif self._twin is not None and idle:
+            self._twin.start_context(self._params[1])
 
     def _twin_bytes(self) -> int:
         """What a decoding twin would add: this load's buffers again, and the KV copy's buffer."""
@@ -517,7 +524,7 @@ class Model:
         try:
             self._to_prompt_side()
             if use_twin:  # if not loading yet: it loads while the prompt is evaluated
-                self.prepare_decode_twin()
+                self.prepare_decode_twin(idle=False)
             cached = self._reuse_prefix(prompt)
             stats.cached_tokens = cached
             t0 = time.perf_counter()

@@ -11,11 +11,15 @@ cache back first.
 The copy loads on a thread at low priority (nice 19: it takes only a core nobody else wants), as early
 as what it is for is known: in ``run``, beside the load ahead (``engine.llama.preload_model``) while
 Python starts up, which leaves a core idle for most of half a second; in ``chat``, as soon as the
-model is loaded, while the user types; otherwise when the first such answer starts. Its context
-is created once the main context's settings are known (``start_context``). An answer whose first
-token comes before the copy is ready waits for it. The first token always comes from the prompt's
-evaluation and every later one from this copy: the same seed gives the same text (AMX rounds
-differently from the unrepacked path, so it is not the text without it).
+model is loaded, while the user types; otherwise when the first such answer starts.
+
+It keeps out of the prompt's evaluation. Its context is created once it is given the main context's
+settings (``start_context``): at once in an interactive ``chat``, otherwise once the first long
+answer's first token is out (the creation, meeting SmolLM2's prompt, took it from 30 to 90-105 ms).
+Its thread keeps OpenMP to one thread (``backend.openmp_one_thread``; prefill 50 -> 30 ms). An
+answer whose first token comes before the copy is ready waits for it. The first token always comes
+from the prompt's evaluation and every later one from this copy: the same seed gives the same text
+(AMX rounds differently from the unrepacked path, so it is not the text without it).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from localinfer.engine.backend import (
     join_past_interrupts,
     llama_cpp,
     log_muted,
+    openmp_one_thread,
     supports_gpu_offload,
 )
 
@@ -116,8 +121,8 @@ def _no_vocabulary(vocab: tuple[str, int]):  # noqa: ANN202 - a ctypes array
 class DecodeTwin:
     """The repacked copy and its context, loading on a thread until ``ready()``.
 
-    Without ``cparams`` the thread loads the weights and then waits for ``start_context`` (the main
-    context's settings) or ``cancel``. ``vocab`` (architecture, vocabulary size): load without the
+    Without ``cparams`` the thread loads the weights (``weights_loaded`` is set then) and waits for
+    ``start_context`` (the main context's settings) or ``cancel``. ``vocab`` (architecture, vocabulary size): load without the
     tokenizer (``_no_vocabulary``); None: with it.
     """
 
@@ -131,6 +136,7 @@ class DecodeTwin:
         # smaller one could not take the main context's cells); the model's, with repacking on.
         self._cparams = cparams
         self._go = threading.Event()  # set once the context can be created, or the load is cancelled
+        self.weights_loaded = threading.Event()  # set when the weights' load has ended, loaded or not
         if cparams is not None:
             self._go.set()
         mparams = type(mparams).from_buffer_copy(mparams)
@@ -152,13 +158,18 @@ class DecodeTwin:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             except (AttributeError, OSError):
                 pass
+            # The weights' conversion for AMX runs an OpenMP team: its worker would live as long as
+            # this thread, waiting through the prompt's evaluation, and make its barriers sleep.
+            openmp_one_thread()
             # Its log lines stay out of the captured log: another load may be running (the main one,
             # ahead) and its report is parsed. No fd redirection (the answer may be streaming to stdout).
             with log_muted():
                 model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+                self.weights_loaded.set()
                 if model and self._await_context():
                     ctx = llama_cpp.llama_init_from_model(model, self._cparams)
         finally:
+            self.weights_loaded.set()
             if ctx:
                 self.model, self.ctx, self.mem = model, ctx, llama_cpp.llama_get_memory(ctx)
             else:
@@ -177,12 +188,17 @@ class DecodeTwin:
         return not self._cancelled
 
     def start_context(self, cparams) -> None:  # noqa: ANN001 - a ctypes struct
-        """Create the context, with the main context's settings, as soon as the weights are loaded."""
-        self._cparams = cparams
+        """Create the context, with the main context's settings, as soon as the weights are loaded
+        (once: later calls change nothing)."""
+        if self._cparams is None:
+            self._cparams = cparams
         self._go.set()
 
     def ready(self) -> bool:
-        """Wait for the load; whether the copy can decode."""
+        """Wait for the load; whether the copy can decode. Only once it has the context's settings
+        (``cparams``, ``start_context``) or is cancelled: until then its thread waits for them."""
+        if not self._go.is_set():
+            raise RuntimeError("DecodeTwin.ready() before start_context(): it would wait forever")
         self._thread.join()
         return not self.failed  # set whenever the load did not end with a context
 
