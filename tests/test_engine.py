@@ -183,6 +183,27 @@ def test_amx_twin_decodes_long_answers_the_same_way_every_time(model):
 
 
 @pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smollm2_path):
+    # The twin's context is made after the first token, and the answer waits for it: it is made as
+    # large as the answer can reach (its KV cache is most of the wait), and made again, as large as
+    # the main context, for a later answer that needs more. A twin made full size from the start
+    # (an interactive chat's) decodes the same text.
+    from localinfer.engine.llama import Model
+
+    opts = LoadOptions(n_ctx=1024, n_threads=2)
+    with Model(smollm2_path, opts) as sized, Model(smollm2_path, opts) as full:
+        prompt = sized.tokenize("Once upon a time")
+        short, _ = run(sized, prompt, max_tokens=40, ignore_eos=True)
+        assert sized.decodes_on_twin and sized._twin.n_ctx == 256  # 5 + 40 tokens, in steps of 256
+        sized.reset()
+        long, stats = run(sized, prompt, max_tokens=300, ignore_eos=True)
+        assert sized.decodes_on_twin and sized._twin.n_ctx == 1024 and stats.completion_tokens == 300
+        full.prepare_decode_twin()  # idle: its context made at once, full size
+        assert full._twin.ready() and full._twin.n_ctx == 1024
+        assert run(full, prompt, max_tokens=300, ignore_eos=True)[0] == long and long.startswith(short)
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
 def test_an_answer_cut_short_on_the_twin_leaves_a_consistent_cache(model):
     prompt = model.tokenize("Once upon a time")
     model.reset()

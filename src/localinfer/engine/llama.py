@@ -388,19 +388,38 @@ class Model:
             self._tokens = []
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
 
-    def _to_twin(self):  # noqa: ANN202 - a llama_context pointer
+    def _to_twin(self, reach: int):  # noqa: ANN202 - a llama_context pointer
         """Move the live cache to the decoding twin (waiting for its load); the context to decode on.
-        Its context is created now if it was not yet: the prompt's evaluation is over."""
+        ``reach``: the most tokens the sequence can hold by the answer's end. The twin's context is
+        created now if it was not yet (the prompt's evaluation is over), with room for ``reach``:
+        most of its creation is its KV cache's memory being faulted in and cleared (~60 ms for 4096
+        tokens, ~8 for 512), and the answer waits for it. An answer that needs more room than it
+        has gets a context as large as this one's."""
         twin = self._twin
         if twin is not None:
-            twin.start_context(self._params[1])
-        if twin is not None and twin.ready() and _twin.copy_sequence(self._ctx_prompt, twin.ctx):
+            twin.start_context(self._twin_settings(reach))
+        if (
+            twin is not None
+            and twin.ready()
+            and (twin.n_ctx >= min(reach, self.n_ctx) or twin.widen(self._params[1]))
+            and _twin.copy_sequence(self._ctx_prompt, twin.ctx)
+        ):
             self._ctx, self._mem = twin.ctx, twin.mem
         elif twin is not None:  # it failed to load or to take the cache: decode here from now on
             self._twin_wanted = False
             self._twin = None
             twin.close()
         return self._ctx
+
+    def _twin_settings(self, reach: int):  # noqa: ANN202 - a ctypes struct
+        """This context's settings, with room for ``reach`` tokens (in steps of 256) if that is less."""
+        cparams = self._params[1]
+        n_ctx = -(-reach // 256) * 256
+        if n_ctx >= self.n_ctx:
+            return cparams
+        smaller = type(cparams).from_buffer_copy(cparams)
+        smaller.n_ctx = n_ctx
+        return smaller
 
     def prepare_decode_twin(self, idle: bool = True) -> None:
         """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:
@@ -606,7 +625,7 @@ class Model:
                 return
             if to_twin:  # after the first token: decode the rest on the AMX twin (engine.twin)
                 to_twin = False
-                ctx = self._to_twin()
+                ctx = self._to_twin(min(n_ctx, len(cached) + limit - n_gen + 1))
             one[0] = token
             t_call = clock()
             rc = decode(ctx, batch)

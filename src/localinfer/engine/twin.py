@@ -130,6 +130,7 @@ class DecodeTwin:
         self.model = None
         self.ctx = None
         self.mem = None
+        self.n_ctx = 0  # its context's size, once it has one
         self.failed = False
         self._cancelled = False
         # The main context's settings as they are (a sliding-window cache is sized from n_ubatch: a
@@ -172,6 +173,7 @@ class DecodeTwin:
             self.weights_loaded.set()
             if ctx:
                 self.model, self.ctx, self.mem = model, ctx, llama_cpp.llama_get_memory(ctx)
+                self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
             else:
                 if model:
                     llama_cpp.llama_model_free(model)
@@ -201,6 +203,16 @@ class DecodeTwin:
             raise RuntimeError("DecodeTwin.ready() before start_context(): it would wait forever")
         self._thread.join()
         return not self.failed  # set whenever the load did not end with a context
+
+    def widen(self, cparams) -> bool:  # noqa: ANN001 - a ctypes struct
+        """Replace the (ready) context with one made with ``cparams``, larger; whether that worked
+        (otherwise the old one stays). Its cache is lost: the next copy fills it."""
+        ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not ctx:
+            return False
+        llama_cpp.llama_free(self.ctx)
+        self.ctx, self.mem, self.n_ctx = ctx, llama_cpp.llama_get_memory(ctx), int(llama_cpp.llama_n_ctx(ctx))
+        return True
 
     def cancel(self) -> None:
         """Stop a load still running (llama.cpp asks between tensors); ``ready()`` then says False."""
