@@ -29,6 +29,7 @@ from localinfer.engine.backend import (
     supports_gpu_offload,
 )
 from localinfer.engine.load_errors import diagnose_load_failure
+from localinfer.engine import kvstate
 from localinfer.engine import twin as _twin
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import (
@@ -234,6 +235,8 @@ class Model:
         self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
         self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
         self._params = (mparams, cparams)
+        self._prompt_v_transposed: bool | None = None  # this context's V cache layout, once read (engine.kvstate)
+        self._twin_flash_attn = False  # the twin keeps this context's flash attention (its cache did not convert)
         self._twin_wanted = _twin.wanted(
             options.n_gpu_layers, options.cpu_repack, options.n_seq_max, self._twin_bytes, twin_budget
         )
@@ -380,10 +383,14 @@ class Model:
         self._tokens = []
 
     def _to_prompt_side(self) -> None:
-        """Prompts are evaluated on the main context: bring the live cache back from the twin."""
+        """Prompts are evaluated on the main context: bring the live cache back from the twin (its
+        V cache converted back to this context's layout: engine.kvstate)."""
         if self._ctx is self._ctx_prompt:
             return
-        if not self._tokens or not _twin.copy_sequence(self._ctx, self._ctx_prompt):
+        state = _twin.sequence_state(self._ctx) if self._tokens else None
+        if state is not None and self._prompt_v_transposed is not None:
+            state = kvstate.with_v_layout(state, self._prompt_v_transposed)
+        if not _twin.restore_sequence(self._ctx_prompt, state):
             llama_cpp.llama_memory_clear(self._mem_prompt, True)
             self._tokens = []
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
@@ -394,32 +401,37 @@ class Model:
         created now if it was not yet (the prompt's evaluation is over), with room for ``reach``:
         most of its creation is its KV cache's memory being faulted in and cleared (~60 ms for 4096
         tokens, ~8 for 512), and the answer waits for it. An answer that needs more room than it
-        has gets a context as large as this one's."""
+        has gets a context as large as this one's.
+
+        The twin decodes without flash attention, faster (``engine.kvstate``): the cache's V layout
+        is converted on the way. A cache that cannot be converted (a layout ``kvstate`` does not
+        know) is copied as it is, into a context made again with this one's flash attention."""
         twin = self._twin
-        if twin is not None:
-            twin.start_context(self._twin_settings(reach))
-        if (
-            twin is not None
-            and twin.ready()
-            and (twin.n_ctx >= min(reach, self.n_ctx) or twin.widen(self._params[1]))
-            and _twin.copy_sequence(self._ctx_prompt, twin.ctx)
-        ):
+        if twin is None:
+            return self._ctx
+        twin.start_context(self._twin_settings(reach))
+        state = _twin.sequence_state(self._ctx_prompt)
+        if state is not None and self._prompt_v_transposed is None:
+            self._prompt_v_transposed = kvstate.v_layout(state)
+        ok = twin.ready() and (twin.n_ctx >= min(reach, self.n_ctx) or twin.remake(self._twin_settings(self.n_ctx)))
+        if ok and self._prompt_v_transposed is None and twin.v_transposed:  # unknown layout: keep this one's
+            self._twin_flash_attn = True
+            ok = twin.remake(self._twin_settings(max(reach, twin.n_ctx)))
+        if ok and state is not None and self._prompt_v_transposed is not None:
+            state = kvstate.with_v_layout(state, twin.v_transposed)
+        if ok and _twin.restore_sequence(twin.ctx, state):
             self._ctx, self._mem = twin.ctx, twin.mem
-        elif twin is not None:  # it failed to load or to take the cache: decode here from now on
+        else:  # it failed to load or to take the cache: decode here from now on
             self._twin_wanted = False
             self._twin = None
             twin.close()
         return self._ctx
 
     def _twin_settings(self, reach: int):  # noqa: ANN202 - a ctypes struct
-        """This context's settings, with room for ``reach`` tokens (in steps of 256) if that is less."""
-        cparams = self._params[1]
-        n_ctx = -(-reach // 256) * 256
-        if n_ctx >= self.n_ctx:
-            return cparams
-        smaller = type(cparams).from_buffer_copy(cparams)
-        smaller.n_ctx = n_ctx
-        return smaller
+        """The twin's context settings (``twin.decode_settings``), with room for ``reach`` tokens (in
+        steps of 256) if that is less than this context's."""
+        n_ctx = min(self.n_ctx, -(-reach // 256) * 256)
+        return _twin.decode_settings(self._params[1], n_ctx, self._twin_flash_attn)
 
     def prepare_decode_twin(self, idle: bool = True) -> None:
         """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:
@@ -427,10 +439,10 @@ class Model:
         ``idle``: nothing is evaluated meanwhile, so its context is created as soon as it loads;
         otherwise that waits for the first token (``_to_twin``)."""
         if self._twin_wanted and self._twin is None:
-            mparams, cparams = self._params
-            self._twin = _twin.DecodeTwin(self.path, mparams, cparams if idle else None, vocab=self.vocab_shape)
+            settings = self._twin_settings(self.n_ctx) if idle else None
+            self._twin = _twin.DecodeTwin(self.path, self._params[0], settings, vocab=self.vocab_shape)
         elif self._twin is not None and idle:
-            self._twin.start_context(self._params[1])
+            self._twin.start_context(self._twin_settings(self.n_ctx))
 
     def _twin_bytes(self) -> int:
         """What a decoding twin would add: this load's buffers again, and the KV copy's buffer."""

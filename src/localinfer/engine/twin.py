@@ -6,7 +6,9 @@ repacked for AMX. A single-token decode takes AMX's VNNI path instead, which wor
 twice as fast (``benchmarks/amx_twin.py``). So ``Model`` evaluates prompts as usual and, for
 answers long enough to repay the load, copies the sequence's KV cache into a context of this copy
 (``llama_state_seq_get_data``/``set_data``, a few ms) and decodes there; the next prompt copies the
-cache back first.
+cache back first. The copy decodes without flash attention (faster for one token at a time, the
+more so the deeper the cache) while prompts keep it: the cache's V half is converted between the
+two layouts on the way (``engine.kvstate``).
 
 The copy loads on a thread at low priority (nice 19: it takes only a core nobody else wants), as early
 as what it is for is known: in ``run``, beside the load ahead (``engine.llama.preload_model``) while
@@ -204,13 +206,21 @@ class DecodeTwin:
         self._thread.join()
         return not self.failed  # set whenever the load did not end with a context
 
-    def widen(self, cparams) -> bool:  # noqa: ANN001 - a ctypes struct
-        """Replace the (ready) context with one made with ``cparams``, larger; whether that worked
-        (otherwise the old one stays). Its cache is lost: the next copy fills it."""
+    @property
+    def v_transposed(self) -> bool:
+        """Whether its context keeps the V cache transposed (flash attention off): known once it
+        has its settings."""
+        return self._cparams is not None and self._cparams.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+    def remake(self, cparams) -> bool:  # noqa: ANN001 - a ctypes struct
+        """Replace the (ready) context with one made with ``cparams`` (larger, or flash attention as
+        the main context has it); whether that worked (otherwise the old one stays). Its cache is
+        lost: the next copy fills it."""
         ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not ctx:
             return False
         llama_cpp.llama_free(self.ctx)
+        self._cparams = cparams
         self.ctx, self.mem, self.n_ctx = ctx, llama_cpp.llama_get_memory(ctx), int(llama_cpp.llama_n_ctx(ctx))
         return True
 
@@ -234,9 +244,31 @@ class DecodeTwin:
         self.failed = True
 
 
-def copy_sequence(src_ctx, dst_ctx) -> bool:  # noqa: ANN001
-    """Replace sequence 0 of ``dst_ctx``'s KV cache with ``src_ctx``'s."""
-    size = llama_cpp.llama_state_seq_get_size(src_ctx, 0)
+_TRANSPOSABLE_V = (0, 1, 30)  # ggml F32, F16, BF16: a V cache kept without flash attention
+
+
+def decode_settings(cparams, n_ctx: int, flash_attn: bool):  # noqa: ANN001, ANN201 - ctypes structs
+    """The twin's context settings: the main context's, ``n_ctx`` cells, and flash attention off
+    unless ``flash_attn`` (or a V cache type that needs it): it decodes faster without
+    (``engine.kvstate``), and the cache is converted on its way across."""
+    settings = type(cparams).from_buffer_copy(cparams)
+    settings.n_ctx = n_ctx
+    if not flash_attn and settings.type_v in _TRANSPOSABLE_V:
+        settings.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return settings
+
+
+def sequence_state(ctx) -> bytes | None:  # noqa: ANN001
+    """Sequence 0 of ``ctx``'s KV cache, saved (``llama_state_seq_get_data``)."""
+    size = llama_cpp.llama_state_seq_get_size(ctx, 0)
     buf = (ctypes.c_uint8 * size)()
-    got = llama_cpp.llama_state_seq_get_data(src_ctx, buf, size, 0)
-    return got > 0 and llama_cpp.llama_state_seq_set_data(dst_ctx, buf, got, 0) == got
+    got = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+    return bytes(memoryview(buf)[:got]) if got > 0 else None
+
+
+def restore_sequence(ctx, state: bytes | None) -> bool:  # noqa: ANN001
+    """Replace sequence 0 of ``ctx``'s KV cache with a saved one; whether that worked."""
+    if not state:
+        return False
+    buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+    return llama_cpp.llama_state_seq_set_data(ctx, buf, len(state), 0) == len(state)

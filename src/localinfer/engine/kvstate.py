@@ -1,0 +1,153 @@
+"""A sequence's saved KV cache (``llama_state_seq_get_data``), with its V cache in either layout.
+
+llama.cpp keeps the V cache one row per cell with flash attention, and transposed (one row per
+embedding dimension) without it; a saved state restores only into a context of the same layout
+("incompatible V transposition"). The AMX decoding twin (``engine.twin``) decodes without flash
+attention while the main context evaluates prompts with it: on this CPU flash attention evaluates a
+prompt faster (pp371 +9%, pp1024 +17%) but decodes one token slower, the more so the deeper the
+cache (tg128 at depth 48: -4%, at depth 200: -28%). So the state is converted on the way.
+
+The layout, as llama-cpp-python 0.3.36's llama.cpp writes it (``llama_context::state_seq_get_data``,
+``llama_kv_cache::state_write``), all little-endian: ``u32 magic, i32 seq_id``; per cache (an
+interleaved sliding-window model writes two, one after the other) ``u32 n_stream``; per stream
+``u32 cell_count`` and, unless 0, per cell ``i32 pos, u32 n_seq_id, i32 seq_id * n_seq_id``, then
+``u32 v_trans, u32 n_layer``, per layer ``i32 type, u64 row_size`` and the K rows; then per layer
+``i32 type, u64 row_size`` and the V rows, or transposed ``i32 type, u32 element_size,
+u32 n_embd`` and, per dimension, its values in every cell. What does not parse exactly (cells that
+carry more, as M-RoPE models' do; a quantized V cache to transpose; another version's layout) is
+left alone: ``with_v_layout`` returns None, and the twin then keeps the main context's layout.
+"""
+
+from __future__ import annotations
+
+import struct
+
+# ggml types a transposed V cache can have, and their element sizes: F32, F16, BF16
+_ELEMENT = {0: 4, 1: 2, 30: 2}
+_FORMAT = {2: "H", 4: "I"}
+_MAGIC = 0xAF143CD8  # llama_context's io_magic, first in a sequence's state
+
+
+class _Unparsed(Exception):
+    pass
+
+
+def v_layout(state: bytes) -> bool | None:
+    """Whether the state's V cache is transposed; None if it holds no cell or does not parse."""
+    try:
+        layouts, _ = _convert(state, None)
+    except (_Unparsed, struct.error):
+        return None
+    return layouts.pop() if len(layouts) == 1 else None
+
+
+def with_v_layout(state: bytes, transposed: bool) -> bytes | None:
+    """``state`` with every V cache in the wanted layout (itself when it already is); None when it
+    does not parse."""
+    try:
+        _, converted = _convert(state, transposed)
+    except (_Unparsed, struct.error):
+        return None
+    return converted
+
+
+def _convert(state: bytes, transposed: bool | None) -> tuple[set[bool], bytes]:
+    """The layouts found, and the state with each V layer in the ``transposed`` layout (None: as it
+    is). Raises ``_Unparsed`` unless the whole state parses exactly."""
+    view = memoryview(state)
+    end = len(view)
+    off = 0
+    pieces: list[bytes | memoryview] = []
+    kept_from = 0  # start of the stretch copied as it is
+    layouts: set[bool] = set()
+
+    def take(fmt: str) -> tuple:
+        nonlocal off
+        values = struct.unpack_from(fmt, view, off)
+        off += struct.calcsize(fmt)
+        return values
+
+    def skip(n: int) -> memoryview:
+        nonlocal off
+        if n < 0 or off + n > end:
+            raise _Unparsed
+        piece = view[off : off + n]
+        off += n
+        return piece
+
+    if take("<I")[0] != _MAGIC:
+        raise _Unparsed
+    take("<i")  # the sequence's id
+    while off < end:  # one cache after the other
+        (n_stream,) = take("<I")
+        if not 0 < n_stream <= 256:
+            raise _Unparsed
+        for _ in range(n_stream):
+            (cells,) = take("<I")
+            if cells == 0:
+                continue
+            for _ in range(cells):
+                _pos, n_seq = take("<iI")
+                if n_seq > 256:
+                    raise _Unparsed
+                skip(4 * n_seq)
+            trans, n_layer = take("<II")
+            if trans not in (0, 1) or not 0 < n_layer <= 4096:
+                raise _Unparsed
+            trans = bool(trans)
+            layouts.add(trans)
+            convert = transposed is not None and transposed != trans
+            if convert:  # the flag, then the layers below
+                pieces.append(view[kept_from : off - 8])
+                pieces.append(struct.pack("<II", int(transposed), n_layer))
+                kept_from = off
+            for _ in range(n_layer):  # K: rows
+                _type, row = take("<iQ")
+                skip(cells * row)
+            for _ in range(n_layer):  # V
+                layer_start = off
+                if trans:
+                    v_type, element, n_embd = take("<iII")
+                else:
+                    v_type, row = take("<iQ")
+                    element = _ELEMENT.get(v_type, 0)
+                    if not convert:
+                        skip(cells * row)  # rows need no element size: any type
+                        continue
+                    if element == 0 or row % element:
+                        raise _Unparsed
+                    n_embd = row // element
+                if _ELEMENT.get(v_type) != element:
+                    raise _Unparsed
+                data = skip(cells * n_embd * element)
+                if not convert:
+                    continue
+                pieces.append(view[kept_from:layer_start])
+                if transposed:  # rows (cells x n_embd) -> transposed (n_embd x cells)
+                    pieces.append(struct.pack("<iII", v_type, element, n_embd))
+                    pieces.append(_transpose(data, cells, n_embd, element))
+                else:
+                    pieces.append(struct.pack("<iQ", v_type, n_embd * element))
+                    pieces.append(_transpose(data, n_embd, cells, element))
+                kept_from = off
+    if off != end:
+        raise _Unparsed
+    if kept_from == 0:
+        return layouts, state
+    pieces.append(view[kept_from:end])
+    return layouts, b"".join(pieces)
+
+
+def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
+    """A ``rows`` x ``cols`` matrix of ``element``-byte values, row-major, transposed."""
+    fmt = _FORMAT[element]
+    src = data.cast(fmt)
+    out = bytearray(len(data))
+    dst = memoryview(out).cast(fmt)
+    if cols <= rows:  # one strided copy per column, or per row: whichever is fewer
+        for c in range(cols):
+            dst[c * rows : (c + 1) * rows] = src[c::cols]
+    else:
+        for r in range(rows):
+            dst[r::rows] = src[r * cols : (r + 1) * cols]
+    return bytes(out)

@@ -1,0 +1,87 @@
+"""engine.kvstate: a saved sequence's V cache converted between llama.cpp's two layouts (flash
+attention on: one row per cell; off: transposed), on real models and real contexts."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from localinfer.engine.types import LoadOptions
+
+
+def _second_context(model, flash_attn: bool):  # noqa: ANN001, ANN202
+    from localinfer.engine import twin
+    from localinfer.engine.backend import llama_cpp
+
+    settings = twin.decode_settings(model._params[1], model.n_ctx, flash_attn)
+    ctx = llama_cpp.llama_init_from_model(model._model, settings)
+    assert ctx
+    return ctx
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])  # a plain cache; an interleaved sliding-window pair
+def test_a_cache_converted_to_the_other_layout_restores_exactly_and_converts_back(which, smollm2_path, gemma_path):
+    from localinfer.engine import kvstate, twin
+    from localinfer.engine.backend import llama_cpp
+    from localinfer.engine.llama import Model
+
+    with Model(smollm2_path if which == "smollm2" else gemma_path, LoadOptions(n_ctx=1024, n_threads=2, flash_attn="on")) as m:
+        m._decode(m.tokenize("The history of computing is a story of abstraction. " * 20))
+        rows = twin.sequence_state(m._ctx_prompt)
+        assert kvstate.v_layout(rows) is False  # flash attention: one row per cell
+        assert kvstate.with_v_layout(rows, False) is rows  # already so: untouched
+        transposed = kvstate.with_v_layout(rows, True)
+        assert kvstate.v_layout(transposed) is True and len(transposed) == len(rows) and transposed != rows
+        other = _second_context(m, flash_attn=False)
+        try:
+            assert not twin.restore_sequence(other, rows)  # llama.cpp refuses the other layout
+            assert twin.restore_sequence(other, transposed)
+            saved = twin.sequence_state(other)
+            assert saved == transposed  # what it holds is exactly what was converted
+            assert kvstate.with_v_layout(saved, False) == rows  # and back, to the byte
+        finally:
+            llama_cpp.llama_free(other)
+
+
+def test_what_does_not_parse_is_left_alone(smollm2_path):
+    from localinfer.engine import kvstate, twin
+    from localinfer.engine.llama import Model
+
+    with Model(smollm2_path, LoadOptions(n_ctx=256, n_threads=2)) as m:
+        m._decode(m.tokenize("Once upon a time"))
+        state = twin.sequence_state(m._ctx_prompt)
+    for broken in (b"", state[:-1], state + b"\0", b"\0" * 64, state[:8] + struct.pack("<I", 7) + state[12:]):
+        assert kvstate.with_v_layout(broken, True) is None and kvstate.v_layout(broken) is None
+
+
+def _twin_here() -> bool:
+    from localinfer.engine.backend import cpu_has_amx
+
+    return cpu_has_amx()
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@pytest.mark.parametrize("converts", [True, False])
+def test_the_twin_decodes_without_flash_attention_or_else_as_the_model_does(smollm2_path, monkeypatch, converts):
+    # The twin decodes faster without flash attention; its cache is converted on the way there and
+    # back. A cache kvstate cannot read is copied as it is, to a twin made again like the model.
+    from localinfer.engine import kvstate
+    from localinfer.engine.llama import Model
+    from localinfer.engine.types import GenerationStats, SamplingOptions
+
+    if not converts:
+        monkeypatch.setattr(kvstate, "v_layout", lambda state: None)
+    with Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2)) as m:
+        prompt = m.tokenize("Once upon a time")
+
+        def answer(tokens):  # noqa: ANN001, ANN202
+            stats = GenerationStats()
+            text = "".join(s.text for s in m.generate(tokens, SamplingOptions(temperature=0), stats, max_tokens=40, ignore_eos=True))
+            return text, stats
+
+        first, _ = answer(prompt)
+        assert m.decodes_on_twin and m._twin.v_transposed == converts and first
+        follow = m.cached_tokens + m.tokenize(" The end.", add_special=False)
+        text, stats = answer(follow)  # the cache came back from the twin: only the new tokens are evaluated
+        assert stats.cached_tokens == len(prompt) + 39 and text and m.decodes_on_twin
