@@ -16,8 +16,8 @@ In one process, alternating with `llama-bench tg N @ dD` (same model, threads, d
 
     .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48] [--twin]
 
-``--twin`` (AMX CPUs): our loop on the AMX decoding twin (engine.twin, loaded before measuring),
-against llama-bench's default (repacking on), the depth filled one token at a time (-b 1 -ub 1: a
+``--twin`` (AMX CPUs): our loop on the AMX decoding twin (engine.twin, loaded before measuring; its
+context made at the first answer and sized to what that answer can reach, as in ``run``), against llama-bench's default (repacking on), the depth filled one token at a time (-b 1 -ub 1: a
 batch crashes there).
 """
 
@@ -56,9 +56,9 @@ def main() -> int:
     repack = cpu_repack_enabled(None)
     bench_args = ["-d", str(args.d)]
     m = Model(model, LoadOptions(n_ctx=4096, n_threads=args.threads))
-    if args.twin:
-        m.prepare_decode_twin()
-        if m._twin is None or not m._twin.ready():
+    if args.twin:  # as `run` has it: the context made at the first answer, sized to what it can reach
+        m.prepare_decode_twin(idle=False)
+        if m._twin is None or not m._twin.weights_loaded.wait(120) or m._twin.failed:
             raise SystemExit("no AMX decoding twin here (engine.twin): not an AMX CPU, or turned off")
         repack, bench_args = True, [*bench_args, "-b", "1", "-ub", "1"]
     words = "Write a long story about a robot who learns to paint. Describe every painting in detail. "
