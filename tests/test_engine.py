@@ -183,11 +183,13 @@ def test_amx_twin_decodes_long_answers_the_same_way_every_time(model):
 
 
 @pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
-def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smollm2_path):
+def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smollm2_path, monkeypatch):
     # The twin's context is made after the first token, and the answer waits for it: it is made as
-    # large as the answer can reach (its KV cache is most of the wait), and made again, as large as
-    # the main context, for a later answer that needs more. A twin made full size from the start
-    # (an interactive chat's) decodes the same text.
+    # large as the answer can reach (its KV cache is most of the wait; without flash attention the
+    # decode slows with it too), at most twin.ROOM beyond the cache; made again, at least twice as
+    # large, for a later answer that needs more; and grown the same way mid-answer when an answer
+    # fills it. A twin made full size from the start decodes the same text.
+    from localinfer.engine import twin as twin_mod
     from localinfer.engine.llama import Model
 
     opts = LoadOptions(n_ctx=1024, n_threads=2)
@@ -197,10 +199,17 @@ def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smo
         assert sized.decodes_on_twin and sized._twin.n_ctx == 256  # 5 + 40 tokens, in steps of 256
         sized.reset()
         long, stats = run(sized, prompt, max_tokens=300, ignore_eos=True)
-        assert sized.decodes_on_twin and sized._twin.n_ctx == 1024 and stats.completion_tokens == 300
-        full.prepare_decode_twin()  # idle: its context made at once, full size
-        assert full._twin.ready() and full._twin.n_ctx == 1024
+        assert sized.decodes_on_twin and sized._twin.n_ctx == 512 and stats.completion_tokens == 300
+        full.prepare_decode_twin()
+        assert full._twin.ready()
+        assert full._twin.remake(twin_mod.decode_settings(full._params[1], 1024, False)) and full._twin.n_ctx == 1024
         assert run(full, prompt, max_tokens=300, ignore_eos=True)[0] == long and long.startswith(short)
+        monkeypatch.setattr(twin_mod, "ROOM", 64)
+        sized.close()
+    with Model(smollm2_path, opts) as growing:  # 5 + 64 tokens: 256 cells, grown to 512 mid-answer
+        grown, stats = run(growing, prompt, max_tokens=300, ignore_eos=True)
+        assert growing.decodes_on_twin and growing._twin.n_ctx == 512 and stats.completion_tokens == 300
+        assert grown == long
 
 
 @pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")

@@ -401,7 +401,7 @@ class Model:
         created now if it was not yet (the prompt's evaluation is over), with room for ``reach``:
         most of its creation is its KV cache's memory being faulted in and cleared (~60 ms for 4096
         tokens, ~8 for 512), and the answer waits for it. An answer that needs more room than it
-        has gets a context as large as this one's.
+        has gets one as large again, or more (``_grow_twin`` does the same mid-answer).
 
         The twin decodes without flash attention, faster (``engine.kvstate``): the cache's V layout
         is converted on the way. A cache that cannot be converted (a layout ``kvstate`` does not
@@ -413,7 +413,9 @@ class Model:
         state = _twin.sequence_state(self._ctx_prompt)
         if state is not None and self._prompt_v_transposed is None:
             self._prompt_v_transposed = kvstate.v_layout(state)
-        ok = twin.ready() and (twin.n_ctx >= min(reach, self.n_ctx) or twin.remake(self._twin_settings(self.n_ctx)))
+        ok = twin.ready() and (
+            twin.n_ctx >= min(reach, self.n_ctx) or twin.remake(self._twin_settings(max(reach, 2 * twin.n_ctx)))
+        )
         if ok and self._prompt_v_transposed is None and twin.v_transposed:  # unknown layout: keep this one's
             self._twin_flash_attn = True
             ok = twin.remake(self._twin_settings(max(reach, twin.n_ctx)))
@@ -427,6 +429,22 @@ class Model:
             twin.close()
         return self._ctx
 
+    def _grow_twin(self):  # noqa: ANN202 - (a llama_context pointer, its size)
+        """The answer has filled the twin's context: make it twice as large (at most this one's size)
+        and carry on there, or, if that fails, back here. The context to decode on, and its size."""
+        twin = self._twin
+        state = _twin.sequence_state(twin.ctx)
+        if twin.remake(self._twin_settings(2 * twin.n_ctx)):
+            if not _twin.restore_sequence(twin.ctx, state):
+                raise GenerationError("the AMX decoding twin lost the KV cache while its context grew")
+            self._ctx, self._mem = twin.ctx, twin.mem
+            return twin.ctx, twin.n_ctx
+        self._to_prompt_side()  # no memory for a larger one: its cache comes back here
+        self._twin_wanted = False
+        self._twin = None
+        twin.close()
+        return self._ctx, self.n_ctx
+
     def _twin_settings(self, reach: int):  # noqa: ANN202 - a ctypes struct
         """The twin's context settings (``twin.decode_settings``), with room for ``reach`` tokens (in
         steps of 256) if that is less than this context's."""
@@ -439,10 +457,10 @@ class Model:
         ``idle``: nothing is evaluated meanwhile, so its context is created as soon as it loads;
         otherwise that waits for the first token (``_to_twin``)."""
         if self._twin_wanted and self._twin is None:
-            settings = self._twin_settings(self.n_ctx) if idle else None
+            settings = self._twin_settings(2 * _twin.ROOM) if idle else None
             self._twin = _twin.DecodeTwin(self.path, self._params[0], settings, vocab=self.vocab_shape)
         elif self._twin is not None and idle:
-            self._twin.start_context(self._twin_settings(self.n_ctx))
+            self._twin.start_context(self._twin_settings(2 * _twin.ROOM))
 
     def _twin_bytes(self) -> int:
         """What a decoding twin would add: this load's buffers again, and the KV copy's buffer."""
@@ -600,6 +618,7 @@ class Model:
         n_ctx = self.n_ctx
         limit = max_tokens if max_tokens is not None else n_ctx + 1
         n_gen = 0
+        room = n_ctx  # the cells of the context decoding
         t_first = 0.0
         if limit <= 0:
             stats.finish_reason = "length"
@@ -637,7 +656,10 @@ class Model:
                 return
             if to_twin:  # after the first token: decode the rest on the AMX twin (engine.twin)
                 to_twin = False
-                ctx = self._to_twin(min(n_ctx, len(cached) + limit - n_gen + 1))
+                ctx = self._to_twin(len(cached) + min(limit - n_gen, _twin.ROOM) + 1)
+                room = self._twin.n_ctx if ctx is not self._ctx_prompt else n_ctx
+            elif len(cached) >= room:  # the twin's context is full (not this one's: checked above)
+                ctx, room = self._grow_twin()
             one[0] = token
             t_call = clock()
             rc = decode(ctx, batch)
