@@ -206,10 +206,40 @@ def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smo
         assert run(full, prompt, max_tokens=300, ignore_eos=True)[0] == long and long.startswith(short)
         monkeypatch.setattr(twin_mod, "ROOM", 64)
         sized.close()
+    grew = []
+    original = Model._grow_twin
+    monkeypatch.setattr(Model, "_grow_twin", lambda self: grew.append(self._twin.n_ctx) or original(self))
     with Model(smollm2_path, opts) as growing:  # 5 + 64 tokens: 256 cells, grown to 512 mid-answer
         grown, stats = run(growing, prompt, max_tokens=300, ignore_eos=True)
         assert growing.decodes_on_twin and growing._twin.n_ctx == 512 and stats.completion_tokens == 300
+        assert grew == [256]
         assert grown == long
+
+
+@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+def test_an_answer_whose_twin_cannot_grow_carries_on_here_with_its_cache(smollm2_path, monkeypatch):
+    from localinfer.engine import twin as twin_mod
+    from localinfer.engine.backend import llama_cpp
+    from localinfer.engine.llama import Model
+
+    def no_memory(self, cparams):  # noqa: ANN001, ANN202 - as a failed llama_init_from_model leaves it
+        llama_cpp.llama_free(self.ctx)
+        self.ctx = self.mem = None
+        self.failed = True
+        return False
+
+    monkeypatch.setattr(twin_mod, "ROOM", 64)
+    with Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2)) as m:
+        prompt = m.tokenize("Once upon a time")
+        run(m, prompt, max_tokens=40, ignore_eos=True)
+        assert m.decodes_on_twin and m._twin.n_ctx == 256
+        monkeypatch.setattr(twin_mod.DecodeTwin, "remake", no_memory)
+        text, stats = run(m, m.cached_tokens + m.tokenize(" Then", add_special=False), max_tokens=300, ignore_eos=True)
+        assert stats.completion_tokens == 300 and text and m._twin is None and not m.decodes_on_twin
+        n = len(m.cached_tokens)
+        assert n == int(llama_cpp.llama_memory_seq_pos_max(m._mem, 0)) + 1 == stats.context_used
+        again, s2 = run(m, m.cached_tokens + m.tokenize(" The end.", add_special=False), max_tokens=4)
+        assert s2.cached_tokens == n and again
 
 
 @pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")

@@ -44,6 +44,26 @@ def test_a_cache_converted_to_the_other_layout_restores_exactly_and_converts_bac
             llama_cpp.llama_free(other)
 
 
+def _state(trans: bool, k: list[int], v: list[int], n_embd: int) -> bytes:
+    """A one-layer, two-cell F16 cache as llama.cpp saves it (magic, seq 0, 1 stream)."""
+    cells = 2
+    out = struct.pack("<IiII", 0xAF143CD8, 0, 1, cells) + b"".join(struct.pack("<iI", pos, 1) + struct.pack("<i", 0) for pos in range(cells))
+    out += struct.pack("<II", int(trans), 1) + struct.pack("<iQ", 1, 2 * n_embd) + struct.pack(f"<{len(k)}H", *k)
+    head = struct.pack("<iII", 1, 2, n_embd) if trans else struct.pack("<iQ", 1, 2 * n_embd)
+    return out + head + struct.pack(f"<{len(v)}H", *v)
+
+
+def test_the_v_values_are_transposed_cell_by_dimension():
+    from localinfer.engine import kvstate
+
+    k = [9, 8, 7, 6, 5, 4]  # K stays one row per cell either way
+    rows = _state(False, k, [1, 2, 3, 4, 5, 6], n_embd=3)  # cell 0: 1 2 3, cell 1: 4 5 6
+    transposed = _state(True, k, [1, 4, 2, 5, 3, 6], n_embd=3)  # dimension 0: 1 4, 1: 2 5, 2: 3 6
+    assert kvstate.with_v_layout(rows, True) == transposed
+    assert kvstate.with_v_layout(transposed, False) == rows
+    assert kvstate.v_layout(rows) is False and kvstate.v_layout(transposed) is True
+
+
 def test_what_does_not_parse_is_left_alone(smollm2_path):
     from localinfer.engine import kvstate, twin
     from localinfer.engine.llama import Model

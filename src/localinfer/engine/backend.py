@@ -141,14 +141,15 @@ def openmp_one_thread() -> bool:
             paths = {line.split(maxsplit=5)[-1].strip() for line in maps if ".so" in line}
     except OSError:
         return False
+    found = False
     for path in sorted(paths):  # libgomp.so.1, a wheel's libgomp-1a2b3c4d.so.1, LLVM's libomp, Intel's libiomp5
-        if re.match(r"lib(gomp|omp|iomp5)[-.]", os.path.basename(path)):
+        if re.match(r"lib(gomp|omp|iomp5)[-.]", os.path.basename(path)):  # each: another wheel may map its own
             try:
                 ctypes.CDLL(path).omp_set_num_threads(1)
             except (OSError, AttributeError):
                 continue
-            return True
-    return False
+            found = True
+    return found
 
 
 def default_threads() -> int:

@@ -392,7 +392,7 @@ class Model:
             state = kvstate.with_v_layout(state, self._prompt_v_transposed)
         if not _twin.restore_sequence(self._ctx_prompt, state):
             llama_cpp.llama_memory_clear(self._mem_prompt, True)
-            self._tokens = []
+            self._tokens.clear()  # in place: a running answer's loop holds this list
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
 
     def _to_twin(self, reach: int):  # noqa: ANN202 - a llama_context pointer
@@ -409,16 +409,18 @@ class Model:
         twin = self._twin
         if twin is None:
             return self._ctx
-        twin.start_context(self._twin_settings(reach))
         state = _twin.sequence_state(self._ctx_prompt)
         if state is not None and self._prompt_v_transposed is None:
             self._prompt_v_transposed = kvstate.v_layout(state)
-        ok = twin.ready() and (
-            twin.n_ctx >= min(reach, self.n_ctx) or twin.remake(self._twin_settings(max(reach, 2 * twin.n_ctx)))
-        )
-        if ok and self._prompt_v_transposed is None and twin.v_transposed:  # unknown layout: keep this one's
-            self._twin_flash_attn = True
-            ok = twin.remake(self._twin_settings(max(reach, twin.n_ctx)))
+            # A layout kvstate cannot read cannot be converted: the twin keeps this one's
+            self._twin_flash_attn = self._prompt_v_transposed is None
+        twin.start_context(self._twin_settings(reach))
+        ok = twin.ready()
+        if ok:  # made again if too small, or with the wrong flash attention (made while the user typed)
+            too_small = twin.n_ctx < min(reach, self.n_ctx)
+            wanted = self._twin_settings(max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx)
+            if too_small or _twin.transposes(wanted) != twin.v_transposed:
+                ok = twin.remake(wanted)
         if ok and state is not None and self._prompt_v_transposed is not None:
             state = kvstate.with_v_layout(state, twin.v_transposed)
         if ok and _twin.restore_sequence(twin.ctx, state):
@@ -434,15 +436,21 @@ class Model:
         and carry on there, or, if that fails, back here. The context to decode on, and its size."""
         twin = self._twin
         state = _twin.sequence_state(twin.ctx)
-        if twin.remake(self._twin_settings(2 * twin.n_ctx)):
-            if not _twin.restore_sequence(twin.ctx, state):
-                raise GenerationError("the AMX decoding twin lost the KV cache while its context grew")
+        # Until the cache is in the new context, the live one is this context's (it holds the prompt):
+        # an interruption meanwhile resyncs against that, never against the freed context.
+        self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
+        if twin.remake(self._twin_settings(2 * twin.n_ctx)) and _twin.restore_sequence(twin.ctx, state):
             self._ctx, self._mem = twin.ctx, twin.mem
             return twin.ctx, twin.n_ctx
-        self._to_prompt_side()  # no memory for a larger one: its cache comes back here
-        self._twin_wanted = False
+        self._twin_wanted = False  # no memory for a larger one: the cache comes back here
         self._twin = None
         twin.close()
+        if state is not None and self._prompt_v_transposed is not None:
+            state = kvstate.with_v_layout(state, self._prompt_v_transposed)
+        if not _twin.restore_sequence(self._ctx_prompt, state):
+            self.reset()
+            self._tokens.clear()
+            raise GenerationError("the KV cache was lost moving the answer off the AMX decoding twin")
         return self._ctx, self.n_ctx
 
     def _twin_settings(self, reach: int):  # noqa: ANN202 - a ctypes struct

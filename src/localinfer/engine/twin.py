@@ -215,17 +215,21 @@ class DecodeTwin:
     def v_transposed(self) -> bool:
         """Whether its context keeps the V cache transposed (flash attention off): known once it
         has its settings."""
-        return self._cparams is not None and self._cparams.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        return self._cparams is not None and transposes(self._cparams)
 
     def remake(self, cparams) -> bool:  # noqa: ANN001 - a ctypes struct
-        """Replace the (ready) context with one made with ``cparams`` (larger, or flash attention as
-        the main context has it); whether that worked (otherwise the old one stays). Its cache is
-        lost: the next copy fills it."""
+        """Replace the (ready) context with one made with ``cparams`` (larger, or another flash
+        attention); whether that worked. Its cache is lost (save it first): the old context is freed
+        before the new one is made, so that both never take memory at once. If that fails, the twin
+        has no context left and must be closed."""
+        llama_cpp.llama_free(self.ctx)
+        self.ctx = self.mem = None
+        self.n_ctx = 0
+        self._cparams = cparams
         ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not ctx:
+            self.failed = True
             return False
-        llama_cpp.llama_free(self.ctx)
-        self._cparams = cparams
         self.ctx, self.mem, self.n_ctx = ctx, llama_cpp.llama_get_memory(ctx), int(llama_cpp.llama_n_ctx(ctx))
         return True
 
@@ -261,6 +265,11 @@ def decode_settings(cparams, n_ctx: int, flash_attn: bool):  # noqa: ANN001, ANN
     if not flash_attn and settings.type_v in _TRANSPOSABLE_V:
         settings.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     return settings
+
+
+def transposes(cparams) -> bool:  # noqa: ANN001 - a ctypes struct
+    """Whether a context made with these settings keeps its V cache transposed (flash attention off)."""
+    return cparams.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
 def sequence_state(ctx) -> bytes | None:  # noqa: ANN001
