@@ -53,8 +53,18 @@ def _state(trans: bool, k: list[int], v: list[int], n_embd: int) -> bytes:
     return out + head + struct.pack(f"<{len(v)}H", *v)
 
 
-def test_the_v_values_are_transposed_cell_by_dimension():
+@pytest.mark.parametrize("numpy_loaded", [True, False])  # numpy when already imported, memoryviews otherwise
+def test_the_v_values_are_transposed_cell_by_dimension(numpy_loaded, monkeypatch):
+    import sys
+
+    import numpy
+
     from localinfer.engine import kvstate
+
+    if not numpy_loaded:
+        monkeypatch.delitem(sys.modules, "numpy")
+    else:
+        assert sys.modules["numpy"] is numpy
 
     k = [9, 8, 7, 6, 5, 4]  # K stays one row per cell either way
     rows = _state(False, k, [1, 2, 3, 4, 5, 6], n_embd=3)  # cell 0: 1 2 3, cell 1: 4 5 6

@@ -21,6 +21,7 @@ left alone: ``with_v_layout`` returns None, and the twin then keeps the main con
 from __future__ import annotations
 
 import struct
+import sys
 
 # ggml types a transposed V cache can have, and their element sizes: F32, F16, BF16
 _ELEMENT = {0: 4, 1: 2, 30: 2}
@@ -139,7 +140,13 @@ def _convert(state: bytes, transposed: bool | None) -> tuple[set[bool], bytes]:
 
 
 def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
-    """A ``rows`` x ``cols`` matrix of ``element``-byte values, row-major, transposed."""
+    """A ``rows`` x ``cols`` matrix of ``element``-byte values, row-major, transposed: with numpy
+    where something imported it already (chat's template engine does; 1,501 cells: ~80 -> ~15 ms),
+    otherwise in strided memoryview copies (importing numpy would cost more than it saves)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        matrix = np.frombuffer(data, dtype=np.uint16 if element == 2 else np.uint32).reshape(rows, cols)
+        return matrix.T.tobytes()
     fmt = _FORMAT[element]
     src = data.cast(fmt)
     out = bytearray(len(data))
