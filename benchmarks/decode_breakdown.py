@@ -17,8 +17,9 @@ In one process, alternating with `llama-bench tg N @ dD` (same model, threads, d
     .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48] [--twin]
 
 ``--twin`` (AMX CPUs): our loop on the AMX decoding twin (engine.twin, loaded before measuring; its
-context made at the first answer and sized to what that answer can reach, as in ``run``), against llama-bench's default (repacking on), the depth filled one token at a time (-b 1 -ub 1: a
-batch crashes there).
+context made at the first answer and sized to what that answer can reach, as in ``run``), against
+llama-bench's default (repacking on), the depth filled one token at a time (-b 1 -ub 1: a batch
+crashes there).
 """
 
 from __future__ import annotations

@@ -388,12 +388,17 @@ class Model:
         if self._ctx is self._ctx_prompt:
             return
         state = _twin.sequence_state(self._ctx) if self._tokens else None
-        if state is not None and self._prompt_v_transposed is not None:
-            state = kvstate.with_v_layout(state, self._prompt_v_transposed)
-        if not _twin.restore_sequence(self._ctx_prompt, state):
+        if not self._restore_prompt_side(state):
             llama_cpp.llama_memory_clear(self._mem_prompt, True)
             self._tokens.clear()  # in place: a running answer's loop holds this list
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
+
+    def _restore_prompt_side(self, state: bytes | None) -> bool:
+        """Put a cache saved on the twin into this context, converted to its V layout where that is
+        known (otherwise both keep the same one); whether that worked."""
+        if state is not None and self._prompt_v_transposed is not None:
+            state = kvstate.with_v_layout(state, self._prompt_v_transposed)
+        return _twin.restore_sequence(self._ctx_prompt, state)
 
     def _to_twin(self, reach: int):  # noqa: ANN202 - a llama_context pointer
         """Move the live cache to the decoding twin (waiting for its load); the context to decode on.
@@ -445,11 +450,8 @@ class Model:
         self._twin_wanted = False  # no memory for a larger one: the cache comes back here
         self._twin = None
         twin.close()
-        if state is not None and self._prompt_v_transposed is not None:
-            state = kvstate.with_v_layout(state, self._prompt_v_transposed)
-        if not _twin.restore_sequence(self._ctx_prompt, state):
+        if not self._restore_prompt_side(state):
             self.reset()
-            self._tokens.clear()
             raise GenerationError("the KV cache was lost moving the answer off the AMX decoding twin")
         return self._ctx, self.n_ctx
 

@@ -129,8 +129,8 @@ class DecodeTwin:
     """The repacked copy and its context, loading on a thread until ``ready()``.
 
     Without ``cparams`` the thread loads the weights (``weights_loaded`` is set then) and waits for
-    ``start_context`` (the main context's settings) or ``cancel``. ``vocab`` (architecture, vocabulary size): load without the
-    tokenizer (``_no_vocabulary``); None: with it.
+    ``start_context`` (its context's settings) or ``cancel``. ``vocab`` (architecture, vocabulary
+    size): load without the tokenizer (``_no_vocabulary``); None: with it.
     """
 
     def __init__(self, path: Path, mparams, cparams=None, vocab: tuple[str, int] | None = None) -> None:  # noqa: ANN001
@@ -140,8 +140,9 @@ class DecodeTwin:
         self.n_ctx = 0  # its context's size, once it has one
         self.failed = False
         self._cancelled = False
-        # The main context's settings as they are (a sliding-window cache is sized from n_ubatch: a
-        # smaller one could not take the main context's cells); the model's, with repacking on.
+        # Its context's settings (decode_settings: the main context's n_ubatch is kept, since a
+        # sliding-window cache is sized from it and a smaller one could not take the main context's
+        # cells); the model's, with repacking on.
         self._cparams = cparams
         self._go = threading.Event()  # set once the context can be created, or the load is cancelled
         self.weights_loaded = threading.Event()  # set when the weights' load has ended, loaded or not
