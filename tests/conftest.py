@@ -9,6 +9,16 @@ import sys
 import pytest
 
 
+def amx_twin_here() -> bool:
+    """Whether models here get the AMX decoding twin (engine.twin): on CPUs with AMX only."""
+    from localinfer.engine.backend import cpu_has_amx
+
+    return cpu_has_amx()
+
+
+needs_amx_twin = pytest.mark.skipif(not amx_twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     home = tmp_path / "localinfer-home"

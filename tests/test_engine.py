@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from conftest import needs_amx_twin
 
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 
@@ -147,13 +148,7 @@ def test_a_template_that_rejects_the_messages_is_a_usage_error():
         ChatTemplate(source="gguf", template=strict).render([{"role": "system", "content": "S"}])
 
 
-def _twin_here() -> bool:
-    from localinfer.engine.backend import cpu_has_amx
-
-    return cpu_has_amx()
-
-
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 def test_amx_twin_decodes_long_answers_the_same_way_every_time(model):
     # engine.twin: the prompt is evaluated on the main context, the answer decoded on a copy of the
     # model repacked for AMX, the KV cache copied across both ways.
@@ -182,7 +177,7 @@ def test_amx_twin_decodes_long_answers_the_same_way_every_time(model):
     assert not model.decodes_on_twin  # a short answer is not worth waiting for the twin
 
 
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smollm2_path, monkeypatch):
     # The twin's context is made after the first token, and the answer waits for it: it is made as
     # large as the answer can reach (its KV cache is most of the wait; without flash attention the
@@ -216,7 +211,7 @@ def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smo
         assert grown == long
 
 
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 def test_an_answer_whose_twin_cannot_grow_carries_on_here_with_its_cache(smollm2_path, monkeypatch):
     from localinfer.engine import twin as twin_mod
     from localinfer.engine.backend import llama_cpp
@@ -242,7 +237,7 @@ def test_an_answer_whose_twin_cannot_grow_carries_on_here_with_its_cache(smollm2
         assert s2.cached_tokens == n and again
 
 
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 def test_an_answer_cut_short_on_the_twin_leaves_a_consistent_cache(model):
     prompt = model.tokenize("Once upon a time")
     model.reset()
@@ -268,7 +263,7 @@ def test_amx_decoding_twin_can_be_turned_off(smollm2_path, monkeypatch):
         assert not m.decodes_on_twin and m._twin is None
 
 
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 @pytest.mark.parametrize("interactive", [True, False])
 def test_chat_starts_loading_the_twin_before_the_first_message(smollm2_path, interactive):
     from localinfer.cli.chat import ChatSession
@@ -292,7 +287,7 @@ def test_chat_starts_loading_the_twin_before_the_first_message(smollm2_path, int
         loaded.close()
 
 
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 def test_a_twin_still_loading_is_stopped_when_another_model_loads_or_its_model_closes(smollm2_path):
     from localinfer.engine import twin as twin_mod
     from localinfer.engine.llama import Model
@@ -364,7 +359,7 @@ def test_the_twin_loaded_without_the_tokenizer_computes_the_same_logits(which, s
         assert logits[0] == logits[1]
 
 
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
 def test_the_twin_loads_with_no_openmp_team_of_its_own(smollm2_path):
     # The twin's weight conversion for AMX runs an OpenMP team. Its worker would live as long as the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+from conftest import needs_amx_twin
 
 from localinfer.engine.types import LoadOptions
 
@@ -85,13 +86,7 @@ def test_what_does_not_parse_is_left_alone(smollm2_path):
         assert kvstate.with_v_layout(broken, True) is None and kvstate.v_layout(broken) is None
 
 
-def _twin_here() -> bool:
-    from localinfer.engine.backend import cpu_has_amx
-
-    return cpu_has_amx()
-
-
-@pytest.mark.skipif(not _twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 @pytest.mark.parametrize("converts", [True, False])
 def test_the_twin_decodes_without_flash_attention_or_else_as_the_model_does(smollm2_path, monkeypatch, converts):
     # The twin decodes faster without flash attention; its cache is converted on the way there and

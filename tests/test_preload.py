@@ -6,7 +6,7 @@ import re
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import amx_twin_here, needs_amx_twin, run_cli
 
 from localinfer.cli.prescan import FLAGS, NO_HEAD_START, VALUE_OPTIONS, max_tokens, scan
 
@@ -65,18 +65,12 @@ def test_prescan_reads_the_answers_cap(args, expected):
     assert values is not None and max_tokens(values) == expected
 
 
-def _amx() -> bool:
-    from localinfer.engine.backend import cpu_has_amx
-
-    return cpu_has_amx()
-
-
 def test_the_decoding_twin_starts_ahead_only_when_the_answer_may_be_long(smollm2_path, monkeypatch):
     from localinfer import preload
     from localinfer.engine import llama as engine
     from localinfer.engine import twin as twin_mod
 
-    for cap, expect_twin in ((8, False), (None, _amx())):
+    for cap, expect_twin in ((8, False), (None, amx_twin_here())):
         monkeypatch.setattr(preload, "_started", [])
         preload.start(str(smollm2_path), max_tokens=cap)
         pre = engine._preloaded[0]
@@ -92,7 +86,7 @@ def test_the_decoding_twin_starts_ahead_only_when_the_answer_may_be_long(smollm2
     assert not twin_mod._loading
 
 
-@pytest.mark.skipif(not _amx(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 def test_the_model_takes_the_twin_loaded_ahead_without_its_log_lines(smollm2_path):
     from localinfer.engine import llama as engine
     from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
@@ -120,7 +114,7 @@ def test_the_model_takes_the_twin_loaded_ahead_without_its_log_lines(smollm2_pat
         model.close()
 
 
-@pytest.mark.skipif(not _amx(), reason="the AMX decoding twin exists on AMX CPUs only")
+@needs_amx_twin
 def test_a_twin_loaded_ahead_that_the_model_does_not_want_is_stopped(smollm2_path):
     from localinfer.engine import llama as engine
     from localinfer.engine import twin as twin_mod
@@ -187,7 +181,7 @@ def test_ctrl_c_before_typer_takes_over_stops_the_loads_ahead_quietly(smollm2_pa
     assert not twin_mod._loading
     assert all(twin._cancelled for twin in started)
     engine._preloaded.clear()
-    if _amx():
+    if amx_twin_here():
         assert started  # the twin had started ahead, and was stopped
 
 
@@ -208,7 +202,7 @@ def test_a_process_that_only_started_loading_ahead_still_exits(smollm2_path):
     )
     proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    assert proc.stdout.decode().strip() == ("twin" if _amx() else "none")
+    assert proc.stdout.decode().strip() == ("twin" if amx_twin_here() else "none")
 
 
 def test_the_weights_loaded_ahead_are_taken_with_their_log(smollm2_path):
