@@ -13,7 +13,8 @@
 3. `localinfer --help` and `--version` wall time <= 120 ms (hyperfine when installed, else
    repeated subprocess timing)
 4. process start -> first token on stdout of `localinfer run` <= 1.15 x `llama-completion`'s,
-   same prompt (plain completion, --raw), threads, context (4096) and greedy sampling
+   same prompt, threads, context (4096) and greedy sampling: plain completion (--raw; -no-cnv),
+   and through the model's chat template (`run`'s default; -cnv -st --jinja)
 
 Same model and threads throughout; localinfer and the native tool alternate, ``--rounds`` times,
 and the verdict uses the median of the per-round ratios (the machine is shared: single runs are
@@ -49,6 +50,7 @@ PARAGRAPH = (
     "and networks each hid a layer of detail so that people could think about larger problems. "
 )
 TTFT_PROMPT = "Once upon a time"
+CHAT_PROMPT = "Write a haiku about the sea."
 
 
 def localinfer_cmd() -> list[str]:
@@ -169,21 +171,28 @@ def _first_byte(cmd: list[str]) -> float:
     return native.completion_once(cmd)["first_byte_s"]
 
 
-def check_ttft(model: str, threads: int, rounds: int, repack: bool, n_gen: int = 16) -> dict:
+def check_ttft(model: str, threads: int, rounds: int, repack: bool, n_gen: int = 16, chat: bool = False) -> dict:
     """``n_gen`` 16: a short answer; 32 or more: on an AMX CPU `run` loads its decoding twin too (engine.twin),
-    beside the weights and the prompt's evaluation (llama-completion's first token does not depend on -n)."""
-    theirs_cmd = native.completion_command(model, TTFT_PROMPT, threads, n_gen, native.DEFAULT_COMPLETION_CTX, repack=repack)
-    ours_cmd = [*localinfer_cmd(), "run", "--raw", "-q", "--no-log", "-m", model, "-p", TTFT_PROMPT, "-n", str(n_gen),
-                "-t", str(threads), "-c", str(native.DEFAULT_COMPLETION_CTX), "--temperature", "0", "--seed", "42"]
+    beside the weights and the prompt's evaluation (llama-completion's first token does not depend on -n).
+    ``chat``: through the model's chat template (`run` without --raw; llama-completion -cnv -st --jinja: the
+    same template, the same 38 tokens for SmolLM2), instead of plain completion."""
+    prompt = CHAT_PROMPT if chat else TTFT_PROMPT
+    theirs_cmd = native.completion_command(model, prompt, threads, n_gen, native.DEFAULT_COMPLETION_CTX, repack=repack,
+                                           extra_args=["-cnv", "-st", "--jinja"] if chat else ())
+    ours_cmd = [*localinfer_cmd(), "run", *(() if chat else ("--raw",)), "-q", "--no-log", "-m", model, "-p", prompt,
+                "-n", str(n_gen), "-t", str(threads), "-c", str(native.DEFAULT_COMPLETION_CTX), "--temperature", "0",
+                "--seed", "42"]
     _first_byte(theirs_cmd), _first_byte(ours_cmd)  # page cache warm for both
     ours, theirs, ratios = [], [], []
+    label = f"{'chat template' if chat else 'plain completion'}, -n {n_gen}"
     for i in range(rounds):
         nat, mine = _first_byte(theirs_cmd), _first_byte(ours_cmd)
         ours.append(mine * 1000)
         theirs.append(nat * 1000)
         ratios.append(mine / nat)
-        _progress(f"first token (-n {n_gen}) round {i + 1}/{rounds}: run {mine * 1000:.0f} ms, llama-completion {nat * 1000:.0f} ms, ratio {mine / nat:.3f}")
-    return _verdict(f"ttft_n{n_gen}", f"process start -> first token on stdout (ms), run vs llama-completion, -n {n_gen}",
+        _progress(f"first token ({label}) round {i + 1}/{rounds}: run {mine * 1000:.0f} ms, llama-completion {nat * 1000:.0f} ms, ratio {mine / nat:.3f}")
+    return _verdict(f"ttft{'_chat' if chat else ''}_n{n_gen}",
+                    f"process start -> first token on stdout (ms), run vs llama-completion, {label}",
                     ours, theirs, ratios, "<=", TTFT_CEILING)
 
 
@@ -247,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     if "ttft" in only:
         results.append(check_ttft(model, args.threads, args.rounds * args.reps, repack))
         results.append(check_ttft(model, args.threads, args.rounds * args.reps, repack, n_gen=args.n_gen))
+        results.append(check_ttft(model, args.threads, args.rounds * args.reps, repack, chat=True))
+        results.append(check_ttft(model, args.threads, args.rounds * args.reps, repack, n_gen=args.n_gen, chat=True))
 
     if args.json:
         print(json.dumps({"model": model, "threads": args.threads, "repack": repack, "results": results}, indent=2))
