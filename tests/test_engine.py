@@ -327,6 +327,88 @@ def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_i
     assert proc.stdout == "" and proc.stderr == ""
 
 
+def test_our_log_callback_stays_in_place_while_the_formatter_is_imported():
+    # The package's _logger calls llama_log_set with its own callback as it is imported; chat_format()
+    # hands it a stub meanwhile, so lines a load on another thread logs then still reach ours.
+    import subprocess
+
+    code = (
+        "from localinfer.engine import backend, bindings\n"
+        "log = backend.ensure_backend(False)\n"
+        "c_api = bindings.bindings()\n"
+        "real, installed = c_api.llama_log_set, []\n"
+        "def spy(callback, user_data):\n"
+        "    installed.append(callback)\n"
+        "    return real(callback, user_data)\n"
+        "c_api.llama_log_set = spy\n"
+        "bindings.chat_format()\n"
+        "import llama_cpp\n"
+        "assert installed and all(cb is log._callback for cb in installed), installed\n"
+        "assert c_api.llama_log_set is spy and llama_cpp.llama_log_set is spy\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ok\n"
+
+
+def test_a_module_still_being_imported_does_not_count_as_imported(tmp_path, monkeypatch):
+    # A module another thread is importing (the chat formatter's numpy, bindings.chat_format_ahead)
+    # is in sys.modules from the start: engine.kvstate must not take it for numpy ready to use.
+    from localinfer.engine.bindings import imported
+
+    (tmp_path / "halfmade.py").write_text(
+        "from localinfer.engine.bindings import imported\nWHILE_IMPORTING = imported(__name__)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "halfmade", raising=False)
+    import halfmade
+
+    assert halfmade.WHILE_IMPORTING is None and sys.modules["halfmade"] is halfmade
+    assert imported("halfmade") is halfmade and imported("no_such_module_here") is None
+
+
+def test_a_load_for_chat_imports_the_formatter_once_the_weights_loaded_ahead_are_in(smollm2_path):
+    # inference.load(chat=True) imports the chat formatter on a thread (numpy, jinja2: ~70 ms) while
+    # the context is created, after the weights loading ahead: beside that load it would slow it.
+    # The load's own log lines (its memory figures) are all captured; nothing reaches stderr.
+    import subprocess
+
+    code = (
+        "import sys, threading\n"
+        "from localinfer import inference\n"
+        "from localinfer.engine import backend, bindings\n"
+        "from localinfer.engine import llama as engine\n"
+        "from localinfer.engine.types import LoadOptions\n"
+        "from localinfer.store import resolve_model\n"
+        "resolved = resolve_model(sys.argv[1])\n"
+        "options = LoadOptions(n_ctx=512, n_threads=2)\n"
+        "assert engine.preload_model(resolved.path, options)\n"
+        "ahead = engine.weights_loading()\n"
+        "started = []\n"
+        "def spy(real=bindings.chat_format):\n"
+        "    started.append((threading.current_thread().name, ahead.is_alive()))\n"
+        "    return real()\n"
+        "bindings.chat_format = spy\n"
+        "assert 'llama_cpp.llama_chat_format' not in sys.modules\n"
+        "loaded = inference.load(resolved, options, chat=True)\n"
+        "assert engine.weights_loading() is None\n"
+        "for t in threading.enumerate():\n"
+        "    if t.name == 'localinfer-chat-format':\n"
+        "        t.join()\n"
+        "assert started == [('localinfer-chat-format', False)], started\n"
+        "assert 'llama_cpp.llama_chat_format' in sys.modules\n"
+        "assert any('KV buffer size' in line for line in loaded.model.memory_log), loaded.model.memory_log\n"
+        "seq = backend._log.seq\n"
+        "again = inference.load(resolved, options)\n"
+        "assert backend._log.seq > seq  # our callback still has llama.cpp's log\n"
+        "print(loaded.template.render([{'role': 'user', 'content': 'Hi'}]).text.count('Hi'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "1\n" and proc.stderr == ""
+
+
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])
 def test_the_twin_loaded_without_the_tokenizer_computes_the_same_logits(which, smollm2_path, gemma_path):
     # engine.twin loads its copy with the tokenizer replaced by placeholder tokens (much faster): it

@@ -56,8 +56,10 @@ def load(
     *,
     force: bool = False,
     budget: MemoryBudget | None = None,
+    chat: bool = False,
 ) -> LoadedModel:
     """Pre-flight, load the model and pick its chat format (the GGUF's template, else the registry's).
+    ``chat``: a prompt will be rendered with it; its formatter is imported while the weights load.
 
     The pre-flight (localinfer.preflight.plan_load) sizes the context and the GPU layers and raises
     ResourceError when the memory estimate exceeds what is available, unless ``force``.
@@ -68,6 +70,11 @@ def load(
     from localinfer.preflight import plan_load
 
     plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
+    if chat and (resolved.info.chat_template or resolved.chat_format):
+        from localinfer.engine.bindings import chat_format_ahead
+        from localinfer.engine.llama import weights_loading
+
+        chat_format_ahead(after=weights_loading())  # not beside that load: it would slow it down
     model = Model(resolved.path, plan.apply(options))
     template: ChatTemplate | None = None
     gguf_template = model.chat_template

@@ -153,7 +153,7 @@ class ChatSession:
         if not (resolved.info.chat_template or resolved.chat_format):
             raise no_template_error(resolved.name)  # before spending time loading it
         t0 = time.perf_counter()
-        loaded = inference.load(resolved, self.load_opts, force=self.force)
+        loaded = inference.load(resolved, self.load_opts, force=self.force, chat=True)
         load_s = time.perf_counter() - t0
         if loaded.template is None:
             loaded.close()

@@ -93,7 +93,7 @@ def run(
         resolved = preload.resolved(model) or resolve_model(model, offline=offline)
         rec.model, rec.prompt_text = resolved, text
         t0 = time.perf_counter()
-        loaded = inference.load(resolved, load_opts, force=force, budget=preload.budget())
+        loaded = inference.load(resolved, load_opts, force=force, budget=preload.budget(), chat=not raw)
         load_s = max(time.perf_counter() - t0, loaded.model.load_s)  # weights loaded ahead count in full
         for note in loaded.plan.notes if loaded.plan else ():
             say(note)

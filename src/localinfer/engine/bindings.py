@@ -7,8 +7,9 @@ submodule of a package object whose ``__init__`` has not run; the object is then
 ``sys.modules`` again, so that a later ``import llama_cpp`` (the chat-template formatter) runs the
 real ``__init__``, which finds the bindings already loaded and reuses them.
 
-Importing the full package installs llama-cpp-python's own log callback (``llama_cpp._logger``)
-over ours; ``chat_format()`` puts ours back.
+Importing the full package would install llama-cpp-python's own log callback (``llama_cpp._logger``)
+over ours; ``chat_format()`` keeps ours in place throughout, so that it can be imported on a thread
+(``chat_format_ahead``) while a model loads, whose log lines are parsed.
 """
 
 from __future__ import annotations
@@ -50,24 +51,81 @@ def set_log_callback(callback: Any) -> None:
     import ctypes
 
     _log_callback[:] = [callback]
-    bindings().llama_log_set(callback, ctypes.c_void_p(0))
+    _llama_log_set()(callback, ctypes.c_void_p(0))
+
+
+def _llama_log_set() -> Any:
+    """The real ``llama_log_set`` (``chat_format`` stands a stub in for it while the package imports)."""
+    return _real_log_set[0] if _real_log_set else bindings().llama_log_set
+
+
+_real_log_set: list[Any] = []
 
 
 def chat_format() -> ModuleType:
-    """``llama_cpp.llama_chat_format`` (its sandboxed Jinja formatter), our log callback kept in place."""
-    mod = sys.modules.get("llama_cpp.llama_chat_format")
-    if mod is None:
-        bindings()
-        # Until ours is put back, llama-cpp-python's callback has llama.cpp's log, and it prints every
-        # line to stderr unless its logger says otherwise: a load running on another thread (the
-        # AMX decoding twin, a load ahead) would print its debug lines on the user's terminal.
+    """``llama_cpp.llama_chat_format`` (its sandboxed Jinja formatter), our log callback kept in place.
+
+    Importing it runs the package's ``__init__``, whose ``_logger`` installs llama-cpp-python's own
+    log callback. Another thread may be loading or creating a context meanwhile (``chat_format_ahead``),
+    and what llama.cpp logs then (memory figures, errors) must reach ours: while the package imports,
+    its ``llama_log_set`` is a stub that leaves ours in place."""
+    if _formatter:  # not sys.modules: a module being imported on another thread is there half-made
+        return _formatter[0]
+    with _import_lock:
+        if _formatter:
+            return _formatter[0]
+        c_api = bindings()
+        # Until ours is put back, llama-cpp-python's callback may have llama.cpp's log, and it prints
+        # every line to stderr unless its logger says otherwise.
         import logging
 
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
-        # (It imports numpy too: the CLI keeps numpy's OpenBLAS to one thread, cli.main.)
-        from llama_cpp import llama_chat_format as mod
-
-        if _log_callback:  # importing the package just replaced it with llama-cpp-python's logger
-            set_log_callback(_log_callback[0])
+        real = c_api.llama_log_set
+        if _log_callback:
+            _real_log_set[:] = [real]
+            c_api.llama_log_set = lambda *_args: None  # what ``from .llama_cpp import *`` hands _logger
+        try:
+            # (It imports numpy too: the CLI keeps numpy's OpenBLAS to one thread, cli.main.)
+            from llama_cpp import llama_chat_format as mod
+        finally:
+            c_api.llama_log_set = real
+            package = sys.modules.get("llama_cpp")
+            if package is not None and getattr(package, "llama_log_set", real) is not real:
+                package.llama_log_set = real
+            _real_log_set.clear()
+            if _log_callback:  # in case the package's logger got in some other way
+                set_log_callback(_log_callback[0])
+        _formatter.append(mod)
     return mod
 
+
+_import_lock = threading.Lock()
+_formatter: list[ModuleType] = []  # llama_chat_format, once imported whole
+
+
+def imported(name: str) -> ModuleType | None:
+    """Module ``name`` if it is imported whole already: not one that another thread is importing
+    (``chat_format_ahead``), which is in ``sys.modules`` from the start of its import."""
+    mod = sys.modules.get(name)
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        return None
+    return mod
+
+
+def chat_format_ahead(after: threading.Thread | None = None) -> None:
+    """Import ``chat_format`` on a thread (~70 ms: numpy and jinja2) while this one waits on llama.cpp
+    (a load, a context's creation) with the GIL released: the prompt's template is then rendered
+    without waiting for it. ``after``: a thread loading weights ahead, to let finish first (the
+    import would slow it down more than it gains: each line llama.cpp logs needs the GIL)."""
+    if _formatter:
+        return
+
+    def run() -> None:
+        if after is not None:
+            after.join()
+        try:
+            chat_format()
+        except Exception:  # noqa: BLE001 - only a head start: rendering imports it again and reports
+            pass
+
+    threading.Thread(target=run, name="localinfer-chat-format").start()  # not a daemon: no import cut off at exit

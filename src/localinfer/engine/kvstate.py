@@ -21,7 +21,8 @@ left alone: ``with_v_layout`` returns None, and the twin then keeps the main con
 from __future__ import annotations
 
 import struct
-import sys
+
+from localinfer.engine.bindings import imported
 
 # ggml types a transposed V cache can have, and their element sizes: F32, F16, BF16
 _ELEMENT = {0: 4, 1: 2, 30: 2}
@@ -143,7 +144,7 @@ def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
     """A ``rows`` x ``cols`` matrix of ``element``-byte values, row-major, transposed: with numpy
     where something imported it already (chat's template engine does; 1,501 cells: ~80 -> ~15 ms),
     otherwise in strided memoryview copies (importing numpy would cost more than it saves)."""
-    np = sys.modules.get("numpy")
+    np = imported("numpy")  # not one still being imported (bindings.chat_format_ahead)
     if np is not None:
         matrix = np.frombuffer(data, dtype=np.uint16 if element == 2 else np.uint32).reshape(rows, cols)
         return matrix.T.tobytes()

@@ -154,6 +154,12 @@ def preload_model(
     return True
 
 
+def weights_loading():  # noqa: ANN201 - a threading.Thread or None
+    """The thread loading weights ahead (``preload_model``) until ``Model`` takes them, if any: a
+    thread about to run Python for a while can wait for it (each line llama.cpp logs needs the GIL)."""
+    return _preloaded[0].thread if _preloaded else None
+
+
 def settle_preload() -> None:
     """Wait for a load still running ahead: llama.cpp must not be mid-load when the interpreter exits
     (its exit-time cleanup would run under the loading thread). A second Ctrl-C does not cut this short."""
