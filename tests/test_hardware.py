@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 
 import pytest
@@ -129,3 +130,14 @@ def test_proc_meminfo_matches_psutil():
     assert total == psutil.virtual_memory().total
     assert abs(available - psutil.virtual_memory().available) < 256 * 2**20  # read a moment apart
     assert abs(swap_free - psutil.swap_memory().free) < 256 * 2**20
+
+
+def test_default_threads_are_the_physical_cores_psutil_counts():
+    # Read from sysfs on Linux (psutil's own first method there), without importing psutil.
+    import psutil
+
+    from localinfer.engine import backend
+
+    assert backend.default_threads() == (psutil.cpu_count(logical=False) or os.cpu_count())
+    if sys.platform.startswith("linux"):
+        assert backend._sysfs_physical_cores() == psutil.cpu_count(logical=False)
