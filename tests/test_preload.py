@@ -255,3 +255,99 @@ def test_a_usage_error_while_the_weights_load_exits_cleanly(smollm2_path):
     assert proc.returncode == 2
     assert b"--top-k" in proc.stderr and b"Traceback" not in proc.stderr
     assert proc.stdout == b""
+
+
+# -- hints: the next run's load starts before resolving ------------------------------------------------
+
+
+def _resolution(path, split_count=None):
+    from types import SimpleNamespace
+
+    info = SimpleNamespace(split_count=split_count, architecture="llama", vocab_size=100)
+    return SimpleNamespace(path=path, info=info)
+
+
+def test_a_hint_holds_only_while_its_file_is_the_one_verified(tmp_path):
+    import os
+
+    from localinfer import preload
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    preload.remember("some:model", _resolution(model))
+    assert preload._hint("some:model") == (str(model), 64, ("llama", 100))
+    assert preload._hint(None) is None and preload._hint("other:model") is None
+    st = os.stat(model)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same times back: its ctime moved on
+    assert preload._hint("some:model") is None
+    preload.remember("some:model", _resolution(model))
+    assert preload._hint("some:model") is not None
+    model.write_bytes(b"GGUF" + bytes(59) + b"x")  # the same size, other bytes
+    assert preload._hint("some:model") is None
+    model.unlink()
+    assert preload._hint("some:model") is None
+
+
+def test_a_path_is_noted_from_where_it_was_given_and_a_model_in_several_files_not_at_all(tmp_path, monkeypatch):
+    from localinfer import preload
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.chdir(tmp_path)
+    preload.remember("./m.gguf", _resolution(model))
+    assert preload._hint(str(model)) == preload._hint("m.gguf") == (str(model), 64, ("llama", 100))
+    monkeypatch.chdir(tmp_path.parent)
+    assert preload._hint("./m.gguf") is None  # another file, from here
+    preload.remember("split:model", _resolution(model, split_count=2))  # only its first file would be checked
+    assert preload._hint("split:model") is None and set(preload._read_hints()) == {f"path:{model}"}
+
+
+def test_a_run_remembers_its_model_and_the_next_loads_it_ahead_before_resolving(smollm2_path, isolated_home):
+    import json
+    import subprocess
+    import sys
+
+    from localinfer import preload
+
+    proc = run_cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "-q", "--no-log")
+    assert proc.returncode == 0, proc.stderr.decode()
+    hints = json.loads((isolated_home / preload.HINTS_FILE).read_text())
+    assert hints["spec:smollm2:135m"]["path"] == str(smollm2_path)
+    code = (
+        "import sys\n"
+        "from localinfer import preload\n"
+        "from localinfer.engine import llama as engine\n"
+        "preload.start('smollm2:135m', 8)\n"
+        "assert preload._started and preload._started[0][1] is None  # no resolution: from the hint\n"
+        "assert 'localinfer.store.resolve' not in sys.modules\n"
+        "pre = engine._preloaded[0]\n"
+        "pre.take(None)  # waits for the load (its stdout is stderr meanwhile), frees it\n"
+        "print(pre.key[0])\n"
+    )
+    started = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == str(smollm2_path)
+
+
+def test_a_hint_to_another_file_is_loaded_ahead_in_vain_then_corrected(smollm2_path, gemma_path, isolated_home):
+    # The registry's default moved on (or the name was pulled again): the hint still names a good
+    # file. The load ahead is of that file; the model loads the one resolved; the hint is corrected.
+    import json
+    import os
+
+    from localinfer import preload
+
+    st = os.stat(gemma_path)
+    note = {"path": str(gemma_path), "identity": preload._identity(st), "architecture": "gemma3", "vocab_size": 262144}
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / preload.HINTS_FILE).write_text(json.dumps({"spec:smollm2:135m": note}))
+    args = ["run", "-m", "smollm2:135m", "-p", "The capital of France is", "--raw", "-n", "8", "--temperature", "0",
+            "-c", "256", "-q", "--no-log", "--json"]  # fmt: skip
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr.decode()
+    answer = json.loads(proc.stdout)
+    assert answer["model"] == "smollm2:135m" and answer["text"]
+    assert json.loads((isolated_home / preload.HINTS_FILE).read_text())["spec:smollm2:135m"]["path"] == str(smollm2_path)
+    again = run_cli(*args)  # from the corrected hint now: the same answer
+    assert again.returncode == 0, again.stderr.decode()
+    assert json.loads(again.stdout)["text"] == answer["text"]
