@@ -327,29 +327,62 @@ def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_i
     assert proc.stdout == "" and proc.stderr == ""
 
 
+# A subprocess's prelude: every callback handed to llama.cpp's llama_log_set lands in `installed`.
+_LOG_SET_SPY = (
+    "import sys, time\n"
+    "from localinfer.engine import backend, bindings\n"
+    "c_api = bindings.bindings()\n"
+    "real, installed = c_api.llama_log_set, []\n"
+    "def spy(callback, user_data):\n"
+    "    installed.append(callback)\n"
+    "    return real(callback, user_data)\n"
+    "c_api.llama_log_set = spy\n"
+)
+
+
+def _python_says(code: str) -> str:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def test_our_log_callback_stays_in_place_while_the_formatter_is_imported():
     # The package's _logger calls llama_log_set with its own callback as it is imported; chat_format()
     # hands it a stub meanwhile, so lines a load on another thread logs then still reach ours.
-    import subprocess
-
-    code = (
-        "from localinfer.engine import backend, bindings\n"
+    code = _LOG_SET_SPY + (
         "log = backend.ensure_backend(False)\n"
-        "c_api = bindings.bindings()\n"
-        "real, installed = c_api.llama_log_set, []\n"
-        "def spy(callback, user_data):\n"
-        "    installed.append(callback)\n"
-        "    return real(callback, user_data)\n"
-        "c_api.llama_log_set = spy\n"
         "bindings.chat_format()\n"
         "import llama_cpp\n"
         "assert installed and all(cb is log._callback for cb in installed), installed\n"
         "assert c_api.llama_log_set is spy and llama_cpp.llama_log_set is spy\n"
         "print('ok')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "ok\n"
+    assert _python_says(code) == "ok\n"
+
+
+def test_our_log_callback_installed_while_the_formatter_imports_is_the_one_kept():
+    # chat_format_ahead starts before the engine installs its callback (a chat, which loads nothing
+    # ahead): the package's _logger must not replace ours once it is in, and a process without ours
+    # (a library use) gets the package's own.
+    code = _LOG_SET_SPY + (
+        "bindings.chat_format_ahead()\n"
+        "while 'numpy' not in sys.modules:  # the package is importing; its _logger comes after numpy\n"
+        "    time.sleep(0.0005)\n"
+        "log = backend.ensure_backend(False)  # as Model() does meanwhile\n"
+        "bindings.settle()\n"
+        "assert installed and all(cb is log._callback for cb in installed), installed\n"
+        "print('ok')\n"
+    )
+    assert _python_says(code) == "ok\n"
+    library = _LOG_SET_SPY + (
+        "bindings.chat_format()\n"
+        "import llama_cpp._logger as theirs\n"
+        "assert installed == [theirs.llama_log_callback], installed\n"
+        "print('ok')\n"
+    )
+    assert _python_says(library) == "ok\n"
 
 
 def test_a_module_still_being_imported_does_not_count_as_imported(tmp_path, monkeypatch):

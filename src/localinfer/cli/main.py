@@ -72,6 +72,9 @@ def main() -> None:
     # C thread reading the environment while Python changes it could crash), unless the user did.
     if "OPENBLAS_NUM_THREADS" not in os.environ:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    # numpy sets this one for its import and unsets it after: in the formatter's import, on a thread
+    # while llama.cpp reads the environment (engine.bindings.chat_format_ahead). Set, numpy leaves it.
+    os.environ.setdefault("OPENBLAS_MAIN_FREE", "1")
     if sys.argv[1:] in (["--version"], ["-V"]):  # answered before Typer is even imported
         sys.stdout.write(f"localinfer {__version__}\n")
         return
@@ -89,6 +92,8 @@ def main() -> None:
             sys.modules["localinfer.preload"].settle()
         if "localinfer.engine.twin" in sys.modules:  # an AMX decoding twin still loading: stop it
             sys.modules["localinfer.engine.twin"].settle()
+        if "localinfer.engine.bindings" in sys.modules:  # the chat formatter still importing
+            sys.modules["localinfer.engine.bindings"].settle()
         # At exit the interpreter garbage-collects everything still alive: 50-100 ms once
         # huggingface_hub or llama_cpp are loaded. The process is ending; let it just free the memory.
         import gc

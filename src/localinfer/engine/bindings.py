@@ -67,23 +67,23 @@ def chat_format() -> ModuleType:
 
     Importing it runs the package's ``__init__``, whose ``_logger`` installs llama-cpp-python's own
     log callback. Another thread may be loading or creating a context meanwhile (``chat_format_ahead``),
-    and what llama.cpp logs then (memory figures, errors) must reach ours: while the package imports,
-    its ``llama_log_set`` is a stub that leaves ours in place."""
+    and what llama.cpp logs then (memory figures, errors) must reach ours, even if ours is installed
+    only while the package imports: its ``llama_log_set`` is a stub until then. Afterwards ours is in
+    place, or, where the engine installed none (a library use), the package's own."""
     if _formatter:  # not sys.modules: a module being imported on another thread is there half-made
         return _formatter[0]
     with _import_lock:
         if _formatter:
             return _formatter[0]
         c_api = bindings()
-        # Until ours is put back, llama-cpp-python's callback may have llama.cpp's log, and it prints
-        # every line to stderr unless its logger says otherwise.
+        # The package's callback prints every line to stderr unless its logger says otherwise.
+        import ctypes
         import logging
 
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
         real = c_api.llama_log_set
-        if _log_callback:
-            _real_log_set[:] = [real]
-            c_api.llama_log_set = lambda *_args: None  # what ``from .llama_cpp import *`` hands _logger
+        _real_log_set[:] = [real]
+        c_api.llama_log_set = lambda *_args: None  # what ``from .llama_cpp import *`` hands _logger
         try:
             # (It imports numpy too: the CLI keeps numpy's OpenBLAS to one thread, cli.main.)
             from llama_cpp import llama_chat_format as mod
@@ -93,8 +93,11 @@ def chat_format() -> ModuleType:
             if package is not None and getattr(package, "llama_log_set", real) is not real:
                 package.llama_log_set = real
             _real_log_set.clear()
-            if _log_callback:  # in case the package's logger got in some other way
+            theirs = getattr(sys.modules.get("llama_cpp._logger"), "llama_log_callback", None)
+            if _log_callback:
                 set_log_callback(_log_callback[0])
+            elif theirs is not None:
+                real(theirs, ctypes.c_void_p(0))
         _formatter.append(mod)
     return mod
 
@@ -128,4 +131,20 @@ def chat_format_ahead(after: threading.Thread | None = None) -> None:
         except Exception:  # noqa: BLE001 - only a head start: rendering imports it again and reports
             pass
 
-    threading.Thread(target=run, name="localinfer-chat-format").start()  # not a daemon: no import cut off at exit
+    thread = threading.Thread(target=run, name="localinfer-chat-format")  # not a daemon: see settle()
+    _importing[:] = [thread]
+    thread.start()
+
+
+_importing: list[threading.Thread] = []  # chat_format_ahead's thread
+
+
+def settle() -> None:
+    """Wait for ``chat_format_ahead``'s import before the interpreter exits, Ctrl-C or not: an
+    import must not run on while the interpreter shuts down."""
+    for thread in _importing:
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt:
+                continue
