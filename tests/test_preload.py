@@ -267,10 +267,13 @@ def _resolution(path, split_count=None):
     return SimpleNamespace(path=path, info=info)
 
 
-def test_a_hint_holds_only_while_its_file_is_the_one_verified(tmp_path):
+def test_a_hint_holds_only_while_its_file_is_the_one_verified(tmp_path, isolated_home):
+    import json
     import os
+    import sys
 
     from localinfer import preload
+    from localinfer.paths import file_identity
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(60))
@@ -278,11 +281,20 @@ def test_a_hint_holds_only_while_its_file_is_the_one_verified(tmp_path):
     assert preload._hint("some:model") == (str(model), 64, ("llama", 100))
     assert preload._hint(None) is None and preload._hint("other:model") is None
     st = os.stat(model)
-    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same times back: its ctime moved on
-    assert preload._hint("some:model") is None
+    if sys.platform != "win32":  # there, st_ctime is the creation time
+        os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same times back: its ctime moved on
+        assert preload._hint("some:model") is None
+        preload.remember("some:model", _resolution(model))
+        assert preload._hint("some:model") is not None
+    before = file_identity(model)
+    model.write_bytes(b"GGUF" + bytes(59) + b"x")  # the same size, other bytes
+    if file_identity(model) != before:  # (a file system with coarse times may not tell, as for the store)
+        assert preload._hint("some:model") is None
     preload.remember("some:model", _resolution(model))
     assert preload._hint("some:model") is not None
-    model.write_bytes(b"GGUF" + bytes(59) + b"x")  # the same size, other bytes
+    hints = preload._read_hints()
+    hints["spec:some:model"]["boot"] = "another boot"  # written before the machine restarted
+    (isolated_home / preload.HINTS_FILE).write_text(json.dumps(hints))
     assert preload._hint("some:model") is None
     model.unlink()
     assert preload._hint("some:model") is None
@@ -333,12 +345,13 @@ def test_a_hint_to_another_file_is_loaded_ahead_in_vain_then_corrected(smollm2_p
     # The registry's default moved on (or the name was pulled again): the hint still names a good
     # file. The load ahead is of that file; the model loads the one resolved; the hint is corrected.
     import json
-    import os
 
     from localinfer import preload
 
-    st = os.stat(gemma_path)
-    note = {"path": str(gemma_path), "identity": preload._identity(st), "architecture": "gemma3", "vocab_size": 262144}
+    from localinfer.paths import file_identity
+
+    note = {"path": str(gemma_path), "identity": list(file_identity(gemma_path)), "boot": preload._boot_id(),
+            "architecture": "gemma3", "vocab_size": 262144}  # fmt: skip
     isolated_home.mkdir(parents=True, exist_ok=True)
     (isolated_home / preload.HINTS_FILE).write_text(json.dumps({"spec:smollm2:135m": note}))
     args = ["run", "-m", "smollm2:135m", "-p", "The capital of France is", "--raw", "-n", "8", "--temperature", "0",
@@ -351,3 +364,37 @@ def test_a_hint_to_another_file_is_loaded_ahead_in_vain_then_corrected(smollm2_p
     again = run_cli(*args)  # from the corrected hint now: the same answer
     assert again.returncode == 0, again.stderr.decode()
     assert json.loads(again.stdout)["text"] == answer["text"]
+
+
+def test_only_the_most_recently_resolved_names_are_noted(tmp_path):
+    from localinfer import preload
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    for i in range(preload.MAX_HINTS + 5):
+        preload.remember(f"model:{i}", _resolution(model))
+    preload.remember("model:3", _resolution(model))  # resolved again: the newest now
+    kept = list(preload._read_hints())
+    assert len(kept) == preload.MAX_HINTS and kept[-1] == "spec:model:3"
+    assert "spec:model:0" not in kept and "spec:model:5" not in kept and "spec:model:6" in kept
+
+
+def test_weights_loaded_ahead_from_a_file_replaced_since_are_not_taken(smollm2_path, gemma_path, tmp_path):
+    # A load ahead from a hint begins before resolving, which may rewrite the file at that path (a
+    # repair, a new pull): the model must not take weights read from the file that was there before.
+    import os
+
+    from localinfer.engine import llama as engine
+    from localinfer.engine.types import LoadOptions
+
+    model = tmp_path / "m.gguf"
+    os.symlink(smollm2_path, model)
+    assert engine.preload_model(model)
+    engine._preloaded[0].thread.join()
+    os.symlink(gemma_path, tmp_path / "new.gguf")
+    os.replace(tmp_path / "new.gguf", model)
+    loaded = engine.Model(model, LoadOptions(n_ctx=256, n_threads=2))
+    try:
+        assert loaded.n_vocab == 262144 and loaded.vocab_shape[0] == "gemma3" and not engine._preloaded
+    finally:
+        loaded.close()

@@ -34,3 +34,14 @@ def config_dir() -> Path:
 def models_dir() -> Path:
     """The model store: verified blobs and the manifest."""
     return data_dir() / "models"
+
+
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int, int] | None:
+    """What tells a file's bytes apart cheaply: size, modification and change times (ns), inode and
+    device; None when there is no such file. Rewriting a file in place moves its change time, which
+    no one can set back (on POSIX; Windows reports the creation time there, and the rest must do)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)

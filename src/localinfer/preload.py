@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 # began): at most one
 _started: list[tuple[str | None, ResolvedModel | None, MemoryBudget]] = []
 HINTS_FILE = "preload-hints.json"  # in paths.data_dir()
+MAX_HINTS = 32  # model names and paths noted, the most recently resolved
 
 
 def start(spec: str | None, max_tokens: int | None = None) -> None:
@@ -77,36 +78,40 @@ def remember(spec: str | None, resolution: ResolvedModel) -> None:
     try:
         import os
 
-        from localinfer.paths import data_dir
-
+        from localinfer.paths import data_dir, file_identity
         from localinfer.store.names import parse_spec
 
-        if (resolution.info.split_count or 1) > 1:
+        identity = file_identity(resolution.path)
+        if (resolution.info.split_count or 1) > 1 or identity is None:
             return
         is_path = spec is not None and parse_spec(spec).kind == "path"
         key = _path_key(spec) if is_path else _key(spec)  # a path: as resolved from this directory
-        st = os.stat(resolution.path)
         note = {
-            "path": str(resolution.path),
-            "identity": _identity(st),
+            "path": os.path.abspath(resolution.path),
+            "identity": list(identity),
+            "boot": _boot_id(),
             "architecture": resolution.info.architecture,
             "vocab_size": resolution.info.vocab_size or 0,
         }
         hints = _read_hints()
         if hints.get(key) == note:
             return
-        hints[key] = note
+        hints.pop(key, None)
+        hints[key] = note  # the newest last: the oldest go first past MAX_HINTS
+        for old in list(hints)[: max(0, len(hints) - MAX_HINTS)]:
+            del hints[old]
         from localinfer.store.fsutil import atomic_write_json
 
-        atomic_write_json(data_dir() / HINTS_FILE, hints)
+        atomic_write_json(data_dir() / HINTS_FILE, hints, sort_keys=False)  # oldest first
     except Exception:  # noqa: BLE001 - a hint is an optimisation: a run never fails for it
         return
 
 
 def _hint(spec: str | None) -> tuple[str, int, tuple[str, int]] | None:
     """(path, size, (architecture, vocabulary size)) that ``remember`` noted for ``spec``, if that
-    file is still the one noted: same size, modification and change times, inode and device."""
-    import os
+    file is still the one noted (``paths.file_identity``) and the machine has not restarted since (a
+    file written just before a crash may be torn: the store hashes it again then, and so waits)."""
+    from localinfer.paths import file_identity
 
     hints = _read_hints()
     note = hints.get(_key(spec))
@@ -114,21 +119,22 @@ def _hint(spec: str | None) -> tuple[str, int, tuple[str, int]] | None:
         note = hints.get(_path_key(spec))
     if not isinstance(note, dict):
         return None
-    path, vocab_size = note.get("path"), note.get("vocab_size")
-    if not isinstance(path, str) or not isinstance(vocab_size, int):
+    path, vocab_size, identity = note.get("path"), note.get("vocab_size"), note.get("identity")
+    if not isinstance(path, str) or not isinstance(vocab_size, int) or not isinstance(identity, list):
         return None
+    now = file_identity(path)
+    if now is None or list(now) != identity or note.get("boot") != _boot_id():
+        return None
+    return path, now[0], (str(note.get("architecture") or ""), vocab_size)
+
+
+def _boot_id() -> str | None:
+    """This run of the machine (Linux); None elsewhere."""
     try:
-        st = os.stat(path)
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
     except OSError:
         return None
-    if note.get("identity") != _identity(st):
-        return None
-    return path, st.st_size, (str(note.get("architecture") or ""), vocab_size)
-
-
-def _identity(st) -> list[int]:  # noqa: ANN001 - an os.stat_result
-    # ctime too: unlike the modification time, no one can set it back after changing the bytes
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 def _key(spec: str | None) -> str:

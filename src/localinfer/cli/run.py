@@ -91,7 +91,6 @@ def run(
         say = (lambda msg: None) if quiet else warn
 
         resolved = preload.resolved(model) or resolve_model(model, offline=offline)
-        preload.remember(model, resolved)  # the next run's load can start before resolving
         rec.model, rec.prompt_text = resolved, text
         t0 = time.perf_counter()
         loaded = inference.load(resolved, load_opts, force=force, budget=preload.budget(), chat=not raw)
@@ -132,6 +131,7 @@ def run(
         if not quiet:
             print_summary(result, verbose=verbose)
         touch(resolved.name)  # `list`'s "last used"
+        preload.remember(model, resolved)  # the next run's load can start before resolving
 
 
 def register(app: typer.Typer) -> None:

@@ -40,6 +40,7 @@ from localinfer.engine.types import (
     Step,
 )
 from localinfer.errors import GenerationError, ResourceError
+from localinfer.paths import file_identity
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from localinfer.hardware import MemoryBudget
@@ -70,7 +71,9 @@ def _model_params(options: LoadOptions):  # noqa: ANN202 - a ctypes struct
 
 
 def _params_key(path: Path, mparams) -> tuple:  # noqa: ANN001
-    return (str(path), mparams.n_gpu_layers, mparams.load_mode, bool(mparams.use_extra_bufts))
+    # The file's identity too: a load ahead may have begun before the name was resolved (preload's
+    # hints), and resolving may have rewritten the file at that path since (a repair, a new pull).
+    return (str(path), file_identity(path), mparams.n_gpu_layers, mparams.load_mode, bool(mparams.use_extra_bufts))
 
 
 class _Preload:

@@ -28,13 +28,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_json(path: Path, data: object) -> None:
-    """Write JSON to ``path`` so readers see the old or the new content, never a mix: tmp + fsync + replace."""
+def atomic_write_json(path: Path, data: object, *, sort_keys: bool = True) -> None:
+    """Write JSON to ``path`` so readers see the old or the new content, never a mix: tmp + fsync + replace.
+    ``sort_keys=False``: objects keep their keys' order (it may carry meaning)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
+            json.dump(data, fh, indent=2, sort_keys=sort_keys)
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
