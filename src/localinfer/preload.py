@@ -12,9 +12,10 @@ Where the answer may be long, the AMX decoding twin's weights start loading too 
 Resolving takes ~45 ms of that start-up (the registry, the manifest, the GGUF header and their
 imports), during which nothing loads. So ``run`` remembers what it last resolved each model name
 (or path) to (``remember``: the file, and its size, times, inode and device as they were once
-verified) in ``preload-hints.json``; when the file is still exactly that one, the load starts at once and the
-resolving happens afterwards, beside it. A hint never decides what is used: the real resolution
-does, and ``Model`` frees a load ahead that is not the file and parameters it asks for.
+verified) in ``preload-hints.json``; while the file is still exactly that one, the load starts at
+once and the resolving happens afterwards, beside it. A hint never decides what is used: the real
+resolution does, and ``Model`` frees a load ahead that is not of the file it asks for, as that file
+is now, or not with its parameters.
 """
 
 from __future__ import annotations
