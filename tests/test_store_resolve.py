@@ -194,6 +194,14 @@ def test_manifest_written_atomically_and_touch(home: Path, tmp_path: Path) -> No
     touch("x:1")
     assert store.entry("x:1")["last_used"]
     touch("not-there")  # silent
+    # Within a minute of the time recorded, nothing is written (no lock, no synced write)
+    written = os.stat(home / "models" / "manifest.json").st_mtime_ns
+    touch("x:1")
+    assert os.stat(home / "models" / "manifest.json").st_mtime_ns == written
+    with store.edit() as models:
+        models["x:1"]["last_used"] = "2020-01-01T00:00:00+00:00"
+    touch("x:1")
+    assert store.entry("x:1")["last_used"] > "2020-01-01T00:00:00+00:00"
     leftovers = [p for p in (home / "models").iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
     assert os.stat(home / "models" / "manifest.json").st_size > 0
