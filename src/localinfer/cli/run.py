@@ -94,6 +94,7 @@ def run(
         rec.model, rec.prompt_text = resolved, text
         t0 = time.perf_counter()
         loaded = inference.load(resolved, load_opts, force=force, budget=preload.budget(), chat=not raw)
+        _until_exit.append(loaded)  # not freed piece by piece as the process ends (engine.llama.Model.__del__)
         load_s = max(time.perf_counter() - t0, loaded.model.load_s)  # weights loaded ahead count in full
         for note in loaded.plan.notes if loaded.plan else ():
             say(note)
@@ -132,6 +133,9 @@ def run(
             print_summary(result, verbose=verbose)
         touch(resolved.name)  # `list`'s "last used"
         preload.remember(model, resolved)  # the next run's load can start before resolving
+
+
+_until_exit: list = []
 
 
 def register(app: typer.Typer) -> None:
