@@ -340,10 +340,10 @@ _LOG_SET_SPY = (
 )
 
 
-def _python_says(code: str) -> str:
+def _python_says(code: str, *args: str) -> str:
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -403,11 +403,7 @@ def test_a_model_alive_as_the_process_ends_is_left_to_the_os(smollm2_path):
         "os.write(1, b'dropped\\n')\n"
         "kept = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
     )
-    import subprocess
-
-    proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "freed\ndropped\n"
+    assert _python_says(code, str(smollm2_path)) == "freed\ndropped\n"
 
 
 def test_a_module_still_being_imported_does_not_count_as_imported(tmp_path, monkeypatch):
