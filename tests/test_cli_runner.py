@@ -60,3 +60,25 @@ def test_help_does_not_import_heavy_modules():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "HEAVY []" in proc.stderr, proc.stderr
+
+
+def test_run_builds_only_its_own_command():
+    # `localinfer run` is on its way to a first token: the entry point registers no other command
+    # (~10 ms); every other invocation gets them all.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from localinfer.cli.main import main\n"
+        "sys.argv = ['localinfer', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('OTHERS', sorted(m for m in ('chat', 'pull', 'models', 'batch', 'bench', 'stats', 'doctor')"
+        " if f'localinfer.cli.{m}' in sys.modules), file=sys.stderr)\n"
+    )
+    run_help = subprocess.run([sys.executable, "-c", code, "run", "--help"], capture_output=True, text=True)
+    assert "Usage: localinfer run" in run_help.stdout and "OTHERS []" in run_help.stderr, run_help.stderr
+    top_help = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True)
+    assert "chat" in top_help.stdout and "OTHERS ['batch', 'bench', 'chat', 'doctor', 'models', 'pull', 'stats']" in top_help.stderr
+    only_run = CliRunner().invoke(build_app(only="run"), ["chat"])
+    assert only_run.exit_code == 2 and "No such command" in only_run.output

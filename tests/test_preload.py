@@ -167,7 +167,7 @@ def test_ctrl_c_before_typer_takes_over_stops_the_loads_ahead_quietly(smollm2_pa
 
     started = []
 
-    def interrupted():
+    def interrupted(*_only):
         if engine._preloaded and engine._preloaded[0].twin is not None:
             started.append(engine._preloaded[0].twin)
         raise KeyboardInterrupt
