@@ -82,3 +82,19 @@ def test_run_builds_only_its_own_command():
     assert "chat" in top_help.stdout and "OTHERS ['batch', 'bench', 'chat', 'doctor', 'models', 'pull', 'stats']" in top_help.stderr
     only_run = CliRunner().invoke(build_app(only="run"), ["chat"])
     assert only_run.exit_code == 2 and "No such command" in only_run.output
+
+
+def test_run_in_one_process_keeps_only_its_last_model(smollm2_path):
+    # `run` leaves its model to the OS at the process's end (engine.llama.Model.__del__); a process
+    # running the command again (CliRunner, a library) must still free the ones before.
+    import gc
+    import weakref
+
+    import localinfer.cli.run as run_cmd
+
+    args = ["run", "-m", str(smollm2_path), "-p", "hi", "-n", "2", "-c", "256", "-q", "--no-log", "--raw"]
+    assert CliRunner().invoke(build_app(), args).exit_code == 0
+    first = weakref.ref(run_cmd._until_exit[0])
+    assert CliRunner().invoke(build_app(), args).exit_code == 0
+    gc.collect()
+    assert first() is None and len(run_cmd._until_exit) == 1

@@ -94,7 +94,9 @@ def run(
         rec.model, rec.prompt_text = resolved, text
         t0 = time.perf_counter()
         loaded = inference.load(resolved, load_opts, force=force, budget=preload.budget(), chat=not raw)
-        _until_exit.append(loaded)  # not freed piece by piece as the process ends (engine.llama.Model.__del__)
+        # Not freed piece by piece as the process ends (engine.llama.Model.__del__); only the last
+        # run's: a process running the command again (CliRunner) frees the one before.
+        _until_exit[:] = [loaded]
         load_s = max(time.perf_counter() - t0, loaded.model.load_s)  # weights loaded ahead count in full
         for note in loaded.plan.notes if loaded.plan else ():
             say(note)
