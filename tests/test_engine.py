@@ -148,6 +148,30 @@ def test_a_template_that_rejects_the_messages_is_a_usage_error():
         ChatTemplate(source="gguf", template=strict).render([{"role": "system", "content": "S"}])
 
 
+def test_a_template_is_compiled_once_for_every_turn(monkeypatch):
+    # Compiling a template takes ~2-3 ms: chat renders the conversation at every turn.
+    from localinfer.engine import templates
+    from localinfer.engine.bindings import chat_format
+
+    made = []
+    real = chat_format().Jinja2ChatFormatter
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs["template"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(chat_format(), "Jinja2ChatFormatter", Counting)
+    templates._jinja_formatter.cache_clear()
+    chat = templates.ChatTemplate(source="gguf", template="{% for m in messages %}<{{ m['content'] }}>{% endfor %}")
+    first = chat.render([{"role": "user", "content": "a"}])
+    second = chat.render([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    assert (first.text, second.text) == ("<a>", "<a><b>") and len(made) == 1
+    templates.ChatTemplate(source="gguf", template="{{ messages | length }}").render([{"role": "user", "content": "a"}])
+    assert len(made) == 2
+    templates._jinja_formatter.cache_clear()
+
+
 @needs_amx_twin
 def test_amx_twin_decodes_long_answers_the_same_way_every_time(model):
     # engine.twin: the prompt is evaluated on the main context, the answer decoded on a copy of the
