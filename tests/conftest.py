@@ -49,6 +49,15 @@ def run_cli(
     )
 
 
+def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``python -c CODE ARGS`` in a subprocess, text out; it must exit 0 (its stderr says why not)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 @pytest.fixture(scope="session")
 def smollm2_path():
     from models import smollm2_path as locate

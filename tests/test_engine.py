@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from conftest import needs_amx_twin
+from conftest import needs_amx_twin, run_python
 
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 
@@ -334,11 +334,9 @@ def test_a_twin_still_loading_is_stopped_when_another_model_loads_or_its_model_c
 
 
 def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_is_imported():
-    # Importing the chat formatter runs llama-cpp-python's __init__, which installs its own log
-    # callback until chat_format() puts ours back. A load on another thread (the AMX twin in chat,
-    # a load ahead) logging in that window must not reach the user's terminal.
-    import subprocess
-
+    # Importing the chat formatter runs llama-cpp-python's __init__, whose own log callback gets
+    # llama.cpp's log where the engine installed none (chat_format() keeps ours otherwise). Whatever
+    # a load on another thread logs through it must not reach the user's terminal.
     code = (
         "from localinfer.engine import bindings\n"
         "bindings.chat_format()\n"
@@ -346,8 +344,7 @@ def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_i
         "theirs.llama_log_callback(4, b'a debug line from another thread\\n', None)\n"
         "theirs.llama_log_callback(2, b'a warning\\n', None)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code)
     assert proc.stdout == "" and proc.stderr == ""
 
 
@@ -364,14 +361,6 @@ _LOG_SET_SPY = (
 )
 
 
-def _python_says(code: str, *args: str) -> str:
-    import subprocess
-
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 def test_our_log_callback_stays_in_place_while_the_formatter_is_imported():
     # The package's _logger calls llama_log_set with its own callback as it is imported; chat_format()
     # hands it a stub meanwhile, so lines a load on another thread logs then still reach ours.
@@ -383,7 +372,7 @@ def test_our_log_callback_stays_in_place_while_the_formatter_is_imported():
         "assert c_api.llama_log_set is spy and llama_cpp.llama_log_set is spy\n"
         "print('ok')\n"
     )
-    assert _python_says(code) == "ok\n"
+    assert run_python(code).stdout == "ok\n"
 
 
 def test_our_log_callback_installed_while_the_formatter_imports_is_the_one_kept():
@@ -399,14 +388,14 @@ def test_our_log_callback_installed_while_the_formatter_imports_is_the_one_kept(
         "assert installed and all(cb is log._callback for cb in installed), installed\n"
         "print('ok')\n"
     )
-    assert _python_says(code) == "ok\n"
+    assert run_python(code).stdout == "ok\n"
     library = _LOG_SET_SPY + (
         "bindings.chat_format()\n"
         "import llama_cpp._logger as theirs\n"
         "assert installed == [theirs.llama_log_callback], installed\n"
         "print('ok')\n"
     )
-    assert _python_says(library) == "ok\n"
+    assert run_python(library).stdout == "ok\n"
 
 
 def test_a_model_alive_as_the_process_ends_is_left_to_the_os(smollm2_path):
@@ -427,7 +416,7 @@ def test_a_model_alive_as_the_process_ends_is_left_to_the_os(smollm2_path):
         "os.write(1, b'dropped\\n')\n"
         "kept = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
     )
-    assert _python_says(code, str(smollm2_path)) == "freed\ndropped\n"
+    assert run_python(code, str(smollm2_path)).stdout == "freed\ndropped\n"
 
 
 def test_a_module_still_being_imported_does_not_count_as_imported(tmp_path, monkeypatch):
@@ -450,8 +439,6 @@ def test_a_load_for_chat_imports_the_formatter_once_the_weights_loaded_ahead_are
     # inference.load(chat=True) imports the chat formatter on a thread (numpy, jinja2: ~70 ms) while
     # the context is created, after the weights loading ahead: beside that load it would slow it.
     # The load's own log lines (its memory figures) are all captured; nothing reaches stderr.
-    import subprocess
-
     code = (
         "import sys, threading\n"
         "from localinfer import inference\n"
@@ -482,8 +469,7 @@ def test_a_load_for_chat_imports_the_formatter_once_the_weights_loaded_ahead_are
         "assert backend._log.seq > seq  # our callback still has llama.cpp's log\n"
         "print(loaded.template.render([{'role': 'user', 'content': 'Hi'}]).text.count('Hi'))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code, str(smollm2_path))
     assert proc.stdout == "1\n" and proc.stderr == ""
 
 
@@ -526,8 +512,6 @@ def test_the_twin_loads_with_no_openmp_team_of_its_own(smollm2_path):
     # twin's thread, which waits through the prompt's evaluation for the context's settings; with
     # more threads than CPUs, libgomp makes the main team's barriers sleep (prefill 30 -> 50 ms).
     # So while the twin waits, the process has exactly one more thread: the twin's own.
-    import subprocess
-
     code = (
         "import os, sys, time\n"
         "from localinfer.engine import twin as twin_mod\n"
@@ -545,9 +529,7 @@ def test_the_twin_loads_with_no_openmp_team_of_its_own(smollm2_path):
         "t.close()\n"
         "print(before, during)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    before, during = map(int, proc.stdout.split())
+    before, during = map(int, run_python(code, str(smollm2_path)).stdout.split())
     assert during == before + 1
 
 
@@ -557,8 +539,6 @@ def test_the_cli_starts_no_blas_threads_when_the_formatter_imports_numpy():
     # for work it will never get (we compute nothing with numpy), on the core the prompt's evaluation
     # and the AMX twin's load need. The CLI's entry point keeps it to one thread, before any thread of
     # its own runs; a user's own OPENBLAS_NUM_THREADS is left alone.
-    import subprocess
-
     code = (
         "import os, sys, time\n"
         "from localinfer.cli.main import main\n"
@@ -571,8 +551,7 @@ def test_the_cli_starts_no_blas_threads_when_the_formatter_imports_numpy():
         "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code, env=env)
     assert proc.stdout.splitlines()[-1].split() == ["1", "1"]  # no thread but the main one
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**env, "OPENBLAS_NUM_THREADS": "2"})
+    proc = run_python(code, env={**env, "OPENBLAS_NUM_THREADS": "2"})
     assert proc.stdout.splitlines()[-1].split()[1] == "2"

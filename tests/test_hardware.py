@@ -141,9 +141,7 @@ def test_default_threads_are_the_physical_cores_psutil_counts():
     assert backend.default_threads() == (psutil.cpu_count(logical=False) or os.cpu_count())
     if sys.platform.startswith("linux"):
         assert backend._sysfs_physical_cores() == psutil.cpu_count(logical=False)
-        import subprocess
+        from conftest import run_python
 
         code = "import sys\nfrom localinfer.engine import backend\nbackend.default_threads()\nprint('psutil' in sys.modules)\n"
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.strip() == "False"
+        assert run_python(code, timeout=60).stdout.strip() == "False"

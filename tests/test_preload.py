@@ -6,7 +6,7 @@ import re
 import time
 
 import pytest
-from conftest import amx_twin_here, needs_amx_twin, run_cli
+from conftest import amx_twin_here, needs_amx_twin, run_cli, run_python
 
 from localinfer.cli.prescan import FLAGS, NO_HEAD_START, VALUE_OPTIONS, max_tokens, scan
 
@@ -188,9 +188,6 @@ def test_ctrl_c_before_typer_takes_over_stops_the_loads_ahead_quietly(smollm2_pa
 def test_a_process_that_only_started_loading_ahead_still_exits(smollm2_path):
     # The twin's weights load, then it waits for a context's settings that nobody will send: the
     # interpreter ending must stop it (it is not a daemon thread: it must not be killed mid-load).
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from localinfer.engine import llama as engine\n"
@@ -200,9 +197,8 @@ def test_a_process_that_only_started_loading_ahead_still_exits(smollm2_path):
         "pre.thread.join()\n"
         "print('twin' if pre.twin is not None else 'none')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    assert proc.stdout.decode().strip() == ("twin" if amx_twin_here() else "none")
+    proc = run_python(code, str(smollm2_path), timeout=60)
+    assert proc.stdout.strip() == ("twin" if amx_twin_here() else "none")
 
 
 def test_the_weights_loaded_ahead_are_taken_with_their_log(smollm2_path):
@@ -316,8 +312,6 @@ def test_a_path_is_noted_from_where_it_was_given_and_a_model_in_several_files_no
 
 def test_a_run_remembers_its_model_and_the_next_loads_it_ahead_before_resolving(smollm2_path, isolated_home):
     import json
-    import subprocess
-    import sys
 
     from localinfer import preload
 
@@ -336,9 +330,7 @@ def test_a_run_remembers_its_model_and_the_next_loads_it_ahead_before_resolving(
         "pre.take(None)  # waits for the load (its stdout is stderr meanwhile), frees it\n"
         "print(pre.key[0])\n"
     )
-    started = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert started.returncode == 0, started.stderr
-    assert started.stdout.strip() == str(smollm2_path)
+    assert run_python(code, timeout=120).stdout.strip() == str(smollm2_path)
 
 
 def test_a_hint_to_another_file_is_loaded_ahead_in_vain_then_corrected(smollm2_path, gemma_path, isolated_home):
