@@ -444,9 +444,7 @@ class Model:
         if ok and _twin.restore_sequence(twin.ctx, state):
             self._ctx, self._mem = twin.ctx, twin.mem
         else:  # it failed to load or to take the cache: decode here from now on
-            self._twin_wanted = False
-            self._twin = None
-            twin.close()
+            self._drop_twin()
         return self._ctx
 
     def _grow_twin(self):  # noqa: ANN202 - (a llama_context pointer, its size)
@@ -460,13 +458,18 @@ class Model:
         if twin.remake(self._twin_settings(2 * twin.n_ctx)) and _twin.restore_sequence(twin.ctx, state):
             self._ctx, self._mem = twin.ctx, twin.mem
             return twin.ctx, twin.n_ctx
-        self._twin_wanted = False  # no memory for a larger one: the cache comes back here
-        self._twin = None
-        twin.close()
+        self._drop_twin()  # no memory for a larger one: the cache comes back here
         if not self._restore_prompt_side(state):
             self.reset()
             raise GenerationError("the KV cache was lost moving the answer off the AMX decoding twin")
         return self._ctx, self.n_ctx
+
+    def _drop_twin(self) -> None:
+        """The twin could not go on (a failed load, context or copy): free it, and decode here from now on."""
+        twin, self._twin = self._twin, None
+        self._twin_wanted = False
+        if twin is not None:
+            twin.close()
 
     def _twin_settings(self, reach: int):  # noqa: ANN202 - a ctypes struct
         """The twin's context settings (``twin.decode_settings``), with room for ``reach`` tokens (in

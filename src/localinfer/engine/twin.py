@@ -180,8 +180,8 @@ class DecodeTwin:
         finally:
             self.weights_loaded.set()
             if ctx:
-                self.model, self.ctx, self.mem = model, ctx, llama_cpp.llama_get_memory(ctx)
-                self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+                self.model = model
+                self._adopt(ctx)
             else:
                 if model:
                     llama_cpp.llama_model_free(model)
@@ -231,8 +231,11 @@ class DecodeTwin:
         if not ctx:
             self.failed = True
             return False
-        self.ctx, self.mem, self.n_ctx = ctx, llama_cpp.llama_get_memory(ctx), int(llama_cpp.llama_n_ctx(ctx))
+        self._adopt(ctx)
         return True
+
+    def _adopt(self, ctx) -> None:  # noqa: ANN001 - a llama_context pointer
+        self.ctx, self.mem, self.n_ctx = ctx, llama_cpp.llama_get_memory(ctx), int(llama_cpp.llama_n_ctx(ctx))
 
     def cancel(self) -> None:
         """Stop a load still running (llama.cpp asks between tensors); ``ready()`` then says False."""
