@@ -339,10 +339,9 @@ def test_a_hint_to_another_file_is_loaded_ahead_in_vain_then_corrected(smollm2_p
     import json
 
     from localinfer import preload
+    from localinfer.paths import boot_id, file_identity
 
-    from localinfer.paths import file_identity
-
-    note = {"path": str(gemma_path), "identity": list(file_identity(gemma_path)), "boot": preload._boot_id(),
+    note = {"path": str(gemma_path), "identity": list(file_identity(gemma_path)), "boot": boot_id(),
             "architecture": "gemma3", "vocab_size": 262144}  # fmt: skip
     isolated_home.mkdir(parents=True, exist_ok=True)
     (isolated_home / preload.HINTS_FILE).write_text(json.dumps({"spec:smollm2:135m": note}))

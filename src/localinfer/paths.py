@@ -45,3 +45,13 @@ def file_identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int, int
     except OSError:
         return None
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def boot_id() -> str | None:
+    """This run of the machine, where the OS names it (Linux): it changes at every restart, and so
+    after any crash. None elsewhere."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None

@@ -79,7 +79,7 @@ def remember(spec: str | None, resolution: ResolvedModel) -> None:
     try:
         import os
 
-        from localinfer.paths import data_dir, file_identity
+        from localinfer.paths import boot_id, data_dir, file_identity
         from localinfer.store.names import parse_spec
 
         identity = file_identity(resolution.path)
@@ -90,7 +90,7 @@ def remember(spec: str | None, resolution: ResolvedModel) -> None:
         note = {
             "path": os.path.abspath(resolution.path),
             "identity": list(identity),
-            "boot": _boot_id(),
+            "boot": boot_id(),
             "architecture": resolution.info.architecture,
             "vocab_size": resolution.info.vocab_size or 0,
         }
@@ -112,7 +112,7 @@ def _hint(spec: str | None) -> tuple[str, int, tuple[str, int]] | None:
     """(path, size, (architecture, vocabulary size)) that ``remember`` noted for ``spec``, if that
     file is still the one noted (``paths.file_identity``) and the machine has not restarted since (a
     file written just before a crash may be torn: the store hashes it again then, and so waits)."""
-    from localinfer.paths import file_identity
+    from localinfer.paths import boot_id, file_identity
 
     hints = _read_hints()
     note = hints.get(_key(spec))
@@ -124,18 +124,9 @@ def _hint(spec: str | None) -> tuple[str, int, tuple[str, int]] | None:
     if not isinstance(path, str) or not isinstance(vocab_size, int) or not isinstance(identity, list):
         return None
     now = file_identity(path)
-    if now is None or list(now) != identity or note.get("boot") != _boot_id():
+    if now is None or list(now) != identity or note.get("boot") != boot_id():
         return None
     return path, now[0], (str(note.get("architecture") or ""), vocab_size)
-
-
-def _boot_id() -> str | None:
-    """This run of the machine (Linux); None elsewhere."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
 
 
 def _key(spec: str | None) -> str:

@@ -35,13 +35,14 @@ def now_iso() -> str:
 
 def boot_id() -> str:
     """Identifies this run of the machine: it changes at every restart (and so after any crash)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        import psutil
+    from localinfer.paths import boot_id as os_boot_id
 
-        return f"boot-{int(psutil.boot_time())}"
+    named = os_boot_id()
+    if named is not None:
+        return named
+    import psutil
+
+    return f"boot-{int(psutil.boot_time())}"
 
 
 PARTIAL_MAX_AGE_S = 7 * 24 * 3600  # an unfinished download left alone this long is deleted by the next pull
