@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -232,6 +233,26 @@ def test_weights_loaded_ahead_with_other_parameters_are_freed(smollm2_path):
         model.close()
 
 
+def test_weights_loaded_ahead_are_taken_when_the_file_is_named_another_way(smollm2_path, monkeypatch):
+    # A hint notes the absolute path; `run -m ./model.gguf` resolves to a relative one: the same file.
+    from localinfer.engine import llama as engine
+    from localinfer.engine.types import LoadOptions
+
+    assert engine.preload_model(smollm2_path.resolve())
+    engine._preloaded[0].thread.join()
+
+    def second_load(*_args):
+        raise AssertionError("the weights were loaded again")
+
+    monkeypatch.setattr(engine.llama_cpp, "llama_model_load_from_file", second_load)
+    monkeypatch.chdir(smollm2_path.parent)
+    model = engine.Model(f"./{smollm2_path.name}", LoadOptions(n_ctx=256, n_threads=2))
+    try:
+        assert not engine._preloaded and model.tokenize("Paris")
+    finally:
+        model.close()
+
+
 def test_run_with_a_head_start_answers_like_without(smollm2_path):
     from typer.testing import CliRunner
 
@@ -330,7 +351,7 @@ def test_a_run_remembers_its_model_and_the_next_loads_it_ahead_before_resolving(
         "pre.take(None)  # waits for the load (its stdout is stderr meanwhile), frees it\n"
         "print(pre.key[0])\n"
     )
-    assert run_python(code, timeout=120).stdout.strip() == str(smollm2_path)
+    assert run_python(code, timeout=120).stdout.strip() == os.path.realpath(smollm2_path)
 
 
 def test_a_hint_to_another_file_is_loaded_ahead_in_vain_then_corrected(smollm2_path, gemma_path, isolated_home):

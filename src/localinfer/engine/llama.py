@@ -73,7 +73,9 @@ def _model_params(options: LoadOptions):  # noqa: ANN202 - a ctypes struct
 def _params_key(path: Path, mparams) -> tuple:  # noqa: ANN001
     # The file's identity too: a load ahead may have begun before the name was resolved (preload's
     # hints), and resolving may have rewritten the file at that path since (a repair, a new pull).
-    return (str(path), file_identity(path), mparams.n_gpu_layers, mparams.load_mode, bool(mparams.use_extra_bufts))
+    # The path as the OS resolves it: a hint notes it absolute, `run -m ./model.gguf` gives it relative.
+    return (os.path.realpath(path), file_identity(path), mparams.n_gpu_layers, mparams.load_mode,
+            bool(mparams.use_extra_bufts))
 
 
 class _Preload:
