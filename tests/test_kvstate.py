@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from conftest import needs_amx_twin
+from conftest import needs_amx_twin, run_python
 
 from localinfer.engine.types import LoadOptions
 
@@ -115,3 +115,18 @@ def test_the_twin_decodes_without_flash_attention_or_else_as_the_model_does(smol
         follow = m.cached_tokens + m.tokenize(" The end.", add_special=False)
         text, stats = answer(follow)  # the cache came back from the twin: only the new tokens are evaluated
         assert stats.cached_tokens == len(prompt) + 39 and text and m.decodes_on_twin
+
+
+def test_numpy_is_imported_for_a_large_state_only():
+    # Nothing imports numpy before the first conversion (the chat formatter no longer does): a state
+    # below NUMPY_PAYS_BYTES is converted in memoryview copies, a larger one imports numpy first.
+    code = (
+        "import sys\n"
+        "from localinfer.engine import kvstate\n"
+        "assert kvstate.with_v_layout(b'not a state', True) is None\n"
+        "small = 'numpy' in sys.modules\n"
+        "kvstate.NUMPY_PAYS_BYTES = 8\n"
+        "assert kvstate.with_v_layout(b'not a state', True) is None\n"
+        "print(small, 'numpy' in sys.modules)\n"
+    )
+    assert run_python(code).stdout.split() == ["False", "True"]

@@ -68,14 +68,14 @@ def build_app(only: str | None = None) -> typer.Typer:
 
 def main() -> None:
     """Console-script entry point."""
-    # llama-cpp-python's chat formatter imports numpy (we never compute with it), whose OpenBLAS
-    # would start a thread per core that spins for ~100-200 ms looking for work, just while `run`
-    # evaluates the prompt. OpenBLAS reads this once; set here, before any thread of ours runs (a
+    # numpy is imported where it pays (engine.kvstate, a large KV cache; a full llama-cpp-python
+    # import), never to compute matrices: its OpenBLAS would start a thread per core that spins for
+    # ~100-200 ms looking for work, just while a prompt is evaluated. OpenBLAS reads this once; set here, before any thread of ours runs (a
     # C thread reading the environment while Python changes it could crash), unless the user did.
     if "OPENBLAS_NUM_THREADS" not in os.environ:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    # numpy sets this one for its import and unsets it after: in the formatter's import, on a thread
-    # while llama.cpp reads the environment (engine.bindings.chat_format_ahead). Set, numpy leaves it.
+    # numpy sets this one for its import and unsets it after, perhaps on one thread while llama.cpp
+    # reads the environment on another. Set, numpy leaves it.
     os.environ.setdefault("OPENBLAS_MAIN_FREE", "1")
     if sys.argv[1:] in (["--version"], ["-V"]):  # answered before Typer is even imported
         sys.stdout.write(f"localinfer {__version__}\n")

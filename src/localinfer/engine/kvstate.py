@@ -20,6 +20,7 @@ left alone: ``with_v_layout`` returns None, and the twin then keeps the main con
 
 from __future__ import annotations
 
+import importlib
 import struct
 
 from localinfer.engine.bindings import imported
@@ -28,6 +29,10 @@ from localinfer.engine.bindings import imported
 _ELEMENT = {0: 4, 1: 2, 30: 2}
 _FORMAT = {2: "H", 4: "I"}
 _MAGIC = 0xAF143CD8  # llama_context's io_magic, first in a sequence's state
+# A state this large is converted with numpy, imported for it if nothing has: its V half alone then
+# takes ~40 ms more in memoryview copies than with numpy (2.4 against 0.4 ms per MB), there and back
+# again at each chat turn, and numpy's import costs ~60 ms once.
+NUMPY_PAYS_BYTES = 32 << 20
 
 
 class _Unparsed(Exception):
@@ -46,6 +51,11 @@ def v_layout(state: bytes) -> bool | None:
 def with_v_layout(state: bytes, transposed: bool) -> bytes | None:
     """``state`` with every V cache in the wanted layout (itself when it already is); None when it
     does not parse."""
+    if len(state) >= NUMPY_PAYS_BYTES and imported("numpy") is None:
+        try:
+            importlib.import_module("numpy")  # _transpose finds it
+        except ImportError:
+            pass
     try:
         _, converted = _convert(state, transposed)
     except (_Unparsed, struct.error):
@@ -142,8 +152,8 @@ def _convert(state: bytes, transposed: bool | None) -> tuple[set[bool], bytes]:
 
 def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
     """A ``rows`` x ``cols`` matrix of ``element``-byte values, row-major, transposed: with numpy
-    where something imported it already (chat's template engine does; 1,501 cells: ~80 -> ~15 ms),
-    otherwise in strided memoryview copies (importing numpy would cost more than it saves)."""
+    where it is imported (``with_v_layout`` imports it for a large state), otherwise in strided
+    memoryview copies (SmolLM2's V cache at 1,501 cells: ~41 ms, with numpy ~7)."""
     np = imported("numpy")  # not one still being imported (bindings.chat_format_ahead)
     if np is not None:
         matrix = np.frombuffer(data, dtype=np.uint16 if element == 2 else np.uint32).reshape(rows, cols)
