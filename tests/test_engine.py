@@ -462,7 +462,7 @@ def test_a_module_still_being_imported_does_not_count_as_imported(tmp_path, monk
 
 
 def test_a_load_for_chat_imports_the_formatter_once_the_weights_loaded_ahead_are_in(smollm2_path):
-    # inference.load(chat=True) imports the chat formatter on a thread (numpy, jinja2: ~70 ms) while
+    # inference.load(chat=True) imports the chat formatter on a thread (jinja2 and the module: ~40 ms) while
     # the context is created, after the weights loading ahead: beside that load it would slow it.
     # The load's own log lines (its memory figures) are all captured; nothing reaches stderr.
     code = (
@@ -561,9 +561,10 @@ def test_the_twin_loads_with_no_openmp_team_of_its_own(smollm2_path):
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
 def test_the_cli_starts_no_blas_threads_when_the_formatter_imports_numpy():
-    # llama-cpp-python's __init__ imports numpy, whose OpenBLAS starts a thread per core that spins
-    # for work it will never get (we compute nothing with numpy), on the core the prompt's evaluation
-    # and the AMX twin's load need. The CLI's entry point keeps it to one thread, before any thread of
+    # numpy (imported for a large KV cache's conversion, engine.kvstate, or by llama-cpp-python's
+    # __init__) has an OpenBLAS that starts a thread per core that spins for work it will never get
+    # (we multiply no matrices with numpy), on the core the prompt's evaluation and the AMX twin's
+    # load need. The CLI's entry point keeps it to one thread, before any thread of
     # its own runs; a user's own OPENBLAS_NUM_THREADS is left alone.
     code = (
         "import os, sys, time\n"
