@@ -359,6 +359,47 @@ def test_the_chat_formatter_renders_as_the_whole_package_does_without_importing_
     assert light[3] == [] and "numpy" in whole[3]
 
 
+def test_the_whole_package_imported_after_the_formatter_has_all_its_modules():
+    # The formatter's modules (and the bindings) were loaded without the package's __init__; a later
+    # `import llama_cpp` must still find them as its attributes, and the high-level Llama class.
+    code = (
+        "from localinfer.engine import bindings\n"
+        "fmt = bindings.chat_format()\n"
+        "import llama_cpp\n"
+        "assert llama_cpp.llama_chat_format is fmt and llama_cpp.llama_cpp is bindings.bindings()\n"
+        "assert llama_cpp.llama_types.ChatCompletionRequestMessage and llama_cpp.llama_grammar.LlamaGrammar\n"
+        "assert fmt.llama.Llama is llama_cpp.Llama and fmt.np.zeros(2).shape == (2,)\n"
+        "print('ok')\n"
+    )
+    assert run_python(code).stdout == "ok\n"
+
+
+def test_another_thread_importing_the_package_meanwhile_gets_the_real_one():
+    # While the formatter imports, the unexecuted package object is in sys.modules: another thread
+    # that imports llama_cpp then waits for the import to end and gets the real package.
+    code = (
+        "import sys, threading, time\n"
+        "from localinfer.engine import bindings\n"
+        "bindings.bindings()\n"
+        "seen = []\n"
+        "def other():\n"
+        "    while 'llama_cpp' not in sys.modules:\n"
+        "        time.sleep(0)\n"
+        "    import llama_cpp\n"
+        "    seen.append(hasattr(llama_cpp, '__version__'))  # False: the unexecuted one\n"
+        "    seen.append(llama_cpp.Llama.__name__)\n"
+        "    import numpy\n"
+        "    seen.append(numpy.zeros(2).shape)\n"
+        "thread = threading.Thread(target=other)\n"
+        "thread.start()\n"
+        "time.sleep(0.01)\n"
+        "bindings.chat_format()\n"
+        "thread.join()\n"
+        "print(seen)\n"
+    )
+    assert run_python(code).stdout == "[False, 'Llama', (2,)]\n"
+
+
 def test_llama_cpp_pythons_own_log_callback_prints_nothing_while_the_formatter_is_imported():
     # Importing the chat formatter runs llama-cpp-python's __init__, whose own log callback gets
     # llama.cpp's log where the engine installed none (chat_format() keeps ours otherwise). Whatever
@@ -407,7 +448,7 @@ def test_our_log_callback_installed_while_the_formatter_imports_is_the_one_kept(
     # (a library use) gets the package's own.
     code = _LOG_SET_SPY + (
         "bindings.chat_format_ahead()\n"
-        "while 'numpy' not in sys.modules:  # the package is importing; its _logger comes after numpy\n"
+        "while 'llama_cpp' not in sys.modules:  # the formatter is importing; its _logger comes later\n"
         "    time.sleep(0.0005)\n"
         "log = backend.ensure_backend(False)  # as Model() does meanwhile\n"
         "bindings.settle()\n"

@@ -15,6 +15,7 @@ over ours; ``chat_format()`` keeps ours in place throughout, so that it can be i
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import importlib.util
 import sys
@@ -42,9 +43,11 @@ def bindings() -> ModuleType:
             raise ImportError("llama-cpp-python is not installed (pip install llama-cpp-python)")
         sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)  # a package not yet executed
         try:
-            return importlib.import_module("llama_cpp.llama_cpp")
+            mod = importlib.import_module("llama_cpp.llama_cpp")
         finally:
             del sys.modules["llama_cpp"]
+        _adopt_submodules_later()
+        return mod
 
 
 def set_log_callback(callback: Any) -> None:
@@ -106,25 +109,30 @@ _formatter: list[ModuleType] = []  # llama_chat_format, once imported whole
 
 
 class _Deferred(ModuleType):
-    """A stand-in for a module the chat formatter's module imports but rendering never uses: in
-    ``sys.modules`` only while that module is imported (``_import_formatter``); afterwards any
-    attribute read through it comes from the real module, imported then."""
+    """A stand-in for a module the chat formatter's module imports but rendering never uses (numpy,
+    the high-level ``llama_cpp.llama``): any attribute read through it comes from the real module,
+    imported then. Handed only to that module's own import statements (``_import_formatter``), never
+    put in ``sys.modules``."""
 
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__") or sys.modules.get(self.__name__) is self:
+        if attr.startswith("__"):
             raise AttributeError(attr)
         return getattr(importlib.import_module(self.__name__), attr)
 
 
 def _import_formatter(c_api: ModuleType) -> ModuleType:
     """``llama_cpp.llama_chat_format``, llama-cpp-python's own module, imported without running the
-    package's ``__init__`` (as ``bindings`` does) and with what rendering never uses standing in
-    (``_Deferred``): ~40 ms of CPU where the whole package takes ~130. Its ``Jinja2ChatFormatter`` and ``format_*`` functions render
-    as they do from the whole package (tests/test_engine.py); the handlers that run a ``Llama``
-    import the rest when they first use it. Where the package is imported already, that one.
+    package's ``__init__`` (as ``bindings`` does), its imports of numpy and ``llama_cpp.llama`` given
+    stand-ins (``_Deferred``): ~40 ms of CPU where the whole package takes ~130. Its
+    ``Jinja2ChatFormatter`` and ``format_*`` functions render as they do from the whole package
+    (tests/test_engine.py); what runs a ``Llama`` imports the rest when it first uses it. Where the
+    package is imported already, that one.
 
-    It stays in ``sys.modules``: a later ``import llama_cpp`` reuses it (and its ``_logger``, which
-    therefore does not install its log callback again)."""
+    It stays in ``sys.modules`` with the package's modules it imported (``_logger`` among them), so a
+    later ``import llama_cpp`` reuses them (``_logger`` does not install its log callback again) and
+    gets them as its attributes (``_AdoptSubmodules``). While it imports, the package object in
+    ``sys.modules`` is the unexecuted one: another thread reading from it waits for the import, then
+    gets the real package."""
     if "llama_cpp" in sys.modules:
         from llama_cpp import llama_chat_format
 
@@ -137,31 +145,102 @@ def _import_formatter(c_api: ModuleType) -> ModuleType:
     # llama_log_set, which is the stub chat_format() hands it).
     package.__dict__.update((k, v) for k, v in vars(c_api).items() if not k.startswith("_"))
     package.llama_cpp = c_api
-    # What it imports and rendering never touches: numpy (~45 ms), and the high-level ``Llama``
-    # module with multiprocessing, diskcache and numpy again (~60 ms more).
+    importing = [threading.get_ident()]
+
+    def real_package_attr(attr: str) -> Any:  # PEP 562: what the unexecuted package lacks
+        if attr.startswith("__") or threading.get_ident() in importing:
+            raise AttributeError(f"module 'llama_cpp' has no attribute {attr!r}")
+        with _import_lock:  # held until the import below is over and this package is out of sys.modules
+            pass
+        return getattr(importlib.import_module("llama_cpp"), attr)
+
+    package.__getattr__ = real_package_attr
     stand_ins: dict[str, _Deferred] = {}
-    if "numpy" not in sys.modules:
+    if "numpy" not in sys.modules:  # (where it is, numpy.typing costs little more)
         stand_ins["numpy"] = _Deferred("numpy")
-        stand_ins["numpy.typing"] = stand_ins["numpy"].typing = _Deferred("numpy.typing")  # for `import numpy.typing as npt`
+        stand_ins["numpy.typing"] = stand_ins["numpy"].typing = _Deferred("numpy.typing")  # `import numpy.typing as npt`
     if "llama_cpp.llama" not in sys.modules:
-        stand_ins["llama_cpp.llama"] = package.llama = _Deferred("llama_cpp.llama")
+        stand_ins["llama_cpp.llama"] = package.llama = _Deferred("llama_cpp.llama")  # `import llama_cpp.llama as llama`
+    real_import = builtins.__import__
+
+    def formatter_import(name: str, globals=None, locals=None, fromlist=(), level=0):  # noqa: ANN001, ANN202
+        if level == 0 and name in stand_ins:
+            if fromlist:
+                return stand_ins[name]
+            top = name.partition(".")[0]  # `import llama_cpp.llama as llama` binds the top package first
+            return stand_ins.get(top) or real_import(top, globals, locals, (), 0)
+        return real_import(name, globals, locals, fromlist, level)
+
+    from importlib.machinery import PathFinder
+
+    module_spec = PathFinder.find_spec("llama_cpp.llama_chat_format", package.__path__)
     sys.modules["llama_cpp"] = package
-    sys.modules.update(stand_ins)
     try:
-        return importlib.import_module("llama_cpp.llama_chat_format")
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError("llama-cpp-python has no llama_chat_format module")
+        module = importlib.util.module_from_spec(module_spec)
+        module.__builtins__ = {**vars(builtins), "__import__": formatter_import}
+        sys.modules[module_spec.name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_spec.name]
+            raise
+        _adopt_submodules_later()
+        return module
     finally:
-        for name, stand_in in stand_ins.items():
-            if sys.modules.get(name) is stand_in:
-                del sys.modules[name]
         if sys.modules.get("llama_cpp") is package:
             del sys.modules["llama_cpp"]
+        package.__dict__.pop("llama_log_set", None)  # the stub: _logger keeps this object
+        importing.clear()  # from now on the package object forwards to the real package for anyone
+
+
+class _AdoptSubmodules:
+    """A finder for the real ``llama_cpp`` package, imported after its modules were loaded without
+    it (``bindings``, ``_import_formatter``): they are in ``sys.modules`` already, so the import
+    system would not set them as the package's attributes (``llama_cpp.llama_types``). This sets
+    them before the package's ``__init__`` runs; everything else is the normal finder's."""
+
+    def find_spec(self, name: str, path=None, target=None):  # noqa: ANN001, ANN201
+        if name != "llama_cpp":
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _AdoptingLoader(spec.loader)
+        return spec
+
+
+class _AdoptingLoader:
+    def __init__(self, loader) -> None:  # noqa: ANN001
+        self._loader = loader
+
+    def create_module(self, spec):  # noqa: ANN001, ANN201
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        for full, mod in list(sys.modules.items()):
+            head, _, tail = full.partition(".")
+            if head == "llama_cpp" and tail and "." not in tail and not hasattr(module, tail):
+                setattr(module, tail, mod)
+        self._loader.exec_module(module)
+
+    def __getattr__(self, attr: str) -> Any:  # get_filename, is_package, get_code...: the real loader's
+        return getattr(self._loader, attr)
+
+
+def _adopt_submodules_later() -> None:
+    if not any(isinstance(finder, _AdoptSubmodules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AdoptSubmodules())
 
 
 def imported(name: str) -> ModuleType | None:
     """Module ``name`` if it is imported whole already: not one that another thread is importing
     (``chat_format_ahead``), which is in ``sys.modules`` from the start of its import."""
     mod = sys.modules.get(name)
-    if mod is None or isinstance(mod, _Deferred) or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
         return None
     return mod
 
