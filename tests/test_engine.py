@@ -222,7 +222,9 @@ def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smo
         assert sized.decodes_on_twin and sized._twin.n_ctx == 512 and stats.completion_tokens == 300
         full.prepare_decode_twin()
         assert full._twin.ready()
-        assert full._twin.remake(twin_mod.decode_settings(full._params[1], 1024, False)) and full._twin.n_ctx == 1024
+        # with the flash attention the first, shallow answer kept on `sized`'s twin (twin.shallow)
+        assert not sized._twin.v_transposed
+        assert full._twin.remake(twin_mod.decode_settings(full._params[1], 1024, True)) and full._twin.n_ctx == 1024
         assert run(full, prompt, max_tokens=300, ignore_eos=True)[0] == long and long.startswith(short)
         monkeypatch.setattr(twin_mod, "ROOM", 64)
         sized.close()
@@ -234,6 +236,32 @@ def test_the_twin_context_has_room_for_the_answer_and_grows_for_a_longer_one(smo
         assert growing.decodes_on_twin and growing._twin.n_ctx == 512 and stats.completion_tokens == 300
         assert grew == [256]
         assert grown == long
+
+
+def test_an_answer_is_shallow_when_its_mean_depth_stays_under_the_crossover():
+    from localinfer.engine import twin
+
+    assert twin.shallow(5, 5 + 127 + 1)  # `run --raw -n 128` on a 4-token prompt: mean depth 69
+    assert not twin.shallow(48, 48 + 127 + 1)  # the chat template's 48-token prompt: 112
+    assert not twin.shallow(5, 5 + twin.ROOM + 1)  # an answer with no cap
+
+
+@needs_amx_twin
+def test_a_shallow_answer_keeps_flash_attention_on_the_twin_and_a_deep_one_decodes_without(smollm2_path):
+    # Without flash attention the twin reads all 256 cells of its smallest context at every token;
+    # with it, only those in use: faster while the cache stays shallow (twin.shallow).
+    from localinfer.engine.llama import Model
+
+    opts = LoadOptions(n_ctx=1024, n_threads=2)
+    with Model(smollm2_path, opts) as m:
+        prompt = m.tokenize("Once upon a time")
+        first, _ = run(m, prompt, max_tokens=64, ignore_eos=True)
+        assert m.decodes_on_twin and not m._twin.v_transposed  # 5 -> 69 cells
+        m.reset()
+        assert run(m, prompt, max_tokens=64, ignore_eos=True)[0] == first  # the cache's layout round-trips
+    with Model(smollm2_path, opts) as m:
+        run(m, prompt, max_tokens=300, ignore_eos=True)
+        assert m.decodes_on_twin and m._twin.v_transposed  # 5 -> 305 cells: deep on average
 
 
 @needs_amx_twin

@@ -96,10 +96,11 @@ def test_what_does_not_parse_is_left_alone(smollm2_path):
 def test_the_twin_decodes_without_flash_attention_or_else_as_the_model_does(smollm2_path, monkeypatch, converts):
     # The twin decodes faster without flash attention; its cache is converted on the way there and
     # back. A cache kvstate cannot read is copied as it is, to a twin made again like the model.
-    from localinfer.engine import kvstate
+    from localinfer.engine import kvstate, twin
     from localinfer.engine.llama import Model
     from localinfer.engine.types import GenerationStats, SamplingOptions
 
+    monkeypatch.setattr(twin, "SHALLOW_MEAN_DEPTH", 0)  # as for an answer that goes deep (twin.shallow)
     if not converts:
         monkeypatch.setattr(kvstate, "v_layout", lambda state: None)
     with Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2)) as m:

@@ -423,9 +423,11 @@ class Model:
         tokens, ~8 for 512), and the answer waits for it. An answer that needs more room than it
         has gets one as large again, or more (``_grow_twin`` does the same mid-answer).
 
-        The twin decodes without flash attention, faster (``engine.kvstate``): the cache's V layout
-        is converted on the way. A cache that cannot be converted (a layout ``kvstate`` does not
-        know) is copied as it is, into a context made again with this one's flash attention."""
+        The twin decodes without flash attention, faster once the cache is deep (``engine.kvstate``):
+        the cache's V layout is converted on the way. The first answer there keeps this context's
+        flash attention if it stays shallow (``twin.shallow``). A cache that cannot be converted (a
+        layout ``kvstate`` does not know) is copied as it is, into a context made again with this
+        one's flash attention."""
         twin = self._twin
         if twin is None:
             return self._ctx
@@ -434,11 +436,15 @@ class Model:
             self._prompt_v_transposed = kvstate.v_layout(state)
             # A layout kvstate cannot read cannot be converted: the twin keeps this one's
             self._twin_flash_attn = self._prompt_v_transposed is None
-        twin.start_context(self._twin_settings(reach))
+        # The first answer decoded there picks its flash attention: kept if it stays shallow
+        # (_twin.shallow); a context made while the user typed has it off.
+        shallow = not twin.has_settings and _twin.shallow(len(self._tokens), reach)
+        twin.start_context(self._twin_settings(reach, self._twin_flash_attn or shallow))
         ok = twin.ready()
         if ok:  # made again if too small, or with the wrong flash attention (made while the user typed)
             too_small = twin.n_ctx < min(reach, self.n_ctx)
-            wanted = self._twin_settings(max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx)
+            keep = self._twin_flash_attn or not twin.v_transposed
+            wanted = self._twin_settings(max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx, keep)
             if too_small or _twin.transposes(wanted) != twin.v_transposed:
                 ok = twin.remake(wanted)
         if ok and state is not None and self._prompt_v_transposed is not None:
@@ -457,7 +463,8 @@ class Model:
         # Until the cache is in the new context, the live one is this context's (it holds the prompt):
         # an interruption meanwhile resyncs against that, never against the freed context.
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
-        if twin.remake(self._twin_settings(2 * twin.n_ctx)) and _twin.restore_sequence(twin.ctx, state):
+        keep = self._twin_flash_attn or not twin.v_transposed  # the saved cache has its layout
+        if twin.remake(self._twin_settings(2 * twin.n_ctx, keep)) and _twin.restore_sequence(twin.ctx, state):
             self._ctx, self._mem = twin.ctx, twin.mem
             return twin.ctx, twin.n_ctx
         self._drop_twin()  # no memory for a larger one: the cache comes back here
@@ -473,11 +480,13 @@ class Model:
         if twin is not None:
             twin.close()
 
-    def _twin_settings(self, reach: int):  # noqa: ANN202 - a ctypes struct
+    def _twin_settings(self, reach: int, flash_attn: bool | None = None):  # noqa: ANN202 - a ctypes struct
         """The twin's context settings (``twin.decode_settings``), with room for ``reach`` tokens (in
-        steps of 256) if that is less than this context's."""
+        steps of 256) if that is less than this context's; ``flash_attn``: keep this context's flash
+        attention (None: only where its cache's layout cannot be converted)."""
         n_ctx = min(self.n_ctx, -(-reach // 256) * 256)
-        return _twin.decode_settings(self._params[1], n_ctx, self._twin_flash_attn)
+        keep = self._twin_flash_attn if flash_attn is None else flash_attn
+        return _twin.decode_settings(self._params[1], n_ctx, keep)
 
     def prepare_decode_twin(self, idle: bool = True) -> None:
         """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:

@@ -8,7 +8,7 @@ answers long enough to repay the load, copies the sequence's KV cache into a con
 (``llama_state_seq_get_data``/``set_data``, a few ms) and decodes there; the next prompt copies the
 cache back first. The copy decodes without flash attention (faster for one token at a time, the
 more so the deeper the cache) while prompts keep it: the cache's V half is converted between the
-two layouts on the way (``engine.kvstate``).
+two layouts on the way (``engine.kvstate``). An answer that stays shallow keeps it (``shallow``).
 
 The copy loads on a thread at low priority (nice 19: it takes only a core nobody else wants), as early
 as what it is for is known: in ``run``, beside the load ahead (``engine.llama.preload_model``) while
@@ -51,6 +51,20 @@ MIN_TOKENS = 32  # an answer capped below this decodes where its prompt was eval
 # wait for it, and without flash attention its decode slows with that size too (a 4096-cell
 # context: -10% against a 256-cell one at depth 48).
 ROOM = 512
+
+
+# Without flash attention the twin reads all the cells of its context's smallest size (256) at every
+# token; with it, only those in use: an answer that stays shallow decodes faster with the main
+# context's flash attention (`run --raw` on a 4-token prompt, 128 tokens: 111.8 -> 118.9 tok/s), one
+# that goes deeper slower (a 48-token chat prompt, 128 tokens: 112.7 -> 107.0; at depth 200: -28%).
+# They cross near a mean depth of 86 cells (llama-bench: flash attention +3% at d6, -2 to -7% at d48).
+SHALLOW_MEAN_DEPTH = 86
+
+
+def shallow(depth: int, reach: int) -> bool:
+    """Whether an answer decoded from ``depth`` cells to at most ``reach`` stays shallow enough, on
+    average, to decode faster with flash attention."""
+    return (depth + reach) / 2 < SHALLOW_MEAN_DEPTH
 
 
 def allowed_by_env() -> bool:
@@ -211,6 +225,11 @@ class DecodeTwin:
             raise RuntimeError("DecodeTwin.ready() before start_context(): it would wait forever")
         self._thread.join()
         return not self.failed  # set whenever the load did not end with a context
+
+    @property
+    def has_settings(self) -> bool:
+        """Whether its context's settings are given (``start_context``): the first ones stand."""
+        return self._cparams is not None
 
     @property
     def v_transposed(self) -> bool:
