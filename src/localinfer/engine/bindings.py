@@ -19,6 +19,7 @@ import builtins
 import importlib
 import importlib.util
 import sys
+from importlib.machinery import PathFinder
 import threading
 from types import ModuleType
 from typing import Any
@@ -38,16 +39,21 @@ def bindings() -> ModuleType:
             return mod
         if "llama_cpp" in sys.modules:  # the full package is imported already (or being imported)
             return importlib.import_module("llama_cpp.llama_cpp")
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError("llama-cpp-python is not installed (pip install llama-cpp-python)")
-        sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)  # a package not yet executed
+        sys.modules["llama_cpp"] = _unexecuted_package()
         try:
             mod = importlib.import_module("llama_cpp.llama_cpp")
         finally:
             del sys.modules["llama_cpp"]
         _adopt_submodules_later()
         return mod
+
+
+def _unexecuted_package() -> ModuleType:
+    """The ``llama_cpp`` package object, its ``__init__`` not run: its submodules import under it."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    return importlib.util.module_from_spec(spec)
 
 
 def set_log_callback(callback: Any) -> None:
@@ -69,9 +75,10 @@ _real_log_set: list[Any] = []
 def chat_format() -> ModuleType:
     """``llama_cpp.llama_chat_format`` (its sandboxed Jinja formatter), our log callback kept in place.
 
-    Importing it runs the package's ``_logger``, which installs llama-cpp-python's own log callback. Another thread may be loading or creating a context meanwhile (``chat_format_ahead``),
-    and what llama.cpp logs then (memory figures, errors) must reach ours, even if ours is installed
-    only while the package imports: its ``llama_log_set`` is a stub until then. Afterwards ours is in
+    Importing it runs the package's ``_logger``, which installs llama-cpp-python's own log callback.
+    Another thread may be loading or creating a context meanwhile (``chat_format_ahead``), and what
+    llama.cpp logs then (memory figures, errors) must reach ours, even if ours is installed only
+    while the package imports: its ``llama_log_set`` is a stub until then. Afterwards ours is in
     place, or, where the engine installed none (a library use), the package's own."""
     if _formatter:  # not sys.modules: a module being imported on another thread is there half-made
         return _formatter[0]
@@ -105,7 +112,7 @@ def chat_format() -> ModuleType:
 
 
 _import_lock = threading.Lock()
-_formatter: list[ModuleType] = []  # llama_chat_format, once imported whole
+_formatter: list[ModuleType] = []  # llama_chat_format, once its import is over
 
 
 class _Deferred(ModuleType):
@@ -137,10 +144,7 @@ def _import_formatter(c_api: ModuleType) -> ModuleType:
         from llama_cpp import llama_chat_format
 
         return llama_chat_format
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("llama-cpp-python is not installed (pip install llama-cpp-python)")
-    package = importlib.util.module_from_spec(spec)  # a package not yet executed
+    package = _unexecuted_package()
     # What the package's ``from .llama_cpp import *`` gives its modules (_logger: llama_log_callback,
     # llama_log_set, which is the stub chat_format() hands it).
     package.__dict__.update((k, v) for k, v in vars(c_api).items() if not k.startswith("_"))
@@ -170,8 +174,6 @@ def _import_formatter(c_api: ModuleType) -> ModuleType:
             top = name.partition(".")[0]  # `import llama_cpp.llama as llama` binds the top package first
             return stand_ins.get(top) or real_import(top, globals, locals, (), 0)
         return real_import(name, globals, locals, fromlist, level)
-
-    from importlib.machinery import PathFinder
 
     module_spec = PathFinder.find_spec("llama_cpp.llama_chat_format", package.__path__)
     sys.modules["llama_cpp"] = package
@@ -204,8 +206,6 @@ class _AdoptSubmodules:
     def find_spec(self, name: str, path=None, target=None):  # noqa: ANN001, ANN201
         if name != "llama_cpp":
             return None
-        from importlib.machinery import PathFinder
-
         spec = PathFinder.find_spec(name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
