@@ -70,8 +70,9 @@ def main() -> None:
     """Console-script entry point."""
     # numpy is imported where it pays (engine.kvstate, a large KV cache; a full llama-cpp-python
     # import), never to compute matrices: its OpenBLAS would start a thread per core that spins for
-    # ~100-200 ms looking for work, just while a prompt is evaluated. OpenBLAS reads this once; set here, before any thread of ours runs (a
-    # C thread reading the environment while Python changes it could crash), unless the user did.
+    # ~100-200 ms looking for work, just while a prompt is evaluated. OpenBLAS reads this once; set
+    # here, before any thread of ours runs (a C thread reading the environment while Python changes
+    # it could crash), unless the user did.
     if "OPENBLAS_NUM_THREADS" not in os.environ:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
     # numpy sets this one for its import and unsets it after, perhaps on one thread while llama.cpp

@@ -443,8 +443,8 @@ class Model:
         ok = twin.ready()
         if ok:  # made again if too small, or with the wrong flash attention (made while the user typed)
             too_small = twin.n_ctx < min(reach, self.n_ctx)
-            keep = self._twin_flash_attn or not twin.v_transposed
-            wanted = self._twin_settings(max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx, keep)
+            size = max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx
+            wanted = self._twin_settings(size, self._twin_keeps_flash_attn())
             if too_small or _twin.transposes(wanted) != twin.v_transposed:
                 ok = twin.remake(wanted)
         if ok and state is not None and self._prompt_v_transposed is not None:
@@ -463,8 +463,8 @@ class Model:
         # Until the cache is in the new context, the live one is this context's (it holds the prompt):
         # an interruption meanwhile resyncs against that, never against the freed context.
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
-        keep = self._twin_flash_attn or not twin.v_transposed  # the saved cache has its layout
-        if twin.remake(self._twin_settings(2 * twin.n_ctx, keep)) and _twin.restore_sequence(twin.ctx, state):
+        larger = self._twin_settings(2 * twin.n_ctx, self._twin_keeps_flash_attn())  # the saved cache's layout
+        if twin.remake(larger) and _twin.restore_sequence(twin.ctx, state):
             self._ctx, self._mem = twin.ctx, twin.mem
             return twin.ctx, twin.n_ctx
         self._drop_twin()  # no memory for a larger one: the cache comes back here
@@ -479,6 +479,12 @@ class Model:
         self._twin_wanted = False
         if twin is not None:
             twin.close()
+
+    def _twin_keeps_flash_attn(self) -> bool:
+        """Whether the twin's next context keeps this context's flash attention: its cache's layout
+        cannot be converted, or the twin has it already (a shallow first answer: its saved cache is
+        in that layout)."""
+        return self._twin_flash_attn or not self._twin.v_transposed
 
     def _twin_settings(self, reach: int, flash_attn: bool | None = None):  # noqa: ANN202 - a ctypes struct
         """The twin's context settings (``twin.decode_settings``), with room for ``reach`` tokens (in
