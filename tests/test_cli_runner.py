@@ -65,8 +65,7 @@ def test_help_does_not_import_heavy_modules():
 def test_run_builds_only_its_own_command():
     # `localinfer run` is on its way to a first token: the entry point registers no other command
     # (~10 ms); every other invocation gets them all.
-    import subprocess
-    import sys
+    from conftest import run_python
 
     code = (
         "import sys\n"
@@ -76,9 +75,9 @@ def test_run_builds_only_its_own_command():
         "print('OTHERS', sorted(m for m in ('chat', 'pull', 'models', 'batch', 'bench', 'stats', 'doctor')"
         " if f'localinfer.cli.{m}' in sys.modules), file=sys.stderr)\n"
     )
-    run_help = subprocess.run([sys.executable, "-c", code, "run", "--help"], capture_output=True, text=True)
+    run_help = run_python(code, "run", "--help")
     assert "Usage: localinfer run" in run_help.stdout and "OTHERS []" in run_help.stderr, run_help.stderr
-    top_help = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True)
+    top_help = run_python(code, "--help")
     assert "chat" in top_help.stdout and "OTHERS ['batch', 'bench', 'chat', 'doctor', 'models', 'pull', 'stats']" in top_help.stderr
     only_run = CliRunner().invoke(build_app(only="run"), ["chat"])
     assert only_run.exit_code == 2 and "No such command" in only_run.output

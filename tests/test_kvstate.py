@@ -65,7 +65,7 @@ def test_the_v_values_are_transposed_cell_by_dimension(numpy_loaded, monkeypatch
 
     if numpy_loaded == "no":
         monkeypatch.delitem(sys.modules, "numpy")
-    elif numpy_loaded == "half":  # another thread is importing it (the chat formatter's, ahead)
+    elif numpy_loaded == "half":  # another thread is importing it
         half = types.ModuleType("numpy")
         half.__spec__ = types.SimpleNamespace(_initializing=True)
         monkeypatch.setitem(sys.modules, "numpy", half)
