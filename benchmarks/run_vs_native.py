@@ -76,7 +76,7 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
     ratios: dict[int, list[float]] = {0: [], depth: []}
     natives: dict[int, list[float]] = {0: [], depth: []}
     mine_at: dict[int, list[float]] = {0: [], depth: []}
-    ours, tokens, default_natives, default_ratios = [], [], [], []
+    tokens, default_natives, default_ratios = [], [], []
     default_d_natives, default_d_ratios = [], []
     for i in range(rounds):
         nat0 = native.llama_bench(model, threads, 0, n_gen, reps, repack=repack)["tg"][0]
@@ -93,7 +93,6 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
         for d, runs in ((depth, chat_runs), (0, raw_runs)):
             mine_at[d].append(statistics.median(r["timings"]["decode_tokens_per_s"] for r in runs if r["timings"]["decode_tokens_per_s"]))
         mine0, mine = mine_at[0][-1], mine_at[depth][-1]
-        ours.append(mine)
         for d, nat in ((0, nat0), (depth, natd)):
             natives[d].append(nat)
             ratios[d].append(mine_at[d][-1] / nat)
@@ -110,7 +109,7 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
     out = [
         _verdict("decode", f"{raw} vs llama-bench tg{n_gen}", mine_at[0], natives[0], ratios[0], ">=", DECODE_FLOOR,
                  extra={"completion_tokens": tokens}),
-        _verdict("decode_at_depth", f"{at_depth} vs llama-bench tg{n_gen} @ d{depth} (same depth)", ours,
+        _verdict("decode_at_depth", f"{at_depth} vs llama-bench tg{n_gen} @ d{depth} (same depth)", mine_at[depth],
                  natives[depth], ratios[depth], ">=", DECODE_FLOOR),
     ]
     if default_ratios:
@@ -118,7 +117,7 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
                             "repacking on (AMX; a batch, so any prompt, crashes on this build)", mine_at[0], default_natives,
                             default_ratios, ">=", DECODE_FLOOR))
         out.append(_verdict("decode_vs_default_repack_at_depth", f"{at_depth} vs llama-bench tg{n_gen} @ d{depth}, "
-                            "repacking on (the depth filled one token at a time: -b 1 -ub 1)", ours, default_d_natives,
+                            "repacking on (the depth filled one token at a time: -b 1 -ub 1)", mine_at[depth], default_d_natives,
                             default_d_ratios, ">=", DECODE_FLOOR))
     return out
 
