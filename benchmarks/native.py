@@ -360,6 +360,38 @@ def completion_once(cmd: Sequence[str], timeout: float = 600) -> dict:
     }
 
 
+def completion_decode_rate(
+    model: str,
+    prompt: str,
+    threads: int = 2,
+    n_predict: int = 128,
+    seed: int = 42,
+    extra_args: Iterable[str] = (),
+    repack: bool | None = None,
+    timeout: float = 600,
+) -> dict:
+    """llama-completion's own decode figures, with its default sampler (temperature 0.8, top-k 40,
+    top-p 0.95, min-p 0.05: as ``localinfer run``'s), the end of generation ignored.
+
+    Returns ``{"eval_tps": ..., "with_sampling_tps": ..., "runs": n}``: its "eval time" line counts
+    only ``llama_decode``; "sampling time" is what its sampler took over the same tokens, so
+    ``runs / (eval + sampling)`` is the rate a user sees between tokens.
+    """
+    cmd = [
+        str(tool_path(COMPLETION)), "-m", model, "-p", prompt, "-n", str(n_predict),
+        "-t", str(threads), "-tb", str(threads), "-no-cnv", "--no-display-prompt", "--simple-io",
+        "--ignore-eos", "--seed", str(seed), "--no-warmup", *repack_args(COMPLETION, repack), *extra_args,
+    ]
+    proc = _run(cmd, timeout)
+    text = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode(errors="replace")
+    found = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", text)
+    sampling = re.search(r"sampling time =\s*([\d.]+) ms", text)
+    if not found or not sampling:
+        raise NativeToolError(f"{shlex.join(cmd)}: no eval/sampling time in its log:\n{text[-2000:]}")
+    eval_ms, runs, sample_ms = float(found.group(1)), int(found.group(2)), float(sampling.group(1))
+    return {"eval_tps": runs / eval_ms * 1000, "with_sampling_tps": runs / (eval_ms + sample_ms) * 1000, "runs": runs}
+
+
 def completion_first_token_time(
     model: str,
     prompt: str = "Once upon a time",

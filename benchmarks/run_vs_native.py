@@ -8,7 +8,11 @@
    with it off too, and llama-bench tg is also run with its own default (repacking on): its
    single-token decode takes AMX's VNNI path, which works, while any batch (a prompt, or filling a
    depth) crashes on this build, so at `run`'s depth llama-bench fills the depth one token at a
-   time (-b 1 -ub 1). Those lines say how far our decode is from what AMX gives llama.cpp.
+   time (-b 1 -ub 1). Those lines say how far our decode is from what AMX gives llama.cpp. The AMX
+   twin keeps a BF16 V cache while it keeps flash attention (engine.twin.decode_settings): the last
+   two lines compare with llama-bench given the same (-ctv bf16), like with like. llama-bench samples
+   nothing; the very last line compares with llama.cpp's own CLI, llama-completion, whose decode rate
+   here includes its sampler's time (its "eval" and "sampling" lines), on a one-token prompt.
 2. prefill: tok/s of `localinfer run --json` (timings.prefill_tokens_per_s) >= 0.95 x llama-bench pp
    at the same prompt size (the prompt's token count as `run` reports it)
 3. `localinfer --help` and `--version` wall time <= 120 ms (hyperfine when installed, else
@@ -51,6 +55,7 @@ PARAGRAPH = (
     "and networks each hid a layer of detail so that people could think about larger problems. "
 )
 TTFT_PROMPT = "Once upon a time"
+ONE_TOKEN_PROMPT = "Once"  # SmolLM2: one token, no BOS (llama-completion with repacking on can take no batch)
 CHAT_PROMPT = "Write a haiku about the sea."
 
 
@@ -78,6 +83,8 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
     mine_at: dict[int, list[float]] = {0: [], depth: []}
     tokens, default_natives, default_ratios = [], [], []
     default_d_natives, default_d_ratios = [], []
+    same_natives, same_ratios, same_d_natives, same_d_ratios = [], [], [], []
+    cli_natives, cli_mine, cli_ratios = [], [], []
     for i in range(rounds):
         nat0 = native.llama_bench(model, threads, 0, n_gen, reps, repack=repack)["tg"][0]
         natd = native.llama_bench(model, threads, 0, n_gen, reps, extra_args=["-d", str(depth)], repack=repack)["tg"][0]
@@ -86,6 +93,10 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
             default_natives.append(native.llama_bench(model, threads, 0, n_gen, reps, repack=True)["tg"][0])
             default_d_natives.append(native.llama_bench(
                 model, threads, 0, n_gen, reps, extra_args=["-d", str(depth), "-b", "1", "-ub", "1"], repack=True)["tg"][0])
+            # like with like: the V cache our AMX twin decodes with at these depths (BF16, flash attention on)
+            same_natives.append(native.llama_bench(model, threads, 0, n_gen, reps, extra_args=["-ctv", "bf16"], repack=True)["tg"][0])
+            same_d_natives.append(native.llama_bench(
+                model, threads, 0, n_gen, reps, extra_args=["-d", str(depth), "-b", "1", "-ub", "1", "-ctv", "bf16"], repack=True)["tg"][0])
         seeds = [str(100 + i * reps + k) for k in range(reps)]
         chat_runs = [run_json(model, threads, "-n", str(n_gen), "--seed", seed, "-p", STORY) for seed in seeds]
         raw_runs = [run_json(model, threads, "--raw", "-n", str(n_gen), "--seed", seed, "-p", TTFT_PROMPT) for seed in seeds]
@@ -96,14 +107,32 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
         for d, nat in ((0, nat0), (depth, natd)):
             natives[d].append(nat)
             ratios[d].append(mine_at[d][-1] / nat)
+        if not repack:  # and llama.cpp's own CLI, sampling included, same cache (a one-token prompt)
+            try:
+                cli = native.completion_decode_rate(model, ONE_TOKEN_PROMPT, threads, n_gen, seed=100 + i,
+                                                    extra_args=["-ctv", "bf16", "-fa", "on"], repack=True)
+            except native.NativeToolError as exc:
+                _progress(f"llama-completion (repacking on) failed, skipped: {str(exc).splitlines()[0]}")
+            else:
+                one = [run_json(model, threads, "--raw", "-n", str(n_gen), "--seed", seed, "-p", ONE_TOKEN_PROMPT) for seed in seeds]
+                cli_mine.append(statistics.median(r["timings"]["decode_tokens_per_s"] for r in one if r["timings"]["decode_tokens_per_s"]))
+                cli_natives.append(cli["with_sampling_tps"])
+                cli_ratios.append(cli_mine[-1] / cli_natives[-1])
+                _progress(f"decode round {i + 1}/{rounds}: run --raw -p {ONE_TOKEN_PROMPT!r} {cli_mine[-1]:.2f} tok/s vs "
+                          f"llama-completion {cli['with_sampling_tps']:.2f} t/s with its sampling ({cli['eval_tps']:.2f} "
+                          f"in llama_decode alone), ratio {cli_ratios[-1]:.3f}")
         if default_natives:
             default_ratios.append(mine0 / default_natives[-1])
             default_d_ratios.append(mine / default_d_natives[-1])
+            same_ratios.append(mine0 / same_natives[-1])
+            same_d_ratios.append(mine / same_d_natives[-1])
         _progress(f"decode round {i + 1}/{rounds}: run --raw {mine0:.2f} tok/s vs llama-bench tg{n_gen} {nat0:.2f} t/s "
                   f"(ratio {mine0 / nat0:.3f}); run (chat prompt, {depth} tokens) {mine:.2f} tok/s vs tg{n_gen} @ d{depth} "
                   f"{natd:.2f} t/s (ratio {mine / natd:.3f})"
                   + (f"; repacking on: {default_natives[-1]:.2f} t/s (ratio {default_ratios[-1]:.3f}), @ d{depth} "
-                     f"{default_d_natives[-1]:.2f} t/s (ratio {default_d_ratios[-1]:.3f})" if default_ratios else ""))
+                     f"{default_d_natives[-1]:.2f} t/s (ratio {default_d_ratios[-1]:.3f}); with -ctv bf16: "
+                     f"{same_natives[-1]:.2f} t/s (ratio {same_ratios[-1]:.3f}), @ d{depth} {same_d_natives[-1]:.2f} t/s "
+                     f"(ratio {same_d_ratios[-1]:.3f})" if default_ratios else ""))
     raw = f"run --raw decode tok/s ({TTFT_PROMPT!r}: depth ~0)"
     at_depth = f"run decode tok/s (chat template, {depth}-token prompt)"
     out = [
@@ -112,13 +141,22 @@ def check_decode(model: str, threads: int, n_gen: int, rounds: int, reps: int, r
         _verdict("decode_at_depth", f"{at_depth} vs llama-bench tg{n_gen} @ d{depth} (same depth)", mine_at[depth],
                  natives[depth], ratios[depth], ">=", DECODE_FLOOR),
     ]
-    if default_ratios:
-        out.append(_verdict("decode_vs_default_repack", f"{raw} vs llama-bench tg{n_gen}, its default "
-                            "repacking on (AMX; a batch, so any prompt, crashes on this build)", mine_at[0], default_natives,
-                            default_ratios, ">=", DECODE_FLOOR))
-        out.append(_verdict("decode_vs_default_repack_at_depth", f"{at_depth} vs llama-bench tg{n_gen} @ d{depth}, "
-                            "repacking on (the depth filled one token at a time: -b 1 -ub 1)", mine_at[depth], default_d_natives,
-                            default_d_ratios, ">=", DECODE_FLOOR))
+    if default_ratios:  # llama-bench with repacking on: its default, then with the twin's V cache
+        for key, what, mine_, natives_, ratios_ in (
+            ("decode_vs_default_repack", f"{raw} vs llama-bench tg{n_gen}, its default repacking on (AMX; a batch, "
+             "so any prompt, crashes on this build)", mine_at[0], default_natives, default_ratios),
+            ("decode_vs_default_repack_at_depth", f"{at_depth} vs llama-bench tg{n_gen} @ d{depth}, repacking on (the "
+             "depth filled one token at a time: -b 1 -ub 1)", mine_at[depth], default_d_natives, default_d_ratios),
+            ("decode_vs_same_v_cache", f"{raw} vs llama-bench tg{n_gen}, repacking on, -ctv bf16 (like with like: the "
+             "V cache the AMX twin keeps at this depth)", mine_at[0], same_natives, same_ratios),
+            ("decode_vs_same_v_cache_at_depth", f"{at_depth} vs llama-bench tg{n_gen} @ d{depth}, repacking on, "
+             "-b 1 -ub 1, -ctv bf16 (like with like)", mine_at[depth], same_d_natives, same_d_ratios),
+        ):
+            out.append(_verdict(key, what, mine_, natives_, ratios_, ">=", DECODE_FLOOR))
+    if cli_ratios:
+        out.append(_verdict("decode_vs_llama_completion", f"run --raw decode tok/s ({ONE_TOKEN_PROMPT!r}) vs llama-completion's, "
+                            "its sampling time included (repacking on, -ctv bf16 -fa on, same sampler settings)", cli_mine,
+                            cli_natives, cli_ratios, ">=", DECODE_FLOOR))
     return out
 
 

@@ -242,26 +242,59 @@ def test_an_answer_is_shallow_when_its_mean_depth_stays_under_the_crossover():
     from localinfer.engine import twin
 
     assert twin.shallow(5, 5 + 127 + 1)  # `run --raw -n 128` on a 4-token prompt: mean depth 69
-    assert not twin.shallow(48, 48 + 127 + 1)  # the chat template's 48-token prompt: 112
-    assert not twin.shallow(5, 5 + twin.ROOM + 1)  # an answer with no cap
+    assert twin.shallow(48, 48 + 127 + 1)  # the chat template's 48-token prompt: 112
+    assert twin.shallow(5, 5 + twin.ROOM + 1)  # an answer with no cap, in its first context
+    assert not twin.shallow(420, 420 + 63 + 1)  # a 420-token prompt: 452
+    assert not twin.shallow(512, 1024)  # that answer's context, full, made twice as large
 
 
 @needs_amx_twin
 def test_a_shallow_answer_keeps_flash_attention_on_the_twin_and_a_deep_one_decodes_without(smollm2_path):
     # Without flash attention the twin reads all 256 cells of its smallest context at every token;
-    # with it, only those in use: faster while the cache stays shallow (twin.shallow).
+    # with it, only those in use, and its V cache is BF16 (twin.decode_settings): faster while the
+    # cache stays shallow (twin.shallow).
+    from localinfer.engine.backend import cpu_has_avx512_bf16
     from localinfer.engine.llama import Model
 
+    bf16, f16 = 30, 1
     opts = LoadOptions(n_ctx=1024, n_threads=2)
     with Model(smollm2_path, opts) as m:
         prompt = m.tokenize("Once upon a time")
         first, _ = run(m, prompt, max_tokens=64, ignore_eos=True)
         assert m.decodes_on_twin and not m._twin.v_transposed  # 5 -> 69 cells
+        assert m._twin.v_type == (bf16 if cpu_has_avx512_bf16() else f16)
         m.reset()
         assert run(m, prompt, max_tokens=64, ignore_eos=True)[0] == first  # the cache's layout round-trips
+        follow = m.cached_tokens + m.tokenize(" The end.", add_special=False)
+        text, stats = run(m, follow, max_tokens=40)  # the cache came back in this context's type
+        assert stats.cached_tokens == len(prompt) + 63 and text
     with Model(smollm2_path, opts) as m:
-        run(m, prompt, max_tokens=300, ignore_eos=True)
-        assert m.decodes_on_twin and m._twin.v_transposed  # 5 -> 305 cells: deep on average
+        deep = m.tokenize("The history of computing is a story of abstraction. " * 42)
+        assert len(deep) >= 420
+        run(m, deep, max_tokens=64, ignore_eos=True)
+        assert m.decodes_on_twin and m._twin.v_transposed and m._twin.v_type == f16  # deep on average
+
+
+@needs_amx_twin
+def test_an_answer_that_goes_deep_drops_flash_attention_when_its_twin_grows(smollm2_path, monkeypatch):
+    # The first context is sized for twin.ROOM tokens: an answer that fills it twice has gone deep,
+    # and carries on without flash attention in the larger one (its cache converted on the way).
+    from localinfer.engine import twin as twin_mod
+    from localinfer.engine.llama import Model
+
+    monkeypatch.setattr(twin_mod, "ROOM", 64)
+    layouts = []
+    original = Model._grow_twin
+    monkeypatch.setattr(Model, "_grow_twin", lambda self: layouts.append((self._twin.n_ctx, self._twin.v_transposed)) or original(self))
+    with Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2)) as m:
+        prompt = m.tokenize("Once upon a time")
+        text, stats = run(m, prompt, max_tokens=600, ignore_eos=True)
+        # 256 cells -> 512 (mean depth 384: still shallow) -> 1024 (768: deep)
+        assert layouts == [(256, False), (512, False)] and m._twin.n_ctx == 1024 and m._twin.v_transposed
+        assert stats.completion_tokens == 600 and len(m.cached_tokens) == len(prompt) + 599 and text
+        follow = m.cached_tokens + m.tokenize(" The end.", add_special=False)
+        again, s2 = run(m, follow, max_tokens=40)  # back here in this context's layout and type
+        assert s2.cached_tokens == len(prompt) + 599 and again
 
 
 @needs_amx_twin

@@ -45,13 +45,45 @@ def test_a_cache_converted_to_the_other_layout_restores_exactly_and_converts_bac
             llama_cpp.llama_free(other)
 
 
-def _state(trans: bool, k: list[int], v: list[int], n_embd: int) -> bytes:
-    """A one-layer, two-cell F16 cache as llama.cpp saves it (magic, seq 0, 1 stream)."""
+def _state(trans: bool, k: list[int], v: list[int], n_embd: int, v_type: int = 1) -> bytes:
+    """A one-layer, two-cell cache (K F16, V F16 or ``v_type``) as llama.cpp saves it (magic, seq 0, 1 stream)."""
     cells = 2
     out = struct.pack("<IiII", 0xAF143CD8, 0, 1, cells) + b"".join(struct.pack("<iI", pos, 1) + struct.pack("<i", 0) for pos in range(cells))
     out += struct.pack("<II", int(trans), 1) + struct.pack("<iQ", 1, 2 * n_embd) + struct.pack(f"<{len(k)}H", *k)
-    head = struct.pack("<iII", 1, 2, n_embd) if trans else struct.pack("<iQ", 1, 2 * n_embd)
+    head = struct.pack("<iII", v_type, 2, n_embd) if trans else struct.pack("<iQ", v_type, 2 * n_embd)
     return out + head + struct.pack(f"<{len(v)}H", *v)
+
+
+def _bf16_bits(f16_bits: int) -> int:
+    """An F16 value's nearest BF16 (ties to even), by hand."""
+    (x,) = struct.unpack("<I", struct.pack("<f", struct.unpack("<e", struct.pack("<H", f16_bits))[0]))
+    return (x + 0x7FFF + ((x >> 16) & 1)) >> 16
+
+
+def _f16_bits(bf16_bits: int) -> int:
+    return struct.unpack("<H", struct.pack("<e", struct.unpack("<f", struct.pack("<I", bf16_bits << 16))[0]))[0]
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_the_v_values_change_type_between_f16_and_bf16_rounded_to_nearest(trans):
+    from localinfer.engine import kvstate
+
+    k = [9, 8, 7, 6, 5, 4, 3, 2]  # K is never converted
+    # 1, 0.5, -2, 0, 1 + 2^-10 (rounds down), 1 + 6 * 2^-10 (rounds up), a subnormal, -1000
+    f16 = [0x3C00, 0x3800, 0xC000, 0x0000, 0x3C01, 0x3C06, 0x0001, 0xE3D0]
+    bf16 = [_bf16_bits(x) for x in f16]
+    assert bf16[:6] == [0x3F80, 0x3F00, 0xC000, 0x0000, 0x3F80, 0x3F81]
+    n_embd = 4  # two cells of 4: the same values in either layout, converted one by one
+    state = _state(trans, k, f16, n_embd)
+    converted = kvstate.with_v_layout(state, trans, 30)
+    assert converted == _state(trans, k, bf16, n_embd, v_type=30)
+    back = kvstate.with_v_layout(converted, trans, 1)
+    assert back == _state(trans, k, [_f16_bits(x) for x in bf16], n_embd)
+    assert kvstate.with_v_layout(back, trans, 1) is back  # already F16: untouched
+    # both at once: the other layout and the other type
+    other = [bf16[i] for i in (0, 4, 1, 5, 2, 6, 3, 7)] if not trans else [bf16[i] for i in (0, 2, 4, 6, 1, 3, 5, 7)]
+    assert kvstate.with_v_layout(state, not trans, 30) == _state(not trans, k, other, n_embd, v_type=30)
+    assert kvstate.with_v_layout(state, trans, 8) is None  # Q8_0: not a conversion it makes
 
 
 @pytest.mark.parametrize("numpy_loaded", ["yes", "no", "half"])  # numpy when imported whole, memoryviews otherwise
@@ -78,6 +110,32 @@ def test_the_v_values_are_transposed_cell_by_dimension(numpy_loaded, monkeypatch
     assert kvstate.with_v_layout(rows, True) == transposed
     assert kvstate.with_v_layout(transposed, False) == rows
     assert kvstate.v_layout(rows) is False and kvstate.v_layout(transposed) is True
+
+
+def test_a_cache_converted_to_bf16_restores_into_a_bf16_context_and_comes_back(smollm2_path):
+    from localinfer.engine import kvstate, twin
+    from localinfer.engine.backend import llama_cpp
+    from localinfer.engine.llama import Model
+
+    with Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2, flash_attn="on")) as m:
+        m._decode(m.tokenize("The history of computing is a story of abstraction. " * 10))
+        rows = twin.sequence_state(m._ctx_prompt)
+        for trans in (False, True):
+            converted = kvstate.with_v_layout(rows, trans, 30)
+            assert converted is not None and len(converted) == len(rows) and converted != rows
+            settings = twin.decode_settings(m._params[1], m.n_ctx, not trans)
+            settings.type_v = 30
+            other = llama_cpp.llama_init_from_model(m._model, settings)
+            assert other
+            try:
+                assert not twin.restore_sequence(other, kvstate.with_v_layout(rows, trans))  # F16 into BF16: refused
+                assert twin.restore_sequence(other, converted)
+                assert twin.sequence_state(other) == converted
+            finally:
+                llama_cpp.llama_free(other)
+            back = kvstate.with_v_layout(converted, False, 1)
+            assert twin.restore_sequence(m._ctx_prompt, back)
+            assert kvstate.with_v_layout(kvstate.with_v_layout(back, False, 30), False, 1) == back  # exact from now on
 
 
 def test_what_does_not_parse_is_left_alone(smollm2_path):

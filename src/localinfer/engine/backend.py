@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from localinfer.engine import bindings as _bindings
 
@@ -258,6 +258,44 @@ def load_mode(use_mmap: bool, use_mlock: bool) -> int:
 
 def cpu_has_amx() -> bool:
     return "AMX_INT8 = 1" in system_info()
+
+
+def cpu_has_avx512_bf16() -> bool:
+    return "AVX512_BF16 = 1" in system_info()
+
+
+_row_converters: dict[tuple[int, int], Callable[[int, int, int], None]] = {}
+
+
+def ggml_row_converter(src: int, dst: int) -> Callable[[int, int, int], None] | None:
+    """ggml's row conversion between two ggml types through F32 (``ggml_fp16_to_fp32_row``,
+    ``ggml_fp32_to_bf16_row``, ...: its own rounding, to nearest even), as ``convert(src_address,
+    dst_address, n)``; None for a pair it has no functions for. Only F32, F16 and BF16."""
+    if (src, dst) in _row_converters:
+        return _row_converters[(src, dst)]
+    names = {0: None, 1: "fp16", 30: "bf16"}  # ggml_type F32, F16, BF16
+    if src not in names or dst not in names or src == dst:
+        return None
+    lib = _ggml()
+    p, n = ctypes.c_void_p, ctypes.c_int64
+    steps = []
+    if names[src]:
+        steps.append(getattr(lib, f"ggml_{names[src]}_to_fp32_row"))
+    if names[dst]:
+        steps.append(getattr(lib, f"ggml_fp32_to_{names[dst]}_row"))
+    for fn in steps:
+        fn.restype, fn.argtypes = None, [p, p, n]
+
+    def convert(src_address: int, dst_address: int, count: int) -> None:
+        if len(steps) == 1:
+            steps[0](src_address, dst_address, count)
+            return
+        middle = (ctypes.c_float * count)()
+        steps[0](src_address, ctypes.addressof(middle), count)
+        steps[1](ctypes.addressof(middle), dst_address, count)
+
+    _row_converters[(src, dst)] = convert
+    return convert
 
 
 def cpu_repack_enabled(requested: bool | None) -> bool:

@@ -1,11 +1,13 @@
-"""A sequence's saved KV cache (``llama_state_seq_get_data``), with its V cache in either layout.
+"""A sequence's saved KV cache (``llama_state_seq_get_data``), with its V cache in either layout and type.
 
 llama.cpp keeps the V cache one row per cell with flash attention, and transposed (one row per
 embedding dimension) without it; a saved state restores only into a context of the same layout
-("incompatible V transposition"). The AMX decoding twin (``engine.twin``) decodes without flash
-attention while the main context evaluates prompts with it: on this CPU flash attention evaluates a
-prompt faster (pp371 +9%, pp1024 +17%) but decodes one token slower, the more so the deeper the
-cache (tg128 at depth 48: -4%, at depth 200: -28%). So the state is converted on the way.
+("incompatible V transposition") and cache types. The AMX decoding twin (``engine.twin``) decodes
+a deep cache without flash attention while the main context evaluates prompts with it: on this CPU
+flash attention evaluates a prompt faster (pp371 +9%, pp1024 +17%) but decodes one token slower
+the deeper the cache (F16 V: tg128 at depth 200: -28%). A shallow one it decodes with flash
+attention and a BF16 V cache, faster still there, while the prompt side keeps F16 (pp371 -10% with
+BF16). So the state is converted on the way.
 
 The layout, as llama-cpp-python 0.3.36's llama.cpp writes it (``llama_context::state_seq_get_data``,
 ``llama_kv_cache::state_write``), all little-endian: ``u32 magic, i32 seq_id``; per cache (an
@@ -16,10 +18,16 @@ interleaved sliding-window model writes two, one after the other) ``u32 n_stream
 u32 n_embd`` and, per dimension, its values in every cell. What does not parse exactly (cells that
 carry more, as M-RoPE models' do; a quantized V cache to transpose; another version's layout) is
 left alone: ``with_v_layout`` returns None, and the twin then keeps the main context's layout.
+
+The V type changes F16 <-> BF16 through ggml's own row conversions (rounded to nearest even).
+F16 to BF16 drops three bits of mantissa. BF16 to F16 is exact within F16's normal range; below
+it, F16's subnormals round, and an F16 value within 0.4% of F16's largest (65,504) comes back as
+infinity, having rounded up past it in BF16.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import struct
 
@@ -48,24 +56,25 @@ def v_layout(state: bytes) -> bool | None:
     return layouts.pop() if len(layouts) == 1 else None
 
 
-def with_v_layout(state: bytes, transposed: bool) -> bytes | None:
-    """``state`` with every V cache in the wanted layout (itself when it already is); None when it
-    does not parse."""
+def with_v_layout(state: bytes, transposed: bool, v_type: int | None = None) -> bytes | None:
+    """``state`` with every V cache in the wanted layout and, unless None, of ggml type ``v_type``
+    (itself when it already is); None when it does not parse or a type cannot be converted."""
     if len(state) >= NUMPY_PAYS_BYTES and imported("numpy") is None:
         try:
             importlib.import_module("numpy")  # _transpose finds it
         except ImportError:
             pass
     try:
-        _, converted = _convert(state, transposed)
+        _, converted = _convert(state, transposed, v_type)
     except (_Unparsed, struct.error):
         return None
     return converted
 
 
-def _convert(state: bytes, transposed: bool | None) -> tuple[set[bool], bytes]:
+def _convert(state: bytes, transposed: bool | None, v_type: int | None = None) -> tuple[set[bool], bytes]:
     """The layouts found, and the state with each V layer in the ``transposed`` layout (None: as it
-    is). Raises ``_Unparsed`` unless the whole state parses exactly."""
+    is) and of type ``v_type`` (None: as it is). Raises ``_Unparsed`` unless the whole state parses
+    exactly (and each type that must change can)."""
     view = memoryview(state)
     end = len(view)
     off = 0
@@ -108,8 +117,8 @@ def _convert(state: bytes, transposed: bool | None) -> tuple[set[bool], bytes]:
                 raise _Unparsed
             trans = bool(trans)
             layouts.add(trans)
-            convert = transposed is not None and transposed != trans
-            if convert:  # the flag, then the layers below
+            relayout = transposed is not None and transposed != trans
+            if relayout:  # the flag, then the layers below
                 pieces.append(view[kept_from : off - 8])
                 pieces.append(struct.pack("<II", int(transposed), n_layer))
                 kept_from = off
@@ -119,28 +128,34 @@ def _convert(state: bytes, transposed: bool | None) -> tuple[set[bool], bytes]:
             for _ in range(n_layer):  # V
                 layer_start = off
                 if trans:
-                    v_type, element, n_embd = take("<iII")
+                    old_type, element, n_embd = take("<iII")
                 else:
-                    v_type, row = take("<iQ")
-                    element = _ELEMENT.get(v_type, 0)
-                    if not convert:
+                    old_type, row = take("<iQ")
+                    element = _ELEMENT.get(old_type, 0)
+                    if not relayout and v_type in (None, old_type):
                         skip(cells * row)  # rows need no element size: any type
                         continue
                     if element == 0 or row % element:
                         raise _Unparsed
                     n_embd = row // element
-                if _ELEMENT.get(v_type) != element:
+                if _ELEMENT.get(old_type) != element:
                     raise _Unparsed
                 data = skip(cells * n_embd * element)
-                if not convert:
+                new_type = old_type if v_type is None else v_type
+                if not relayout and new_type == old_type:
                     continue
                 pieces.append(view[kept_from:layer_start])
-                if transposed:  # rows (cells x n_embd) -> transposed (n_embd x cells)
-                    pieces.append(struct.pack("<iII", v_type, element, n_embd))
-                    pieces.append(_transpose(data, cells, n_embd, element))
+                if new_type != old_type:
+                    data = _retype(data, old_type, new_type)
+                if transposed if relayout else trans:
+                    pieces.append(struct.pack("<iII", new_type, element, n_embd))
                 else:
-                    pieces.append(struct.pack("<iQ", v_type, n_embd * element))
-                    pieces.append(_transpose(data, n_embd, cells, element))
+                    pieces.append(struct.pack("<iQ", new_type, n_embd * element))
+                if relayout:  # rows (cells x n_embd) <-> transposed (n_embd x cells)
+                    rows, cols = (cells, n_embd) if transposed else (n_embd, cells)
+                    pieces.append(_transpose(memoryview(data), rows, cols, element))
+                else:
+                    pieces.append(data)
                 kept_from = off
     if off != end:
         raise _Unparsed
@@ -169,3 +184,20 @@ def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
         for r in range(rows):
             dst[r::rows] = src[r * cols : (r + 1) * cols]
     return bytes(out)
+
+
+def _retype(data: memoryview, old_type: int, new_type: int) -> bytes:
+    """V values converted from one ggml type to another of the same element size (F16 <-> BF16) by
+    ggml's own row functions; ``_Unparsed`` for any other pair."""
+    from localinfer.engine.backend import ggml_row_converter
+
+    if _ELEMENT.get(old_type) != 2 or _ELEMENT.get(new_type) != 2:
+        raise _Unparsed
+    convert = ggml_row_converter(old_type, new_type)
+    if convert is None:
+        raise _Unparsed
+    count = len(data) // 2
+    src = (ctypes.c_uint16 * count).from_buffer_copy(data)
+    dst = (ctypes.c_uint16 * count)()
+    convert(ctypes.addressof(src), ctypes.addressof(dst), count)
+    return bytes(dst)

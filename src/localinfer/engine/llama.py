@@ -412,7 +412,7 @@ class Model:
         """Put a cache saved on the twin into this context, converted to its V layout where that is
         known (otherwise both keep the same one); whether that worked."""
         if state is not None and self._prompt_v_transposed is not None:
-            state = kvstate.with_v_layout(state, self._prompt_v_transposed)
+            state = kvstate.with_v_layout(state, self._prompt_v_transposed, int(self._params[1].type_v))
         return _twin.restore_sequence(self._ctx_prompt, state)
 
     def _to_twin(self, reach: int):  # noqa: ANN202 - a llama_context pointer
@@ -425,9 +425,10 @@ class Model:
 
         The twin decodes without flash attention, faster once the cache is deep (``engine.kvstate``):
         the cache's V layout is converted on the way. The first answer there keeps this context's
-        flash attention if it stays shallow (``twin.shallow``). A cache that cannot be converted (a
-        layout ``kvstate`` does not know) is copied as it is, into a context made again with this
-        one's flash attention."""
+        flash attention if it stays shallow (``twin.shallow``), with a BF16 V cache
+        (``twin.decode_settings``): the V values are converted too. A cache that cannot be
+        converted (a layout ``kvstate`` does not know) is copied as it is, into a context made again
+        with this one's flash attention and cache types."""
         twin = self._twin
         if twin is None:
             return self._ctx
@@ -445,10 +446,10 @@ class Model:
             too_small = twin.n_ctx < min(reach, self.n_ctx)
             size = max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx
             wanted = self._twin_settings(size, self._twin_keeps_flash_attn())
-            if too_small or _twin.transposes(wanted) != twin.v_transposed:
+            if too_small or _twin.transposes(wanted) != twin.v_transposed or wanted.type_v != twin.v_type:
                 ok = twin.remake(wanted)
         if ok and state is not None and self._prompt_v_transposed is not None:
-            state = kvstate.with_v_layout(state, twin.v_transposed)
+            state = kvstate.with_v_layout(state, twin.v_transposed, twin.v_type)
         if ok and _twin.restore_sequence(twin.ctx, state):
             self._ctx, self._mem = twin.ctx, twin.mem
         else:  # it failed to load or to take the cache: decode here from now on
@@ -457,14 +458,24 @@ class Model:
 
     def _grow_twin(self):  # noqa: ANN202 - (a llama_context pointer, its size)
         """The answer has filled the twin's context: make it twice as large (at most this one's size)
-        and carry on there, or, if that fails, back here. The context to decode on, and its size."""
+        and carry on there, or, if that fails, back here. The context to decode on, and its size.
+        An answer that kept flash attention (``twin.shallow``) and has now gone deep carries on
+        without it, its cache converted (``engine.kvstate``): the context is made again anyway."""
         twin = self._twin
         state = _twin.sequence_state(twin.ctx)
         # Until the cache is in the new context, the live one is this context's (it holds the prompt):
         # an interruption meanwhile resyncs against that, never against the freed context.
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
-        larger = self._twin_settings(2 * twin.n_ctx, self._twin_keeps_flash_attn())  # the saved cache's layout
-        if twin.remake(larger) and _twin.restore_sequence(twin.ctx, state):
+        size = min(2 * twin.n_ctx, self.n_ctx)
+        larger, moved = self._twin_settings(size, self._twin_keeps_flash_attn()), state  # the saved cache's layout
+        if not (twin.v_transposed or self._twin_flash_attn or _twin.shallow(len(self._tokens), size)):
+            deeper = self._twin_settings(size, False)
+            converted = None
+            if state is not None and _twin.transposes(deeper):  # not a V type that needs flash attention
+                converted = kvstate.with_v_layout(state, True, int(deeper.type_v))
+            if converted is not None:
+                larger, moved = deeper, converted
+        if twin.remake(larger) and _twin.restore_sequence(twin.ctx, moved):
             self._ctx, self._mem = twin.ctx, twin.mem
             return twin.ctx, twin.n_ctx
         self._drop_twin()  # no memory for a larger one: the cache comes back here
@@ -492,7 +503,10 @@ class Model:
         attention (None: only where its cache's layout cannot be converted)."""
         n_ctx = min(self.n_ctx, -(-reach // 256) * 256)
         keep = self._twin_flash_attn if flash_attn is None else flash_attn
-        return _twin.decode_settings(self._params[1], n_ctx, keep)
+        # A BF16 V cache where flash attention stays on: only for a cache kvstate converts (and
+        # whose rows show that this context has flash attention on)
+        bf16_v = keep and not self._twin_flash_attn and self._prompt_v_transposed is False
+        return _twin.decode_settings(self._params[1], n_ctx, keep, bf16_v)
 
     def prepare_decode_twin(self, idle: bool = True) -> None:
         """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:

@@ -6,9 +6,11 @@ repacked for AMX. A single-token decode takes AMX's VNNI path instead, which wor
 twice as fast (``benchmarks/amx_twin.py``). So ``Model`` evaluates prompts as usual and, for
 answers long enough to repay the load, copies the sequence's KV cache into a context of this copy
 (``llama_state_seq_get_data``/``set_data``, a few ms) and decodes there; the next prompt copies the
-cache back first. The copy decodes without flash attention (faster for one token at a time, the
-more so the deeper the cache) while prompts keep it: the cache's V half is converted between the
-two layouts on the way (``engine.kvstate``). An answer that stays shallow keeps it (``shallow``).
+cache back first. An answer that stays shallow (``shallow``) keeps the main context's flash
+attention there, with a BF16 V cache (``decode_settings``); a deeper one decodes without flash
+attention (faster for one token at a time, the more so the deeper the cache), and one that goes
+deep on the way drops it when its context grows. The cache's V half is converted between the
+layouts and types on the way (``engine.kvstate``).
 
 The copy loads on a thread at low priority (nice 19: it takes only a core nobody else wants), as early
 as what it is for is known: in ``run``, beside the load ahead (``engine.llama.preload_model``) while
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from localinfer.engine.backend import (
     cpu_has_amx,
+    cpu_has_avx512_bf16,
     join_past_interrupts,
     llama_cpp,
     log_muted,
@@ -54,11 +57,12 @@ ROOM = 512
 
 
 # Without flash attention the twin reads all the cells of its context's smallest size (256) at every
-# token; with it, only those in use: an answer that stays shallow decodes faster with the main
-# context's flash attention (`run --raw` on a 4-token prompt, 128 tokens: 111.8 -> 118.9 tok/s), one
-# that goes deeper slower (a 48-token chat prompt, 128 tokens: 112.7 -> 107.0; at depth 200: -28%).
-# They cross near a mean depth of 86 cells (llama-bench: flash attention +3% at d6, -2 to -7% at d48).
-SHALLOW_MEAN_DEPTH = 86
+# token; with it, only those in use, and its V cache can be BF16 (decode_settings): an answer that
+# stays shallow decodes faster with the main context's flash attention, one that goes deep slower.
+# tg128 from depth d, BF16 V with flash attention against F16 without (benchmarks/twin_v_cache.py,
+# two runs): +21 to +26% at d0, +13 to +20% at d48, +7% at d150-d200, +6% at d350, -3 to -6% at d450,
+# -7% at d600. They cross at a mean depth (d + 64) of 400 to 480 cells: the lower one is kept.
+SHALLOW_MEAN_DEPTH = 400
 
 
 def shallow(depth: int, reach: int) -> bool:
@@ -232,6 +236,11 @@ class DecodeTwin:
         return self._cparams is not None
 
     @property
+    def v_type(self) -> int | None:
+        """Its context's V cache type (a ggml type), once it has its settings."""
+        return None if self._cparams is None else int(self._cparams.type_v)
+
+    @property
     def v_transposed(self) -> bool:
         """Whether its context keeps the V cache transposed (flash attention off): known once it
         has its settings."""
@@ -279,14 +288,31 @@ class DecodeTwin:
 _TRANSPOSABLE_V = (0, 1, 30)  # ggml F32, F16, BF16: a V cache kept without flash attention
 
 
-def decode_settings(cparams, n_ctx: int, flash_attn: bool):  # noqa: ANN001, ANN201 - ctypes structs
+_F16, _BF16 = 1, 30
+
+
+def decode_settings(cparams, n_ctx: int, flash_attn: bool, bf16_v: bool = False):  # noqa: ANN001, ANN201 - ctypes structs
     """The twin's context settings: the main context's, ``n_ctx`` cells, and flash attention off
     unless ``flash_attn`` (or a V cache type that needs it): it decodes faster without
-    (``engine.kvstate``), and the cache is converted on its way across."""
+    (``engine.kvstate``), and the cache is converted on its way across.
+
+    ``bf16_v``: where flash attention stays on, an F16 V cache becomes BF16 on a CPU with
+    AVX512-BF16 (its cache converted on the way too). ggml's flash attention on the CPU accumulates
+    an F16 V cache's weighted sum in F16 and converts every value twice, a BF16 one in F32 through
+    native instructions: tg128 +9% at depth 0, +17% at 48, +53% at 200 against F16 with flash
+    attention (``benchmarks/twin_v_cache.py``), with next-token distributions as close to an F32
+    cache's as F16's are (the same script)."""
     settings = type(cparams).from_buffer_copy(cparams)
     settings.n_ctx = n_ctx
     if not flash_attn and settings.type_v in _TRANSPOSABLE_V:
         settings.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    elif (
+        bf16_v
+        and settings.type_v == _F16
+        and settings.flash_attn_type != llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        and cpu_has_avx512_bf16()
+    ):
+        settings.type_v = _BF16
     return settings
 
 
