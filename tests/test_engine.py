@@ -246,6 +246,8 @@ def test_an_answer_is_shallow_when_its_mean_depth_stays_under_the_crossover():
     assert twin.shallow(5, 5 + twin.ROOM + 1)  # an answer with no cap, in its first context
     assert not twin.shallow(420, 420 + 63 + 1)  # a 420-token prompt: 452
     assert not twin.shallow(512, 1024)  # that answer's context, full, made twice as large
+    # with an F16 V cache (no AVX512-BF16), flash attention pays off only nearer the start
+    assert twin.shallow(5, 5 + 127 + 1, bf16_v=False) and not twin.shallow(48, 48 + 127 + 1, bf16_v=False)
 
 
 @needs_amx_twin
@@ -268,9 +270,12 @@ def test_a_shallow_answer_keeps_flash_attention_on_the_twin_and_a_deep_one_decod
         follow = m.cached_tokens + m.tokenize(" The end.", add_special=False)
         text, stats = run(m, follow, max_tokens=40)  # the cache came back in this context's type
         assert stats.cached_tokens == len(prompt) + 63 and text
-    with Model(smollm2_path, opts) as m:
         deep = m.tokenize("The history of computing is a story of abstraction. " * 42)
         assert len(deep) >= 420
+        m.reset()
+        run(m, deep, max_tokens=64, ignore_eos=True)  # a later answer that goes deep drops it
+        assert m.decodes_on_twin and m._twin.v_transposed and m._twin.v_type == f16
+    with Model(smollm2_path, opts) as m:
         run(m, deep, max_tokens=64, ignore_eos=True)
         assert m.decodes_on_twin and m._twin.v_transposed and m._twin.v_type == f16  # deep on average
 

@@ -112,6 +112,17 @@ def test_the_v_values_are_transposed_cell_by_dimension(numpy_loaded, monkeypatch
     assert kvstate.v_layout(rows) is False and kvstate.v_layout(transposed) is True
 
 
+def test_a_value_rounded_past_f16s_largest_comes_back_finite():
+    from localinfer.engine import kvstate
+
+    k = [0] * 4
+    # 65,504 (F16's largest) and 65,440 round up to 65,536 in BF16; infinities stay infinite
+    f16 = [0x7BFF, 0xFBFD, 0x7C00, 0xFC00]
+    bf16 = kvstate.with_v_layout(_state(False, k, f16, n_embd=2), False, 30)
+    assert bf16 == _state(False, k, [0x4780, 0xC780, 0x7F80, 0xFF80], n_embd=2, v_type=30)
+    assert kvstate.with_v_layout(bf16, False, 1) == _state(False, k, [0x7BFF, 0xFBFF, 0x7C00, 0xFC00], n_embd=2)
+
+
 def test_a_cache_converted_to_bf16_restores_into_a_bf16_context_and_comes_back(smollm2_path):
     from localinfer.engine import kvstate, twin
     from localinfer.engine.backend import llama_cpp

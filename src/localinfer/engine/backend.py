@@ -265,6 +265,9 @@ def cpu_has_avx512_bf16() -> bool:
 
 
 _row_converters: dict[tuple[int, int], Callable[[int, int, int], None]] = {}
+_ROW_BYTES = {0: 4, 1: 2, 30: 2}  # ggml_type F32, F16, BF16: bytes per value
+_ROW_NAMES = {0: None, 1: "fp16", 30: "bf16"}
+_ROW_CHUNK = 1 << 15  # values converted at a time through F32: 128 KB that stay in cache
 
 
 def ggml_row_converter(src: int, dst: int) -> Callable[[int, int, int], None] | None:
@@ -273,26 +276,34 @@ def ggml_row_converter(src: int, dst: int) -> Callable[[int, int, int], None] | 
     dst_address, n)``; None for a pair it has no functions for. Only F32, F16 and BF16."""
     if (src, dst) in _row_converters:
         return _row_converters[(src, dst)]
-    names = {0: None, 1: "fp16", 30: "bf16"}  # ggml_type F32, F16, BF16
-    if src not in names or dst not in names or src == dst:
+    if src not in _ROW_NAMES or dst not in _ROW_NAMES or src == dst:
         return None
-    lib = _ggml()
+    names = [f"ggml_{_ROW_NAMES[src]}_to_fp32_row"] if _ROW_NAMES[src] else []
+    names += [f"ggml_fp32_to_{_ROW_NAMES[dst]}_row"] if _ROW_NAMES[dst] else []
+    try:
+        lib = llama_cpp._lib
+        if not hasattr(lib, names[0]):  # Windows: a dependency's symbols are not visible; ggml-base has them
+            from llama_cpp._ctypes_extensions import load_shared_library
+
+            lib = load_shared_library("ggml-base", llama_cpp._base_path)
+        steps = [getattr(lib, name) for name in names]
+    except (AttributeError, OSError, RuntimeError):
+        return None
     p, n = ctypes.c_void_p, ctypes.c_int64
-    steps = []
-    if names[src]:
-        steps.append(getattr(lib, f"ggml_{names[src]}_to_fp32_row"))
-    if names[dst]:
-        steps.append(getattr(lib, f"ggml_fp32_to_{names[dst]}_row"))
     for fn in steps:
         fn.restype, fn.argtypes = None, [p, p, n]
+    src_size, dst_size = _ROW_BYTES[src], _ROW_BYTES[dst]
 
     def convert(src_address: int, dst_address: int, count: int) -> None:
-        if len(steps) == 1:
-            steps[0](src_address, dst_address, count)
-            return
-        middle = (ctypes.c_float * count)()
-        steps[0](src_address, ctypes.addressof(middle), count)
-        steps[1](ctypes.addressof(middle), dst_address, count)
+        middle = (ctypes.c_float * min(count, _ROW_CHUNK))() if len(steps) == 2 else None
+        for start in range(0, count, _ROW_CHUNK):  # also keeps each call's count well within ggml's int
+            part = min(_ROW_CHUNK, count - start)
+            src_at, dst_at = src_address + start * src_size, dst_address + start * dst_size
+            if middle is None:
+                steps[0](src_at, dst_at, part)
+            else:
+                steps[0](src_at, ctypes.addressof(middle), part)
+                steps[1](ctypes.addressof(middle), dst_at, part)
 
     _row_converters[(src, dst)] = convert
     return convert

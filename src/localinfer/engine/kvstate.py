@@ -21,8 +21,8 @@ left alone: ``with_v_layout`` returns None, and the twin then keeps the main con
 
 The V type changes F16 <-> BF16 through ggml's own row conversions (rounded to nearest even).
 F16 to BF16 drops three bits of mantissa. BF16 to F16 is exact within F16's normal range; below
-it, F16's subnormals round, and an F16 value within 0.4% of F16's largest (65,504) comes back as
-infinity, having rounded up past it in BF16.
+it, F16's subnormals round, and a value beyond F16's largest (65,504: an F16 value within 0.15% of it
+rounds there in BF16) comes back as that largest, not as infinity.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import struct
 from localinfer.engine.bindings import imported
 
 # ggml types a transposed V cache can have, and their element sizes: F32, F16, BF16
-_ELEMENT = {0: 4, 1: 2, 30: 2}
+_F16, _BF16 = 1, 30
+_ELEMENT = {0: 4, _F16: 2, _BF16: 2}
 _FORMAT = {2: "H", 4: "I"}
 _MAGIC = 0xAF143CD8  # llama_context's io_magic, first in a sequence's state
 # A state this large is converted with numpy, imported for it if nothing has: its V half alone then
@@ -78,7 +79,7 @@ def _convert(state: bytes, transposed: bool | None, v_type: int | None = None) -
     view = memoryview(state)
     end = len(view)
     off = 0
-    pieces: list[bytes | memoryview] = []
+    pieces: list[bytes | bytearray | memoryview] = []
     kept_from = 0  # start of the stretch copied as it is
     layouts: set[bool] = set()
 
@@ -186,7 +187,7 @@ def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
     return bytes(out)
 
 
-def _retype(data: memoryview, old_type: int, new_type: int) -> bytes:
+def _retype(data: memoryview, old_type: int, new_type: int) -> bytearray:
     """V values converted from one ggml type to another of the same element size (F16 <-> BF16) by
     ggml's own row functions; ``_Unparsed`` for any other pair."""
     from localinfer.engine.backend import ggml_row_converter
@@ -198,6 +199,20 @@ def _retype(data: memoryview, old_type: int, new_type: int) -> bytes:
         raise _Unparsed
     count = len(data) // 2
     src = (ctypes.c_uint16 * count).from_buffer_copy(data)
-    dst = (ctypes.c_uint16 * count)()
-    convert(ctypes.addressof(src), ctypes.addressof(dst), count)
-    return bytes(dst)
+    out = bytearray(len(data))
+    convert(ctypes.addressof(src), ctypes.addressof((ctypes.c_uint16 * count).from_buffer(out)), count)
+    if new_type == _F16:
+        _finite_stays_finite(out, src)
+    return out
+
+
+def _finite_stays_finite(out: bytearray, src) -> None:  # noqa: ANN001 - a ctypes uint16 array
+    """F16 values that came out infinite from a finite BF16 one (one rounded past F16's largest,
+    65,504) become that largest instead: an infinity in the cache would turn attention into NaN.
+    Two scans at C speed where (as ever in practice) there is none."""
+    for pattern, largest in ((b"\x00\x7c", b"\xff\x7b"), (b"\x00\xfc", b"\xff\xfb")):  # +inf, -inf
+        at = out.find(pattern)
+        while at >= 0:
+            if at % 2 == 0 and src[at // 2] & 0x7FFF != 0x7F80:  # not an infinity already
+                out[at : at + 2] = largest
+            at = out.find(pattern, at + 1)

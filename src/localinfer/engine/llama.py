@@ -438,14 +438,15 @@ class Model:
             # A layout kvstate cannot read cannot be converted: the twin keeps this one's
             self._twin_flash_attn = self._prompt_v_transposed is None
         # The first answer decoded there picks its flash attention: kept if it stays shallow
-        # (_twin.shallow); a context made while the user typed has it off.
-        shallow = not twin.has_settings and _twin.shallow(len(self._tokens), reach)
-        twin.start_context(self._twin_settings(reach, self._twin_flash_attn or shallow))
+        # (_twin.shallow); a context made while the user typed has it off. A later answer that goes
+        # deep drops it (as _grow_twin does), but none takes it up again.
+        shallow = _twin.shallow(len(self._tokens), reach, self._twin_bf16())
+        twin.start_context(self._twin_settings(reach, self._twin_flash_attn or (shallow and not twin.has_settings)))
         ok = twin.ready()
-        if ok:  # made again if too small, or with the wrong flash attention (made while the user typed)
+        if ok:  # made again if too small, or with the wrong flash attention or V type
             too_small = twin.n_ctx < min(reach, self.n_ctx)
             size = max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx
-            wanted = self._twin_settings(size, self._twin_keeps_flash_attn())
+            wanted = self._twin_settings(size, self._twin_flash_attn or (not twin.v_transposed and shallow))
             if too_small or _twin.transposes(wanted) != twin.v_transposed or wanted.type_v != twin.v_type:
                 ok = twin.remake(wanted)
         if ok and state is not None and self._prompt_v_transposed is not None:
@@ -468,7 +469,7 @@ class Model:
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
         size = min(2 * twin.n_ctx, self.n_ctx)
         larger, moved = self._twin_settings(size, self._twin_keeps_flash_attn()), state  # the saved cache's layout
-        if not (twin.v_transposed or self._twin_flash_attn or _twin.shallow(len(self._tokens), size)):
+        if not (twin.v_transposed or self._twin_flash_attn or _twin.shallow(len(self._tokens), size, self._twin_bf16())):
             deeper = self._twin_settings(size, False)
             converted = None
             if state is not None and _twin.transposes(deeper):  # not a V type that needs flash attention
@@ -503,10 +504,12 @@ class Model:
         attention (None: only where its cache's layout cannot be converted)."""
         n_ctx = min(self.n_ctx, -(-reach // 256) * 256)
         keep = self._twin_flash_attn if flash_attn is None else flash_attn
-        # A BF16 V cache where flash attention stays on: only for a cache kvstate converts (and
-        # whose rows show that this context has flash attention on)
-        bf16_v = keep and not self._twin_flash_attn and self._prompt_v_transposed is False
-        return _twin.decode_settings(self._params[1], n_ctx, keep, bf16_v)
+        return _twin.decode_settings(self._params[1], n_ctx, keep, keep and self._twin_bf16())
+
+    def _twin_bf16(self) -> bool:
+        """Whether the twin's contexts with flash attention get a BF16 V cache (``twin.decode_settings``):
+        only for a cache kvstate converts, whose rows show that this context has flash attention on."""
+        return not self._twin_flash_attn and self._prompt_v_transposed is False and _twin.bf16_v_applies(self._params[1])
 
     def prepare_decode_twin(self, idle: bool = True) -> None:
         """Start loading the AMX decoding twin (engine.twin) now, where this model would get one:

@@ -63,12 +63,27 @@ ROOM = 512
 # two runs): +21 to +26% at d0, +13 to +20% at d48, +7% at d150-d200, +6% at d350, -3 to -6% at d450,
 # -7% at d600. They cross at a mean depth (d + 64) of 400 to 480 cells: the lower one is kept.
 SHALLOW_MEAN_DEPTH = 400
+# With an F16 V cache (no AVX512-BF16, or a V type of the user's): `run --raw -n 128` on a 4-token
+# prompt 111.8 -> 118.9 tok/s with flash attention, a 48-token chat prompt 112.7 -> 107.0; they
+# cross near a mean depth of 86 (llama-bench: flash attention +3% at d6, -2 to -7% at d48).
+SHALLOW_MEAN_DEPTH_F16 = 86
 
 
-def shallow(depth: int, reach: int) -> bool:
+def shallow(depth: int, reach: int, bf16_v: bool = True) -> bool:
     """Whether an answer decoded from ``depth`` cells to at most ``reach`` stays shallow enough, on
-    average, to decode faster with flash attention."""
-    return (depth + reach) / 2 < SHALLOW_MEAN_DEPTH
+    average, to decode faster with flash attention; ``bf16_v``: with a BF16 V cache there
+    (``decode_settings``), else F16's crossover."""
+    return (depth + reach) / 2 < (SHALLOW_MEAN_DEPTH if bf16_v else SHALLOW_MEAN_DEPTH_F16)
+
+
+def bf16_v_applies(cparams) -> bool:  # noqa: ANN001 - a ctypes struct
+    """Whether ``decode_settings(..., bf16_v=True)`` would give a context with these settings a BF16
+    V cache where it keeps flash attention."""
+    return (
+        cparams.type_v == _F16
+        and cparams.flash_attn_type != llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        and cpu_has_avx512_bf16()
+    )
 
 
 def allowed_by_env() -> bool:
@@ -306,12 +321,7 @@ def decode_settings(cparams, n_ctx: int, flash_attn: bool, bf16_v: bool = False)
     settings.n_ctx = n_ctx
     if not flash_attn and settings.type_v in _TRANSPOSABLE_V:
         settings.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    elif (
-        bf16_v
-        and settings.type_v == _F16
-        and settings.flash_attn_type != llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        and cpu_has_avx512_bf16()
-    ):
+    elif bf16_v and bf16_v_applies(settings):
         settings.type_v = _BF16
     return settings
 
