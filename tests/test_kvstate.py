@@ -37,7 +37,8 @@ def test_a_cache_converted_to_the_other_layout_restores_exactly_and_converts_bac
         other = _second_context(m, flash_attn=False)
         try:
             assert not twin.restore_sequence(other, rows)  # llama.cpp refuses the other layout
-            assert twin.restore_sequence(other, transposed)
+            assert twin.restore_sequence(other, bytes(transposed))  # read from a copy
+            assert twin.restore_sequence(other, transposed)  # read in place (a bytearray)
             saved = twin.sequence_state(other)
             assert saved == transposed  # what it holds is exactly what was converted
             assert kvstate.with_v_layout(saved, False) == rows  # and back, to the byte

@@ -48,7 +48,7 @@ class _Unparsed(Exception):
     pass
 
 
-def v_layout(state: bytes) -> bool | None:
+def v_layout(state: bytes | bytearray) -> bool | None:
     """Whether the state's V cache is transposed; None if it holds no cell or does not parse."""
     try:
         layouts, _ = _convert(state, None)
@@ -57,7 +57,7 @@ def v_layout(state: bytes) -> bool | None:
     return layouts.pop() if len(layouts) == 1 else None
 
 
-def with_v_layout(state: bytes, transposed: bool, v_type: int | None = None) -> bytes | None:
+def with_v_layout(state: bytes | bytearray, transposed: bool, v_type: int | None = None) -> bytes | bytearray | None:
     """``state`` with every V cache in the wanted layout and, unless None, of ggml type ``v_type``
     (itself when it already is); None when it does not parse or a type cannot be converted."""
     if len(state) >= NUMPY_PAYS_BYTES and imported("numpy") is None:
@@ -72,7 +72,7 @@ def with_v_layout(state: bytes, transposed: bool, v_type: int | None = None) -> 
     return converted
 
 
-def _convert(state: bytes, transposed: bool | None, v_type: int | None = None) -> tuple[set[bool], bytes]:
+def _convert(state: bytes | bytearray, transposed: bool | None, v_type: int | None = None) -> tuple[set[bool], bytes | bytearray]:
     """The layouts found, and the state with each V layer in the ``transposed`` layout (None: as it
     is) and of type ``v_type`` (None: as it is). Raises ``_Unparsed`` unless the whole state parses
     exactly (and each type that must change can)."""
@@ -163,7 +163,7 @@ def _convert(state: bytes, transposed: bool | None, v_type: int | None = None) -
     if kept_from == 0:
         return layouts, state
     pieces.append(view[kept_from:end])
-    return layouts, b"".join(pieces)
+    return layouts, bytearray().join(pieces)  # a bytearray: restore_sequence reads it in place
 
 
 def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
@@ -198,7 +198,8 @@ def _retype(data: memoryview, old_type: int, new_type: int) -> bytearray:
     if convert is None:
         raise _Unparsed
     count = len(data) // 2
-    src = (ctypes.c_uint16 * count).from_buffer_copy(data)
+    array = ctypes.c_uint16 * count
+    src = array.from_buffer_copy(data) if data.readonly else array.from_buffer(data)  # read in place where it can
     out = bytearray(len(data))
     convert(ctypes.addressof(src), ctypes.addressof((ctypes.c_uint16 * count).from_buffer(out)), count)
     if new_type == _F16:
