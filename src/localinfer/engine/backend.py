@@ -264,9 +264,13 @@ def cpu_has_avx512_bf16() -> bool:
     return "AVX512_BF16 = 1" in system_info()
 
 
+# The float ggml types a KV cache can have (enum ggml_type; llama-cpp-python names no BF16), and
+# their bytes per value
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
+GGML_FLOAT_BYTES = {GGML_F32: 4, GGML_F16: 2, GGML_BF16: 2}
+
 _row_converters: dict[tuple[int, int], Callable[[int, int, int], None]] = {}
-_ROW_BYTES = {0: 4, 1: 2, 30: 2}  # ggml_type F32, F16, BF16: bytes per value
-_ROW_NAMES = {0: None, 1: "fp16", 30: "bf16"}
+_ROW_NAMES = {GGML_F32: None, GGML_F16: "fp16", GGML_BF16: "bf16"}
 _ROW_CHUNK = 1 << 15  # values converted at a time through F32: 128 KB that stay in cache
 
 
@@ -292,7 +296,7 @@ def ggml_row_converter(src: int, dst: int) -> Callable[[int, int, int], None] | 
     p, n = ctypes.c_void_p, ctypes.c_int64
     for fn in steps:
         fn.restype, fn.argtypes = None, [p, p, n]
-    src_size, dst_size = _ROW_BYTES[src], _ROW_BYTES[dst]
+    src_size, dst_size = GGML_FLOAT_BYTES[src], GGML_FLOAT_BYTES[dst]
 
     def convert(src_address: int, dst_address: int, count: int) -> None:
         middle = (ctypes.c_float * min(count, _ROW_CHUNK))() if len(steps) == 2 else None

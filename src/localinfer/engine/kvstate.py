@@ -31,12 +31,10 @@ import ctypes
 import importlib
 import struct
 
+from localinfer.engine.backend import GGML_F16, GGML_FLOAT_BYTES, ggml_row_converter
 from localinfer.engine.bindings import imported
 
-# ggml types a transposed V cache can have, and their element sizes: F32, F16, BF16
-_F16, _BF16 = 1, 30
-_ELEMENT = {0: 4, _F16: 2, _BF16: 2}
-_FORMAT = {2: "H", 4: "I"}
+_FORMAT = {2: "H", 4: "I"}  # a value of each size in GGML_FLOAT_BYTES (the types a transposed V cache can have)
 _MAGIC = 0xAF143CD8  # llama_context's io_magic, first in a sequence's state
 # A state this large is converted with numpy, imported for it if nothing has: its V half alone then
 # takes ~40 ms more in memoryview copies than with numpy (2.4 against 0.4 ms per MB), there and back
@@ -132,14 +130,14 @@ def _convert(state: bytes | bytearray, transposed: bool | None, v_type: int | No
                     old_type, element, n_embd = take("<iII")
                 else:
                     old_type, row = take("<iQ")
-                    element = _ELEMENT.get(old_type, 0)
+                    element = GGML_FLOAT_BYTES.get(old_type, 0)
                     if not relayout and v_type in (None, old_type):
                         skip(cells * row)  # rows need no element size: any type
                         continue
                     if element == 0 or row % element:
                         raise _Unparsed
                     n_embd = row // element
-                if _ELEMENT.get(old_type) != element:
+                if GGML_FLOAT_BYTES.get(old_type) != element:
                     raise _Unparsed
                 data = skip(cells * n_embd * element)
                 new_type = old_type if v_type is None else v_type
@@ -190,9 +188,7 @@ def _transpose(data: memoryview, rows: int, cols: int, element: int) -> bytes:
 def _retype(data: memoryview, old_type: int, new_type: int) -> bytearray:
     """V values converted from one ggml type to another of the same element size (F16 <-> BF16) by
     ggml's own row functions; ``_Unparsed`` for any other pair."""
-    from localinfer.engine.backend import ggml_row_converter
-
-    if _ELEMENT.get(old_type) != 2 or _ELEMENT.get(new_type) != 2:
+    if GGML_FLOAT_BYTES.get(old_type) != 2 or GGML_FLOAT_BYTES.get(new_type) != 2:
         raise _Unparsed
     convert = ggml_row_converter(old_type, new_type)
     if convert is None:
@@ -202,7 +198,7 @@ def _retype(data: memoryview, old_type: int, new_type: int) -> bytearray:
     src = array.from_buffer_copy(data) if data.readonly else array.from_buffer(data)  # read in place where it can
     out = bytearray(len(data))
     convert(ctypes.addressof(src), ctypes.addressof((ctypes.c_uint16 * count).from_buffer(out)), count)
-    if new_type == _F16:
+    if new_type == GGML_F16:
         _finite_stays_finite(out, src)
     return out
 

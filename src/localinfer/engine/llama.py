@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from localinfer.engine.backend import (
+    GGML_BF16,
     cpu_repack_enabled,
     default_threads,
     ensure_backend,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 _CACHE_TYPES = {
     "f32": llama_cpp.GGML_TYPE_F32,
     "f16": llama_cpp.GGML_TYPE_F16,
-    "bf16": 30,
+    "bf16": GGML_BF16,
     "q8_0": llama_cpp.GGML_TYPE_Q8_0,
     "q4_0": llama_cpp.GGML_TYPE_Q4_0,
     "q4_1": llama_cpp.GGML_TYPE_Q4_1,

@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localinfer.engine.backend import (
+    GGML_BF16,
+    GGML_F16,
+    GGML_FLOAT_BYTES,
     cpu_has_amx,
     cpu_has_avx512_bf16,
     join_past_interrupts,
@@ -80,7 +83,7 @@ def bf16_v_applies(cparams) -> bool:  # noqa: ANN001 - a ctypes struct
     """Whether ``decode_settings(..., bf16_v=True)`` would give a context with these settings a BF16
     V cache where it keeps flash attention."""
     return (
-        cparams.type_v == _F16
+        cparams.type_v == GGML_F16
         and cparams.flash_attn_type != llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         and cpu_has_avx512_bf16()
     )
@@ -300,10 +303,7 @@ class DecodeTwin:
         self.failed = True
 
 
-_TRANSPOSABLE_V = (0, 1, 30)  # ggml F32, F16, BF16: a V cache kept without flash attention
-
-
-_F16, _BF16 = 1, 30
+_TRANSPOSABLE_V = tuple(GGML_FLOAT_BYTES)  # ggml F32, F16, BF16: a V cache kept without flash attention
 
 
 def decode_settings(cparams, n_ctx: int, flash_attn: bool, bf16_v: bool = False):  # noqa: ANN001, ANN201 - ctypes structs
@@ -322,7 +322,7 @@ def decode_settings(cparams, n_ctx: int, flash_attn: bool, bf16_v: bool = False)
     if not flash_attn and settings.type_v in _TRANSPOSABLE_V:
         settings.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     elif bf16_v and bf16_v_applies(settings):
-        settings.type_v = _BF16
+        settings.type_v = GGML_BF16
     return settings
 
 
