@@ -438,16 +438,13 @@ class Model:
             self._prompt_v_transposed = kvstate.v_layout(state)
             # A layout kvstate cannot read cannot be converted: the twin keeps this one's
             self._twin_flash_attn = self._prompt_v_transposed is None
-        # The first answer decoded there picks its flash attention: kept if it stays shallow
-        # (_twin.shallow); a context made while the user typed has it off. A later answer that goes
-        # deep drops it (as _grow_twin does), but none takes it up again.
-        shallow = _twin.shallow(len(self._tokens), reach, self._twin_bf16())
-        twin.start_context(self._twin_settings(reach, self._twin_flash_attn or (shallow and not twin.has_settings)))
+        keep = self._twin_keeps_flash_attn(_twin.shallow(len(self._tokens), reach, self._twin_bf16()))
+        twin.start_context(self._twin_settings(reach, keep))  # unless it has settings already
         ok = twin.ready()
         if ok:  # made again if too small, or with the wrong flash attention or V type
             too_small = twin.n_ctx < min(reach, self.n_ctx)
             size = max(reach, 2 * twin.n_ctx) if too_small else twin.n_ctx
-            wanted = self._twin_settings(size, self._twin_flash_attn or (not twin.v_transposed and shallow))
+            wanted = self._twin_settings(size, keep)
             if too_small or _twin.transposes(wanted) != twin.v_transposed or wanted.type_v != twin.v_type:
                 ok = twin.remake(wanted)
         if ok and state is not None and self._prompt_v_transposed is not None:
@@ -469,14 +466,12 @@ class Model:
         # an interruption meanwhile resyncs against that, never against the freed context.
         self._ctx, self._mem = self._ctx_prompt, self._mem_prompt
         size = min(2 * twin.n_ctx, self.n_ctx)
-        larger, moved = self._twin_settings(size, self._twin_keeps_flash_attn()), state  # the saved cache's layout
-        if not (twin.v_transposed or self._twin_flash_attn or _twin.shallow(len(self._tokens), size, self._twin_bf16())):
-            deeper = self._twin_settings(size, False)
-            converted = None
-            if state is not None and _twin.transposes(deeper):  # not a V type that needs flash attention
-                converted = kvstate.with_v_layout(state, True, int(deeper.type_v))
-            if converted is not None:
-                larger, moved = deeper, converted
+        keep = self._twin_keeps_flash_attn(_twin.shallow(len(self._tokens), size, self._twin_bf16()))
+        larger, moved = self._twin_settings(size, keep), state
+        if state is not None and (_twin.transposes(larger) != twin.v_transposed or larger.type_v != twin.v_type):
+            moved = kvstate.with_v_layout(state, _twin.transposes(larger), int(larger.type_v))
+            if moved is None:  # a cache that does not convert goes on in the layout it has
+                larger, moved = self._twin_settings(size, self._twin_keeps_flash_attn(True)), state
         if twin.remake(larger) and _twin.restore_sequence(twin.ctx, moved):
             self._ctx, self._mem = twin.ctx, twin.mem
             return twin.ctx, twin.n_ctx
@@ -493,11 +488,14 @@ class Model:
         if twin is not None:
             twin.close()
 
-    def _twin_keeps_flash_attn(self) -> bool:
-        """Whether the twin's next context keeps this context's flash attention: its cache's layout
-        cannot be converted, or the twin has it already (a shallow first answer: its saved cache is
-        in that layout)."""
-        return self._twin_flash_attn or not self._twin.v_transposed
+    def _twin_keeps_flash_attn(self, shallow: bool) -> bool:
+        """Whether the twin's next context keeps this context's flash attention, for an answer that
+        stays ``shallow`` or not (``twin.shallow``): always where its cache's layout cannot be
+        converted; otherwise while the answer is shallow, unless the twin has it off already. The
+        first answer picks (a twin with no settings yet has it); a context made while the user typed
+        has it off, and none takes it up again. An answer that goes deep drops it, at its first
+        answer, at a later one, or mid-answer as its context grows (``_grow_twin``)."""
+        return self._twin_flash_attn or (shallow and not self._twin.v_transposed)
 
     def _twin_settings(self, reach: int, flash_attn: bool | None = None):  # noqa: ANN202 - a ctypes struct
         """The twin's context settings (``twin.decode_settings``), with room for ``reach`` tokens (in

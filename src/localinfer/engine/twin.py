@@ -249,11 +249,6 @@ class DecodeTwin:
         return not self.failed  # set whenever the load did not end with a context
 
     @property
-    def has_settings(self) -> bool:
-        """Whether its context's settings are given (``start_context``): the first ones stand."""
-        return self._cparams is not None
-
-    @property
     def v_type(self) -> int | None:
         """Its context's V cache type (a ggml type), once it has its settings."""
         return None if self._cparams is None else int(self._cparams.type_v)
