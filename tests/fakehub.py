@@ -13,8 +13,15 @@ Endpoints (what ``huggingface_hub`` 2.x calls for ``model_info`` and file downlo
 Fault modes, per file (``FakeHub.fault(repo, filename, mode, **opts)``): ``tamper`` (same size, different
 bytes), ``cut_once`` (connection cut mid-file on the first GET only), ``cut_at`` (every GET stops at a fixed
 offset: the server "dies" there), ``ignore_range`` (200 + full body on ranged requests), ``slow`` (throttled),
-``error_once`` (one 503), ``claim_size`` (the listing announces another size). Per repo: ``gated=True`` (401 without a token, 403 with a wrong one) and
-``redirect_cdn=True``. Every request is logged in ``FakeHub.log``.
+``error_once`` (one 503), ``claim_size`` (the listing announces another size).
+
+A hostile Hub: ``claim`` (the listing announces ``sha256=`` / ``size=`` of any JSON value, or no ``lfs``
+object with ``no_lfs=True``), ``etag`` (the ``ETag`` and ``X-Linked-Etag`` headers carry ``value=``),
+``location`` (the file redirects to ``value=``, any URL).
+
+Per repo: ``gated=True`` (401 without a token, 403 with a wrong one), ``redirect_cdn=True``, and
+``HubRepo.info_override`` (fields of the repo info replaced as given, e.g. ``{"sha": "../x"}``). Every
+request is logged in ``FakeHub.log``.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class HubRepo:
     gated: bool = False
     redirect_cdn: bool = False
     tags: dict[str, str] = field(default_factory=dict)
+    info_override: dict[str, Any] = field(default_factory=dict)
 
 
 class FakeHub:
@@ -244,11 +252,11 @@ class _Handler(BaseHTTPRequestHandler):
                     if isinstance(f.faults.get("claim_size"), dict)
                     else f.size
                 )
-                sib.update(
-                    size=size,
-                    blobId=hashlib.sha1(f.sha256.encode()).hexdigest(),
-                    lfs={"sha256": f.sha256, "size": size, "pointerSize": 135},
-                )
+                claim = f.faults["claim"] if isinstance(f.faults.get("claim"), dict) else {}
+                size = claim.get("size", size)
+                sib.update(size=size, blobId=hashlib.sha1(f.sha256.encode()).hexdigest())
+                if not claim.get("no_lfs"):
+                    sib["lfs"] = {"sha256": claim.get("sha256", f.sha256), "size": size, "pointerSize": 135}
             siblings.append(sib)
         self._send_json(
             200,
@@ -263,7 +271,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "tags": ["gguf"],
                 "siblings": siblings,
                 "lastModified": "2026-11-01T00:00:00.000Z",
-            },
+            }
+            | repo.info_override,
         )
 
     def _resolve(self, repo_id: str, rev: str, filename: str) -> None:
@@ -285,18 +294,33 @@ class _Handler(BaseHTTPRequestHandler):
         f = repo.files.get(filename)
         if f is None:
             return self._error(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": repo.commit})
+        location = f.faults.get("location")
+        if isinstance(location, dict):  # a redirect to wherever the fault says (a hostile Hub)
+            self.send_response(302)
+            self.send_header("Location", str(location["value"]))
+            self.send_header("X-Repo-Commit", repo.commit)
+            self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+            self.send_header("X-Linked-Size", str(f.size))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if repo.redirect_cdn:
             self.send_response(302)
             host = "localhost"  # another origin than 127.0.0.1: like a CDN, gets no Authorization
             self.send_header("Location", f"http://{host}:{self.hub.port}/cdn/{f.sha256}")
             self.send_header("X-Repo-Commit", repo.commit)
-            self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+            self.send_header("X-Linked-Etag", f'"{self._etag(f)}"')
             self.send_header("X-Linked-Size", str(f.size))
-            self.send_header("ETag", f'"{f.sha256}"')
+            self.send_header("ETag", f'"{self._etag(f)}"')
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
         self._serve_file(repo, f)
+
+    @staticmethod
+    def _etag(f: HubFile) -> str:
+        fault = f.faults.get("etag")
+        return str(fault["value"]) if isinstance(fault, dict) else f.sha256
 
     def _serve_file(self, repo: HubRepo, f: HubFile, cdn: bool = False) -> None:
         faults = f.faults
@@ -329,10 +353,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{f.sha256}"')
+        self.send_header("ETag", f'"{self._etag(f)}"')
         if not cdn:
             self.send_header("X-Repo-Commit", repo.commit)
-            self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+            self.send_header("X-Linked-Etag", f'"{self._etag(f)}"')
             self.send_header("X-Linked-Size", str(f.size))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{f.size}")

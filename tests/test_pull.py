@@ -315,7 +315,7 @@ def test_unsafe_file_names_listed_by_the_hub_are_refused(hub: FakeHub) -> None:
     hub.add_file("evil/Names-GGUF", "good-Q4_K_M.gguf", gguf_bytes())
     hub.add_file("evil/Names-GGUF", "../../escape-Q8_0.gguf", gguf_bytes())
     r = invoke("pull", "evil/Names-GGUF")
-    assert r.exit_code == 4 and "unsafe" in r.stderr
+    assert r.exit_code == 5 and "unsafe" in r.stderr  # a listing refused: the source is bad, not a model
     assert_nothing_installed()
     assert not hub.requests(None, "/resolve/")
 

@@ -12,11 +12,12 @@ from localinfer.store.types import NullProgress, ProgressSink, ResolvedModel
 
 def touch(name: str) -> None:
     """Record that the installed model ``name`` was just used (``list``'s "last used"); cheap, silent."""
+    from localinfer.errors import LocalInferError
     from localinfer.store.manifest import Store
 
     try:
         Store().touch(name)
-    except OSError:
+    except (OSError, LocalInferError):  # an unreadable manifest is reported by the commands that need it
         pass
 
 

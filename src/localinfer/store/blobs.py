@@ -15,6 +15,8 @@ from localinfer.store.manifest import Store
 def link_split(store: Store, files: list[dict[str, Any]]) -> Path:
     """Give the shards the names llama.cpp needs (``x-0000i-of-0000n.gguf``) next to each other."""
     folder = store.links_dir / files[0]["sha256"]
+    if folder.is_symlink():  # planted: links made through it would land (and old ones be deleted) elsewhere
+        folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     for rec in files:
         link = folder / rec["filename"].rsplit("/", 1)[-1]
@@ -42,10 +44,7 @@ def gc_blobs(store: Store, candidates: list[str]) -> int:
     """
     freed = 0
     with file_lock(store.lock_path("manifest")):
-        used: set[str] = set()
-        for entry in store.entries().values():
-            if entry.get("kind") == "store":
-                used.update(rec["sha256"] for rec in entry.get("files", []))
+        used = store.digests_in_use()
         for sha in set(candidates) - used:
             blob = store.blob_path(sha)
             with try_file_lock(store.lock_path(f"sha256-{sha}")) as mine:

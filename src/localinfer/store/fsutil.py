@@ -1,4 +1,8 @@
-"""Small file-system helpers: atomic writes, hashing, locks, human sizes."""
+"""Small file-system helpers: atomic writes, hashing, locks, human sizes.
+
+Files the store writes in place (partial downloads, locks) are opened with :func:`open_in_store`,
+never through a link someone planted there: that would write outside the store.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,44 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from localinfer.units import human_bytes as human_size
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 HASH_BLOCK = 4 * 1024 * 1024
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows: an lstat check stands in for it
+
+
+def open_in_store(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` (created if missing) of a file the store owns, never through a link.
+
+    A symlink at ``path``, or anything but a plain file with one name (a hard link to a file
+    elsewhere, a fifo), is removed and a new file is created in its place.
+    """
+    flags |= os.O_CREAT | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _attempt in range(3):
+        if not _NOFOLLOW and os.path.islink(path):
+            os.unlink(path)
+        try:
+            fd = os.open(str(path), flags, mode)
+        except OSError:
+            if not os.path.islink(path):  # O_NOFOLLOW refused a link (ELOOP, EMLINK on BSD); else a real error
+                raise
+            os.unlink(path)
+            continue
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+        os.unlink(path)
+    raise OSError(f"cannot create a plain file at {path}: something keeps replacing it")
 
 
 def fsync_dir(path: Path) -> None:
@@ -75,11 +111,13 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None, *, li
     return digest.hexdigest()
 
 
-def hash_prefix(path: Path, nbytes: int) -> "hashlib._Hash":
-    """A sha256 object already fed with the first ``nbytes`` of ``path`` (to resume hashing a partial file)."""
+def hash_prefix(fd: int, nbytes: int) -> "hashlib._Hash":
+    """A sha256 object already fed with the first ``nbytes`` of the open file ``fd`` (to resume hashing a
+    partial file); read through the descriptor, not the path, which could be swapped for a link meanwhile."""
     digest = hashlib.sha256()
     remaining = nbytes
-    with path.open("rb", buffering=0) as fh:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(fd, "rb", buffering=0, closefd=False) as fh:
         buf = bytearray(HASH_BLOCK)
         view = memoryview(buf)
         while remaining > 0:
@@ -97,41 +135,59 @@ def stat_key(path: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "dev": st.st_dev}
 
 
+def _lock(path: Path, wait: bool) -> Callable[[], None] | None:
+    """Take the inter-process lock on ``path``: its release function, or None if another holds it and
+    not ``wait``. POSIX: ``flock`` on our own descriptor (filelock 3.x opens the path with O_TRUNC
+    through a link planted there, 4.x fails on it); Windows has no flock: filelock, once the path is checked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = open_in_store(path, os.O_RDWR)
+    if fcntl is None:
+        import filelock
+
+        os.close(fd)
+        lock = filelock.FileLock(str(path))
+        try:
+            lock.acquire(timeout=-1 if wait else 0)
+        except filelock.Timeout:
+            return None
+        return lock.release
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return lambda: os.close(fd)  # closing the descriptor releases the lock
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """An inter-process lock on ``path`` (created if needed); ``on_wait`` is called once if we must wait."""
-    import filelock
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(path))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
+    release = _lock(path, wait=False)
+    if release is None:
         if on_wait is not None:
             on_wait()
-        lock.acquire()
+        release = _lock(path, wait=True)
+    assert release is not None
     try:
         yield
     finally:
-        lock.release()
+        release()
 
 
 @contextlib.contextmanager
 def try_file_lock(path: Path) -> Iterator[bool]:
     """Like ``file_lock``, but never waits: yields False (and holds nothing) when another holds it."""
-    import filelock
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(path))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
+    release = _lock(path, wait=False)
+    if release is None:
         yield False
         return
     try:
         yield True
     finally:
-        lock.release()
+        release()
 
 
 def human_count(n: int | None) -> str:

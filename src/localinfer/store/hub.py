@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from localinfer.errors import LocalInferError, ModelNotFoundError, NetworkError
 from localinfer.store.types import ProgressSink
+from localinfer.store.untrusted import REFUSED_HINT, is_commit, is_sha256, is_size, shown
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def endpoint() -> str:
@@ -92,6 +91,16 @@ def hub_errors(repo: str, filename: str | None = None) -> Iterator[None]:
             f"cannot reach the Hub at {endpoint()}: {type(exc).__name__}",
             hint="check your connection (or HF_ENDPOINT); run the same command again to resume",
         ) from None
+    except (KeyError, TypeError, ValueError) as exc:  # huggingface_hub could not parse the answer
+        message = f"the Hub's answer for {what} is malformed ({type(exc).__name__})"
+        raise NetworkError(message, hint=REFUSED_HINT) from None
+
+
+def _checked(repo: str, what: str, value: object, ok: Callable[[object], bool]) -> object:
+    """``value`` if ``ok`` says it has the right shape; else the whole answer is refused."""
+    if not ok(value):
+        raise NetworkError(f"refusing the Hub's answer for {repo}: invalid {what} '{shown(value)}'", hint=REFUSED_HINT)
+    return value
 
 
 def _file_not_found(repo: str, what: str) -> ModelNotFoundError:
@@ -106,20 +115,35 @@ def _refused(status: int | None, what: str) -> NetworkError:
 
 
 def list_repo(repo: str, revision: str | None) -> RepoListing:
-    """The repository's files with sizes and LFS sha256, at ``revision`` (resolved to a commit)."""
+    """The repository's GGUF files with sizes and LFS sha256, at ``revision`` (resolved to a commit).
+
+    Every value used later (names, digests, sizes, the commit) is checked here, before any download:
+    one malformed value refuses the whole listing. Other files are left out: their names are never used.
+    """
     from huggingface_hub import HfApi
+
+    from localinfer.store.names import validate_hub_filename
 
     api = HfApi(endpoint=endpoint(), token=token() or False)
     with hub_errors(repo):
         info = api.model_info(repo, revision=revision, files_metadata=True, timeout=_timeout())
+        siblings = list(info.siblings or [])
+    commit = _checked(repo, "commit id", info.sha, is_commit) if info.sha is not None else revision or "main"
     files: dict[str, RemoteFile] = {}
-    for sib in info.siblings or []:
+    for sib in siblings:
+        name = sib.rfilename
+        if not isinstance(name, str) or not name.lower().endswith(".gguf"):
+            continue
+        validate_hub_filename(name, source="hub")
         lfs = sib.lfs
         sha = lfs.sha256 if lfs is not None else None
         size = lfs.size if lfs is not None else sib.size
-        files[sib.rfilename] = RemoteFile(sib.rfilename, size, sha.lower() if isinstance(sha, str) else None)
-    commit = info.sha or revision or "main"
-    return RepoListing(repo=repo, commit=commit, files=files)
+        if sha is not None:
+            sha = _checked(repo, f"sha256 for {name}", sha.lower() if isinstance(sha, str) else sha, is_sha256)
+        if size is not None:
+            _checked(repo, f"size for {name}", size, is_size)
+        files[name] = RemoteFile(name, size, sha)
+    return RepoListing(repo=repo, commit=str(commit), files=files)
 
 
 def hf_cache_dir() -> Path:
@@ -167,6 +191,11 @@ def file_metadata(repo: str, revision: str, filename: str) -> FileMeta:
     with hub_errors(repo, filename):
         meta = get_hf_file_metadata(url, token=token() or False, timeout=_timeout(), endpoint=endpoint())
     location = meta.location or url
+    _checked(repo, f"download location for {filename}", location, lambda u: urlparse(u).scheme in ("http", "https"))
+    if meta.size is not None:
+        _checked(repo, f"size for {filename}", meta.size, is_size)
+    if meta.commit_hash is not None:
+        _checked(repo, f"commit id for {filename}", meta.commit_hash, is_commit)
     same_host = urlparse(location).netloc == urlparse(url).netloc
     return FileMeta(url=location, size=meta.size, etag=meta.etag, commit=meta.commit_hash, send_auth=same_host)
 
@@ -179,7 +208,8 @@ def _timeout() -> float:
 
 
 def etag_sha256(etag: str | None) -> str | None:
-    return etag.lower() if etag and _SHA256.match(etag.lower()) else None
+    """The sha256 an ETag carries (LFS files); None for any other ETag (a git blob id, or garbage)."""
+    return etag.lower() if isinstance(etag, str) and is_sha256(etag.lower()) else None
 
 
 def download(

@@ -119,6 +119,8 @@ def remove_model(name: str) -> Removal:
     store = Store()
     with store.edit() as models:
         entry = models.pop(name, None)
+        if entry is None and store.unreadable.pop(name, None) is not None:
+            return Removal(name=name, freed_bytes=0)  # an entry we could not understand: only forgotten
         if entry is None:
             raise ModelNotFoundError(f"model {name!r} is not installed", hint="see 'localinfer list'")
     if entry.get("kind") == "store":

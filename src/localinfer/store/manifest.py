@@ -10,18 +10,27 @@ Layout under :func:`localinfer.paths.models_dir`::
     locks/                 per-file locks so two pulls of the same bytes do not collide
 
 A model is in the manifest only once every one of its files is complete, verified and in place.
+The manifest is checked when read (:func:`entry_problem`): an entry we do not understand is reported
+and skipped, and kept as it is when the manifest is written; a manifest whose shape we do not
+understand is refused, copied aside, and never overwritten.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
+import json
 import os
+import re
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from localinfer.errors import LocalInferError
 from localinfer.store.fsutil import atomic_write_json, file_lock, read_json, stat_key, try_file_lock
+from localinfer.store.untrusted import is_sha256, is_size, shown
 
 MANIFEST_VERSION = 1
 
@@ -48,8 +57,21 @@ def boot_id() -> str:
 PARTIAL_MAX_AGE_S = 7 * 24 * 3600  # an unfinished download left alone this long is deleted by the next pull
 
 
+_LOCK_KEY = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
+_KINDS = ("store", "package", "local")
+_OPTIONAL_TEXT = ("chat_format", "quant", "last_used", "added_at", "repo", "revision", "commit")
+_warned: set[str] = set()
+
+
 class _Gone(Exception):
     pass
+
+
+def _digest(sha256: str) -> str:
+    """``sha256`` if it is one: it names a file in the store, so nothing else may (callers check first)."""
+    if not is_sha256(sha256):
+        raise ValueError(f"not a sha256 digest: '{shown(sha256)}'")
+    return sha256
 
 
 class Store:
@@ -61,6 +83,8 @@ class Store:
 
             root = models_dir()
         self.root = Path(root)
+        # Entries of the last read that we could not understand: skipped, written back as they were.
+        self.unreadable: dict[str, Any] = {}
 
     # ---- layout -------------------------------------------------------------------------------
     @property
@@ -88,28 +112,71 @@ class Store:
         return self.root / "locks"
 
     def blob_path(self, sha256: str) -> Path:
-        return self.blobs_dir / f"sha256-{sha256}"
+        return self.blobs_dir / f"sha256-{_digest(sha256)}"
 
     def partial_path(self, sha256: str) -> Path:
-        return self.partial_dir / f"sha256-{sha256}.part"
+        return self.partial_dir / f"sha256-{_digest(sha256)}.part"
 
     def lock_path(self, key: str) -> Path:
+        if not _LOCK_KEY.fullmatch(key):
+            raise ValueError(f"not a lock name: '{shown(key)}'")
         return self.locks_dir / f"{key}.lock"
 
     # ---- manifest -----------------------------------------------------------------------------
     def _read(self) -> dict[str, Any]:
+        """The manifest with the entries we understand in ``models``; the others go to ``self.unreadable``."""
         try:
             data = read_json(self.manifest_path, None)
         except (ValueError, UnicodeDecodeError) as exc:
-            from localinfer.errors import LocalInferError
-
-            raise LocalInferError(
-                f"the model manifest {self.manifest_path} is unreadable ({exc})",
-                hint="move it aside; installed models can then be pulled again (their blobs are reused)",
-            ) from None
-        if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+            raise self._refuse(f"is unreadable ({exc})") from None
+        if data is None:
             data = {"version": MANIFEST_VERSION, "models": {}}
+        if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+            raise self._refuse("does not hold a table of models")
+        if data.get("version", MANIFEST_VERSION) != MANIFEST_VERSION:
+            raise self._refuse(f"has version '{shown(data['version'])}', which this localinfer does not know")
+        models: dict[str, Any] = {}
+        self.unreadable = {}
+        for name, entry in data["models"].items():
+            problem = entry_problem(name, entry)
+            if problem is None:
+                models[name] = entry
+                continue
+            self.unreadable[name] = entry
+            _warn_once(
+                f"skipping the model '{shown(name)}' in {self.manifest_path}: {problem}; pull it again to "
+                f"replace it, or 'localinfer rm {shown(name)}' to forget it"
+            )
+        data["models"] = models
         return data
+
+    def _refuse(self, problem: str) -> LocalInferError:
+        """The error for a manifest we cannot understand: it is left as it is, and a copy kept aside."""
+        backup = self._back_up()
+        kept = f"a copy is in {backup}; " if backup else ""
+        return LocalInferError(
+            f"the model manifest {self.manifest_path} {problem}; it was left untouched",
+            hint=f"{kept}fix it, or move it aside and pull your models again (their files in the store are reused)",
+        )
+
+    def _back_up(self) -> Path | None:
+        """A copy of the manifest, named by its content (one copy however often it is read); None if impossible."""
+        try:
+            raw = self.manifest_path.read_bytes()
+            backup = self.root / f"manifest.unreadable-{hashlib.sha256(raw).hexdigest()[:12]}.json"
+            fd = os.open(str(backup), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # O_EXCL: no link followed
+        except FileExistsError:
+            return backup
+        except OSError:
+            return None
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        return backup
+
+    def digests_in_use(self) -> set[str]:
+        """The sha256 of every blob an installed model uses, and of any an entry we could not understand names."""
+        used = {rec["sha256"] for e in self.entries().values() if e["kind"] == "store" for rec in e["files"]}
+        return used | set(re.findall(r"[0-9a-f]{64}", json.dumps(self.unreadable)))
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """A snapshot of the installed models (readers need no lock: writes are atomic renames)."""
@@ -125,6 +192,7 @@ class Store:
             data = self._read()
             models = data["models"]
             yield models
+            data["models"] = {**self.unreadable, **models}  # never drop what we could not understand
             data["version"] = MANIFEST_VERSION
             atomic_write_json(self.manifest_path, data)
 
@@ -158,6 +226,8 @@ class Store:
         except OSError:
             return gone
         for path in candidates:
+            if not is_sha256(path.name.removeprefix("sha256-").removesuffix(".part")):
+                continue  # not a download of ours
             try:
                 if path.stat().st_mtime >= cutoff:
                     continue
@@ -250,6 +320,49 @@ class Store:
             cache = self._read_cache()
             if cache.pop(str(path), None) is not None:
                 atomic_write_json(self.verified_path, cache)
+
+
+def _size_or_none(value: Any) -> bool:
+    return value is None or is_size(value)
+
+
+def entry_problem(name: str, entry: Any) -> str | None:
+    """What is wrong with a manifest entry, in a few words; None when every field we use has the shape
+    we use it with (so that no command fails on it, nor names a file outside the store through it)."""
+    if not isinstance(entry, dict):
+        return f"its entry is not an object but a JSON {type(entry).__name__}"
+    if entry.get("name") != name:
+        return "its name is missing or does not match"
+    kind = entry.get("kind")
+    if kind not in _KINDS:
+        return "unknown kind"
+    if not isinstance(entry.get("source"), str) or not isinstance(entry.get("load"), str):
+        return "no source or load path"
+    load = Path(entry["load"])
+    if kind == "store" and (load.is_absolute() or not load.parts or ".." in load.parts):
+        return "its load path leaves the store"
+    if not _size_or_none(entry.get("size")) or not isinstance(entry.get("header") or {}, dict):
+        return "bad size or header"
+    bad = [k for k in _OPTIONAL_TEXT if not isinstance(entry.get(k), (str, type(None)))]
+    if bad:
+        return f"bad {bad[0]}"
+    files = entry.get("files")
+    if not isinstance(files, list):
+        return "no list of files"
+    for rec in files:
+        ok = isinstance(rec, dict) and is_sha256(rec.get("sha256")) and _size_or_none(rec.get("size"))
+        ok = ok and isinstance(rec.get("filename"), str) and (kind == "store" or isinstance(rec.get("path"), str))
+        if not ok:
+            return "a file without a valid sha256, size, name or path"
+    return None
+
+
+def _warn_once(message: str) -> None:
+    """One line on stderr, once per process: every command reads the manifest, not all have a progress sink."""
+    if message not in _warned:
+        _warned.add(message)
+        sys.stderr.write(f"warning: {message}\n")
+        sys.stderr.flush()
 
 
 def header_summary(info: Any) -> dict[str, Any]:

@@ -59,19 +59,19 @@ def _bad(spec: str, why: str, hint: str | None = None) -> UsageError:
 
 def validate_repo_id(repo: str, spec: str | None = None) -> str:
     parts = repo.split("/")
-    if len(parts) != 2 or not all(_REPO_PART.match(p) for p in parts) or ".." in repo:
+    if len(parts) != 2 or not all(_REPO_PART.fullmatch(p) for p in parts) or ".." in repo:
         raise _bad(spec or repo, f"{repo!r} is not a Hugging Face repository id (owner/name)")
     return repo
 
 
 def validate_revision(revision: str, spec: str | None = None) -> str:
-    if not _REVISION.match(revision) or ".." in revision or "//" in revision or revision.endswith("/"):
+    if not _REVISION.fullmatch(revision) or ".." in revision or "//" in revision or revision.endswith("/"):
         raise _bad(spec or revision, f"invalid revision {revision!r}")
     return revision
 
 
 def validate_quant(quant: str, spec: str | None = None) -> str:
-    if not _QUANT.match(quant) or ".." in quant:
+    if not _QUANT.fullmatch(quant) or ".." in quant:
         raise _bad(spec or quant, f"invalid quantization tag {quant!r}", hint="quant tags look like Q4_K_M, Q8_0, IQ4_XS, F16")
     return quant.upper()
 
@@ -90,17 +90,20 @@ def validate_hub_filename(filename: str, *, source: str = "name") -> str:
         reason = "absolute path"
     else:
         for seg in filename.split("/"):
-            if seg in ("", ".", "..") or len(seg) > MAX_SEGMENT or not _FILE_SEGMENT.match(seg):
+            if seg in ("", ".", "..") or len(seg) > MAX_SEGMENT or not _FILE_SEGMENT.fullmatch(seg):
                 reason = f"bad path segment {seg[:40]!r}"
                 break
         else:
             if not filename.lower().endswith(".gguf"):
                 reason = "not a .gguf file"
     if reason:
-        if source == "hub":
-            from localinfer.errors import InvalidModelError
+        if source == "hub":  # the listing is refused whole, like any other malformed value from the Hub
+            from localinfer.errors import NetworkError
+            from localinfer.store.untrusted import REFUSED_HINT
 
-            raise InvalidModelError(f"the Hub listed an unsafe or unexpected file name {filename[:80]!r} ({reason})")
+            raise NetworkError(
+                f"the Hub listed an unsafe or unexpected file name {filename[:80]!r} ({reason})", hint=REFUSED_HINT
+            )
         raise _bad(filename, f"file name {filename[:80]!r}: {reason}")
     return filename
 

