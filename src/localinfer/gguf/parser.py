@@ -1,10 +1,11 @@
-"""A stdlib-only GGUF header validator and metadata reader.
+"""The GGUF header parser: a stdlib-only validator and metadata reader.
 
-:func:`read_gguf` runs before a file is registered or handed to llama.cpp (whose own parser has a
-history of memory-safety bugs), so it treats every byte as hostile: every count, length, type and
-offset is checked against the file size and against fixed limits before it is used, work is bounded
-(no loop runs more often than the file has bytes for, and walking big arrays has a global budget),
-and memory is bounded (big arrays are summarised, never materialised; tensor data is never read).
+:func:`parse_buffer` runs (via :func:`localinfer.gguf.read_gguf`) before a file is registered or
+handed to llama.cpp (whose own parser has a history of memory-safety bugs), so it treats every byte
+as hostile: every count, length, type and offset is checked against the file size and against fixed
+limits before it is used, work is bounded (no loop runs more often than the file has bytes for, and
+walking big arrays has a global budget), and memory is bounded (big arrays are summarised, never
+materialised; tensor data is never read).
 
 Layout (GGUF v2/v3, little-endian; see ggml's ``docs/gguf.md``)::
 
@@ -18,7 +19,8 @@ where a string is ``u64 length`` + UTF-8 bytes and an array value is ``u32 item_
 
 Anything wrong raises :class:`~localinfer.errors.InvalidModelError` whose message is
 ``"not a valid GGUF file: <reason>"``; a file cut short anywhere gives a reason that starts
-``"unexpected end of file while reading ..."``.
+``"unexpected end of file while reading ..."``. It checks the format only: the values llama.cpp
+asserts on (block and head counts, ...) are :mod:`localinfer.gguf.checks`' business.
 
 Compared with ggml's own ``gguf_init_from_file`` this is stricter on purpose in a few places that
 real files never touch: tensor data must lie inside the file (ggml's header parser does not look),
@@ -32,26 +34,26 @@ from __future__ import annotations
 
 import itertools
 import mmap
-import os
-import stat
 import struct
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer.errors import InvalidModelError, ModelNotFoundError
+from localinfer.errors import InvalidModelError
+from localinfer.gguf.types import (
+    FIXED_FORMATS,
+    FIXED_STRUCTS,
+    GGML_TYPES,
+    NUMERIC_TYPES,
+    T_ARRAY,
+    T_BOOL,
+    T_STRING,
+    T_UINT32,
+    VALUE_TYPE_NAMES,
+    ArraySummary,
+    GGUFInfo,
+    TensorInfo,
+)
 
-__all__ = [
-    "GGML_TYPES",
-    "LLAMA_FTYPE_NAMES",
-    "ArraySummary",
-    "GGUFInfo",
-    "TensorInfo",
-    "ggml_type_name",
-    "ggml_type_size",
-    "read_gguf",
-    "validate_gguf",
-]
+__all__ = ["parse_buffer"]
 
 # --------------------------------------------------------------------------------------------
 # Limits. Real files sit far below every one of these; they exist so hostile files stay cheap.
@@ -76,46 +78,8 @@ MAX_KEPT_ITEMS = 1 << 20  # array items materialised as Python objects, whole fi
 SMALL_ARRAY = 64  # arrays up to this many items are kept as lists
 MAX_KEPT_NUMERIC_ARRAY = 4096  # non-tokenizer numeric arrays (per-layer hyperparameters) up to this
 
-# Metadata value types (gguf_metadata_value_type).
-T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL = range(8)
-T_STRING, T_ARRAY, T_UINT64, T_INT64, T_FLOAT64 = range(8, 13)
-
-VALUE_TYPE_NAMES = {
-    T_UINT8: "uint8",
-    T_INT8: "int8",
-    T_UINT16: "uint16",
-    T_INT16: "int16",
-    T_UINT32: "uint32",
-    T_INT32: "int32",
-    T_FLOAT32: "float32",
-    T_BOOL: "bool",
-    T_STRING: "string",
-    T_ARRAY: "array",
-    T_UINT64: "uint64",
-    T_INT64: "int64",
-    T_FLOAT64: "float64",
-}
-
-# Fixed-size value types: struct format character and size.
-_FIXED = {
-    T_UINT8: ("B", 1),
-    T_INT8: ("b", 1),
-    T_UINT16: ("H", 2),
-    T_INT16: ("h", 2),
-    T_UINT32: ("I", 4),
-    T_INT32: ("i", 4),
-    T_FLOAT32: ("f", 4),
-    T_BOOL: ("B", 1),
-    T_UINT64: ("Q", 8),
-    T_INT64: ("q", 8),
-    T_FLOAT64: ("d", 8),
-}
-_FIXED_STRUCTS = {t: struct.Struct("<" + c) for t, (c, _) in _FIXED.items()}
-_NUMERIC_TYPES = frozenset(_FIXED) - {T_BOOL}
-
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_HEADER = struct.Struct("<4sIQQ")  # magic, version, n_tensors, n_kv
 _ARRAY_HEAD = struct.Struct("<IQ")  # item type, length
 
 # Smallest possible encodings, for "count x minimum size <= bytes left" checks.
@@ -123,271 +87,6 @@ _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-byte key, value type, 1-byte valu
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, ne0, type, offset
 _MIN_STRING_BYTES = 8
 _MIN_ARRAY_BYTES = 4 + 8
-
-# --------------------------------------------------------------------------------------------
-# ggml tensor types: id -> (name, elements per block, bytes per block). From ggml.h's enum
-# ggml_type and the block layouts in ggml-common.h; removed types (4, 5, 31-33, 36-38) are absent.
-# --------------------------------------------------------------------------------------------
-
-_QK_K = 256
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 36),
-    10: ("Q2_K", _QK_K, 84),
-    11: ("Q3_K", _QK_K, 110),
-    12: ("Q4_K", _QK_K, 144),
-    13: ("Q5_K", _QK_K, 176),
-    14: ("Q6_K", _QK_K, 210),
-    15: ("Q8_K", _QK_K, 292),
-    16: ("IQ2_XXS", _QK_K, 66),
-    17: ("IQ2_XS", _QK_K, 74),
-    18: ("IQ3_XXS", _QK_K, 98),
-    19: ("IQ1_S", _QK_K, 50),
-    20: ("IQ4_NL", 32, 18),
-    21: ("IQ3_S", _QK_K, 110),
-    22: ("IQ2_S", _QK_K, 82),
-    23: ("IQ4_XS", _QK_K, 136),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    29: ("IQ1_M", _QK_K, 56),
-    30: ("BF16", 1, 2),
-    34: ("TQ1_0", _QK_K, 54),
-    35: ("TQ2_0", _QK_K, 66),
-    39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36),
-    41: ("Q1_0", 128, 18),
-    42: ("Q2_0", 64, 18),
-}
-_GGML_TYPE_BY_NAME = {name: type_id for type_id, (name, _, _) in GGML_TYPES.items()}
-
-# llama.cpp's enum llama_ftype (general.file_type) -> the name llama-quantize uses.
-LLAMA_FTYPE_NAMES: dict[int, str] = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    4: "Q4_1_SOME_F16",
-    7: "Q8_0",
-    8: "Q5_0",
-    9: "Q5_1",
-    10: "Q2_K",
-    11: "Q3_K_S",
-    12: "Q3_K_M",
-    13: "Q3_K_L",
-    14: "Q4_K_S",
-    15: "Q4_K_M",
-    16: "Q5_K_S",
-    17: "Q5_K_M",
-    18: "Q6_K",
-    19: "IQ2_XXS",
-    20: "IQ2_XS",
-    21: "Q2_K_S",
-    22: "IQ3_XS",
-    23: "IQ3_XXS",
-    24: "IQ1_S",
-    25: "IQ4_NL",
-    26: "IQ3_S",
-    27: "IQ3_M",
-    28: "IQ2_S",
-    29: "IQ2_M",
-    30: "IQ4_XS",
-    31: "IQ1_M",
-    32: "BF16",
-    33: "Q4_0_4_4",
-    34: "Q4_0_4_8",
-    35: "Q4_0_8_8",
-    36: "TQ1_0",
-    37: "TQ2_0",
-    38: "MXFP4_MOE",
-    39: "NVFP4",
-    40: "Q1_0",
-    41: "Q2_0",
-}
-
-
-def ggml_type_size(ggml_type: int | str) -> tuple[int, int]:
-    """``(block_size, type_size)`` of a ggml type: elements per block and bytes per block.
-
-    Takes the numeric id (``12``) or the name (``"Q4_K"``, any case). Raises ``ValueError`` for a
-    type ggml does not (or no longer) define.
-    """
-    type_id = _resolve_type(ggml_type)
-    _, block_size, type_size = GGML_TYPES[type_id]
-    return block_size, type_size
-
-
-def ggml_type_name(ggml_type: int | str) -> str:
-    """The upper-case name of a ggml type id (``12`` -> ``"Q4_K"``); ``ValueError`` if unknown."""
-    return GGML_TYPES[_resolve_type(ggml_type)][0]
-
-
-def _resolve_type(ggml_type: int | str) -> int:
-    if isinstance(ggml_type, str):
-        type_id = _GGML_TYPE_BY_NAME.get(ggml_type.upper())
-        if type_id is None:
-            raise ValueError(f"unknown ggml type {ggml_type!r}")
-        return type_id
-    if isinstance(ggml_type, bool) or not isinstance(ggml_type, int) or ggml_type not in GGML_TYPES:
-        raise ValueError(f"unknown ggml type {ggml_type!r}")
-    return ggml_type
-
-
-# --------------------------------------------------------------------------------------------
-# Results
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArraySummary:
-    """Stands in for a metadata array too big to keep (e.g. a tokenizer's vocabulary)."""
-
-    item_type: str  # a VALUE_TYPE_NAMES value: "string", "int32", "float32", "array", ...
-    length: int
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor's header entry. ``offset`` is absolute: bytes from the start of the file."""
-
-    name: str
-    shape: tuple[int, ...]  # ggml order: shape[0] is the row length (ne0)
-    ggml_type: int
-    type_name: str
-    offset: int
-    n_bytes: int
-
-    @property
-    def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-
-@dataclass(frozen=True)
-class GGUFInfo:
-    """What :func:`read_gguf` found in a valid file's header."""
-
-    path: Path
-    file_size: int
-    version: int
-    alignment: int
-    data_offset: int  # where tensor data starts (tensor offsets in the file are relative to this)
-    metadata: dict[str, object]
-    tensors: tuple[TensorInfo, ...]
-
-    # -- metadata lookups ------------------------------------------------------------------
-
-    def _str(self, key: str) -> str | None:
-        value = self.metadata.get(key)
-        return value if isinstance(value, str) else None
-
-    def _int(self, key: str) -> int | None:
-        value = self.metadata.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    def _arch_key(self, suffix: str) -> str | None:
-        arch = self.architecture
-        return f"{arch}.{suffix}" if arch else None
-
-    def _arch_int(self, suffix: str) -> int | None:
-        key = self._arch_key(suffix)
-        return self._int(key) if key else None
-
-    def _arch_raw(self, suffix: str) -> object | None:
-        key = self._arch_key(suffix)
-        return self.metadata.get(key) if key else None
-
-    @property
-    def architecture(self) -> str | None:
-        return self._str("general.architecture")
-
-    @property
-    def vocab_size(self) -> int | None:
-        """The tokenizer's token count (its list, kept or summarised), or None without one."""
-        tokens = self.metadata.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, ArraySummary):
-            return tokens.length
-        return len(tokens) if isinstance(tokens, list) else None
-
-    @property
-    def name(self) -> str | None:
-        return self._str("general.name")
-
-    @property
-    def license(self) -> str | None:
-        return self._str("general.license")
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._str("tokenizer.chat_template")
-
-    @property
-    def context_length(self) -> int | None:
-        return self._arch_int("context_length")
-
-    @property
-    def block_count(self) -> int | None:
-        return self._arch_int("block_count")
-
-    @property
-    def embedding_length(self) -> int | None:
-        return self._arch_int("embedding_length")
-
-    @property
-    def head_count(self) -> object | None:
-        """An int, or a per-layer list / :class:`ArraySummary` for models that vary it."""
-        return self._arch_raw("attention.head_count")
-
-    @property
-    def head_count_kv(self) -> object | None:
-        """An int, or a per-layer list / :class:`ArraySummary` for models that vary it."""
-        return self._arch_raw("attention.head_count_kv")
-
-    @property
-    def sliding_window(self) -> int | None:
-        return self._arch_int("attention.sliding_window")
-
-    @property
-    def split_count(self) -> int | None:
-        return self._int("split.count")
-
-    @property
-    def split_no(self) -> int | None:
-        return self._int("split.no")
-
-    @property
-    def file_type(self) -> str | None:
-        """``general.file_type`` as llama.cpp names it (``"Q4_K_M"``), None if absent or unknown."""
-        ftype = self._int("general.file_type")
-        return LLAMA_FTYPE_NAMES.get(ftype) if ftype is not None else None
-
-    @property
-    def quantization(self) -> str | None:
-        """:attr:`file_type` when known, else the tensor type holding the most bytes."""
-        if self.file_type is not None:
-            return self.file_type
-        if not self.tensors:
-            return None
-        by_bytes: Counter[str] = Counter()
-        for t in self.tensors:
-            by_bytes[t.type_name] += t.n_bytes
-        return by_bytes.most_common(1)[0][0]
-
-    @property
-    def parameter_count(self) -> int:
-        """Total number of elements over all tensors in this file."""
-        return sum(t.n_elements for t in self.tensors)
-
 
 # --------------------------------------------------------------------------------------------
 # Reading
@@ -461,6 +160,8 @@ class _Parser:
     # -- header ----------------------------------------------------------------------------
 
     def header(self) -> tuple[int, int, int]:
+        if self.size == 0:
+            raise _eof("the magic", "the file is empty")
         head = bytes(self.buf[:4])
         if head != GGUF_MAGIC[: len(head)]:
             raise _invalid(f"bad magic {head!r} (a GGUF file starts with b'GGUF')")
@@ -520,7 +221,7 @@ class _Parser:
             return self.text(f"the value of key {key!r}")
         if vtype == T_ARRAY:
             return self.array(key, depth + 1, keep_allowed=True)
-        fmt = _FIXED_STRUCTS[vtype]
+        fmt = FIXED_STRUCTS[vtype]
         self.need(fmt.size, f"the value of key {key!r}")
         (value,) = fmt.unpack_from(self.buf, self.pos)
         self.pos += fmt.size
@@ -545,8 +246,8 @@ class _Parser:
                 raise _invalid(f"metadata holds more than {MAX_NESTED_ARRAYS} arrays inside arrays")
         if n > MAX_ARRAY_LENGTH:
             raise _invalid(f"key {key!r} is an array of {n} items, over the limit of {MAX_ARRAY_LENGTH}")
-        if itype in _FIXED:
-            item_size = _FIXED[itype][1]
+        if itype in FIXED_FORMATS:
+            item_size = FIXED_FORMATS[itype][1]
         else:
             item_size = _MIN_STRING_BYTES if itype == T_STRING else _MIN_ARRAY_BYTES
         left = self.size - self.pos
@@ -561,7 +262,7 @@ class _Parser:
             and (
                 n <= SMALL_ARRAY
                 or (
-                    itype in _NUMERIC_TYPES
+                    itype in NUMERIC_TYPES
                     and n <= MAX_KEPT_NUMERIC_ARRAY
                     and not key.startswith("tokenizer.")
                 )
@@ -570,7 +271,7 @@ class _Parser:
         if keep:
             self.kept += n
 
-        if itype in _FIXED:
+        if itype in FIXED_FORMATS:
             start = self.pos
             self.pos = start + n * item_size
             if itype == T_BOOL:
@@ -581,7 +282,7 @@ class _Parser:
                 return [b == 1 for b in self.buf[start : self.pos]] if keep else ArraySummary("bool", n)
             if not keep:
                 return ArraySummary(VALUE_TYPE_NAMES[itype], n)
-            return list(struct.unpack_from(f"<{n}{_FIXED[itype][0]}", self.buf, start))
+            return list(struct.unpack_from(f"<{n}{FIXED_FORMATS[itype][0]}", self.buf, start))
 
         if keep:
             if itype == T_STRING:
@@ -665,7 +366,9 @@ class _Parser:
         return infos
 
 
-def _parse(buf: mmap.mmap | bytes, size: int, path: Path) -> GGUFInfo:
+def parse_buffer(buf: mmap.mmap | bytes, size: int, path: Path) -> GGUFInfo:
+    """Validate the header in the first ``size`` bytes of ``buf`` (the file at ``path``) and return
+    what it says; :class:`InvalidModelError` (``"not a valid GGUF file: <reason>"``) if it is not sound."""
     p = _Parser(buf, size)
     version, n_tensors, n_kv = p.header()
     metadata, types = p.metadata(n_kv)
@@ -713,52 +416,3 @@ def _parse(buf: mmap.mmap | bytes, size: int, path: Path) -> GGUFInfo:
         metadata=metadata,
         tensors=tuple(tensors),
     )
-
-
-def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
-    """Validate a GGUF file's header and return what it says, without reading tensor data.
-
-    Raises :class:`ModelNotFoundError` if ``path`` does not exist, and :class:`InvalidModelError`
-    (``"not a valid GGUF file: <reason>"``) for anything wrong with the bytes, or
-    (``"cannot read <path>: <error>"``) when the file cannot be opened or read.
-    """
-    path = Path(path)
-    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-    # O_NONBLOCK so that a FIFO swapped in for the file cannot hang open(); it does nothing for
-    # regular files, which are all we go on to read.
-    flags |= getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the path
-        raise ModelNotFoundError(f"model file not found: {path}", hint="check the path") from None
-    except OSError as exc:
-        raise InvalidModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        try:
-            st = os.fstat(fd)
-        except OSError as exc:
-            raise InvalidModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise InvalidModelError(f"cannot read {path}: it is {kind}")
-        size = st.st_size
-        if size == 0:
-            raise _eof("the magic", "the file is empty")
-        try:
-            buf = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
-            raise InvalidModelError(f"cannot read {path}: {exc}") from exc
-        try:
-            return _parse(buf, size, path)
-        except OSError as exc:  # an I/O error surfacing through the mapping
-            raise InvalidModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        finally:
-            buf.close()
-    finally:
-        os.close(fd)
-
-
-def validate_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
-    """Same as :func:`read_gguf`: validate and return the header (the name reads better at call sites
-    that only care that the file is sound)."""
-    return read_gguf(path)
