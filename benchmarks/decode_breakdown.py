@@ -14,18 +14,16 @@ In one process, alternating with `llama-bench tg N @ dD` (same model, threads, d
                    llama-bench samples nothing.)
 * sampler (warm):  the same call repeated on the same logits, for comparison
 
-    .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48] [--twin]
+    .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48]
 
-``--twin`` (AMX CPUs): our loop on the AMX decoding twin (engine.twin, loaded before measuring; its
-context made at the first answer and sized to what that answer can reach, as in ``run``), against
-llama-bench's default (repacking on), the depth filled one token at a time (-b 1 -ub 1: a batch
-crashes there).
+The model is loaded as ``run`` loads it (localinfer.engine.model.Model), and llama-bench repacks
+weights exactly when the engine does (engine.backend.cpu_repack_enabled: off on AMX CPUs, on
+elsewhere; LOCALINFER_CPU_REPACK=1|0 decides for both).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -44,24 +42,16 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("-n", type=int, default=128, help="tokens generated")
     ap.add_argument("-d", type=int, default=48, help="depth: prompt tokens in the cache before decoding")
-    ap.add_argument("--twin", action="store_true", help="decode on the AMX twin, against llama-bench with repacking on")
     args = ap.parse_args()
     model = args.model or native.default_model()
-    if not args.twin:  # the engine's own loop on the weights as loaded, like llama-bench's
-        os.environ["LOCALINFER_AMX_DECODE"] = "0"
 
     from localinfer.engine.backend import cpu_repack_enabled, llama_cpp
-    from localinfer.engine.llama import Model
+    from localinfer.engine.model import Model
     from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 
     repack = cpu_repack_enabled(None)
     bench_args = ["-d", str(args.d)]
     m = Model(model, LoadOptions(n_ctx=4096, n_threads=args.threads))
-    if args.twin:  # as `run` has it: the context made at the first answer, sized to what it can reach
-        m.prepare_decode_twin(idle=False)
-        if m._twin is None or not m._twin.weights_loaded.wait(120) or m._twin.failed:
-            raise SystemExit("no AMX decoding twin here (engine.twin): not an AMX CPU, or turned off")
-        repack, bench_args = True, [*bench_args, "-b", "1", "-ub", "1"]
     words = "Write a long story about a robot who learns to paint. Describe every painting in detail. "
     prompt = m.tokenize(words * (args.d // 8 + 2))[: args.d]
 
@@ -76,14 +66,14 @@ def main() -> int:
     def sampler_us(sampling: SamplingOptions, n: int = 64) -> float:
         m.reset()
         m._decode(prompt)
-        chain, _ = m._sampler(sampling, prompt)
+        chain, _ = m.new_sampler(sampling, prompt)
         try:
             t0 = time.perf_counter()
             for _ in range(n):
                 llama_cpp.llama_sampler_sample(chain, m._ctx, -1)
             return (time.perf_counter() - t0) / n * 1e6
         finally:
-            llama_cpp.llama_sampler_free(chain)
+            m.free_sampler(chain)
 
     def per_token(sampling: SamplingOptions) -> tuple[float, float, float]:
         """Medians (us) of: llama_decode, the gap between two decodes, the sampler call in that gap."""
@@ -129,7 +119,7 @@ def main() -> int:
               f"llama_decode {rows['llama_decode only'][-1]:.2f} t/s", file=sys.stderr, flush=True)
     ref = rows["llama-bench"]
     print(f"model {model}, -t {args.threads}, tg{args.n} @ d{args.d}, repack {int(repack)}, "
-          f"{'AMX twin, ' if args.twin else ''}{args.pairs} pairs, medians")
+          f"{args.pairs} pairs, medians")
     print("| measure | tok/s | ratio to llama-bench (median of pairs) |")
     print("| --- | ---: | ---: |")
     for name, vals in rows.items():

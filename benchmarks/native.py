@@ -373,23 +373,57 @@ def completion_decode_rate(
     """llama-completion's own decode figures, with its default sampler (temperature 0.8, top-k 40,
     top-p 0.95, min-p 0.05: as ``localinfer run``'s), the end of generation ignored.
 
-    Returns ``{"eval_tps": ..., "with_sampling_tps": ..., "runs": n}``: its "eval time" line counts
-    only ``llama_decode``; "sampling time" is what its sampler took over the same tokens, so
-    ``runs / (eval + sampling)`` is the rate a user sees between tokens.
+    Returns :func:`completion_timings`' figures (``eval_tps``, ``with_sampling_tps``, ``runs``, ...).
     """
     cmd = [
         str(tool_path(COMPLETION)), "-m", model, "-p", prompt, "-n", str(n_predict),
         "-t", str(threads), "-tb", str(threads), "-no-cnv", "--no-display-prompt", "--simple-io",
         "--ignore-eos", "--seed", str(seed), "--no-warmup", *repack_args(COMPLETION, repack), *extra_args,
     ]
+    return completion_timings(cmd, timeout)
+
+
+def completion_timings(cmd: Sequence[str], timeout: float = 600) -> dict:
+    """Run a llama-completion command line and read its own timing lines (its log, on stderr).
+
+    Returns ``{"eval_tps", "with_sampling_tps", "runs", "prompt_tokens", "prompt_tps", "wall_s"}``:
+    "eval time" counts only ``llama_decode`` over ``runs`` generated tokens; "sampling time" is its
+    sampler's time, so ``with_sampling_tps = runs / (eval + sampling)`` is the rate a user sees
+    between tokens. ``prompt_*``: its "prompt eval time" line.
+    """
+    t0 = time.perf_counter()
     proc = _run(cmd, timeout)
+    wall = time.perf_counter() - t0
     text = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode(errors="replace")
-    found = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", text)
+    found = re.search(r"(?<!prompt )\beval time =\s*([\d.]+) ms /\s*(\d+) runs", text)
     sampling = re.search(r"sampling time =\s*([\d.]+) ms", text)
+    prompt = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
     if not found or not sampling:
-        raise NativeToolError(f"{shlex.join(cmd)}: no eval/sampling time in its log:\n{text[-2000:]}")
+        raise NativeToolError(f"{shlex.join(map(str, cmd))}: no eval/sampling time in its log:\n{text[-2000:]}")
     eval_ms, runs, sample_ms = float(found.group(1)), int(found.group(2)), float(sampling.group(1))
-    return {"eval_tps": runs / eval_ms * 1000, "with_sampling_tps": runs / (eval_ms + sample_ms) * 1000, "runs": runs}
+    p_ms, p_tok = (float(prompt.group(1)), int(prompt.group(2))) if prompt else (0.0, 0)
+    return {
+        "eval_tps": runs / eval_ms * 1000, "with_sampling_tps": runs / (eval_ms + sample_ms) * 1000, "runs": runs,
+        "prompt_tokens": p_tok, "prompt_tps": p_tok / p_ms * 1000 if p_ms else None, "wall_s": wall,
+    }
+
+
+def wall_time(cmd: Sequence[str], env: dict | None = None, timeout: float = 600) -> float:
+    """Seconds from spawning ``cmd`` to its exit; stdout to /dev/null, stderr kept only to report a failure.
+
+    The same measurement for either side (a native tool or ``localinfer``): raises on a non-zero exit.
+    """
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        rc = subprocess.run(list(map(str, cmd)), check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                            env=env, timeout=timeout).returncode
+        wall = time.perf_counter() - t0
+        if rc != 0:
+            err.seek(0)
+            tail = "\n".join(err.read().decode(errors="replace").splitlines()[-15:])
+            raise NativeToolError(f"{shlex.join(map(str, cmd))} exited with {rc}:\n{tail}"
+                                  + (_CRASH_HINT if rc < 0 else ""))
+    return wall
 
 
 def completion_first_token_time(
