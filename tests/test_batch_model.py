@@ -13,7 +13,9 @@ import time
 import pytest
 from conftest import run_cli
 
-from localinfer import batchjob, inference
+from localinfer import batchjob
+
+from localinfer import generate
 from localinfer.batchio import BatchRequest, InputError
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.store import resolve_model
@@ -33,7 +35,7 @@ PROMPTS = [
 
 def _load(path, parallel, ctx=512):
     resolved = resolve_model(str(path))
-    return inference.load(resolved, batchjob.batch_load_options(LoadOptions(n_threads=1), parallel=parallel, ctx_per_seq=ctx))
+    return generate.load(resolved, batchjob.batch_load_options(LoadOptions(n_threads=1), parallel=parallel, ctx_per_seq=ctx))
 
 
 def _records(stdout: bytes) -> list[dict]:

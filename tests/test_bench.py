@@ -12,7 +12,8 @@ import statistics
 import pytest
 
 from conftest import run_cli
-from localinfer import bench, history
+from localinfer.bench import method as bench
+from localinfer.usage import history
 from localinfer.cli.bench import _ints
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 from localinfer.errors import UsageError
@@ -75,7 +76,7 @@ def test_list_options_take_commas_repeats_and_ranges():
 
 @pytest.mark.slow
 def test_every_repetition_generates_exactly_n_tokens_even_past_eos(smollm2_path):
-    from localinfer.engine.llama import Model
+    from localinfer.engine.model import Model
 
     with Model(smollm2_path, LoadOptions(n_ctx=512, n_threads=1)) as model:
         prompt = model.tokenize(

@@ -205,6 +205,15 @@ def test_piped_stdin_each_line_is_a_turn(smollm2_path):
     assert bad.returncode == 2 and b"unknown command /frobnicate" in bad.stderr
 
 
+def test_piped_chat_goes_on_after_a_bad_line_and_exits_with_its_code(smollm2_path):
+    # As in the REPL, a failed command is an error message; the later lines still run.
+    script = "/model nosuch-model:1b\n/set max_tokens 2\nhi\n"
+    proc = run_cli("chat", "-m", str(smollm2_path), "-t", "1", "--offline", input=script)
+    assert b"nosuch-model" in proc.stderr and b"Set max_tokens = 2." in proc.stderr
+    assert [int(s[0]) for s in STATS_B.findall(proc.stderr)] == [2] and proc.stdout.strip()
+    assert proc.returncode == 3  # the failure is still reported to the script
+
+
 @pytest.mark.slow
 def test_piped_overflow_with_a_tiny_context_drops_old_turns(smollm2_path):
     line = "Tell me about the sea, the ships, the wind, the waves, the treasure and the islands. " * 2

@@ -1,4 +1,4 @@
-"""localinfer.conversation: settings, files and, on the real SmolLM2, cache reuse across turns,
+"""localinfer.chat.conversation: settings, files and, on the real SmolLM2, cache reuse across turns,
 trimming to the context window, interruption, retry, /clear and model switching."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from localinfer.chat_settings import ChatSettings
-from localinfer.cli.chat_repl import block_open, split_command, unwrap_block
-from localinfer.conversation import Conversation, parse_messages
+from localinfer.chat.settings import ChatSettings
+from localinfer.chat.session import block_open, split_command, unwrap_block
+from localinfer.chat.conversation import Conversation, parse_messages
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import ContextOverflowError, UsageError
 
@@ -101,11 +101,11 @@ def test_parse_messages_accepts_openai_shapes_and_rejects_others():
 
 
 def _conv(smollm2_path, *, n_ctx=1024, system=None, sampling=GREEDY, max_tokens=24, notes=None):
-    from localinfer import inference
+    from localinfer import generate
     from localinfer.store import resolve_model
 
     resolved = resolve_model(str(smollm2_path))
-    loaded = inference.load(resolved, LoadOptions(n_ctx=n_ctx, n_threads=1))
+    loaded = generate.load(resolved, LoadOptions(n_ctx=n_ctx, n_threads=1))
     notify = notes.append if notes is not None else None
     return Conversation(
         loaded, system=system, settings=ChatSettings(sampling=sampling, max_tokens=max_tokens), notify=notify
@@ -299,13 +299,13 @@ def test_save_and_load_round_trip(smollm2_path, tmp_path):
 
 @pytest.mark.slow
 def test_switch_model_keeps_the_conversation_and_refuses_a_model_without_template(smollm2_path, gemma_path):
-    from localinfer import inference
+    from localinfer import generate
     from localinfer.store import resolve_model
 
     conv = _conv(smollm2_path, max_tokens=8)
     try:
         conv.ask("Hi", lambda _t: None)
-        gemma = inference.load(resolve_model(str(gemma_path)), LoadOptions(n_ctx=512, n_threads=1))
+        gemma = generate.load(resolve_model(str(gemma_path)), LoadOptions(n_ctx=512, n_threads=1))
         try:
             assert gemma.template is None
             with pytest.raises(UsageError, match="run --raw"):
@@ -315,7 +315,7 @@ def test_switch_model_keeps_the_conversation_and_refuses_a_model_without_templat
         finally:
             gemma.close()
         assert conv.n_ctx == 1024
-        other = inference.load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=512, n_threads=1))
+        other = generate.load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=512, n_threads=1))
         conv.switch_model(other, load_s=0.25)
         assert conv.n_ctx == 512 and len(conv.history) == 2
         r = conv.ask("Again", lambda _t: None)
@@ -367,11 +367,11 @@ def test_a_model_without_template_chats_with_the_registry_chat_format(gemma_path
     """models.toml's chat_format stands in for a missing GGUF template (gemma's own turn format)."""
     from dataclasses import replace
 
-    from localinfer import inference
+    from localinfer import generate
     from localinfer.store import resolve_model
 
     resolved = replace(resolve_model(str(gemma_path)), chat_format="gemma")
-    loaded = inference.load(resolved, LoadOptions(n_ctx=512, n_threads=1))
+    loaded = generate.load(resolved, LoadOptions(n_ctx=512, n_threads=1))
     conv = Conversation(loaded, settings=ChatSettings(sampling=GREEDY, max_tokens=6))
     try:
         assert loaded.template is not None and loaded.template.source == "registry:gemma"

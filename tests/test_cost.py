@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localinfer.cost import Pricing, format_money, parse_api_price, pricing
+from localinfer.usage.cost import Pricing, format_money, parse_api_price, pricing
 from localinfer.errors import UsageError
 
 
@@ -94,7 +94,7 @@ def test_format_money_keeps_small_amounts_readable():
 
 
 def test_a_measured_workload_priced():
-    from localinfer.cost import for_workload
+    from localinfer.usage.cost import for_workload
 
     p = pricing(price_per_hour=3.6, compare_api_price="1,3")
     # A 512-token prompt with a 128-token answer at 64 tok/s overall, 10 s a request.

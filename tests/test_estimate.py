@@ -9,7 +9,7 @@ import pytest
 
 from localinfer.engine.types import LoadOptions
 from localinfer.errors import ResourceError, UsageError
-from localinfer.estimate import (
+from localinfer.system.estimate import (
     GPU_LAYERS_AUTO,
     ModelShape,
     ShapeError,
@@ -18,8 +18,8 @@ from localinfer.estimate import (
     parse_buffer_report,
 )
 from localinfer.gguf import read_gguf
-from localinfer.hardware import MemoryBudget
-from localinfer.preflight import largest_ctx, plan_load
+from localinfer.system.hardware import MemoryBudget
+from localinfer.system.preflight import largest_ctx, plan_load
 
 MB = 1000**2
 GB = 1000**3

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from localinfer.engine.llama import Model
+from localinfer.engine.model import Model
 from localinfer.engine.types import LoadOptions
-from localinfer.estimate import BufferReport, ModelShape, estimate, parse_buffer_report
+from localinfer.system.estimate import BufferReport, ModelShape, estimate, parse_buffer_report
 from localinfer.gguf import read_gguf
 
 pytestmark = pytest.mark.slow

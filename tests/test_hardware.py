@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from localinfer import hardware
+from localinfer.system import hardware
 from localinfer.errors import UsageError
 
 SMI_CSV = "NVIDIA GeForce RTX 4090, 24564, 23010, 550.54.14\nNVIDIA A100-SXM4-80GB, 81920, 81000, 550.54.14\n"
@@ -122,7 +122,7 @@ def test_proc_meminfo_matches_psutil():
     import psutil
     import pytest
 
-    from localinfer.hardware import _proc_meminfo
+    from localinfer.system.hardware import _proc_meminfo
 
     if not sys.platform.startswith("linux"):
         pytest.skip("/proc/meminfo is Linux's")

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from localinfer import history
+from localinfer.usage import history
 from localinfer.errors import ContextOverflowError, UsageError
-from localinfer.history import UsageRecord
+from localinfer.usage.history import UsageRecord
 
 
 def test_append_then_load_round_trips_every_field(isolated_home):
@@ -155,7 +155,7 @@ def test_recording_survives_a_broken_database(isolated_home, capsys):
 WRITER = textwrap.dedent(
     """
     import sys
-    from localinfer import history
+    from localinfer.usage import history
     ok = 0
     for i in range(int(sys.argv[2])):
         ok += history.append(history.UsageRecord(command="run", model="w" + sys.argv[1], completion_tokens=i))

@@ -1,7 +1,7 @@
 import pytest
 
 from localinfer.errors import ModelNotFoundError, UsageError
-from localinfer.registry import load_registry, validate_name
+from localinfer.store.registry import load_registry, validate_name
 
 
 def test_packaged_registry_has_the_embedded_models_with_pinned_digests(tmp_path):

@@ -13,11 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
-from localinfer import history, usage
+from localinfer.usage import history
+from localinfer.usage import stats as usage
 from localinfer.cli.main import build_app
-from localinfer.cost import pricing
+from localinfer.usage.cost import pricing
 from localinfer.errors import UsageError
-from localinfer.history import UsageRecord
+from localinfer.usage.history import UsageRecord
 
 ANSI = re.compile(r"\x1b\[")
 

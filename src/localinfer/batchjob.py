@@ -2,13 +2,15 @@
 
 Core API (plain values; `bench --parallel` uses it too)::
 
-    from localinfer import batchjob, inference
+    from localinfer import batchjob
+
+    from localinfer import generate
     from localinfer.engine.batch import BatchStats
 
     items = batchjob.parse_input(text, fmt="auto")          # -> [BatchRequest | InputError, ...]
     #   or build them: batchjob.BatchRequest(id="a", line=1, prompt="Hi", max_tokens=64, ignore_eos=True)
     opts = batchjob.batch_load_options(load_opts, parallel=8, ctx_per_seq=512)
-    loaded = inference.load(resolved, opts)                 # one context, 8 sequences of 512 tokens
+    loaded = generate.load(resolved, opts)                 # one context, 8 sequences of 512 tokens
     stats = BatchStats()                                    # optional: aggregate figures (S_TG-like)
     for result in batchjob.run_batch(items, loaded, parallel=8, defaults=batchjob.BatchDefaults(), stats=stats):
         result.to_json()                                    # id, text, finish_reason, usage, timings | error
@@ -37,7 +39,7 @@ from localinfer.units import json_ms as _ms
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchStats
-    from localinfer.inference import LoadedModel, Request
+    from localinfer.generate import LoadedModel, Request
     from localinfer.store import ResolvedModel
 
 Warn = Callable[[str], None]
@@ -98,7 +100,7 @@ class BatchResult:
 
 
 class _SequenceView:
-    """The model as one sequence sees it: ``inference.build_prompt`` checks prompts against ``n_ctx``."""
+    """The model as one sequence sees it: ``generate.build_prompt`` checks prompts against ``n_ctx``."""
 
     def __init__(self, model: Any, n_ctx: int) -> None:
         self._model = model
@@ -109,7 +111,7 @@ class _SequenceView:
 
 
 def _request(item: BatchRequest, defaults: BatchDefaults, loaded: LoadedModel) -> Request:
-    from localinfer import inference
+    from localinfer import generate
 
     sampling = defaults.sampling
     if item.temperature is not None:
@@ -124,8 +126,8 @@ def _request(item: BatchRequest, defaults: BatchDefaults, loaded: LoadedModel) -
     elif defaults.raw or loaded.template is None:
         messages, raw_text = (), (f"{defaults.system}\n\n{item.prompt}" if defaults.system else item.prompt)
     else:
-        messages, raw_text = inference.messages_for(item.prompt or "", defaults.system), None
-    return inference.Request(
+        messages, raw_text = generate.messages_for(item.prompt or "", defaults.system), None
+    return generate.Request(
         messages=messages,
         raw_text=raw_text,
         max_tokens=item.max_tokens if item.max_tokens is not None else defaults.max_tokens,
@@ -170,7 +172,7 @@ def run_batch(
     """
     from localinfer.engine.batch import BatchDecoder, SeqJob
     from localinfer.engine.templates import TemplateRefusedError
-    from localinfer.inference import LoadedModel as _Loaded, build_prompt
+    from localinfer.generate import LoadedModel as _Loaded, build_prompt
 
     outbox: collections.deque[BatchResult] = collections.deque()
     started: dict[int, tuple[BatchRequest, float, int]] = {}

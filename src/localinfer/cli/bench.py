@@ -98,6 +98,7 @@ def bench(
     ctx_size: Annotated[ListOpt, typer.Option("--ctx-size", "-c", help="Context size(s). Default: what the tests need.", rich_help_panel=o._CONTEXT)] = None,
     gpu_layers: Annotated[ListOpt, typer.Option("--gpu-layers", "-ngl", help="Layers to offload: auto, all or N; several allowed. [default: auto]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
     batch_size: Annotated[ListOpt, typer.Option("--batch-size", "-b", help="Prompt tokens per llama_decode call; several allowed. [default: 2048]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
+    cpu_repack: o.CpuRepackOpt = None,
     flash_attn: o.FlashAttnOpt = "auto",
     cache_type_k: o.CacheTypeKOpt = "f16",
     cache_type_v: o.CacheTypeVOpt = "f16",
@@ -115,8 +116,9 @@ def bench(
 ) -> None:
     """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does, for one or more models and settings."""
     with handle_errors():
-        from localinfer import bench as core
-        from localinfer import cost, history
+        from localinfer.bench import method as core
+        from localinfer.usage import cost
+        from localinfer.usage import history
         from localinfer.render.bench import Writer
         from localinfer.store import resolve_model
 
@@ -130,7 +132,7 @@ def bench(
         configs = [
             o.load_options(
                 ctx_size=c, threads=t, gpu_layers=g, verbose=verbose, flash_attn=flash_attn,
-                cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, batch_size=b,
+                cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, batch_size=b, cpu_repack=cpu_repack,
             )
             for g in _gpu_layer_values(gpu_layers)
             for t in _ints("--threads", threads, (None,), minimum=1)
@@ -153,7 +155,7 @@ def bench(
                 if log:
                     history.append(_record(result))
             if parallel_levels:
-                from localinfer.bench_parallel import run_parallel
+                from localinfer.bench.parallel import run_parallel
 
                 for presult in run_parallel(
                     resolved, configs, shapes, parallel_levels, repetitions, warmup=not no_warmup, seed=seed, progress=say
@@ -184,7 +186,7 @@ def _gpu_layer_values(values: list[str] | None) -> list[str]:
 
 def _record(result):
     """One history row per bench result: the tokens it processed and its mean rate."""
-    from localinfer import history
+    from localinfer.usage import history
 
     t, reps = result.test, len(result.reps)
     return history.UsageRecord(
@@ -208,14 +210,14 @@ def _record(result):
 
 
 def _shapes(n_prompt, n_gen, pg):
-    from localinfer.bench_parallel import shapes_for
+    from localinfer.bench.parallel import shapes_for
 
     return shapes_for(_ints("--n-prompt", n_prompt, (512,)), _ints("--n-gen", n_gen, (128,)), _pairs(pg))
 
 
 def _parallel_record(result):
     """One history row per --parallel result: all the sequences' tokens, the aggregate rate."""
-    from localinfer import history
+    from localinfer.usage import history
 
     reps = len(result.reps)
     return history.UsageRecord(

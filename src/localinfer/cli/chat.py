@@ -1,29 +1,20 @@
 """`localinfer chat`: a conversation with a model. A REPL (prompt_toolkit) on a terminal; when stdin or
 stdout is not a terminal, each input line is a user turn and only the answers go to stdout.
 
-The conversation itself (history, cache reuse, trimming, files) is localinfer.conversation; this
-module reads input, runs slash commands and prints.
+The session's logic (slash commands, turns) is localinfer.chat.session; this module translates the
+flags and picks the input loop (cli.chat_repl).
 """
 
 from __future__ import annotations
 
 import io
 import sys
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TextIO
 
 import typer
 
 from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
-
-if TYPE_CHECKING:
-    from localinfer.conversation import Conversation
-    from localinfer.engine.types import LoadOptions
-    from localinfer.inference import Result
-
-_EXIT = ("exit", "quit", "bye")
 
 
 def chat(
@@ -46,6 +37,7 @@ def chat(
     no_mmap: o.NoMmapOpt = False,
     mlock: o.MlockOpt = False,
     batch_size: o.BatchSizeOpt = 2048,
+    cpu_repack: o.CpuRepackOpt = None,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
@@ -65,11 +57,13 @@ def chat(
             no_mmap=no_mmap,
             mlock=mlock,
             batch_size=batch_size,
+            cpu_repack=cpu_repack,
         )
         sampling = o.sampling_options(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )
-        from localinfer.chat_settings import ChatSettings
+        from localinfer.chat.session import ChatSession
+        from localinfer.chat.settings import ChatSettings
         from localinfer.cli.chat_repl import run_lines, run_repl
 
         settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
@@ -86,13 +80,16 @@ def chat(
             interactive=interactive,
         )
         session.open(model, system, settings)
+        failed = 0
         try:
             if interactive:
                 run_repl(session)
             else:
-                run_lines(session, _stdin_lines())
+                failed = run_lines(session, _stdin_lines())
         finally:
             session.close()
+        if not interactive and failed:
+            raise typer.Exit(failed)
 
 
 def register(app: typer.Typer) -> None:
@@ -106,215 +103,3 @@ def _stdin_lines() -> TextIO:
         return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     except AttributeError:
         return sys.stdin
-
-
-@dataclass
-class ChatSession:
-    """The CLI side of a chat: how it loads models, where it prints, what it records."""
-
-    load_opts: LoadOptions
-    offline: bool
-    force: bool
-    quiet: bool
-    verbose: bool
-    no_log: bool
-    interactive: bool
-    conv: Conversation | None = None
-    out: TextIO = field(default_factory=lambda: sys.stdout)
-    err: TextIO = field(default_factory=lambda: sys.stderr)
-
-    # -- output ------------------------------------------------------------------------------------
-    @property
-    def info(self) -> TextIO:
-        """Command output: the terminal in the REPL; stderr when piped (stdout is for answers)."""
-        return self.out if self.interactive else self.err
-
-    def say(self, text: str) -> None:
-        from localinfer.render.chat import print_dim
-
-        if not self.quiet:
-            print_dim(text, self.err)
-
-    def tell(self, text: str) -> None:
-        self.info.write(text + "\n")
-        self.info.flush()
-
-    def _write(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
-
-    # -- models ------------------------------------------------------------------------------------
-    def _load(self, name: str | None) -> tuple[Any, float]:
-        from localinfer import inference
-        from localinfer.conversation import no_template_error
-        from localinfer.store import resolve_model, touch
-
-        resolved = resolve_model(name, offline=self.offline)
-        if not (resolved.info.chat_template or resolved.chat_format):
-            raise no_template_error(resolved.name)  # before spending time loading it
-        t0 = time.perf_counter()
-        loaded = inference.load(resolved, self.load_opts, force=self.force, chat=True)
-        load_s = time.perf_counter() - t0
-        if loaded.template is None:
-            loaded.close()
-            raise no_template_error(resolved.name)
-        touch(resolved.name)  # `list`'s "last used"
-        # AMX CPUs: loads at low priority while the user types (piped messages come at once: its
-        # context then waits for the first answer's first token)
-        loaded.model.prepare_decode_twin(idle=self.interactive)
-        for note in loaded.plan.notes if getattr(loaded, "plan", None) else ():
-            self.say(note)
-        n_ctx = self.load_opts.n_ctx
-        if n_ctx and n_ctx > loaded.model.n_ctx_train > 0:
-            self.say(f"--ctx-size {n_ctx} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
-        return loaded, load_s
-
-    def open(self, name: str | None, system: str | None, settings: Any) -> None:
-        from localinfer.conversation import Conversation
-
-        loaded, load_s = self._load(name)
-        self.conv = Conversation(loaded, system=system, settings=settings, notify=self.say, load_s=load_s)
-
-    def close(self) -> None:
-        if self.conv is not None:
-            self.conv.close()
-            self.conv = None
-
-    # -- turns -------------------------------------------------------------------------------------
-    def turn(self, text: str, *, retry: bool = False) -> Result:
-        conv = self.conv
-        assert conv is not None
-        result = conv.retry(self._write) if retry else conv.ask(text, self._write)
-        if result.text and not result.text.endswith("\n"):
-            self._write("\n")
-        interrupted = result.finish_reason == "interrupted"
-        if interrupted and self.interactive:
-            from localinfer.render.chat import print_dim
-
-            kept = "the partial answer is kept" if result.text else "nothing was written; the message was dropped"
-            print_dim(f"[interrupted: {kept}]", self.out)
-        if not self.quiet:
-            self._print_stats(result)
-        self._record(result, text)
-        if interrupted and not self.interactive:
-            raise KeyboardInterrupt
-        return result
-
-    def _print_stats(self, result: Result) -> None:
-        from localinfer.render.chat import print_dim, turn_line
-
-        if self.verbose:
-            from localinfer.render.stats import print_table
-
-            print_table(result, self.err)
-        else:
-            print_dim(turn_line(result), self.err)
-        if self.interactive:
-            self.err.write("\n")
-            self.err.flush()
-
-    def _record(self, result: Result, text: str) -> None:
-        from localinfer import history
-
-        if not history.logging_enabled(self.no_log):
-            return
-        status = 130 if result.finish_reason == "interrupted" else 0
-        resolved = self.conv.loaded.resolved if self.conv else None
-        history.append(history.record_from_result("chat", result, resolved, exit_status=status, prompt_text=text))
-
-    # -- slash commands --------------------------------------------------------------------------
-    def command(self, line: str) -> bool:
-        """Run one slash command; False means leave the chat."""
-        from localinfer.chat_settings import unquote
-        from localinfer.cli.chat_repl import split_command
-        from localinfer.errors import UsageError
-        from localinfer.render.chat import HELP, show_lines, stats_lines
-
-        conv = self.conv
-        assert conv is not None
-        name, arg = split_command(line)
-        if name in _EXIT:
-            return False
-        if name in ("help", "?", "h"):
-            self.tell(HELP)
-        elif name == "clear":
-            conv.clear()
-            self.tell("New conversation (the KV cache is empty; the system prompt and settings are kept).")
-        elif name == "system":
-            if not arg:
-                self.tell(f"System prompt: {conv.system!r}" if conv.system else "No system prompt.")
-            else:
-                conv.set_system(unquote(arg))
-                self.tell("System prompt set." if conv.system else "System prompt removed.")
-        elif name == "set":
-            self._set(arg)
-        elif name == "show":
-            self.tell("\n".join(show_lines(conv)))
-        elif name == "stats":
-            self.tell("\n".join(stats_lines(conv)))
-        elif name == "retry":
-            s = conv.settings.sampling
-            if not conv.history:
-                raise UsageError("nothing to retry: ask something first")
-            if s.seed is not None:
-                self.say(f"the seed is fixed ({s.seed}), so the answer will be the same; /set seed random to vary it")
-            elif s.greedy:
-                self.say("temperature is 0 (greedy), so the answer will be the same; /set temperature 0.8 to vary it")
-            last_user = next((m["content"] for m in reversed(conv.history) if m["role"] == "user"), "")
-            self.turn(last_user, retry=True)
-        elif name == "save":
-            if not arg:
-                raise UsageError("/save needs a file name", hint="/save chat.json")
-            path = conv.save(unquote(arg))
-            self.tell(f"Saved {len(conv.context_messages(0))} messages to {path}.")
-        elif name == "load":
-            if not arg:
-                raise UsageError("/load needs a file name", hint="/load chat.json")
-            n = conv.load(unquote(arg))
-            self.tell(f"Loaded {n} messages from {arg}.")
-        elif name == "model":
-            if not arg:
-                self.tell(f"Model: {conv.loaded.name}")
-            else:
-                self.say(f"loading {arg}…")
-                loaded, load_s = self._load(arg)
-                conv.switch_model(loaded, load_s=load_s)
-                self.tell(
-                    f"Switched to {loaded.name} (context {conv.n_ctx} tokens); "
-                    f"{len(conv.history)} messages kept."
-                )
-        else:
-            raise UsageError(f"unknown command /{name}", hint="type /help for the commands; //text sends a message starting with /")
-        return True
-
-    def _set(self, arg: str) -> None:
-        from localinfer.chat_settings import canonical_key, unquote
-
-        conv = self.conv
-        assert conv is not None
-        if not arg:
-            from localinfer.render.chat import table
-
-            self.tell("\n".join(["Settings:", *table(conv.settings.items())]))
-            return
-        key, _, value = arg.partition(" ")
-        if key.lower() == "system":
-            conv.set_system(unquote(value.strip()))
-            self.tell("System prompt set." if conv.system else "System prompt removed.")
-            return
-        conv.set(key, value)
-        name = canonical_key(key)
-        self.tell(f"Set {name} = {dict(conv.settings.items())[name]}.")
-
-    # -- one line of input -----------------------------------------------------------------------
-    def handle(self, text: str) -> bool:
-        """A message or a command; False means leave."""
-        stripped = text.strip()
-        if not stripped:
-            return True
-        if stripped.startswith("//"):
-            text = text.lstrip()[1:]
-        elif stripped.startswith("/"):
-            return self.command(stripped)
-        self.turn(text)
-        return True

@@ -1,43 +1,36 @@
-"""How `localinfer chat` reads its input: the prompt_toolkit REPL on a terminal, lines when piped.
-
-Also the small parsers for that input: slash commands and \"\"\" multi-line blocks.
-"""
+"""How `localinfer chat` reads its input: the prompt_toolkit REPL on a terminal, lines when piped."""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
 
+from localinfer.chat.session import block_open, unwrap_block
 from localinfer.cli.common import debug_enabled, print_error
 
 if TYPE_CHECKING:
-    from localinfer.cli.chat import ChatSession
+    from localinfer.chat.session import ChatSession
 
 
-def split_command(line: str) -> tuple[str, str]:
-    """``"/set temperature 0"`` -> ``("set", "temperature 0")``."""
-    body = line.strip()[1:]
-    name, _, arg = body.partition(" ")
-    return name.strip().lower(), arg.strip()
+def run_lines(session: ChatSession, lines: Any) -> int:
+    """Piped chat: each line is a user turn (a \"\"\" block spans lines). A failed line (a bad command,
+    a file that will not load) is reported and the session goes on, as in the REPL; the exit code of
+    the last failure is returned (0: none). Ctrl-C ends it."""
+    from localinfer.errors import LocalInferError, exit_code_for
 
+    failed = 0
 
-def block_open(text: str) -> bool:
-    """Whether ``text`` starts a \"\"\" multi-line block that is not closed yet."""
-    t = text.strip()
-    return t.startswith('"""') and (len(t) < 6 or not t.endswith('"""'))
+    def handle(text: str) -> bool:
+        nonlocal failed
+        try:
+            return session.handle(text)
+        except LocalInferError as exc:
+            if debug_enabled():
+                raise
+            print_error(str(exc), exc.hint)
+            failed = int(exit_code_for(exc))
+            return True
 
-
-def unwrap_block(text: str) -> str:
-    """The text inside a \"\"\" block (an unclosed one too); other text as it is."""
-    t = text.strip()
-    if not t.startswith('"""'):
-        return text
-    inner = t[3:-3] if len(t) >= 6 and t.endswith('"""') else t[3:]
-    return inner.strip("\n")
-
-
-def run_lines(session: ChatSession, lines: Any) -> None:
-    """Piped chat: each line is a user turn (a \"\"\" block spans lines); errors end it with their exit code."""
     pending: str | None = None
     for raw in lines:
         line = raw.rstrip("\n").rstrip("\r")
@@ -51,10 +44,11 @@ def run_lines(session: ChatSession, lines: Any) -> None:
             continue
         else:
             text = line
-        if not session.handle(text):
-            return
+        if not handle(text):
+            return failed
     if pending is not None:
-        session.handle(unwrap_block(pending))
+        handle(unwrap_block(pending))
+    return failed
 
 
 def _history_file(session: ChatSession) -> Any:

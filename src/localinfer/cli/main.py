@@ -7,7 +7,6 @@ modules import nothing heavy at import time, so `localinfer --help` stays fast.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -68,39 +67,13 @@ def build_app(only: str | None = None) -> typer.Typer:
 
 def main() -> None:
     """Console-script entry point."""
-    # numpy is imported where it pays (engine.kvstate, a large KV cache; a full llama-cpp-python
-    # import), never to compute matrices: its OpenBLAS would start a thread per core that spins for
-    # ~100-200 ms looking for work, just while a prompt is evaluated. OpenBLAS reads this once; set
-    # here, before any thread of ours runs (a C thread reading the environment while Python changes
-    # it could crash), unless the user did.
-    if "OPENBLAS_NUM_THREADS" not in os.environ:
-        os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    # numpy sets this one for its import and unsets it after, perhaps on one thread while llama.cpp
-    # reads the environment on another. Set, numpy leaves it.
-    os.environ.setdefault("OPENBLAS_MAIN_FREE", "1")
     if sys.argv[1:] in (["--version"], ["-V"]):  # answered before Typer is even imported
         sys.stdout.write(f"localinfer {__version__}\n")
         return
     try:
-        only = None
-        if sys.argv[1:2] == ["run"]:  # llama.cpp starts loading the weights while Typer is imported
-            from localinfer.cli.prescan import preload_run
-
-            preload_run(sys.argv[2:])
-            only = "run"
-        app = build_app(only)
-        app(prog_name="localinfer")
+        # `localinfer run` builds only its own command: building every one costs ~10 ms of its way
+        # to the first token.
+        only = "run" if sys.argv[1:2] == ["run"] else None
+        build_app(only)(prog_name="localinfer")
     except KeyboardInterrupt:  # before Typer took over (it handles its own): no traceback
         raise SystemExit(130) from None
-    finally:
-        if "localinfer.preload" in sys.modules:
-            sys.modules["localinfer.preload"].settle()
-        if "localinfer.engine.twin" in sys.modules:  # an AMX decoding twin still loading: stop it
-            sys.modules["localinfer.engine.twin"].settle()
-        if "localinfer.engine.bindings" in sys.modules:  # the chat formatter still importing
-            sys.modules["localinfer.engine.bindings"].settle()
-        # At exit the interpreter garbage-collects everything still alive: 50-100 ms once
-        # huggingface_hub or llama_cpp are loaded. The process is ending; let it just free the memory.
-        import gc
-
-        gc.freeze()

@@ -39,6 +39,14 @@ CacheTypeVOpt = Annotated[str, typer.Option("--cache-type-v", "-ctv", help="KV c
 NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of mapping it.", rich_help_panel=_CONTEXT)]
 MlockOpt = Annotated[bool, typer.Option("--mlock", help="Lock the model in RAM (no swapping).", rich_help_panel=_CONTEXT)]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Prompt tokens evaluated per llama_decode call.", rich_help_panel=_CONTEXT)]
+CpuRepackOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--cpu-repack/--no-cpu-repack",
+        help="Repack weights for the CPU's fastest kernels. Default: on, except on AMX CPUs (also LOCALINFER_CPU_REPACK).",
+        rich_help_panel=_CONTEXT,
+    ),
+]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Load even when the memory estimate says it will not fit.", rich_help_panel=_CONTEXT)]
 NoLogOpt = Annotated[bool, typer.Option("--no-log", help="Do not record this request in the usage history (also LOCALINFER_NO_LOG=1).")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; also HF_HUB_OFFLINE=1.", rich_help_panel=_CONTEXT)]
@@ -55,14 +63,14 @@ class Overflow(str, enum.Enum):
 
 def parse_gpu_layers(value: str) -> int:
     """auto | all | N -> LoadOptions.n_gpu_layers (-1 = all; auto = GPU_LAYERS_AUTO, which the
-    pre-flight in inference.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
+    pre-flight in generate.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
     the engine alone reads any negative value as all)."""
     v = value.strip().lower()
     if v == "all":
         return -1
     if v == "auto":
         from localinfer.engine.backend import supports_gpu_offload
-        from localinfer.estimate import GPU_LAYERS_AUTO
+        from localinfer.system.estimate import GPU_LAYERS_AUTO
 
         return GPU_LAYERS_AUTO if supports_gpu_offload() else 0
     try:
@@ -96,6 +104,7 @@ def load_options(
     no_mmap: bool = False,
     mlock: bool = False,
     batch_size: int = 2048,
+    cpu_repack: bool | None = None,
 ) -> LoadOptions:
     from localinfer.engine.types import LoadOptions
 
@@ -110,6 +119,7 @@ def load_options(
         use_mmap=not no_mmap,
         use_mlock=mlock,
         n_batch=batch_size,
+        cpu_repack=cpu_repack,
     )
 
 

@@ -2,8 +2,7 @@
 
 
 import sys
-import time
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -52,6 +51,7 @@ def run(
     no_mmap: o.NoMmapOpt = False,
     mlock: o.MlockOpt = False,
     batch_size: o.BatchSizeOpt = 2048,
+    cpu_repack: o.CpuRepackOpt = None,
     force: o.ForceOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = o.Overflow.error,
@@ -62,17 +62,18 @@ def run(
     verbose: o.VerboseOpt = False,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
-    from localinfer.history import recording
+    from localinfer.usage.history import recording
 
     with handle_errors(), recording("run", no_log=no_log) as rec:
-        from localinfer import inference, preload
+        from localinfer import generate
+        from localinfer.api import load_resolved
         from localinfer.errors import UsageError
         from localinfer.render.stats import print_summary, warn
         from localinfer.store import resolve_model, touch
 
         if prompt_words and prompt:
             raise UsageError("give the prompt either as an argument or with --prompt, not both")
-        text = inference.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
+        text = generate.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
         load_opts = o.load_options(
             ctx_size=ctx_size,
             threads=threads,
@@ -84,42 +85,29 @@ def run(
             no_mmap=no_mmap,
             mlock=mlock,
             batch_size=batch_size,
+            cpu_repack=cpu_repack,
         )
         sampling = o.sampling_options(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )
         say = (lambda msg: None) if quiet else warn
 
-        resolved = preload.resolved(model) or resolve_model(model, offline=offline)
+        resolved = resolve_model(model, offline=offline)
         rec.model, rec.prompt_text = resolved, text
-        t0 = time.perf_counter()
-        loaded = inference.load(resolved, load_opts, force=force, budget=preload.budget(), chat=not raw)
-        # Not freed piece by piece as the process ends (engine.llama.Model.__del__); only the last
+        llm = load_resolved(resolved, load_opts, force=force, on_note=say)
+        # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last
         # run's: a process running the command again (CliRunner) frees the one before.
-        _until_exit[:] = [loaded]
-        load_s = max(time.perf_counter() - t0, loaded.model.load_s)  # weights loaded ahead count in full
-        for note in loaded.plan.notes if loaded.plan else ():
-            say(note)
-        if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
-            say(f"--ctx-size {ctx_size} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
-        messages: tuple = ()
-        raw_text: str | None = None
-        if raw or loaded.template is None:
-            if not raw:
-                say(f"{resolved.name} has no chat template; running plain completion (pass --raw to silence this)")
-            raw_text = f"{system}\n\n{text}" if system else text
-        else:
-            messages = inference.messages_for(text, system)
-        request = inference.Request(
-            messages=messages,
-            raw_text=raw_text,
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            sampling=sampling,
-            on_overflow=on_overflow.value,
-        )
-        write = (lambda _t: None) if json_out else _write_stdout
-        result = inference.generate(loaded, request, write, load_s=load_s)
+        _until_exit[:] = [llm]
+        n_train = llm.loaded.model.n_ctx_train
+        if ctx_size and ctx_size > n_train > 0:
+            say(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
+        if not raw and not llm.has_chat_template:
+            say(f"{resolved.name} has no chat template; running plain completion (pass --raw to silence this)")
+        request = llm.request(
+            text, system=system, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()),
+            on_overflow=on_overflow.value, sampling=sampling,
+        )  # fmt: skip
+        result = _stream(llm, request, json_out=json_out, quiet=quiet, verbose=verbose)
         rec.result = result
         if json_out:
             import json
@@ -134,10 +122,32 @@ def run(
         if not quiet:
             print_summary(result, verbose=verbose)
         touch(resolved.name)  # `list`'s "last used"
-        preload.remember(model, resolved)  # the next run's load can start before resolving
 
 
 _until_exit: list = []
+
+
+def _stream(llm: Any, request: Any, *, json_out: bool, quiet: bool, verbose: bool) -> Any:
+    """Stream the answer to stdout (unless ``json_out``); its Result. On Ctrl-C, the answer so far
+    ends its line and its stats are shown before the interruption is reported."""
+    result = None
+    try:
+        for chunk in llm.stream_request(request):
+            if chunk.result is not None:
+                result = chunk.result
+            elif not json_out:
+                _write_stdout(chunk.text)
+    except KeyboardInterrupt as exc:
+        partial = getattr(exc, "partial_result", None)
+        if partial is not None and partial.text and not json_out:
+            _write_stdout("\n")
+        if partial is not None and not quiet:
+            from localinfer.render.stats import print_summary
+
+            print_summary(partial, verbose=verbose)
+        raise
+    assert result is not None
+    return result
 
 
 def register(app: typer.Typer) -> None:

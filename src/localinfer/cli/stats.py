@@ -31,7 +31,9 @@ def stats(
 ) -> None:
     """Usage from the history: tokens in and out, requests, TTFT and tok/s per model and per day."""
     with handle_errors():
-        from localinfer import cost, history, usage
+        from localinfer.usage import cost
+        from localinfer.usage import history
+        from localinfer.usage import stats as usage
 
         pricing = cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
         since_ts = usage.parse_since(since)

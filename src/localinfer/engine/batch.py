@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localinfer.engine.backend import llama_cpp
-from localinfer.engine.llama import Model
+from localinfer.engine.model import Model
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, SamplingOptions
 from localinfer.errors import GenerationError, ResourceError
@@ -123,12 +123,12 @@ class BatchDecoder:
     """Runs jobs ``n_parallel`` at a time on one Model (its context needs ``n_seq_max >= n_parallel``)."""
 
     def __init__(self, model: Model, n_parallel: int | None = None) -> None:
-        n_seq_max = int(llama_cpp.llama_n_seq_max(model._ctx))
+        n_seq_max = model.n_seq_max
         self.n_parallel = n_parallel or n_seq_max
         if not 1 <= self.n_parallel <= n_seq_max:
             raise ValueError(f"n_parallel={self.n_parallel}, but the context holds {n_seq_max} sequences")
         self.model = model
-        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(model._ctx))
+        self.n_ctx_seq = model.n_ctx_seq
         self.capacity = max(model.n_batch, self.n_parallel)
         self.stats = BatchStats()
         self._batch = llama_cpp.llama_batch_init(self.capacity, 0, 1)
@@ -143,7 +143,7 @@ class BatchDecoder:
         self._seq = [(llama_cpp.llama_seq_id * 1).from_address(ctypes.addressof(b.seq_id[i].contents)) for i in range(cap)]
         self._fillers: list[int] = []  # idle sequence ids given a throwaway token this step
         self.fill_gaps = True  # False: leave idle sequences out (one ubatch per run of busy ids)
-        bos = int(llama_cpp.llama_vocab_bos(model._vocab))
+        bos = model.bos_token
         self._filler = bos if bos >= 0 else 0
 
     def close(self) -> None:
@@ -176,8 +176,7 @@ class BatchDecoder:
         if self._batch is None:
             raise GenerationError("this batch decoder is closed")
         model = self.model
-        model.reset()  # also brings the live cache back from a decoding twin (engine.twin)
-        mem = model._mem
+        model.reset()
         source = iter(jobs)
         free = list(range(self.n_parallel))  # a heap: the lowest free sequence id goes first
         active: list[_Slot] = []  # in sequence id order (see _fill_and_decode)
@@ -199,7 +198,7 @@ class BatchDecoder:
                         stats = GenerationStats(prompt_tokens=len(job.tokens), finish_reason="length", n_ctx=self.n_ctx_seq)
                         yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
                         continue
-                    chain, seed = model._sampler(job.sampling, job.tokens)
+                    chain, seed = model.new_sampler(job.sampling, job.tokens)
                     slot = _Slot(heapq.heappop(free), job, chain, clock())
                     slot.stats.n_ctx = self.n_ctx_seq
                     slot.stats.extra["seed"] = seed
@@ -227,17 +226,17 @@ class BatchDecoder:
                     st.decode_only_tokens += n_sampled
                 for slot in done:
                     active.remove(slot)
-                    llama_cpp.llama_memory_seq_rm(mem, slot.seq, -1, -1)
-                    llama_cpp.llama_sampler_free(slot.chain)
+                    model.drop_sequence(slot.seq)
+                    model.free_sampler(slot.chain)
                     slot.chain = None
                     heapq.heappush(free, slot.seq)
                     yield self._result(slot, t_end)
         finally:
             for slot in active:
                 if slot.chain is not None:
-                    llama_cpp.llama_sampler_free(slot.chain)
+                    model.free_sampler(slot.chain)
                     slot.chain = None
-            if model._ctx is not None:
+            if not model.closed:
                 model.reset()
 
     def _refuse(self, job: SeqJob) -> str | None:
@@ -312,10 +311,10 @@ class BatchDecoder:
         self.stats.filler_tokens += len(fillers)
         self._batch.n_tokens = n
         t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self.model._ctx, self._batch)
+        rc = self.model.decode_batch(self._batch)
         self.stats.llama_decode_s += time.perf_counter() - t0
         for sid in fillers:
-            llama_cpp.llama_memory_seq_rm(self.model._mem, sid, -1, -1)
+            self.model.drop_sequence(sid)
         if rc != 0:
             if rc == 1:
                 raise ResourceError(
@@ -327,9 +326,8 @@ class BatchDecoder:
 
     def _sample(self, active: list[_Slot]) -> tuple[list[_Slot], int]:
         """Sample one token for every sequence that has logits this step; return those that finished."""
-        sample = llama_cpp.llama_sampler_sample
-        ctx = self.model._ctx
-        outs, learn = self.model._outs, self.model._learn  # the model's per-token cache (bytes, text, eog)
+        sample = self.model.sample
+        token_out = self.model.token_out  # cached per token: (bytes, text, eog)
         n_ctx_seq = self.n_ctx_seq
         clock = time.perf_counter
         done: list[_Slot] = []
@@ -337,7 +335,7 @@ class BatchDecoder:
         for s in active:
             if s.idx < 0:
                 continue
-            token = sample(s.chain, ctx, s.idx)
+            token = sample(s.chain, s.idx)
             n_sampled += 1
             now = clock()
             st = s.stats
@@ -348,7 +346,7 @@ class BatchDecoder:
             if s.n_gen == 0 and st.first_token_s is None:
                 s.t_first = now
                 st.first_token_s = now - s.t_admit
-            raw, _, is_eog = outs.get(token) or learn(token)
+            raw, _, is_eog = token_out(token)
             if is_eog and not s.ignore_eos:
                 st.finish_reason = "stop"
                 self._flush(s)

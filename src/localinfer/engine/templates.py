@@ -1,22 +1,156 @@
 """Turning messages into a prompt: the GGUF's own chat template, rendered only in a sandbox.
 
-llama-cpp-python's Jinja2ChatFormatter renders in jinja2's ImmutableSandboxedEnvironment; a template
-that reaches for Python internals (``cycler.__init__.__globals__``...) raises a SecurityError, which
-we turn into a clear refusal. A model without a template uses the registry's ``chat_format`` (one of
+Templates are rendered in jinja2's ``ImmutableSandboxedEnvironment`` (as llama.cpp's and
+llama-cpp-python's are, with the same globals): a template that reaches for Python internals
+(``cycler.__init__.__globals__``...) raises a SecurityError, which we turn into a clear refusal.
+A template is also bounded: in the loops it can run, the strings it can build and write, and the
+time it can take. A model without a template uses the registry's ``chat_format`` (one of
 llama-cpp-python's named formats) or, failing that, plain completion.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from localinfer.errors import InvalidModelError, UsageError
 
+# Bounds on one render, far above what any real template needs for a long conversation.
+MAX_RANGE_ITEMS = 1_000_000  # range() items over a whole render (a loop over messages needs none)
+MAX_OUTPUT_CHARS = 64 * 1024 * 1024  # what it may write, and the longest string it may build
+MAX_RENDER_S = 5.0
+
 
 class TemplateRefusedError(InvalidModelError):
-    """The model's chat template tried something the sandbox forbids, or is broken."""
+    """The model's chat template tried something the sandbox forbids, exceeded its bounds, or is broken."""
+
+
+class _Budget:
+    """What one render has left; the sandbox's hooks spend it."""
+
+    def __init__(self, input_chars: int) -> None:
+        self.range_items = MAX_RANGE_ITEMS
+        self.chars = MAX_OUTPUT_CHARS + 2 * input_chars  # room for the conversation itself
+        self.deadline = time.monotonic() + MAX_RENDER_S
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise _Exceeded(f"rendering took over {MAX_RENDER_S:g} s")
+
+
+class _Exceeded(Exception):
+    pass
+
+
+_BUDGET = "_localinfer_budget"  # the render's _Budget, passed in its context (renders may run on several threads)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment_class() -> type:
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class IgnoreGenerationTags(jinja2.ext.Extension):
+        """Hugging Face's ``{% generation %}`` tag passes its body through (as transformers does)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):  # noqa: ANN001, ANN201
+            parser.stream.skip(1)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "+"})
+        extension_classes = (IgnoreGenerationTags, jinja2.ext.loopcontrols)
+
+        def call_binop(self, context, operator, left, right):  # noqa: ANN001, ANN201
+            budget = context.get(_BUDGET)
+            if isinstance(budget, _Budget):
+                budget.check_time()
+                if operator == "**" and isinstance(right, int) and abs(right) > 1024:
+                    raise _Exceeded("an exponent over 1024")
+                seqs = (str, list, tuple)
+                if operator == "*" and isinstance(left, seqs) != isinstance(right, seqs):
+                    seq, times = (left, right) if isinstance(left, seqs) else (right, left)
+                    if isinstance(times, int) and len(seq) * times > budget.chars:
+                        raise _Exceeded("a string or list longer than the render's limit")
+            return super().call_binop(context, operator, left, right)
+
+    return BoundedSandbox
+
+
+def _bounded_range(context: Any, *args: int) -> range:
+    """range(), counted against the render's budget: nested loops cannot run without end."""
+    r = range(*args)
+    budget = context.get(_BUDGET)
+    if isinstance(budget, _Budget):
+        budget.range_items -= len(r)
+        budget.check_time()
+        if budget.range_items < 0:
+            raise _Exceeded(f"loops over more than {MAX_RANGE_ITEMS:,} range() items")
+    return r
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(message)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(template: str) -> Any:
+    """The template compiled once per process (~2-3 ms), not at every chat turn."""
+    import jinja2
+
+    cls = _environment_class()
+    env = cls(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True, extensions=cls.extension_classes)
+    env.filters["tojson"] = _tojson
+    env.globals["range"] = jinja2.pass_context(_bounded_range)
+    return env.from_string(template)
+
+
+def render_template(template: str, messages: list[dict[str, Any]], **variables: Any) -> str:
+    """``template`` rendered with ``messages`` and ``variables``, within the bounds above."""
+    import jinja2
+
+    compiled = _compile(template)
+    budget = _Budget(sum(len(str(m.get("content") or "")) for m in messages))
+    out: list[str] = []
+    try:
+        for piece in compiled.generate(
+            messages=messages, raise_exception=_raise_exception,
+            strftime_now=lambda f: datetime.now().strftime(f), **{_BUDGET: budget}, **variables,
+        ):  # fmt: skip
+            budget.chars -= len(piece)
+            if budget.chars < 0:
+                raise _Exceeded("its output is longer than the render's limit")
+            budget.check_time()
+            out.append(piece)
+    except jinja2.exceptions.SecurityError as exc:
+        raise TemplateRefusedError(
+            f"the model's chat template was refused by the sandbox: {exc}",
+            hint="this GGUF's template tries to reach Python internals; do not trust this file",
+        ) from None
+    except (_Exceeded, RecursionError, MemoryError, OverflowError) as exc:
+        why = "it recurses without end" if isinstance(exc, RecursionError) else str(exc) or type(exc).__name__
+        raise TemplateRefusedError(
+            f"the model's chat template was stopped: {why}",
+            hint="this GGUF's template does not end in reasonable time or size; use --raw, or another file",
+        ) from None
+    except jinja2.exceptions.TemplateError as exc:
+        raise TemplateRefusedError(f"the model's chat template failed: {exc}", hint="use --raw for plain completion") from None
+    except ValueError as exc:  # the template's own raise_exception(): it rejects these messages
+        raise UsageError(
+            f"the model's chat template rejected the conversation: {exc}",
+            hint="check the roles (system/user/assistant alternate), or use --raw",
+        ) from None
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -37,34 +171,14 @@ class ChatTemplate:
     eos_text: str = ""
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> ChatPrompt:
-        from localinfer.engine.bindings import chat_format
-
-        llama_chat_format = chat_format()
         if self.template is not None:
-            import jinja2
-
-            try:
-                formatter = _jinja_formatter(self.template, self.eos_text, self.bos_text, add_generation_prompt)
-                result = formatter(messages=messages)
-            except jinja2.exceptions.SecurityError as exc:
-                raise TemplateRefusedError(
-                    f"the model's chat template was refused by the sandbox: {exc}",
-                    hint="this GGUF's template tries to reach Python internals; do not trust this file",
-                ) from None
-            except jinja2.exceptions.TemplateError as exc:
-                raise TemplateRefusedError(
-                    f"the model's chat template failed: {exc}",
-                    hint="use --raw for plain completion",
-                ) from None
-            except ValueError as exc:  # the template's own raise_exception(): it rejects these messages
-                raise UsageError(
-                    f"the model's chat template rejected the conversation: {exc}",
-                    hint="check the roles (system/user/assistant alternate), or use --raw",
-                ) from None
-            stops = tuple(s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s)
-            return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
-        name = (self.format_name or "").replace("-", "_").replace(".", "_")
-        fn = getattr(llama_chat_format, f"format_{name}", None)
+            text = render_template(
+                self.template, messages, eos_token=self.eos_text, bos_token=self.bos_text,
+                add_generation_prompt=add_generation_prompt,
+            )  # fmt: skip
+            # The template writes BOS itself where it wants one (llama-cpp-python: added_special).
+            return ChatPrompt(text, (self.eos_text,) if self.eos_text else (), add_special=False)
+        fn = getattr(_named_formats(), f"format_{_format_key(self.format_name)}", None)
         if fn is None:
             raise UsageError(f"unknown chat format {self.format_name!r}")
         result = fn(messages=messages)
@@ -72,19 +186,17 @@ class ChatTemplate:
         return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
 
 
-@functools.lru_cache(maxsize=8)
-def _jinja_formatter(template: str, eos_text: str, bos_text: str, add_generation_prompt: bool):  # noqa: ANN202
-    """llama-cpp-python's formatter for a template, compiled once (~2-3 ms) rather than at every chat
-    turn; it keeps no state between renders."""
-    from localinfer.engine.bindings import chat_format
+def _format_key(name: str | None) -> str:
+    return (name or "").replace("-", "_").replace(".", "_")
 
-    return chat_format().Jinja2ChatFormatter(
-        template=template, eos_token=eos_text, bos_token=bos_text, add_generation_prompt=add_generation_prompt
-    )
+
+def _named_formats() -> Any:
+    """llama-cpp-python's named chat formats (a registry entry's ``chat_format``, for a GGUF without
+    a template): the whole package is imported only here."""
+    from llama_cpp import llama_chat_format
+
+    return llama_chat_format
 
 
 def known_chat_formats() -> list[str]:
-    from localinfer.engine.bindings import chat_format
-
-    llama_chat_format = chat_format()
-    return sorted(n[len("format_") :] for n in dir(llama_chat_format) if n.startswith("format_"))
+    return sorted(n[len("format_") :] for n in dir(_named_formats()) if n.startswith("format_"))

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from localinfer.cost import Pricing, format_money
+from localinfer.usage.cost import Pricing, format_money
 from localinfer.render.term import is_tty
 
 FORMATS = ("table", "json", "jsonl", "csv", "md")

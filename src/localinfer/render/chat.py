@@ -14,8 +14,8 @@ from localinfer.units import human_duration as ms
 from localinfer.units import human_rate as tps
 
 if TYPE_CHECKING:
-    from localinfer.conversation import Conversation
-    from localinfer.inference import Result
+    from localinfer.chat.conversation import Conversation
+    from localinfer.generate import Result
 
 HELP = '''Commands:
   /help                this list (also /?)

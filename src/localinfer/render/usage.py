@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-from localinfer.cost import format_money
+from localinfer.usage.cost import format_money
 from localinfer.render.term import is_tty
 
 _BLOCKS = " ▏▎▍▌▋▊▉█"

@@ -14,7 +14,8 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from localinfer.units import human_bytes as human_size
+
+from localinfer.units import human_bytes as human_size  # noqa: F401 - re-exported for the CLI
 
 try:
     import fcntl

@@ -45,8 +45,8 @@ def list_models() -> dict[str, Any]:
 
 def available_models() -> list[dict[str, Any]]:
     """Every registry name, and whether it is installed (or shipped by an installed package)."""
-    from localinfer.registry import load_registry
-    from localinfer.store.packages import is_installed
+    from localinfer.store.registry import load_registry
+    from localinfer.store.sources.packages import is_installed
 
     registry = load_registry()
     installed = Store().entries()
@@ -138,7 +138,7 @@ class Verification:
 
 def verify_models(name: str | None = None, progress: ProgressSink | None = None) -> list[Verification]:
     """Re-hash every file of one (or every) installed model against its recorded sha256."""
-    from localinfer.store.resolve import verify_file
+    from localinfer.store.install import verify_file
 
     store = Store()
     entries = store.entries()

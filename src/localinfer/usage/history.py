@@ -24,7 +24,7 @@ from localinfer import paths
 if TYPE_CHECKING:
     import sqlite3
 
-    from localinfer.inference import Result
+    from localinfer.generate import Result
     from localinfer.store import ResolvedModel
 
 DB_NAME = "history.db"

@@ -1,7 +1,7 @@
 """Before loading: pick the context size and GPU layers, and refuse what will not fit in memory.
 
 :func:`plan_load` turns the user's options (``--ctx-size`` or the default, ``--gpu-layers
-auto|all|N``) and the machine's :class:`~localinfer.hardware.MemoryBudget` into a :class:`LoadPlan`:
+auto|all|N``) and the machine's :class:`~localinfer.system.hardware.MemoryBudget` into a :class:`LoadPlan`:
 the exact ``n_ctx`` and ``n_gpu_layers`` to hand llama.cpp, with the memory estimate behind them.
 When the estimate exceeds what is available it raises :class:`ResourceError` (exit 6) with the
 figures and what to change, unless ``force``.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from localinfer.engine.types import DEFAULT_CTX_CEILING, LoadOptions
 from localinfer.errors import ResourceError, UsageError
-from localinfer.estimate import (
+from localinfer.system.estimate import (
     CTX_PAD,
     DEFAULT_GPU_HEADROOM,
     GPU_LAYERS_AUTO,
@@ -31,7 +31,7 @@ from localinfer.units import human_bytes as human
 
 if TYPE_CHECKING:
     from localinfer.gguf import GGUFInfo
-    from localinfer.hardware import MemoryBudget
+    from localinfer.system.hardware import MemoryBudget
 
 MIN_DEFAULT_CTX = 512  # the default context is reduced to fit memory, but not below this
 _QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
@@ -147,7 +147,7 @@ def plan_load(
             hint="use --flash-attn auto (or on), or --cache-type-v f16",
         )
     if budget is None:
-        from localinfer.hardware import memory_budget
+        from localinfer.system.hardware import memory_budget
 
         budget = memory_budget()
     name = name or info.path.name

@@ -27,12 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localinfer.chat_settings import ChatSettings, Totals
+from localinfer.chat.settings import ChatSettings, Totals
 from localinfer.errors import ContextOverflowError, UsageError
 
 if TYPE_CHECKING:
     from localinfer.engine.templates import ChatPrompt
-    from localinfer.inference import LoadedModel, Result
+    from localinfer.generate import LoadedModel, Result
 
 Write = Callable[[str], None]
 Notify = Callable[[str], None]
@@ -181,7 +181,7 @@ class Conversation:
 
     def _answer(self, write: Write) -> Result:
         """Answer the history's last (user) message."""
-        from localinfer import inference
+        from localinfer import generate
 
         try:
             prompt, full = self._fit()
@@ -189,13 +189,13 @@ class Conversation:
         except BaseException:
             self.history.pop()
             raise
-        request = inference.Request(
+        request = generate.Request(
             max_tokens=self.settings.max_tokens, stop=self.settings.stop, sampling=self.settings.sampling
         )
         load_s, self._load_s = self._load_s, 0.0
         self._anchor = (prompt.text, list(tokens))
         try:
-            result = inference.generate(self.loaded, request, write, load_s=load_s, prompt=(tokens, prompt.stop, 0))
+            result = generate.generate(self.loaded, request, write, load_s=load_s, prompt=(tokens, prompt.stop, 0))
         except KeyboardInterrupt as exc:
             result = getattr(exc, "partial_result", None)
             if result is None:

@@ -13,7 +13,7 @@ from localinfer.engine.types import SamplingOptions
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
-    from localinfer.inference import Result
+    from localinfer.generate import Result
 
 # -- settings --------------------------------------------------------------------------------------
 

@@ -229,7 +229,7 @@ def download(
     """
     from huggingface_hub.utils import build_hf_headers
 
-    from localinfer.store import transfer
+    from localinfer.store.sources import transfer
 
     headers = build_hf_headers(token=(token() or False) if meta.send_auth else False)
     auth = headers.pop("authorization", None) or headers.pop("Authorization", None)

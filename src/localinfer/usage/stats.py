@@ -17,8 +17,8 @@ from localinfer.errors import UsageError
 from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
-    from localinfer.cost import Pricing
-    from localinfer.history import UsageRecord
+    from localinfer.usage.cost import Pricing
+    from localinfer.usage.history import UsageRecord
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MAX_FILLED_DAYS = 62  # a per-day chart shows empty days between the first and the last, up to this many

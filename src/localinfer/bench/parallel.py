@@ -18,15 +18,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.bench import BENCH_SAMPLING, ModelFacts, Progress, bos_token, build_version, mean_sd, random_tokens
+from localinfer.bench.method import BENCH_SAMPLING, ModelFacts, Progress, bos_token, build_version, mean_sd, random_tokens
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_ms as _ms
 from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
-    from localinfer.cost import Pricing
-    from localinfer.engine.llama import Model
+    from localinfer.usage.cost import Pricing
+    from localinfer.engine.model import Model
     from localinfer.store import ResolvedModel
 
 
@@ -48,7 +48,7 @@ class ParallelRep:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    from localinfer.usage import percentile as pct
+    from localinfer.usage.stats import percentile as pct
 
     return pct(values, q)
 
@@ -115,7 +115,7 @@ class ParallelResult:
 
     def cost(self, pricing: Pricing) -> dict[str, Any] | None:
         """Per million generated tokens at the aggregate rate; a request's share of the wall time."""
-        from localinfer.cost import for_workload
+        from localinfer.usage.cost import for_workload
 
         avg = mean_sd([r.tps for r in self.reps])[0]
         wall = sum(r.wall_s for r in self.reps) / len(self.reps)
@@ -182,7 +182,7 @@ def run_parallel(
 ) -> Iterator[ParallelResult]:
     """Every shape at every level, for every model and configuration (one load per level)."""
     from localinfer.batchjob import batch_load_options
-    from localinfer.engine.llama import Model
+    from localinfer.engine.model import Model
 
     per_seq = max(p + n for p, n in shapes) + 1
     build = build_version()

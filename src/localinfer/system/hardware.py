@@ -316,7 +316,7 @@ def llama_facts() -> dict:
 
 def _llama_gpu_free() -> tuple[bool, int | None, bool]:
     """(offload supported, free bytes over llama.cpp's GPU devices or None, unified memory)."""
-    from localinfer.engine import llama as engine
+    from localinfer.engine import backend as engine
 
     if not engine.supports_gpu_offload():
         return False, None, False

@@ -46,7 +46,7 @@ def _load_toml(path: Path) -> dict:
 
 
 def _packaged_registry_path() -> Path:
-    return Path(__file__).with_name("models.toml")
+    return Path(__file__).parent.parent / "models.toml"  # the package's own: src/localinfer/models.toml
 
 
 def validate_name(name: str) -> str:

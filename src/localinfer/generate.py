@@ -6,10 +6,9 @@ The engine module is imported inside functions so that importing this module sta
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +18,11 @@ from localinfer.units import json_ms as _ms
 from localinfer.units import json_number as _round
 
 if TYPE_CHECKING:
-    from localinfer.engine.llama import Model
+    from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.estimate import BufferReport
-    from localinfer.hardware import MemoryBudget
-    from localinfer.preflight import LoadPlan
+    from localinfer.system.estimate import BufferReport
+    from localinfer.system.hardware import MemoryBudget
+    from localinfer.system.preflight import LoadPlan
     from localinfer.store import ResolvedModel
 
 Warn = Callable[[str], None]
@@ -31,6 +30,13 @@ Warn = Callable[[str], None]
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (the model's mmapped pages included)."""
+    try:
+        import resource  # POSIX only
+    except ImportError:  # Windows: psutil gives the peak working set there
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return int(getattr(info, "peak_wset", 0) or info.rss)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
@@ -56,25 +62,18 @@ def load(
     *,
     force: bool = False,
     budget: MemoryBudget | None = None,
-    chat: bool = False,
 ) -> LoadedModel:
     """Pre-flight, load the model and pick its chat format (the GGUF's template, else the registry's).
-    ``chat``: a prompt will be rendered with it; its formatter is imported while the weights load.
 
-    The pre-flight (localinfer.preflight.plan_load) sizes the context and the GPU layers and raises
+    The pre-flight (localinfer.system.preflight.plan_load) sizes the context and the GPU layers and raises
     ResourceError when the memory estimate exceeds what is available, unless ``force``.
     """
-    from localinfer.engine.llama import Model
+    from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.estimate import parse_buffer_report
-    from localinfer.preflight import plan_load
+    from localinfer.system.estimate import parse_buffer_report
+    from localinfer.system.preflight import plan_load
 
     plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
-    if chat and (resolved.info.chat_template or resolved.chat_format):
-        from localinfer.engine.bindings import chat_format_ahead
-        from localinfer.engine.llama import weights_loading
-
-        chat_format_ahead(after=weights_loading())  # not beside that load: it would slow it down
     model = Model(resolved.path, plan.apply(options))
     template: ChatTemplate | None = None
     gguf_template = model.chat_template
@@ -229,6 +228,50 @@ def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tupl
     )
 
 
+class Generation:
+    """One answer, streamed: iterate for its text pieces; ``result`` is complete once the iteration
+    ends, however it ends (the last piece, an exception, or the consumer closing it early).
+
+    TTFT runs from this object's creation (the request, after loading) to the first non-empty text
+    handed out. ``prompt``: tokens, stops and dropped count already built (as build_prompt returns
+    them; chat splices its turns onto the cached tokens).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        request: Request,
+        *,
+        load_s: float = 0.0,
+        prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None,
+    ) -> None:
+        self._t_request = time.perf_counter()
+        stats = GenerationStats()
+        tokens, stops, dropped = prompt if prompt is not None else build_prompt(loaded, request)
+        stats.truncated_tokens = dropped
+        mode = "raw" if request.raw_text is not None else "chat"
+        self.result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode, plan=loaded.plan, buffers=loaded.buffers)
+        self._steps = loaded.model.generate(
+            tokens, request.sampling, stats, max_tokens=request.max_tokens,
+            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
+        )  # fmt: skip
+
+    def __iter__(self) -> Iterator[str]:
+        result, pieces = self.result, []
+        try:
+            for step in self._steps:
+                if step.text:
+                    if result.ttft_s is None:
+                        result.ttft_s = time.perf_counter() - self._t_request
+                    yield step.text
+                    pieces.append(step.text)  # only once the consumer took it (it may raise instead)
+        finally:
+            self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
+            result.text = "".join(pieces)
+            result.total_s = time.perf_counter() - self._t_request
+            result.peak_rss = peak_rss_bytes()
+
+
 def generate(
     loaded: LoadedModel,
     request: Request,
@@ -237,44 +280,21 @@ def generate(
     load_s: float = 0.0,
     prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None,
 ) -> Result:
-    """Stream one answer through ``write`` and return what was measured.
-
-    TTFT runs from the start of this call (the request, after loading) to the first non-empty
-    text handed to ``write``. If ``write`` or the user interrupts, ``stats`` stays correct for
-    what was produced; the exception propagates (a KeyboardInterrupt carries the partial Result
-    as ``partial_result``). ``prompt``: tokens, stops and dropped count already built (as
-    build_prompt returns them; chat splices its turns onto the cached tokens).
-    """
-    t_request = time.perf_counter()
-    stats = GenerationStats()
-    tokens, stops, dropped = prompt if prompt is not None else build_prompt(loaded, request)
-    stats.truncated_tokens = dropped
-    stop = tuple(dict.fromkeys((*request.stop, *stops)))
-    pieces: list[str] = []
-    ttft: float | None = None
-    mode = "raw" if request.raw_text is not None else "chat"
-    result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode, plan=loaded.plan, buffers=loaded.buffers)
-    steps = loaded.model.generate(
-        tokens, request.sampling, stats, max_tokens=request.max_tokens, stop=stop, ignore_eos=request.ignore_eos
-    )
+    """Stream one answer through ``write`` and return what was measured (``Generation``). If ``write``
+    or the user interrupts, the stats stay correct for what was produced; a KeyboardInterrupt
+    carries the partial Result as ``partial_result``."""
+    gen = Generation(loaded, request, load_s=load_s, prompt=prompt)
+    pieces = iter(gen)
     try:
-        for step in steps:
-            if not step.text:
-                continue
-            write(step.text)
-            pieces.append(step.text)
-            if ttft is None:
-                ttft = time.perf_counter() - t_request
+        for text in pieces:
+            write(text)
     except KeyboardInterrupt as exc:
-        exc.partial_result = result  # type: ignore[attr-defined]  # chat keeps an interrupted answer
+        pieces.close()
+        exc.partial_result = gen.result  # type: ignore[attr-defined]  # chat keeps an interrupted answer
         raise
     finally:
-        steps.close()  # when ``write`` raised, the engine finishes its stats and cache bookkeeping now
-        result.text = "".join(pieces)
-        result.ttft_s = ttft
-        result.total_s = time.perf_counter() - t_request
-        result.peak_rss = peak_rss_bytes()
-    return result
+        pieces.close()
+    return gen.result
 
 
 def messages_for(prompt: str, system: str | None, history: Sequence[dict[str, Any]] = ()) -> tuple[dict[str, Any], ...]:

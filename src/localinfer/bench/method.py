@@ -3,7 +3,7 @@
 Like llama-bench: random prompt tokens (the first one BOS when the model adds one), the end of
 generation disabled so every repetition generates exactly ``n`` tokens, one warm-up, ``reps``
 repetitions, mean and sample standard deviation of the per-repetition rates. Unlike a separate
-harness, every token goes through ``engine.llama.Model.generate`` - the code path of ``run`` -
+harness, every token goes through ``engine.model.Model.generate`` - the code path of ``run`` -
 and the time spent inside ``llama_decode`` is reported next to it ("raw"), so our own per-token
 overhead shows. Exact definitions of pp, tg, pp+tg and depth: the README ("Benchmarking").
 """
@@ -23,8 +23,8 @@ from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
-    from localinfer.cost import Pricing
-    from localinfer.engine.llama import Model
+    from localinfer.usage.cost import Pricing
+    from localinfer.engine.model import Model
     from localinfer.store import ResolvedModel
 
 Progress = Callable[[str], None]
@@ -183,7 +183,7 @@ class BenchResult:
 
     def cost(self, pricing: Pricing) -> dict[str, Any] | None:
         """Per million of the tokens this test counts, per repetition, and the API's price for the same."""
-        from localinfer.cost import for_workload
+        from localinfer.usage.cost import for_workload
 
         t = self.test
         return for_workload(pricing, tokens_per_second=self.avg_ts, request_seconds=self.mean_seconds,
@@ -376,7 +376,7 @@ def run_bench(
     """
     import datetime
 
-    from localinfer.engine.llama import Model
+    from localinfer.engine.model import Model
 
     build = build_version()
     for resolved in models:

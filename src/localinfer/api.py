@@ -1,0 +1,197 @@
+"""The library API: ``localinfer.load(name)`` gives a model that streams, completes and chats.
+
+The CLI's commands run on these same calls (resolve, pre-flight and load; one request streamed),
+so a Python user gets exactly what ``localinfer run`` does, without the terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.errors import UsageError
+
+if TYPE_CHECKING:
+    from localinfer.generate import LoadedModel, Request, Result
+    from localinfer.store import ResolvedModel
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What one answer measured (README, "Metrics"); None where nothing was measured."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    load_ms: float | None
+    total_ms: float
+    finish_reason: str | None
+
+    @classmethod
+    def of(cls, result: Result) -> Stats:
+        s = result.stats
+        return cls(
+            prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens,
+            ttft_ms=None if result.ttft_s is None else result.ttft_s * 1000, prefill_tokens_per_s=s.prefill_tps,
+            decode_tokens_per_s=s.decode_tps, load_ms=result.load_s * 1000 if result.load_s else None,
+            total_ms=result.total_s * 1000, finish_reason=s.finish_reason,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a streamed answer. The last chunk of a stream has empty ``text`` and carries the
+    ``stats`` and the full ``result`` (``None`` on every other chunk)."""
+
+    text: str
+    stats: Stats | None = None
+    result: Result | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    """A whole answer."""
+
+    text: str
+    finish_reason: str | None
+    stats: Stats
+    result: Result
+
+
+Messages = Sequence[dict[str, Any]]
+
+
+class Model:
+    """A model loaded for answering (``localinfer.load``). Close it, or use it as a context manager,
+    to free its memory at once."""
+
+    def __init__(self, loaded: LoadedModel, load_s: float) -> None:
+        self.loaded = loaded
+        self.load_s = load_s
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.loaded.template is not None
+
+    def request(
+        self,
+        prompt: str | Messages,
+        *,
+        system: str | None = None,
+        raw: bool = False,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        repeat_penalty: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        on_overflow: str = "error",
+        ignore_eos: bool = False,
+        sampling: SamplingOptions | None = None,
+    ) -> Request:
+        """The request ``stream`` runs: a string is a user message through the chat template (plain
+        completion with ``raw`` or where the model has none); a list is the conversation itself.
+        ``sampling``: all the sampler's settings at once, instead of one by one."""
+        from localinfer.generate import Request, messages_for
+
+        if sampling is None:
+            given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+                     "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
+            sampling = SamplingOptions(**{k: v for k, v in given.items() if v is not None})
+        common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
+                                      on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+        if not isinstance(prompt, str):
+            if raw or self.loaded.template is None:
+                raise UsageError(f"{self.name} has no chat template to format messages with", hint="pass a string")
+            return Request(messages=tuple(prompt), **common)
+        if raw or self.loaded.template is None:
+            return Request(raw_text=f"{system}\n\n{prompt}" if system else prompt, **common)
+        return Request(messages=messages_for(prompt, system), **common)
+
+    def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
+        """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""
+        return self.stream_request(self.request(prompt, **options))
+
+    def stream_request(self, request: Request) -> Iterator[Chunk]:
+        from localinfer.generate import Generation
+
+        gen = Generation(self.loaded, request, load_s=self.load_s)
+        self.load_s = 0.0  # the load is counted once, in the first answer
+        pieces = iter(gen)
+        try:
+            for text in pieces:
+                yield Chunk(text)
+        except KeyboardInterrupt as exc:
+            pieces.close()
+            exc.partial_result = gen.result  # type: ignore[attr-defined]  # what was generated, measured
+            raise
+        finally:
+            pieces.close()
+        yield Chunk("", Stats.of(gen.result), gen.result)
+
+    def generate(self, prompt: str | Messages, **options: Any) -> Response:
+        """The whole answer at once."""
+        last = Chunk("")
+        for last in self.stream(prompt, **options):
+            pass
+        assert last.result is not None and last.stats is not None
+        return Response(last.result.text, last.result.finish_reason, last.stats, last.result)
+
+    def chat(self, messages: Messages, **options: Any) -> Response:
+        """The assistant's reply to a conversation (a list of ``{"role", "content"}``)."""
+        if isinstance(messages, str):
+            raise UsageError("chat() takes a list of messages", hint="use generate() for a string")
+        return self.generate(messages, **options)
+
+    def close(self) -> None:
+        self.loaded.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(
+    name: str | None = None,
+    *,
+    options: LoadOptions | None = None,
+    offline: bool = False,
+    force: bool = False,
+    on_note: Callable[[str], None] | None = None,
+    **load_options: Any,
+) -> Model:
+    """Resolve ``name`` as the CLI does (a registry name, an installed model or a .gguf path; None
+    for the default), pulling it if needed, then pre-flight and load it. ``load_options``: fields
+    of LoadOptions (``n_ctx=2048``, ``n_threads=4``, ``n_gpu_layers=-1``...). ``on_note``: receives
+    the pre-flight's notes (a context made smaller to fit...)."""
+    from localinfer.store import resolve_model
+
+    return load_resolved(resolve_model(name, offline=offline), options or LoadOptions(**load_options), force=force, on_note=on_note)
+
+
+def load_resolved(
+    resolved: ResolvedModel, options: LoadOptions, *, force: bool = False, on_note: Callable[[str], None] | None = None
+) -> Model:
+    import time
+
+    from localinfer.generate import load as load_model
+
+    t0 = time.perf_counter()
+    loaded = load_model(resolved, options, force=force)
+    model = Model(loaded, time.perf_counter() - t0)
+    for note in loaded.plan.notes if loaded.plan and on_note else ():
+        on_note(note)  # type: ignore[misc]
+    return model

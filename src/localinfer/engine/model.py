@@ -1,0 +1,417 @@
+"""A GGUF model loaded into llama.cpp, and generation with it (through llama-cpp-python's
+low-level bindings; process-wide state and machine facts are in ``engine.backend``).
+
+We drive llama.cpp directly - one batch per decode, the native sampler chain, our own KV-cache
+bookkeeping - instead of going through ``llama_cpp.Llama``: it keeps the per-token overhead near
+zero, lets us time prefill and decode exactly, and reuse the cache across chat turns.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from localinfer.engine.backend import (
+    cpu_repack_enabled,
+    default_threads,
+    ensure_backend,
+    llama_cpp,
+    load_mode,
+    stdout_to_stderr,
+)
+from localinfer.engine.load_errors import diagnose_load_failure
+from localinfer.engine.sampling import build_sampler, free_sampler
+from localinfer.engine.stopping import StopMatcher
+from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, SamplingOptions, Step
+from localinfer.errors import GenerationError, ResourceError
+
+_GGML_BF16 = 30  # enum ggml_type: llama-cpp-python names no BF16
+_CACHE_TYPES = {
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "bf16": _GGML_BF16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "q4_1": llama_cpp.GGML_TYPE_Q4_1,
+    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+    "q5_1": llama_cpp.GGML_TYPE_Q5_1,
+}
+_FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+def _model_params(options: LoadOptions) -> Any:
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 2**31 - 1
+    mparams.load_mode = load_mode(options.use_mmap, options.use_mlock)
+    mparams.use_extra_bufts = cpu_repack_enabled(options.cpu_repack)
+    return mparams
+
+
+def _context_params(options: LoadOptions, n_ctx: int) -> Any:
+    threads = options.n_threads or default_threads()
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = min(options.n_batch, n_ctx) if options.n_seq_max == 1 else options.n_batch
+    cparams.n_ubatch = min(options.n_ubatch, cparams.n_batch)
+    cparams.n_seq_max = options.n_seq_max
+    cparams.n_threads = threads
+    cparams.n_threads_batch = options.n_threads_batch or threads
+    cparams.flash_attn_type = _FLASH_ATTN[options.flash_attn]
+    cparams.type_k = _CACHE_TYPES[options.cache_type_k]
+    cparams.type_v = _CACHE_TYPES[options.cache_type_v]
+    cparams.no_perf = True
+    return cparams
+
+
+class Model:
+    """A loaded GGUF model with one context (``n_seq_max`` sequences share it)."""
+
+    def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> None:
+        self.path = Path(path)
+        self.options = options
+        self._model = self._ctx = None
+        log = ensure_backend(options.verbose)
+        log_start = log.seq
+        t0 = time.perf_counter()
+        with stdout_to_stderr():
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), _model_params(options))
+        if not model:
+            raise diagnose_load_failure(log, self.path, "load", log_start)
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
+        n_ctx = options.n_ctx or min(self.n_ctx_train or DEFAULT_CTX_CEILING, DEFAULT_CTX_CEILING)
+        cparams = _context_params(options, n_ctx)
+        with stdout_to_stderr():
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            err = diagnose_load_failure(log, self.path, "create a context for", log_start)
+            self.close()
+            raise err
+        self._ctx = ctx
+        # llama.cpp's own figures for this load ("CPU KV buffer size = 11.25 MiB", "offloaded 31/31
+        # layers to GPU"): parsed by localinfer.system.estimate.parse_buffer_report.
+        self.memory_log = tuple(t for _, t in log.since(log_start) if "buffer size =" in t or "offloaded" in t)
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
+        self.n_seq_max = int(llama_cpp.llama_n_seq_max(ctx))
+        self.n_batch = int(cparams.n_batch)
+        self.n_threads = int(cparams.n_threads)
+        self.n_threads_batch = int(cparams.n_threads_batch)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.load_s = time.perf_counter() - t0
+        self._outs: dict[int, tuple[bytes, str | None, bool]] = {}  # see token_out
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._one = (llama_cpp.llama_token * 1)()
+        self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
+        self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx is None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        if sys.is_finalizing():  # the OS takes the memory back at exit, faster than freeing it piece by piece
+            return
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- model facts -------------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def n_layer(self) -> int:
+        return int(llama_cpp.llama_model_n_layer(self._model))
+
+    @property
+    def size_bytes(self) -> int:
+        return int(llama_cpp.llama_model_size(self._model))
+
+    @property
+    def n_params(self) -> int:
+        return int(llama_cpp.llama_model_n_params(self._model))
+
+    def token_text(self, token: int) -> str:
+        return self._piece(token, special=True).decode("utf-8", errors="replace")
+
+    @property
+    def bos_token(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self._vocab))
+
+    @property
+    def bos_text(self) -> str:
+        tok = self.bos_token
+        return self.token_text(tok) if tok >= 0 else ""
+
+    @property
+    def eos_text(self) -> str:
+        tok = llama_cpp.llama_vocab_eos(self._vocab)
+        return self.token_text(tok) if tok >= 0 else ""
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    # -- tokens --------------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            raise GenerationError("tokenization failed")
+        return list(arr[:n])
+
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_out(self, token: int) -> tuple[bytes, str | None, bool]:
+        """What a sampled token adds to the answer, cached: its bytes (control tokens render as
+        nothing), their text when they are whole UTF-8 characters on their own (else None: part of
+        a character split across tokens), and whether it ends generation."""
+        out = self._outs.get(token)
+        if out is None:
+            raw = self._piece(token)
+            try:
+                text: str | None = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            out = self._outs[token] = (raw, text, bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)))
+        return out
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a sampled token adds to the answer (control tokens render as nothing)."""
+        return self.token_out(token)[0]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- the public face for several sequences (engine.batch) ---------------------------------------
+    def new_sampler(self, opts: SamplingOptions, history: Sequence[int]) -> tuple[Any, int]:
+        """A native sampler chain for one sequence, and its seed; free it with ``free_sampler``."""
+        return build_sampler(opts, self.n_vocab, history)
+
+    free_sampler = staticmethod(free_sampler)
+
+    def decode_batch(self, batch: Any) -> int:
+        """``llama_decode`` on this model's context: 0 on success, 1 when the cache has no room."""
+        return int(llama_cpp.llama_decode(self._ctx, batch))
+
+    def sample(self, chain: Any, index: int) -> int:
+        """Sample from the logits of batch row ``index`` (-1: the last row)."""
+        return int(llama_cpp.llama_sampler_sample(chain, self._ctx, index))
+
+    def drop_sequence(self, seq: int) -> None:
+        """Free every KV cell of sequence ``seq``."""
+        llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    # -- KV cache of sequence 0 ----------------------------------------------------------------------
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    def reset(self) -> None:
+        """Forget everything in the KV cache (a new conversation)."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._tokens = []
+
+    def _reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Keep the longest cached prefix of ``prompt`` (at least one token is left to evaluate)."""
+        n = 0
+        limit = min(len(self._tokens), len(prompt) - 1)
+        cached = self._tokens
+        while n < limit and cached[n] == prompt[n]:
+            n += 1
+        if n < len(self._tokens):
+            if n == 0 or not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+                # Some caches (e.g. sliding-window attention) cannot drop a suffix: start over.
+                self.reset()
+                n = 0
+            else:
+                del self._tokens[n:]
+        return n
+
+    def _decode(self, tokens: Sequence[int]) -> None:
+        """Evaluate ``tokens`` on sequence 0, in batches of at most n_batch."""
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            arr = (llama_cpp.llama_token * len(chunk))(*chunk)
+            rc = llama_cpp.llama_decode(self._ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
+            if rc != 0:
+                self._decode_failed(rc)
+            self._tokens.extend(chunk)
+
+    def _decode_failed(self, rc: int) -> NoReturn:
+        self._resync()
+        if rc == 1:
+            raise ResourceError(f"the context is full ({self.n_ctx} tokens)", hint="use a larger --ctx-size")
+        raise GenerationError(f"llama_decode failed with code {rc}")
+
+    def _resync(self) -> None:
+        """Make our token list agree with the cache after an error or an interruption."""
+        n = int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+        if n == len(self._tokens):
+            return
+        # Ctrl-C usually lands just after a llama_decode returned, before its tokens were recorded:
+        # drop that unrecorded tail instead of the whole cache (chat reuses the rest next turn).
+        if n > len(self._tokens) > 0 and llama_cpp.llama_memory_seq_rm(self._mem, 0, len(self._tokens), -1):
+            return
+        self.reset()
+
+    # -- generation ----------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingOptions,
+        stats: GenerationStats,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+    ) -> Iterator[Step]:
+        """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer.
+
+        ``stats`` is filled in as the stream goes, so a consumer that stops early still has
+        correct figures. The last token sampled is not evaluated (nobody needs its logits).
+        """
+        if not prompt:
+            raise GenerationError("empty prompt: nothing to evaluate")
+        t_start = time.perf_counter()
+        stats.n_ctx = self.n_ctx
+        stats.prompt_tokens = len(prompt)
+        stats.finish_reason = None
+        try:
+            cached = self._reuse_prefix(prompt)
+            stats.cached_tokens = cached
+            t0 = time.perf_counter()
+            self._decode(prompt[cached:])
+            stats.prefill_s = time.perf_counter() - t0
+            chain, seed = build_sampler(sampling, self.n_vocab, prompt)
+            stats.extra["seed"] = seed
+            try:
+                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos)
+            finally:
+                free_sampler(chain)
+        except (KeyboardInterrupt, GeneratorExit):
+            stats.finish_reason = stats.finish_reason or "interrupted"
+            self._resync()
+            raise
+        finally:
+            stats.context_used = len(self._tokens)
+
+    def _sample_loop(
+        self,
+        chain: Any,
+        stats: GenerationStats,
+        t_start: float,
+        max_tokens: int | None,
+        stop: Sequence[str],
+        ignore_eos: bool,
+    ) -> Iterator[Step]:
+        # The per-token path: it runs with the CPU caches just flushed by llama_decode, so it touches
+        # little - one dict lookup per token, the decoder and stop matcher only when a piece needs them.
+        sample, decode = llama_cpp.llama_sampler_sample, llama_cpp.llama_decode
+        ctx, one, batch, cached = self._ctx, self._one, self._one_batch, self._tokens
+        outs, learn = self._outs, self.token_out
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        held = False  # the decoder holds the first bytes of a character split across tokens
+        matcher = StopMatcher(stop)
+        clock = time.perf_counter
+        n_ctx = self.n_ctx
+        limit = max_tokens if max_tokens is not None else n_ctx + 1
+        n_gen = 0
+        t_first = 0.0
+        if limit <= 0:
+            stats.finish_reason = "length"
+            return
+        while True:
+            token = sample(chain, ctx, -1)
+            now = clock()
+            if n_gen == 0:
+                t_first = now
+                stats.first_token_s = now - t_start
+            raw, text, eog = outs.get(token) or learn(token)
+            if eog and not ignore_eos:
+                stats.finish_reason = "stop"
+                break
+            n_gen += 1
+            stats.completion_tokens = n_gen
+            stats.decode_s = now - t_first
+            if text is None or held:
+                text = decoder.decode(raw)
+                held = bool(decoder.getstate()[0])
+            text, hit = matcher.feed(text)
+            if text or hit:
+                yield Step(text, token)
+            if hit:
+                stats.finish_reason = "stop"
+                return
+            if n_gen >= limit or len(cached) >= n_ctx:
+                stats.finish_reason = "length"
+                break
+            one[0] = token
+            t_call = clock()
+            rc = decode(ctx, batch)
+            stats.decode_calls_s += clock() - t_call
+            if rc != 0:
+                self._decode_failed(rc)
+            cached.append(token)
+        tail = matcher.flush() + decoder.decode(b"", final=True)
+        if tail:
+            yield Step(tail, None)

@@ -1,0 +1,1 @@
+"""Where model files come from: the Hugging Face Hub, HTTP transfers, and Python packages."""

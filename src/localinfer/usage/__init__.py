@@ -1,0 +1,1 @@
+"""The usage history (SQLite), its summaries and what the tokens would have cost."""
