@@ -244,3 +244,19 @@ def test_a_model_alive_as_the_process_ends_is_left_to_the_os(smollm2_path):
         "kept = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
     )
     assert run_python(code, str(smollm2_path)).stdout == "freed\ndropped\n"
+
+
+def test_our_log_callback_is_taken_back_after_the_whole_package_is_imported(smollm2_path):
+    # Importing llama-cpp-python whole (its named chat formats do) installs its own log callback,
+    # which prints every line to stderr; the next load must still report its buffers to us.
+    code = (
+        "import sys\n"
+        "from localinfer.engine.model import Model\n"
+        "from localinfer.engine.types import LoadOptions\n"
+        "Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=1)).close()\n"
+        "import llama_cpp.llama_chat_format\n"
+        "m = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=1))\n"
+        "print(any('KV buffer size' in line for line in m.memory_log))\n"
+    )
+    proc = run_python(code, str(smollm2_path))
+    assert proc.stdout.strip() == "True" and "buffer size" not in proc.stderr

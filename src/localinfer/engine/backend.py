@@ -35,6 +35,11 @@ class LlamaLog:
         self.seq = 0
         self.echo = False
         self._callback = llama_cpp.llama_log_callback(self._on_log)
+        self.install()
+
+    def install(self) -> None:
+        """Make this llama.cpp's log callback (again: importing the whole llama-cpp-python package
+        installs its own, which prints every line to stderr)."""
         llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
 
     def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -71,8 +76,16 @@ def ensure_backend(verbose: bool) -> LlamaLog:
     if _log is None:
         _log = LlamaLog()
         llama_cpp.llama_backend_init()
+    elif "llama_cpp._logger" in sys.modules:  # the whole package was imported since: it took the log over
+        _log.install()
     _log.echo = verbose
     return _log
+
+
+def reclaim_log() -> None:
+    """Make our callback llama.cpp's log again, if the backend is started (see LlamaLog.install)."""
+    if _log is not None:
+        _log.install()
 
 
 @contextlib.contextmanager

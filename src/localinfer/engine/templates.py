@@ -195,6 +195,9 @@ def _named_formats() -> Any:
     a template): the whole package is imported only here."""
     from llama_cpp import llama_chat_format
 
+    from localinfer.engine.backend import reclaim_log
+
+    reclaim_log()  # the package's import took llama.cpp's log over
     return llama_chat_format
 
 
