@@ -9,16 +9,6 @@ import sys
 import pytest
 
 
-def amx_twin_here() -> bool:
-    """Whether models here get the AMX decoding twin (engine.twin): on CPUs with AMX only."""
-    from localinfer.engine.backend import cpu_has_amx
-
-    return cpu_has_amx()
-
-
-needs_amx_twin = pytest.mark.skipif(not amx_twin_here(), reason="the AMX decoding twin exists on AMX CPUs only")
-
-
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     home = tmp_path / "localinfer-home"
@@ -76,3 +66,22 @@ def gemma_path(tmp_path_factory):
 def shared_home(tmp_path_factory):
     """A localinfer home shared by the subprocess tests of one session (so gemma is assembled once)."""
     return tmp_path_factory.mktemp("shared-home")
+
+
+@pytest.fixture
+def read_only_dir(tmp_path, monkeypatch):
+    """A folder this process may not write, for in-process tests (CliRunner): mode 0o555 and, as root
+    (whom modes do not stop, and tests here run as root), os.access answering as for anyone else."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if getattr(os, "geteuid", lambda: -1)() == 0:
+        real_access = os.access
+
+        def access(path, mode, *args, **kw):
+            inside = os.path.abspath(path) == str(folder) or os.path.abspath(path).startswith(str(folder) + os.sep)
+            return False if inside and mode & os.W_OK else real_access(path, mode, *args, **kw)
+
+        monkeypatch.setattr(os, "access", access)
+    yield folder
+    folder.chmod(0o755)  # so that pytest can remove it

@@ -7,8 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localinfer import batchio, batchjob
-from localinfer.batchio import BatchRequest, InputError, parse_input, prepare_resume
+from localinfer.batch import io as batchio
+
+from localinfer.batch import job as batchjob
+from localinfer.batch.io import BatchRequest, InputError, parse_input, prepare_resume
 from localinfer.errors import UsageError
 
 
@@ -215,7 +217,7 @@ def test_plain_progress_is_periodic_and_quiet_at_the_end():
 
 def test_a_template_the_sandbox_refuses_fails_the_job_up_front(tmp_path):
     from localinfer.engine.templates import ChatTemplate, TemplateRefusedError
-    from localinfer.inference import LoadedModel
+    from localinfer.generate import LoadedModel
 
     marker = tmp_path / "pwned"
     evil = "{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) + "').read() }}"
@@ -259,6 +261,34 @@ def test_usage_errors_exit_2_before_loading(tmp_path):
     assert result.exit_code == 2 and "--resume needs --output" in result.output
     result = runner.invoke(_app(), ["batch", str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 2 and "input file not found" in result.output
+
+
+def test_an_output_that_cannot_be_written_fails_before_loading(tmp_path, read_only_dir):
+    reqs = tmp_path / "r.txt"
+    reqs.write_text("hi\n")
+    missing = tmp_path / "no" / "dir"
+    cases = [
+        (missing / "out.jsonl", f"there is no folder {missing}"),
+        (tmp_path, "it is a folder"),
+        (read_only_dir / "out.jsonl", f"{read_only_dir} is not writable"),
+    ]
+    for out, problem in cases:  # an unknown model would be exit 3: these fail before resolving it
+        result = CliRunner().invoke(_app(), ["batch", str(reqs), "-o", str(out), "-m", "no-such-model"])
+        assert result.exit_code == 2, result.output
+        assert result.output == f"Error: cannot write --output {out}: {problem}\n  hint: pass a file in a folder you can write\n"
+    with pytest.raises(UsageError, match="cannot write --output .*: No such file or directory"):
+        batchio.JsonlSink(path=missing / "out.jsonl")  # what the check cannot foresee (a race) is one line too
+
+
+def test_an_output_in_a_missing_folder_through_the_real_entry_point(tmp_path):
+    from conftest import run_cli
+
+    reqs = tmp_path / "r.txt"
+    reqs.write_text("hi\n")
+    proc = run_cli("batch", str(reqs), "-o", "/nonexistent/dir/out.jsonl", timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and proc.stdout == b"", err
+    assert err.startswith("Error: cannot write --output /nonexistent/dir/out.jsonl: there is no folder /nonexistent/dir\n")
 
 
 def test_resume_with_everything_done_needs_no_model(tmp_path):

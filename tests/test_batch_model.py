@@ -13,10 +13,10 @@ import time
 import pytest
 from conftest import run_cli
 
-from localinfer import batchjob
+from localinfer.batch import job as batchjob
 
 from localinfer import generate
-from localinfer.batchio import BatchRequest, InputError
+from localinfer.batch.io import BatchRequest, InputError
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.store import resolve_model
 

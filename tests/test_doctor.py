@@ -8,7 +8,7 @@ from conftest import run_cli
 from typer.testing import CliRunner
 
 from localinfer.cli.main import build_app
-from localinfer.diagnose import advice, comfortable_model, reinstall_command
+from localinfer.system.advice import advice, comfortable_model, reinstall_command
 
 
 def _doctor_json(env: dict | None = None) -> dict:
@@ -27,6 +27,7 @@ def test_doctor_json_has_the_machine_facts(isolated_home):
     assert isinstance(llama["gpu_offload"], bool) and llama["simd"]
     assert isinstance(llama["amx"], bool) and isinstance(llama["cpu_repack"], bool)
     assert data["store"]["path"] == str(isolated_home / "models") and data["store"]["free_bytes"] > 0
+    assert data["store"]["problem"] is None
     assert data["versions"]["localinfer"] and data["versions"]["python"]
     fit = data["comfortable_model"]
     assert 0 < fit["max_file_bytes"] < data["memory"]["total_bytes"]
@@ -63,6 +64,23 @@ def test_doctor_text_report_through_cli_runner(monkeypatch):
 def test_doctor_rejects_a_bad_simulated_size():
     proc = run_cli("doctor", env={"LOCALINFER_FAKE_VRAM": "lots"}, timeout=120)
     assert proc.returncode == 2 and b"LOCALINFER_FAKE_VRAM" in proc.stderr and proc.stdout == b""
+
+
+def test_doctor_reports_a_store_under_a_file_instead_of_its_free_space(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    data = _doctor_json({"LOCALINFER_HOME": str(blocker / "home"), "LOCALINFER_FAKE_VRAM": ""})
+    store = data["store"]
+    assert store["problem"] == f"{blocker} is a file, not a folder" and store["free_bytes"] is None
+    first = data["advice"][0]
+    assert first["kind"] == "store_unusable" and "set LOCALINFER_HOME to a folder you can write" in first["message"]
+
+
+def test_doctor_reports_a_read_only_store(read_only_dir, monkeypatch):
+    monkeypatch.setenv("LOCALINFER_HOME", str(read_only_dir))
+    res = CliRunner().invoke(build_app(), ["doctor"])
+    assert res.exit_code == 0, res.output
+    assert f"the model store {read_only_dir / 'models'} cannot be used: {read_only_dir} is not writable" in res.stdout
 
 
 def _facts(**over) -> dict:
@@ -104,3 +122,10 @@ def test_advice_when_a_gpu_build_sees_no_gpu_and_disk_is_low():
 def test_advice_when_llama_cpp_is_broken():
     (item,) = advice(_facts(llama_cpp={"error": "OSError: libggml.so: cannot open"}))
     assert item["kind"] == "llama_cpp_broken" and "0.3.36" in item["command"]
+
+
+def test_advice_puts_an_unusable_store_first():
+    facts = _facts(store={"path": "/m", "free_bytes": None, "problem": "/m is not writable"})
+    first, *rest = advice(facts)
+    assert first["kind"] == "store_unusable" and "/m is not writable" in first["message"]
+    assert all(a["kind"] != "low_disk" for a in rest)

@@ -2,23 +2,71 @@
 
 ``LOCALINFER_HOME`` puts everything under one folder (tests use it); otherwise the platform's
 data and config dirs (platformdirs): ``~/.local/share/localinfer`` and ``~/.config/localinfer``
-on Linux.
+on Linux. A data dir that cannot hold our files (a file in the way, read-only) is a usage error
+with a hint, raised by :func:`data_dir` before any command reaches the store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+# False inside unchecked(): doctor reports an unusable data dir instead of failing on it.
+_checking = contextvars.ContextVar("localinfer_paths_checking", default=True)
 
 
 def data_dir() -> Path:
-    """Models, manifest, history, chat history."""
+    """Models, manifest, history, chat history.
+
+    Raises UsageError (exit 2) when it cannot hold them (see :func:`data_dir_problem`): every command
+    that keeps files then fails with one line and a hint, not deep in the store with an OSError.
+    """
+    path = _raw_data_dir()
+    if _checking.get():
+        problem = data_dir_problem(path)
+        if problem:
+            from localinfer.errors import UsageError
+
+            named = f"LOCALINFER_HOME={path}" if os.environ.get("LOCALINFER_HOME") else f"the data folder {path}"
+            raise UsageError(f"{named} cannot be used: {problem}", hint="set LOCALINFER_HOME to a folder you can write")
+    return path
+
+
+def _raw_data_dir() -> Path:
     home = os.environ.get("LOCALINFER_HOME")
     if home:
         return Path(home).expanduser()
     import platformdirs
 
     return Path(platformdirs.user_data_dir("localinfer", appauthor=False))
+
+
+def data_dir_problem(path: Path | None = None) -> str | None:
+    """Why the data dir (``path``) cannot hold our files, or None when it can: a file in the way, or
+    a folder we cannot write (a read-only mount, no permission). Two or three stats, no writes."""
+    probe = _raw_data_dir() if path is None else path
+    while not probe.is_dir():  # the folder, else the nearest parent it would be created in
+        if probe.exists() or probe.is_symlink():
+            return f"{probe} is a file, not a folder"
+        if probe.parent == probe:
+            return f"{probe} does not exist"
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """data_dir() without its check, for code that reports the problem itself (doctor)."""
+    token = _checking.set(False)
+    try:
+        yield
+    finally:
+        _checking.reset(token)
 
 
 def config_dir() -> Path:

@@ -181,7 +181,7 @@ def run_parallel(
     progress: Progress | None = None,
 ) -> Iterator[ParallelResult]:
     """Every shape at every level, for every model and configuration (one load per level)."""
-    from localinfer.batchjob import batch_load_options
+    from localinfer.batch.job import batch_load_options
     from localinfer.engine.model import Model
 
     per_seq = max(p + n for p, n in shapes) + 1

@@ -77,6 +77,7 @@ def batch(
     no_mmap: o.NoMmapOpt = False,
     mlock: o.MlockOpt = False,
     batch_size: o.BatchSizeOpt = 2048,
+    cpu_repack: o.CpuRepackOpt = None,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
@@ -84,7 +85,9 @@ def batch(
 ) -> None:
     """Run many requests through one model, several sequences at a time; one JSON result per line."""
     with handle_errors():
-        from localinfer import batchio, batchjob, inference
+        from localinfer.batch import io as batchio
+        from localinfer.batch import job as batchjob
+        from localinfer import generate
         from localinfer.errors import UsageError
         from localinfer.render.batch import make_progress, print_summary
         from localinfer.render.stats import warn
@@ -95,6 +98,8 @@ def batch(
             raise UsageError("--resume needs --output FILE (the results to resume from)")
         if output is not None and input != "-" and output.exists() and output.resolve() == Path(input).resolve():
             raise UsageError("--output must not be the input file")
+        if output is not None:
+            batchio.check_output(output)
         items = batchio.parse_input(_read_input(input), input_format.value, name=input)
         batchjob.check_items(items, on_error.value)
         done = batchio.prepare_resume(output) if resume and output is not None else set()
@@ -110,12 +115,13 @@ def batch(
         base = o.load_options(
             ctx_size=None, threads=threads, gpu_layers=gpu_layers, verbose=verbose, flash_attn=flash_attn,
             cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, mlock=mlock, batch_size=batch_size,
+            cpu_repack=cpu_repack,
         )
         resolved = resolve_model(model, offline=offline)
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         if parallel is None:
             parallel = _default_parallel(len(pending), resolved, ctx_per_seq, base)
-        loaded = inference.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
+        loaded = generate.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
         batchjob.check_template(loaded)
         touch(resolved.name)  # `list`'s "last used"
         if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
@@ -135,7 +141,7 @@ def batch(
         )
         sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
         show = None if quiet else make_progress(len(pending))
-        from localinfer.history import RequestLog
+        from localinfer.usage.history import RequestLog
 
         log = RequestLog("batch", resolved, no_log=no_log, extra={"parallel": parallel})
         try:
@@ -155,7 +161,7 @@ def batch(
 def _default_parallel(n_pending: int, resolved, ctx_per_seq: int, base) -> int:
     import psutil
 
-    from localinfer import batchjob
+    from localinfer.batch import job as batchjob
     from localinfer.engine.backend import default_threads
 
     per_token = batchjob.kv_bytes_per_token(resolved, base.cache_type_k, base.cache_type_v)

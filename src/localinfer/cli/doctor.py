@@ -13,7 +13,7 @@ from localinfer.cli.common import handle_errors
 
 
 def _human(n: float | None) -> str:
-    from localinfer.diagnose import _human as h
+    from localinfer.system.advice import _human as h
 
     return h(n)
 
@@ -74,7 +74,7 @@ def doctor(
 ) -> None:
     """Check this machine: CPU, RAM, GPUs, the llama.cpp build, disk; advice on what to fix and what fits."""
     with handle_errors():
-        from localinfer.diagnose import report
+        from localinfer.system.advice import report
 
         data = report()
         if json_out:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from localinfer.render.term import styled, write_line
 
 if TYPE_CHECKING:
-    from localinfer.batchjob import BatchSummary
+    from localinfer.batch.job import BatchSummary
 
 
 

@@ -1,8 +1,8 @@
-"""`doctor`'s findings: the machine's facts (localinfer.hardware) and what to do about them.
+"""`doctor`'s findings: the machine's facts (localinfer.system.hardware) and what to do about them.
 
 Advice is concrete: the exact reinstall command when a GPU is present but llama-cpp-python was built
 for the CPU only, the largest model this machine runs comfortably, why weight repacking is off on
-AMX CPUs, low disk in the model store.
+AMX CPUs, low disk in the model store, or a store that cannot be used at all.
 """
 
 from __future__ import annotations
@@ -18,6 +18,14 @@ LOW_DISK = 10 * 1000**3
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-cache-dir llama-cpp-python=={version}'
 _BUILD_FLAGS = {"nvidia": "-DGGML_CUDA=on", "apple": "-DGGML_METAL=on"}
 
+
+# Builds ggml's AVX-512 kernels (its weight repacking included) without the AMX tile kernels that
+# GCC 12 miscompiles; after it, LOCALINFER_CPU_REPACK=1 is safe.
+AMX_REBUILD_COMMAND = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
+    '-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON" '
+    "pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36"
+)
 
 def reinstall_command(vendor: str, version: str | None) -> str | None:
     """The pip command that rebuilds llama-cpp-python for this GPU vendor (None: we know of none)."""
@@ -60,6 +68,13 @@ def comfortable_model(report: dict[str, Any]) -> dict[str, Any]:
 def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
     """What to do, most important first: [{"kind", "message", "command"?}]."""
     out: list[dict[str, Any]] = []
+    store = report.get("store", {})
+    if store.get("problem"):  # first: no command that keeps files can work
+        out.append({
+            "kind": "store_unusable",
+            "message": f"the model store {store.get('path')} cannot be used: {store['problem']}; "
+            "set LOCALINFER_HOME to a folder you can write",
+        })
     llama = report.get("llama_cpp", {})
     version = report.get("versions", {}).get("llama_cpp_python")
     if "error" in llama:
@@ -87,17 +102,13 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
             "but llama.cpp sees no GPU: check the driver (nvidia-smi) and that the GPU is visible to this process",
         })
     if llama.get("amx"):
-        state = "on (LOCALINFER_CPU_REPACK)" if llama.get("cpu_repack") else "off"
-        from localinfer.engine.twin import allowed_by_env
-
-        twin = "" if llama.get("cpu_repack") or not allowed_by_env() else (
-            "; answers of 32 tokens or more are decoded on a second copy repacked for AMX, whose single-token "
-            "path works (about 2x decode, more RAM; LOCALINFER_AMX_DECODE=0 turns it off)"
-        )
+        state = "on (LOCALINFER_CPU_REPACK)" if llama.get("cpu_repack") else "off (as llama-server's --no-repack)"
         out.append({
             "kind": "amx_repack",
-            "message": f"this CPU has AMX; llama.cpp's AMX matmul crashes on batches (ggml-org/llama.cpp#20824), so "
-            f"weight repacking is {state}{twin}; native llama.cpp tools need --repack 0 / --no-repack to evaluate a prompt",
+            "message": f"this CPU has AMX; llama.cpp's AMX kernels crash on batches when built with GCC 12 "
+            f"(ggml-org/llama.cpp#20824, PR #26954), so weight repacking is {state}; "
+            "--cpu-repack or LOCALINFER_CPU_REPACK=1 turns it on",
+            "command": AMX_REBUILD_COMMAND,
         })
     fit = comfortable_model(report)
     out.append({
@@ -110,7 +121,6 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
         + (f"; with a GPU build, up to about {_human(fit['gpu_max_file_bytes_after_rebuild'])} would run on the GPU"
            if fit["gpu_max_file_bytes_after_rebuild"] else ""),
     })
-    store = report.get("store", {})
     free = store.get("free_bytes")
     if free is not None and free < LOW_DISK:
         out.append({"kind": "low_disk", "message": f"only {_human(free)} free for models in {store.get('path')}"})
@@ -122,9 +132,15 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def report() -> dict[str, Any]:
     """Facts and advice, JSON-able: what `localinfer doctor --json` prints."""
-    from localinfer.hardware import collect
+    from localinfer import paths
+    from localinfer.system.hardware import collect
 
-    facts = collect()
+    with paths.unchecked():  # an unusable data dir is a finding here, not a failure
+        facts = collect()
+    problem = paths.data_dir_problem()
+    facts["store"]["problem"] = problem
+    if problem:  # the free space of whatever is in the way says nothing about the store
+        facts["store"]["free_bytes"] = None
     facts["comfortable_model"] = comfortable_model(facts)
     facts["advice"] = advice(facts)
     return facts

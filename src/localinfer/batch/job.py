@@ -2,7 +2,7 @@
 
 Core API (plain values; `bench --parallel` uses it too)::
 
-    from localinfer import batchjob
+    from localinfer.batch import job as batchjob
 
     from localinfer import generate
     from localinfer.engine.batch import BatchStats
@@ -19,7 +19,7 @@ Core API (plain values; `bench --parallel` uses it too)::
 ``run_batch`` yields one :class:`BatchResult` per item, in completion order (``result.index`` is the
 item's position), errors included (``result.error``; never raised, except for model-wide failures).
 :func:`execute` adds what the command needs around it: output order, the error policy, progress and
-the summary. Input parsing and resumable output live in :mod:`localinfer.batchio`.
+the summary. Input parsing and resumable output live in :mod:`localinfer.batch.io`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localinfer.batchio import BatchRequest, InputError, parse_input  # noqa: F401 - re-exported API
+from localinfer.batch.io import BatchRequest, InputError, id_key, parse_input  # noqa: F401 - re-exported API
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
 from localinfer.units import json_ms as _ms
@@ -410,10 +410,3 @@ def check_items(items: Iterable[BatchRequest | InputError], on_error: str) -> No
     if dups:
         more = f" and {len(dups) - 3} more" if len(dups) > 3 else ""
         raise UsageError(f"duplicate ids in the input: {', '.join(dups[:3])}{more}", hint="every request needs its own id")
-
-
-def id_key(value: Any) -> str:
-    """Ids compare as JSON values: 3 and "3" are different ids."""
-    import json
-
-    return json.dumps(value, sort_keys=True)

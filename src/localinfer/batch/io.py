@@ -173,14 +173,17 @@ def _stop(obj: dict[str, Any]) -> tuple[str, ...] | None:
 # -- output ------------------------------------------------------------------------------------------
 
 
+def id_key(value: Any) -> str:
+    """Ids compare as JSON values: 3 and "3" are different ids."""
+    return json.dumps(value, sort_keys=True)
+
+
 def prepare_resume(path: Path) -> set[str]:
     """Make ``path`` ready to append to, and return the id keys (``id_key``) it already answers.
 
     A torn last line (the job was killed mid-write) is cut off; error records are removed, so those
     requests run again; a line that is not ours anywhere else is refused rather than overwritten.
     """
-    from localinfer.batchjob import id_key
-
     if not path.exists():
         return set()
     data = path.read_bytes()
@@ -220,6 +223,21 @@ def prepare_resume(path: Path) -> set[str]:
     return done
 
 
+def check_output(path: Path) -> None:
+    """Refuse an ``--output`` that cannot be written before any work is done (the sink opens it only
+    after the model loaded): a missing or read-only folder, a folder in its place."""
+    folder = path.parent
+    if path.is_dir():
+        problem = "it is a folder"
+    elif not folder.is_dir():
+        problem = f"there is no folder {folder}"
+    elif not os.access(path if path.exists() else folder, os.W_OK):
+        problem = f"{path if path.exists() else folder} is not writable"
+    else:
+        return
+    raise UsageError(f"cannot write --output {path}: {problem}", hint="pass a file in a folder you can write")
+
+
 class JsonlSink:
     """Writes each record as one whole line with one ``write`` call, flushed at once."""
 
@@ -228,7 +246,11 @@ class JsonlSink:
         self._stream = stream
         if path is not None:
             flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-            self._fd = os.open(path, flags, 0o644)
+            try:
+                self._fd = os.open(path, flags, 0o644)
+            except OSError as exc:  # what check_output could not foresee: one line, not a traceback
+                raise UsageError(f"cannot write --output {path}: {exc.strerror or exc}",
+                                 hint="pass a file in a folder you can write") from exc
 
     def __call__(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")

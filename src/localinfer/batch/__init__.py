@@ -1,0 +1,1 @@
+"""Batch jobs: reading requests, running them through the batch engine, writing results."""
