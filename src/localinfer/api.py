@@ -66,6 +66,37 @@ class Response:
 Messages = Sequence[dict[str, Any]]
 
 
+class Stream:
+    """An answer being generated: iterate for its Chunks. ``result`` is complete once the iteration
+    ends or ``close()`` is called (a consumer interrupted by Ctrl-C closes it, then reads it)."""
+
+    def __init__(self, gen: Any) -> None:
+        self._gen = gen
+        self._chunks = self._run()
+
+    @property
+    def result(self) -> Result:
+        return self._gen.result
+
+    def _run(self) -> Iterator[Chunk]:
+        pieces = iter(self._gen)
+        try:
+            for text in pieces:
+                yield Chunk(text)
+        finally:
+            pieces.close()
+        yield Chunk("", Stats.of(self.result), self.result)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self._chunks
+
+    def __next__(self) -> Chunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()
+
+
 class Model:
     """A model loaded for answering (``localinfer.load``). Close it, or use it as a context manager,
     to free its memory at once."""
@@ -123,22 +154,12 @@ class Model:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""
         return self.stream_request(self.request(prompt, **options))
 
-    def stream_request(self, request: Request) -> Iterator[Chunk]:
+    def stream_request(self, request: Request) -> Stream:
         from localinfer.generate import Generation
 
         gen = Generation(self.loaded, request, load_s=self.load_s)
         self.load_s = 0.0  # the load is counted once, in the first answer
-        pieces = iter(gen)
-        try:
-            for text in pieces:
-                yield Chunk(text)
-        except KeyboardInterrupt as exc:
-            pieces.close()
-            exc.partial_result = gen.result  # type: ignore[attr-defined]  # what was generated, measured
-            raise
-        finally:
-            pieces.close()
-        yield Chunk("", Stats.of(gen.result), gen.result)
+        return Stream(gen)
 
     def generate(self, prompt: str | Messages, **options: Any) -> Response:
         """The whole answer at once."""

@@ -29,6 +29,7 @@ MinPOpt = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, rich_help_p
 RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="1.0 = disabled.", rich_help_panel=_SAMPLING)]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 2, help="Same seed, same text. Default: random.", rich_help_panel=_SAMPLING)]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens. Default: until the model stops or the context is full.", rich_help_panel=_SAMPLING)]
+IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past the model's end-of-text token (for benchmarks and tests).", rich_help_panel=_SAMPLING)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", rich_help_panel=_SAMPLING)]
 CtxSizeOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", min=16, help="Context window in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=_CONTEXT)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads for prefill and decode. Default: physical cores.", rich_help_panel=_CONTEXT)]

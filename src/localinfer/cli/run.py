@@ -42,6 +42,7 @@ def run(
     seed: o.SeedOpt = None,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
+    ignore_eos: o.IgnoreEosOpt = False,
     ctx_size: o.CtxSizeOpt = None,
     threads: o.ThreadsOpt = None,
     gpu_layers: o.GpuLayersOpt = "auto",
@@ -105,7 +106,7 @@ def run(
             say(f"{resolved.name} has no chat template; running plain completion (pass --raw to silence this)")
         request = llm.request(
             text, system=system, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()),
-            on_overflow=on_overflow.value, sampling=sampling,
+            on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
         )  # fmt: skip
         result = _stream(llm, request, json_out=json_out, quiet=quiet, verbose=verbose)
         rec.result = result
@@ -131,17 +132,19 @@ def _stream(llm: Any, request: Any, *, json_out: bool, quiet: bool, verbose: boo
     """Stream the answer to stdout (unless ``json_out``); its Result. On Ctrl-C, the answer so far
     ends its line and its stats are shown before the interruption is reported."""
     result = None
+    stream = llm.stream_request(request)
     try:
-        for chunk in llm.stream_request(request):
+        for chunk in stream:
             if chunk.result is not None:
                 result = chunk.result
             elif not json_out:
                 _write_stdout(chunk.text)
-    except KeyboardInterrupt as exc:
-        partial = getattr(exc, "partial_result", None)
-        if partial is not None and partial.text and not json_out:
+    except KeyboardInterrupt:
+        stream.close()  # the engine settles its stats for what was generated
+        partial = stream.result
+        if partial.text and not json_out:
             _write_stdout("\n")
-        if partial is not None and not quiet:
+        if not quiet:
             from localinfer.render.stats import print_summary
 
             print_summary(partial, verbose=verbose)
