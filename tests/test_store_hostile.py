@@ -149,6 +149,14 @@ def test_a_redirect_to_a_local_file_is_refused(hub: FakeHub, tmp_path: Path, vic
     assert not (store() / "partial").is_dir() or not any((store() / "partial").iterdir())
 
 
+def test_a_redirect_loop_is_a_network_error(hub: FakeHub, tmp_path: Path) -> None:
+    # The file redirects to its own URL, for ever: "internal error: TooManyRedirects" before.
+    hub.fault(REPO, FILE, "location", value=f"{hub.url}/{REPO}/resolve/main/{FILE}")
+    r = invoke("pull", REPO)
+    assert r.exit_code == 5 and "redirect" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert installed() == []
+
+
 def test_server_text_in_messages_is_escaped() -> None:
     from localinfer.store.sources.transfer import _describe, _total_from
     from localinfer.store.untrusted import shown

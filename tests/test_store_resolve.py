@@ -79,13 +79,18 @@ def test_non_gguf_and_hostile_files_are_invalid(home: Path, tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     "spec",
-    ["UPPER:case", "a" * 600, "owner/repo:..", "owner/repo:", "own..er/repo", "owner/repo/../../etc/passwd.gguf",
+    ["a" * 600, "owner/repo:..", "owner/repo:", "own..er/repo", "owner/repo/../../etc/passwd.gguf",
      "owner/repo/x.bin", "hf://owner", "owner/repo@..", "bad name", "x\x00y"],
 )
 def test_bad_names_rejected_before_io(home: Path, spec: str) -> None:
     with pytest.raises(UsageError):
         resolve_model(spec)
     assert not home.exists()  # validation happens before anything touches the store
+
+
+def test_registry_names_resolve_case_insensitively(home: Path) -> None:
+    # `Smollm2:135M` was "an invalid model name" (issue 21): names are lowercase, so it means one thing.
+    assert resolve_model("SmolLM2:135M").name == "smollm2:135m"
 
 
 def test_unknown_registry_name(home: Path) -> None:

@@ -64,6 +64,7 @@ class Response:
 
 
 Messages = Sequence[dict[str, Any]]
+DEFAULT_COMPLETION_TOKENS = 256  # plain completion's answer limit when none is given
 
 
 class Stream:
@@ -136,6 +137,11 @@ class Model:
         ``sampling``: all the sampler's settings at once, instead of one by one."""
         from localinfer.generate import Request, messages_for
 
+        from localinfer.limits import require_utf8
+
+        for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
+            if isinstance(text, str):
+                require_utf8(text, what)
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -147,6 +153,9 @@ class Model:
                 raise UsageError(f"{self.name} has no chat template to format messages with", hint="pass a string")
             return Request(messages=tuple(prompt), **common)
         if raw or self.loaded.template is None:
+            # A base model never chooses to stop a plain completion: without a limit it writes until
+            # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
+            common["default_max_tokens"] = DEFAULT_COMPLETION_TOKENS
             return Request(raw_text=f"{system}\n\n{prompt}" if system else prompt, **common)
         return Request(messages=messages_for(prompt, system), **common)
 

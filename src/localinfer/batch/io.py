@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from localinfer.errors import UsageError
+from localinfer.limits import BATCH_LINE_MAX_BYTES
 
 _FIELDS = ("id", "prompt", "messages", "max_tokens", "temperature", "seed", "stop")
 _MAX_SEED = 2**32 - 2
@@ -76,6 +77,9 @@ def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None) -
         line_bytes = line_bytes.rstrip(b"\r")
         if not line_bytes.strip():
             continue
+        if len(line_bytes) > BATCH_LINE_MAX_BYTES:  # refused before parsing: 60 MB took 83 s and 5.9 GB
+            items.append(InputError(number, f"the line is {len(line_bytes):,} bytes; a request may take {BATCH_LINE_MAX_BYTES:,}"))
+            continue
         try:
             line = line_bytes.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -93,6 +97,8 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         return InputError(number, f"not valid JSON: {exc.msg} (column {exc.colno})")
+    except RecursionError:
+        return InputError(number, "not valid JSON: nested too deeply to read")
     if not isinstance(obj, dict):
         return InputError(number, "a request must be a JSON object")
     rid = obj.get("id", number)

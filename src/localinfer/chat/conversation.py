@@ -296,9 +296,12 @@ class Conversation:
         A leading system message becomes the system prompt. Returns the number of messages loaded.
         The KV cache is kept: whatever prefix the loaded conversation shares with it is reused.
         """
+        from localinfer.limits import CHAT_FILE_MAX_BYTES, loads, read_limited
+
         source = Path(path).expanduser()
         try:
-            data = json.loads(source.read_text(encoding="utf-8"))
+            with open(source, "rb") as fh:
+                data = loads(read_limited(fh, CHAT_FILE_MAX_BYTES, str(source)).decode("utf-8"), str(source))
         except OSError as exc:
             raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
         except (ValueError, UnicodeDecodeError) as exc:

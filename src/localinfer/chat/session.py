@@ -95,9 +95,6 @@ class ChatSession:
         touch(resolved.name)  # `list`'s "last used"
         for note in loaded.plan.notes if getattr(loaded, "plan", None) else ():
             self.say(note)
-        n_ctx = self.load_opts.n_ctx
-        if n_ctx and n_ctx > loaded.model.n_ctx_train > 0:
-            self.say(f"--ctx-size {n_ctx} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
         return loaded, load_s
 
     def open(self, name: str | None, system: str | None, settings: Any) -> None:
@@ -214,7 +211,11 @@ class ChatSession:
                     f"{len(conv.history)} messages kept."
                 )
         else:
-            raise UsageError(f"unknown command /{name}", hint="type /help for the commands; //text sends a message starting with /")
+            from localinfer.fuzzy import did_you_mean
+
+            known = ("help", "clear", "system", "set", "show", "stats", "retry", "save", "load", "model", *_EXIT)
+            hint = did_you_mean(name, known, "/") or "type /help for the commands"
+            raise UsageError(f"unknown command /{name}", hint=f"{hint}; //text sends a message starting with /")
         return True
 
     def _set(self, arg: str) -> None:

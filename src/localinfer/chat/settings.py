@@ -82,7 +82,11 @@ class ChatSettings:
                 return replace(self, stop=())
             return replace(self, stop=(*self.stop, unquote(value)))
         if name not in _KEYS:
-            raise UsageError(f"unknown setting {key!r}", hint=f"settings: {', '.join(SETTING_KEYS)}")
+            from localinfer.fuzzy import did_you_mean
+
+            raise UsageError(
+                f"unknown setting {key!r}", hint=did_you_mean(name, SETTING_KEYS) or f"settings: {', '.join(SETTING_KEYS)}"
+            )
         parse, where = _KEYS[name]
         if not value:
             raise UsageError(f"/set {name} needs a value ({parse.__doc__})")

@@ -10,6 +10,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
 import typer
 
@@ -68,11 +69,36 @@ def handle_errors() -> Iterator[None]:
             raise
         print_error(str(exc), exc.hint)
         raise typer.Exit(exit_code_for(exc)) from None
+    except OSError as exc:
+        if debug_enabled():
+            raise
+        known = _os_error(exc)
+        if known is None:
+            _internal(exc)
+        message, hint, code = known
+        print_error(message, hint)
+        raise typer.Exit(code) from None
     except Exception as exc:  # noqa: BLE001 - last line of defence: one line, not a traceback
         if debug_enabled():
             raise
-        print_error(
-            f"internal error: {type(exc).__name__}: {exc}",
-            "set LOCALINFER_DEBUG=1 to see the traceback, and please report it",
-        )
-        raise typer.Exit(ExitCode.RUNTIME) from None
+        _internal(exc)
+
+
+def _internal(exc: BaseException) -> NoReturn:
+    print_error(
+        f"internal error: {type(exc).__name__}: {exc}",
+        "set LOCALINFER_DEBUG=1 to see the traceback, and please report it",
+    )
+    raise typer.Exit(ExitCode.RUNTIME) from None
+
+
+def _os_error(exc: OSError) -> tuple[str, str, ExitCode] | None:
+    """The OS refusals a user can meet anywhere (a full disk, a read-only folder), as one line."""
+    import errno
+
+    where = f" writing {exc.filename}" if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return f"the disk is full{where}", "free some space and run the command again", ExitCode.RESOURCES
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and exc.filename:
+        return f"cannot write {exc.filename}: {exc.strerror}", "check that folder's permissions", ExitCode.USAGE
+    return None

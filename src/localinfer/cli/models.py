@@ -56,24 +56,36 @@ def list_cmd(
                 [
                     a["name"] + (" (default)" if a["default"] else ""),
                     "installed" if a["installed"] else ("shipped" if a["shipped"] else "-"),
+                    human_size(a["size"]) if a["size"] else (f"~{human_size(a['estimated_size'])}" if a["estimated_size"] else "-"),
                     a["description"] or "",
                 ]
                 for a in avail
             ]
-            _out(_table(["NAME", "STATUS", "DESCRIPTION"], rows))
+            _out(_table(["NAME", "STATUS", "SIZE", "DESCRIPTION"], rows))
+            _out("SIZE: the download; ~ estimated from the parameters and quantization in the name.")
             return
         data = list_models()
+        installed = {m["name"] for m in data["models"]}
+        # Models a package ships are usable at once (verified on first use): a fresh home lists them.
+        shipped = [a for a in available_models() if a["shipped"] and a["name"] not in installed]
+        default = next((a["name"] for a in available_models() if a["default"]), None)
         if json_out:
             import json
-            _out(json.dumps(data, indent=2))
+            _out(json.dumps({**data, "shipped": shipped, "default": default}, indent=2))
             return
         models = data["models"]
-        if not models:
+        if not models and not shipped:
             _out("No models installed. Try 'localinfer pull smollm2:135m' or 'localinfer list --available'.")
             return
+        mark = {default: " (default)"} if default else {}
         rows = [
+            [name + mark.get(name, ""), human_size(a["size"]) if a["size"] else "-", "-", "-", "-", "-",
+             f"package {a['source'].removeprefix('package:')}", "never (verified on first use)"]
+            for a in shipped
+            for name in [a["name"]]
+        ] + [
             [
-                m["name"],
+                m["name"] + mark.get(m["name"], ""),
                 human_size(m["size"]),
                 m["quant"] or "-",
                 human_count(m["parameters"]),
@@ -85,7 +97,8 @@ def list_cmd(
             for m in models
         ]
         _out(_table(["NAME", "SIZE", "QUANT", "PARAMS", "ARCH", "CONTEXT", "SOURCE", "LAST USED"], rows))
-        total = f"{len(models)} model{'s' if len(models) != 1 else ''}; {human_size(data['store_bytes'])} on disk in the store"
+        total = f"{len(models)} installed" + (f", {len(shipped)} shipped by packages" if shipped else "")
+        total += f"; {human_size(data['store_bytes'])} on disk in the store"
         if data["in_place_bytes"]:
             total += f", {human_size(data['in_place_bytes'])} used in place"
         _out(total)
@@ -94,6 +107,7 @@ def list_cmd(
 def show(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="Installed model name, or a path to a .gguf file.", show_default=False)],
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    template: Annotated[bool, typer.Option("--template", help="Print only the model's chat template.")] = False,
 ) -> None:
     """Show a model's architecture, parameters, quantization, context, layers, template, license, path, sha256."""
     with handle_errors():
@@ -101,6 +115,13 @@ def show(
         from localinfer.store.manage import show_model
 
         d = show_model(model)
+        if template:
+            if not d["chat_template"]:
+                from localinfer.errors import UsageError
+
+                raise UsageError(f"{d['name']} has no chat template", hint="it runs as plain completion (--raw)")
+            sys.stdout.write(d["chat_template"].rstrip("\n") + "\n")
+            return
         if json_out:
             import json
             _out(json.dumps(d, indent=2))
@@ -113,7 +134,8 @@ def show(
             ("quantization", d["quantization"]),
             ("context length", d["context_length"]),
             ("layers", d["layers"]),
-            ("chat template", "yes" if d["chat_template"] else f"no{' (chat format: ' + d['chat_format'] + ')' if d['chat_format'] else ''}"),
+            ("chat template", f"yes, {len(d['chat_template'].splitlines())} lines (`show --template` prints it all)" if d["chat_template"]
+             else f"no{' (chat format: ' + d['chat_format'] + ')' if d['chat_format'] else ''}"),
             ("license", d["license"]),
             ("size", human_size(d["size"])),
             ("path", d["path"]),

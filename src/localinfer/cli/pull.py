@@ -33,7 +33,14 @@ def pull(
     with handle_errors():
         from localinfer.store.pull import pull_model
 
-        pull_model(model, name=name, revision=revision, offline=offline)
+        import sys
+
+        from localinfer.units import human_bytes
+
+        entry = pull_model(model, name=name, revision=revision, offline=offline)
+        size = f" ({human_bytes(entry['size'])})" if entry.get("size") else ""
+        # Whatever the path (downloaded, verified again, registered in place), it ends the same way.
+        sys.stderr.write(f"ready: {entry['name']}{size} · localinfer run -m {entry['name']}\n")
 
 
 def register(app: typer.Typer) -> None:

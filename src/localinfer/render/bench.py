@@ -135,12 +135,12 @@ def csv_text(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
 
 def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], stream: TextIO | None = None, title: str | None = None) -> None:
     """A Rich table; plain (no ANSI) when the stream is not a terminal or NO_COLOR is set."""
-    from rich.console import Console
+    from localinfer.render.term import console as make_console
     from rich.table import Table
 
     stream = stream or sys.stdout
     tty = is_tty(stream)
-    console = Console(
+    console = make_console(
         file=stream,
         highlight=False,
         no_color=bool(os.environ.get("NO_COLOR")) or not tty,

@@ -27,3 +27,16 @@ def write_line(stream: TextIO, text: str) -> None:
         stream.flush()
     except (OSError, ValueError):
         pass
+
+
+def console(**kwargs: Any) -> Any:
+    """A rich Console whose reader going away (``| head``) is a BrokenPipeError, which the CLI turns
+    into exit 141 like every other command: rich's own answer is SystemExit(1)."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(**kwargs)

@@ -44,26 +44,51 @@ def list_models() -> dict[str, Any]:
 
 
 def available_models() -> list[dict[str, Any]]:
-    """Every registry name, and whether it is installed (or shipped by an installed package)."""
+    """Every registry name, whether it is installed (or shipped by an installed package, usable at
+    once), and its download size: exact where the file is here, else estimated from the name."""
     from localinfer.store.registry import load_registry
-    from localinfer.store.sources.packages import is_installed
+    from localinfer.store.sources.packages import find_package_file, is_installed
 
     registry = load_registry()
     installed = Store().entries()
     out = []
     for name, reg in sorted(registry.entries.items()):
         shipped = bool(reg.package) and is_installed(reg.package)
+        entry = installed.get(name)
+        size: int | None = int(entry["size"]) if entry and entry.get("size") else reg.size
+        if size is None and shipped and reg.package_file and not reg.package_assemble:
+            found = find_package_file(reg.package, reg.package_file)
+            size = found.stat().st_size if found else None
         out.append(
             {
                 "name": name,
                 "description": reg.description,
-                "installed": name in installed,
+                "installed": entry is not None,
                 "shipped": shipped,
                 "source": f"package:{reg.package}" if shipped else (f"hf://{reg.repo}/{reg.file}" if reg.repo else None),
                 "default": name == registry.default,
+                "size": size,
+                "estimated_size": estimated_size(name, reg.file) if size is None else None,
             }
         )
     return out
+
+
+# Bits per weight of llama.cpp's quantizations, whole file (weights, norms, embeddings): from its
+# quantize tool's table, rounded up a little for the unquantized tensors.
+_BPW = {"q4_0": 4.6, "q4_1": 5.1, "q4_k_m": 4.9, "q4_k_s": 4.6, "q5_k_m": 5.7, "q6_k": 6.6, "q8_0": 8.5, "f16": 16.0}
+
+
+def estimated_size(name: str, filename: str | None) -> int | None:
+    """A download's size from the parameters in the name (``qwen2.5:7b``) and the file's quantization."""
+    import re
+
+    m = re.search(r":(\d+(?:\.\d+)?)([mb])$", name)
+    q = re.search(r"(q\d_k_[ms]|q\d_[01k]|q8_0|f16)", (filename or "").lower())
+    if not m or not q or q.group(1) not in _BPW:
+        return None
+    params = float(m.group(1)) * (1e6 if m.group(2) == "m" else 1e9)
+    return int(params * _BPW[q.group(1)] / 8)
 
 
 def show_model(spec: str) -> dict[str, Any]:
@@ -71,7 +96,7 @@ def show_model(spec: str) -> dict[str, Any]:
     from localinfer.store.names import parse_spec
     from localinfer.store.resolve import resolve_model
 
-    resolved = resolve_model(spec, offline=True, auto_pull=False)
+    resolved = resolve_model(spec, auto_pull=False)  # never downloads: not installed is exit 3
     info = resolved.info
     store = Store()
     entry = store.entry(resolved.name) if parse_spec(spec).kind != "path" else None
@@ -85,7 +110,7 @@ def show_model(spec: str) -> dict[str, Any]:
         "quantization": info.quantization,
         "context_length": info.context_length,
         "layers": info.block_count,
-        "chat_template": template is not None,
+        "chat_template": template,  # the whole template (the text view shows its head)
         "chat_template_head": "\n".join(template.splitlines()[:5]) if template else None,
         "chat_format": resolved.chat_format,
         "license": info.license,

@@ -162,8 +162,9 @@ def parse_spec(spec: str) -> ModelSpec:
 
     if spec.lower().endswith(".gguf"):
         raise ModelNotFoundError(f"no such file: {spec}", hint="check the path, or give a registry name")
-    validate_name(spec)
-    return ModelSpec(kind="name", raw=spec, name=spec)
+    name = spec.lower()  # registry names are lowercase: `Smollm2:135M` can only mean one
+    validate_name(name)
+    return ModelSpec(kind="name", raw=name, name=name)
 
 
 def _hub_quant(spec: str, body: str, revision: str | None) -> ModelSpec:

@@ -31,6 +31,7 @@ class RegistryEntry:
     package_assemble: bool = False
     chat_format: str | None = None
     description: str = ""
+    size: int | None = None  # the download's bytes, for `list --available`
 
 
 def _load_toml(path: Path) -> dict:
@@ -41,8 +42,8 @@ def _load_toml(path: Path) -> dict:
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}", hint="fix or remove that file") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}", hint="fix or remove that file") from None
 
 
 def _packaged_registry_path() -> Path:
@@ -70,11 +71,11 @@ class Registry:
         try:
             return self.entries[name]
         except KeyError:
-            close = [n for n in self.entries if n.split(":")[0] == name.split(":")[0]]
-            hint = (
-                f"did you mean {', '.join(sorted(close))}?"
-                if close
-                else "run 'localinfer list --available' to see known names, or give a path to a .gguf file"
+            from localinfer.fuzzy import did_you_mean
+
+            family = sorted(n for n in self.entries if n.split(":")[0] == name.split(":")[0])
+            hint = (f"did you mean {', '.join(family)}?" if family else did_you_mean(name, self.entries)) or (
+                "run 'localinfer list --available' to see known names, or give a path to a .gguf file"
             )
             raise ModelNotFoundError(f"unknown model {name!r}", hint=hint) from None
 

@@ -40,13 +40,13 @@ def resolve_model(
     """
     from localinfer.store.registry import load_registry
 
+    parsed = parse_spec(spec) if spec is not None else None
+    if parsed is not None and parsed.kind == "path":  # a file needs no registry (nor a readable one)
+        return _resolve_path(parsed, Store())
     registry = load_registry()
-    if spec is None:
-        spec = registry.default
-    parsed = parse_spec(spec)
+    if parsed is None:
+        parsed = parse_spec(registry.default)
     store = Store()
-    if parsed.kind == "path":
-        return _resolve_path(parsed, store)
 
     entry = store.entry(parsed.name)
     can_fetch = parsed.is_hub or (parsed.name in registry and bool(registry.get(parsed.name).repo))
@@ -81,5 +81,5 @@ def resolve_model(
         raise _not_installed(parsed, "")
     from localinfer.store.pull import pull_model
 
-    entry = pull_model(spec, progress=progress)
+    entry = pull_model(parsed.raw, progress=progress)
     return resolve_entry(store, entry, registry=registry, progress=progress)

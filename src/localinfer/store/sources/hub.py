@@ -91,6 +91,8 @@ def hub_errors(repo: str, filename: str | None = None) -> Iterator[None]:
             f"cannot reach the Hub at {endpoint()}: {type(exc).__name__}",
             hint="check your connection (or HF_ENDPOINT); run the same command again to resume",
         ) from None
+    except httpx2.TooManyRedirects:
+        raise NetworkError(f"the Hub redirected {what} too many times (a redirect loop)", hint=REFUSED_HINT) from None
     except (KeyError, TypeError, ValueError) as exc:  # huggingface_hub could not parse the answer
         message = f"the Hub's answer for {what} is malformed ({type(exc).__name__})"
         raise NetworkError(message, hint=REFUSED_HINT) from None
