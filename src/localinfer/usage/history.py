@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from localinfer.store import ResolvedModel
 
 DB_NAME = "history.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the endpoint column (NULL: a local request)
 BUSY_TIMEOUT_MS = 3000
 _TRUE = ("1", "true", "yes", "on")
 
@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS requests (
     exit_status INTEGER NOT NULL DEFAULT 0,
     prompt_text TEXT,
     answer_text TEXT,
-    extra TEXT
+    extra TEXT,
+    endpoint TEXT
 )""",
     "CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts)",
 )
@@ -80,6 +81,7 @@ class UsageRecord:
     prompt_text: str | None = None  # only with LOCALINFER_LOG_TEXT=1
     answer_text: str | None = None  # only with LOCALINFER_LOG_TEXT=1
     extra: dict[str, Any] | None = None  # e.g. bench: test name, threads, repetitions
+    endpoint: str | None = None  # the server's base URL (--endpoint); None: run here
     ts: float = field(default_factory=time.time)  # seconds since the epoch (UTC)
 
 
@@ -130,9 +132,12 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version < SCHEMA_VERSION:
             for statement in _SCHEMA:
                 conn.execute(statement)
+            if version == 1:  # rows written before --endpoint existed were all local: endpoint NULL
+                conn.execute("ALTER TABLE requests ADD COLUMN endpoint TEXT")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -405,14 +410,14 @@ def load_records(
     if command:
         where.append("command = ?")
         params.append(command)
-    sql = f"SELECT {', '.join(_COLUMNS)} FROM requests"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY ts, id"
+    clauses = (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY ts, id"
     try:
         conn = _connect(path, create=False)
         try:
-            rows = conn.execute(sql, params).fetchall()
+            present = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+            # read without writing: a schema-1 history (no command wrote to it since) has no endpoint
+            columns = [c if c in present or not present else f"NULL AS {c}" for c in _COLUMNS]
+            rows = conn.execute(f"SELECT {', '.join(columns)} FROM requests{clauses}", params).fetchall()
         finally:
             conn.close()
     except sqlite3.OperationalError as exc:

@@ -10,7 +10,7 @@ import datetime as dt
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.errors import UsageError
@@ -94,8 +94,8 @@ def summarize_group(records: Sequence[UsageRecord], pricing: Pricing | None = No
     return out
 
 
-def _group(records: Iterable[UsageRecord], key: Callable[[UsageRecord], str]) -> dict[str, list[UsageRecord]]:
-    groups: dict[str, list[UsageRecord]] = {}
+def _group(records: Iterable[UsageRecord], key: Callable[[UsageRecord], Hashable]) -> dict[Any, list[UsageRecord]]:
+    groups: dict[Any, list[UsageRecord]] = {}
     for r in records:
         groups.setdefault(key(r), []).append(r)
     return groups
@@ -122,14 +122,15 @@ def summarize(
     command: str | None = None,
 ) -> dict[str, Any]:
     """Totals, one entry per model (busiest first) and one per local day (oldest first)."""
-    by_model = _group(records, lambda r: r.model or "-")
+    # a model served elsewhere (--endpoint) is its own entry: its figures are that server's, not ours
+    by_model = _group(records, lambda r: (r.model or "-", r.endpoint))
     models = []
-    for name, rows in by_model.items():
-        entry = {"model": name, "sha256": next((r.model_sha256 for r in reversed(rows) if r.model_sha256), None)}
+    for (name, endpoint), rows in by_model.items():
+        entry = {"model": name, "endpoint": endpoint, "sha256": next((r.model_sha256 for r in reversed(rows) if r.model_sha256), None)}
         entry["commands"] = sorted({r.command for r in rows})
         entry.update(summarize_group(rows, pricing))
         models.append(entry)
-    models.sort(key=lambda m: (-(m["tokens_in"] + m["tokens_out"]), m["model"]))
+    models.sort(key=lambda m: (-(m["tokens_in"] + m["tokens_out"]), m["model"], m["endpoint"] or ""))
     by_day = _group(records, lambda r: local_day(r.ts))
     day_keys = sorted(by_day)
     if day_keys:

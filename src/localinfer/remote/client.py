@@ -1,0 +1,318 @@
+"""Streaming completions from an OpenAI-compatible server, measured on the client.
+
+One :class:`StreamState` reads a stream's lines and keeps the clock: TTFT (request sent -> first
+chunk with text), the gaps between text chunks (ITL), the end. Token counts come only from the
+server (``usage``, asked for with ``stream_options.include_usage``; llama-server's ``timings``);
+a count the server does not give stays None. :class:`Client` (sync: run, chat, batch) and
+:func:`astream` (async: the load test) share it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from localinfer.engine import defaults as llama_defaults
+from localinfer.remote.connection import (
+    Endpoint,
+    ProtocolError,
+    RemoteError,
+    status_error,
+    transport_error,
+)
+from localinfer.remote.sse import SSEDecoder, choice_text, parse_event
+
+if TYPE_CHECKING:
+    from localinfer.engine.types import SamplingOptions
+
+OnText = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    """One answer as the client saw it (times from ``time.perf_counter()``)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None  # from the server's usage; None: not reported
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    server_timings: dict[str, Any] | None = None  # llama-server's (and our serve's) timings object
+    t_start: float = 0.0  # the request was handed to the connection
+    t_first: float | None = None  # first chunk with text
+    t_last: float | None = None  # last chunk with text
+    t_end: float = 0.0  # the stream ended
+    itl: list[float] = field(default_factory=list)  # seconds between successive text chunks
+    chunks: int = 0  # chunks carrying text
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.t_first is None else self.t_first - self.t_start
+
+    @property
+    def total_s(self) -> float:
+        return self.t_end - self.t_start
+
+    @property
+    def decode_s(self) -> float | None:
+        """First text chunk to the last: what the tokens after the first took."""
+        if self.t_first is None or self.t_last is None:
+            return None
+        return self.t_last - self.t_first
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens after the first (the server's count) over the client's decode time."""
+        n, d = self.completion_tokens, self.decode_s
+        if n is None or n < 2 or not d or d <= 0:
+            return None
+        return (n - 1) / d
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class StreamState:
+    """Lines of one SSE response in, an :class:`Outcome` out."""
+
+    def __init__(self, where: str, t_start: float, on_text: OnText | None = None) -> None:
+        self.where, self.on_text = where, on_text
+        self.outcome = Outcome(t_start=t_start)
+        self.decoder = SSEDecoder()
+        self.done = False
+        self._pieces: list[str] = []
+
+    def line(self, line: str, now: float) -> None:
+        event = self.decoder.feed(line)
+        if event is None or self.done:
+            return
+        chunk = parse_event(event[0], event[1], self.where)
+        if chunk is None:
+            self.done = True
+            return
+        self.chunk(chunk, now)
+
+    def chunk(self, chunk: dict[str, Any], now: float) -> None:
+        o = self.outcome
+        o.model = o.model or (chunk.get("model") if isinstance(chunk.get("model"), str) else None)
+        for choice in chunk.get("choices") or ():
+            text = choice_text(choice, self.where)
+            if text:
+                if o.t_first is None:
+                    o.t_first = now
+                elif o.t_last is not None:
+                    o.itl.append(now - o.t_last)
+                o.t_last = now
+                o.chunks += 1
+                self._pieces.append(text)
+                if self.on_text is not None:
+                    self.on_text(text)
+            if choice.get("finish_reason"):
+                o.finish_reason = str(choice["finish_reason"])
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            o.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+            o.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and _int_or_none(details.get("cached_tokens")) is not None:
+                o.cached_tokens = details["cached_tokens"]
+        if isinstance(chunk.get("timings"), dict):
+            o.server_timings = chunk["timings"]
+
+    def whole(self, body: dict[str, Any], now: float) -> None:
+        """A server that answered the stream request with one JSON completion: take it as one chunk."""
+        choices = body.get("choices")
+        if not isinstance(choices, list):
+            raise ProtocolError(f"{self.where} answered without 'choices'")
+        for c in choices:
+            if isinstance(c, dict) and isinstance(c.get("message"), dict):
+                c["delta"] = c["message"]
+        self.chunk(body, now)
+        self.done = True
+
+    def interrupted(self, now: float) -> Outcome:
+        """What was received before Ctrl-C, finish reason ``interrupted``."""
+        o = self.outcome
+        o.t_end, o.text, o.finish_reason = now, "".join(self._pieces), "interrupted"
+        return o
+
+    def finish(self, now: float) -> Outcome:
+        """The outcome; an answer cut short (no [DONE], no finish reason) is an error."""
+        o = self.outcome
+        o.t_end = now
+        o.text = "".join(self._pieces)
+        if not self.done and o.finish_reason is None:
+            what = "in the middle of an event" if self.decoder.pending() else "before the answer ended"
+            raise RemoteError(f"{self.where} closed the stream {what}", retryable=True,
+                              hint="the server stopped or died; see its log")  # fmt: skip
+        if o.cached_tokens is None and o.server_timings and _int_or_none(o.server_timings.get("cache_n")) is not None:
+            o.cached_tokens = o.server_timings["cache_n"]
+        return o
+
+
+# -- requests ---------------------------------------------------------------------------------------
+
+
+def request_body(
+    model: str,
+    *,
+    messages: Iterable[dict[str, Any]] | None = None,
+    prompt: str | None = None,
+    sampling: SamplingOptions | None = None,
+    max_tokens: int | None = None,
+    stop: Iterable[str] = (),
+    ignore_eos: bool = False,
+) -> dict[str, Any]:
+    """A streaming chat (``messages``) or completion (``prompt``) request.
+
+    Only OpenAI's own fields unless asked: top_k, min_p and repeat_penalty are sent when they differ
+    from llama.cpp's defaults (which llama.cpp-based servers already use, and which OpenAI's API would
+    refuse as unknown), ``ignore_eos`` when set.
+    """
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+    if messages is not None:
+        body["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
+    else:
+        body["prompt"] = prompt or ""
+    if sampling is not None:
+        body["temperature"] = sampling.temperature
+        body["top_p"] = sampling.top_p
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        for key in ("top_k", "min_p", "repeat_penalty"):
+            if getattr(sampling, key) != getattr(llama_defaults, key):
+                body[key] = getattr(sampling, key)
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    stop = list(stop)
+    if stop:
+        body["stop"] = stop
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def _path(body: dict[str, Any]) -> str:
+    return "chat/completions" if "messages" in body else "completions"
+
+
+def _is_json(response: Any) -> bool:
+    return response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
+
+
+class Client:
+    """A connection pool to one endpoint (httpx.Client); thread-safe, as httpx's is."""
+
+    def __init__(self, ep: Endpoint, *, pool: int = 10) -> None:
+        from localinfer.remote.connection import httpx
+
+        h = httpx()
+        self.ep = ep
+        self._http = h.Client(timeout=ep.timeout(), headers=ep.headers(),
+                              limits=h.Limits(max_connections=max(pool, 1), max_keepalive_connections=max(pool, 1)))  # fmt: skip
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def models(self) -> list[str]:
+        """The model ids of ``/v1/models``, in the server's order."""
+        try:
+            r = self._http.get(self.ep.url("models"))
+        except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+            raise _translate(exc, self.ep, started=False) from None
+        if r.status_code != 200:
+            raise status_error(r.status_code, r.content, r.headers, self.ep, "the model list")
+        try:
+            data = r.json().get("data")
+            return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (ValueError, AttributeError, TypeError):
+            raise ProtocolError(f"{self.ep.display}/models is not an OpenAI model list",
+                                hint="--endpoint is the OpenAI base URL, e.g. http://host:8080/v1") from None  # fmt: skip
+
+    def pick_model(self, name: str | None) -> str:
+        """``-m`` as given, or the server's first model (``/v1/models``)."""
+        if name:
+            return name
+        ids = self.models()
+        if not ids:
+            raise RemoteError(f"{self.ep.display} serves no model (its /models list is empty)", fatal=True)
+        return ids[0]
+
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None) -> Outcome:
+        """Send one streaming request; ``on_text`` gets each piece of text as it comes."""
+        t0 = time.perf_counter()
+        state = StreamState(self.ep.display, t0, on_text)
+        started = False
+        try:
+            with self._http.stream("POST", self.ep.url(_path(body)), json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise status_error(r.status_code, r.content, r.headers, self.ep)
+                started = True
+                if _is_json(r):
+                    r.read()
+                    state.whole(r.json(), time.perf_counter())
+                else:
+                    for line in r.iter_lines():  # read to the end (not just [DONE]): the connection is reused
+                        state.line(line, time.perf_counter())
+        except KeyboardInterrupt as exc:
+            exc.partial_outcome = state.interrupted(time.perf_counter())  # type: ignore[attr-defined]
+            raise
+        except RemoteError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+            translated = _translate(exc, self.ep, started=started)
+            if translated is None:
+                raise
+            raise translated from None
+        return state.finish(time.perf_counter())
+
+
+def _translate(exc: BaseException, ep: Endpoint, *, started: bool) -> Exception | None:
+    from localinfer.errors import LocalInferError
+    from localinfer.remote.connection import httpx
+
+    if isinstance(exc, LocalInferError):
+        return exc
+    if isinstance(exc, httpx().HTTPError):
+        return transport_error(exc, ep, started=started)
+    if isinstance(exc, (ValueError, UnicodeDecodeError)):  # a JSON body that is not JSON
+        return ProtocolError(f"{ep.display} sent a body that is not JSON: {exc}")
+    return None
+
+
+async def astream(http: Any, ep: Endpoint, body: dict[str, Any]) -> Outcome:
+    """The async twin of :meth:`Client.stream` (``http``: an httpx.AsyncClient), for the load test."""
+    t0 = time.perf_counter()
+    state = StreamState(ep.display, t0)
+    started = False
+    try:
+        async with http.stream("POST", ep.url(_path(body)), json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                raise status_error(r.status_code, r.content, r.headers, ep)
+            started = True
+            if _is_json(r):
+                await r.aread()
+                state.whole(r.json(), time.perf_counter())
+            else:
+                async for line in r.aiter_lines():  # read to the end (not just [DONE]): the connection is reused
+                    state.line(line, time.perf_counter())
+    except RemoteError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+        translated = _translate(exc, ep, started=started)
+        if translated is None:
+            raise
+        raise translated from None
+    return state.finish(time.perf_counter())
