@@ -5,7 +5,7 @@ The report is what the user asked for, so it goes to stdout (plain text, or one 
 
 
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -55,7 +55,9 @@ def render(report: dict[str, Any]) -> str:
         rows.append(("build features", " ".join(llama["build_features"]) or "-"))
         rows.append(("weight repack", "on" if llama["cpu_repack"] else "off" + (" (AMX CPU)" if llama["amx"] else "")))
         for d in llama["devices"]:
-            rows.append(("device", f"{d['name']} ({d['type']}): {d['description']} · {_human(d['total_bytes'])}"))
+            kind = "RPC" if d.get("backend") == "RPC" else d["type"]  # an RPC device's description is its server
+            free = f" ({_human(d['free_bytes'])} free)" if d.get("free_bytes") else ""
+            rows.append(("device", f"{d['name']} ({kind}): {d['description']} · {_human(d['total_bytes'])}{free}"))
     v = report["versions"]
     rows.append(("versions", " · ".join(f"{k} {val}" for k, val in v.items() if val)))
     width = max(len(k) for k, _ in rows)
@@ -71,10 +73,16 @@ def render(report: dict[str, Any]) -> str:
 
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT[,...]", envvar="LOCALINFER_RPC", help="Also list the devices of these ggml-rpc-servers.")] = None,
 ) -> None:
     """Check this machine: CPU, RAM, GPUs, the llama.cpp build, disk; advice on what to fix and what fits."""
     with handle_errors():
         from localinfer.system.advice import report
+
+        if rpc:  # the servers' devices are listed with the local ones
+            from localinfer.engine.rpc import add_servers, parse_endpoints
+
+            add_servers(parse_endpoints(rpc))
 
         data = report()
         if json_out:

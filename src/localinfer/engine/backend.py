@@ -71,14 +71,17 @@ class LlamaLog:
 _log: LlamaLog | None = None
 
 
-def ensure_backend(verbose: bool) -> LlamaLog:
+def ensure_backend(verbose: bool | None) -> LlamaLog:
+    """Start llama.cpp's backend once; ``verbose``: echo its log from now on (None: leave it as it
+    is, for the device queries a verbose load makes on its way)."""
     global _log
     if _log is None:
         _log = LlamaLog()
         llama_cpp.llama_backend_init()
     elif "llama_cpp._logger" in sys.modules:  # the whole package was imported since: it took the log over
         _log.install()
-    _log.echo = verbose
+    if verbose is not None:
+        _log.echo = verbose
     return _log
 
 
@@ -163,6 +166,7 @@ def _ggml():
         ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
         ("ggml_backend_dev_type", ctypes.c_int, [p]),
         ("ggml_backend_dev_memory", None, [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
+        ("ggml_backend_dev_backend_reg", p, [p]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -171,17 +175,19 @@ def _ggml():
 
 def backends() -> list[str]:
     """Backends compiled into this llama-cpp-python (``["CUDA", "CPU"]``, ``["Metal", "BLAS", "CPU"]``)."""
-    ensure_backend(False)
+    ensure_backend(None)
     try:
         lib = _ggml()
-        return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
+        names = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
     except (AttributeError, OSError, RuntimeError):
         return []
+    return [n for n in names if not n.startswith("RPC[")]  # "RPC[host:port]": a server added (engine.rpc), not a backend
 
 
 def devices() -> list[dict]:
-    """The devices llama.cpp can use: name, description, type (cpu/gpu/igpu/accel), free and total bytes."""
-    ensure_backend(False)
+    """The devices llama.cpp can use: name, description, type (cpu/gpu/igpu/accel), free and total
+    bytes, and the backend that drives it (CPU, CUDA, Metal, RPC: a remote ggml-rpc-server)."""
+    ensure_backend(None)
     try:
         lib = _ggml()
     except (AttributeError, OSError, RuntimeError):
@@ -191,6 +197,7 @@ def devices() -> list[dict]:
         dev = lib.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        reg = lib.ggml_backend_dev_backend_reg(dev)
         out.append(
             {
                 "name": (lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
@@ -198,6 +205,7 @@ def devices() -> list[dict]:
                 "type": _DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
                 "free_bytes": int(free.value),
                 "total_bytes": int(total.value),
+                "backend": (lib.ggml_backend_reg_name(reg) or b"").decode(errors="replace") if reg else "",
             }
         )
     return out

@@ -27,12 +27,21 @@ AMX_REBUILD_COMMAND = (
     "pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36"
 )
 
-def reinstall_command(vendor: str, version: str | None) -> str | None:
-    """The pip command that rebuilds llama-cpp-python for this GPU vendor (None: we know of none)."""
+def reinstall_command(vendor: str, version: str | None, *, rpc: bool = False) -> str | None:
+    """The pip command that rebuilds llama-cpp-python for this GPU vendor (None: we know of none);
+    ``rpc``: keep the RPC backend the current build has."""
     flags = _BUILD_FLAGS.get(vendor)
     if flags is None:
         return None
-    return _REINSTALL.format(flags=flags, version=version or "0.3.36")
+    return _REINSTALL.format(flags=flags + (" -DGGML_RPC=ON" if rpc else ""), version=version or "0.3.36")
+
+
+def local_offload(llama: dict[str, Any]) -> bool:
+    """Whether the build drives a GPU of this machine: llama.cpp says it can offload for a build
+    whose only such backend is RPC (remote ggml-rpc-servers), which does not."""
+    backends = llama.get("backends", [])
+    gpu_backends = [b for b in backends if b not in ("CPU", "BLAS", "RPC")]
+    return bool(llama.get("gpu_offload")) and (bool(gpu_backends) or "RPC" not in backends)
 
 
 def comfortable_model(report: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +53,8 @@ def comfortable_model(report: dict[str, Any]) -> dict[str, Any]:
     gpu_devices = [d for d in llama.get("devices", []) if d.get("type") in ("gpu", "igpu")]
     if llama.get("gpu_offload") and gpu_devices:
         budget = sum(int(d.get("total_bytes") or 0) for d in gpu_devices) - GiB * len(gpu_devices)
-        where = "GPU memory"
+        remote = all(d.get("backend") == "RPC" for d in gpu_devices)
+        where = "the RPC servers' memory" if remote else "GPU memory"
     else:
         room = mem.get("cgroup_room_bytes")
         total = min(ram_total, room) if room else ram_total
@@ -58,11 +68,41 @@ def comfortable_model(report: dict[str, Any]) -> dict[str, Any]:
         "context": 4096,
         "gpu_max_file_bytes_after_rebuild": None,
     }
-    unused = [g for g in report.get("gpus", []) if g.get("memory_total_bytes") and not llama.get("gpu_offload")]
+    unused = [g for g in report.get("gpus", []) if g.get("memory_total_bytes") and not local_offload(llama)]
     if unused:
         vram = sum(int(g["memory_total_bytes"]) - GiB for g in unused)
         out["gpu_max_file_bytes_after_rebuild"] = max(0, int(vram / OVERHEAD))
     return out
+
+
+def _gpu_advice(gpus: list[dict[str, Any]], llama: dict[str, Any], version: str | None) -> list[dict[str, Any]]:
+    """A GPU the build cannot use (with the rebuild command), an RPC-only build without servers, or
+    a GPU build that sees no GPU: at most one of them."""
+    devices = [d for d in llama.get("devices", []) if d.get("type") in ("gpu", "igpu")]
+    rpc_build = "RPC" in llama.get("backends", [])
+    if gpus and not local_offload(llama):
+        gpu = gpus[0]
+        item: dict[str, Any] = {
+            "kind": "gpu_unused",
+            "message": f"{gpu['name']} is present, but this llama-cpp-python was built without a backend for it "
+            "(CPU only" + (", or remote RPC servers" if rpc_build else "") + "), so models run on the CPU; rebuild it with GPU support",
+        }
+        cmd = reinstall_command(gpu.get("vendor", ""), version, rpc=rpc_build)
+        return [{**item, "command": cmd}] if cmd else [item]
+    if rpc_build and not local_offload(llama) and not devices:
+        return [{
+            "kind": "rpc_only",
+            "message": "this llama-cpp-python offloads only to ggml-rpc-servers (it was built with -DGGML_RPC=ON "
+            "and no GPU backend): pass --rpc HOST:PORT to use one (see README)",
+        }]
+    if local_offload(llama) and not [d for d in devices if d.get("backend") != "RPC"]:
+        built = ", ".join(b for b in llama.get("backends", []) if b not in ("CPU", "BLAS", "RPC"))
+        return [{
+            "kind": "gpu_not_visible",
+            "message": f"llama-cpp-python was built with {built} but llama.cpp sees no GPU: check the driver "
+            "(nvidia-smi) and that the GPU is visible to this process",
+        }]
+    return []
 
 
 def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -84,23 +124,7 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
             "command": f"pip install --force-reinstall --no-cache-dir llama-cpp-python=={version or '0.3.36'}",
         })
         return out
-    gpus = report.get("gpus", [])
-    gpu_devices = [d for d in llama.get("devices", []) if d.get("type") in ("gpu", "igpu")]
-    if gpus and not llama.get("gpu_offload"):
-        gpu = gpus[0]
-        cmd = reinstall_command(gpu.get("vendor", ""), version)
-        msg = (f"{gpu['name']} is present, but this llama-cpp-python was built for the CPU only, so models run "
-               "on the CPU; rebuild it with GPU support")
-        item: dict[str, Any] = {"kind": "gpu_unused", "message": msg}
-        if cmd:
-            item["command"] = cmd
-        out.append(item)
-    elif llama.get("gpu_offload") and not gpu_devices:
-        out.append({
-            "kind": "gpu_not_visible",
-            "message": f"llama-cpp-python was built with {', '.join(b for b in llama.get('backends', []) if b != 'CPU')} "
-            "but llama.cpp sees no GPU: check the driver (nvidia-smi) and that the GPU is visible to this process",
-        })
+    out.extend(_gpu_advice(report.get("gpus", []), llama, version))
     if llama.get("amx"):
         state = "on (LOCALINFER_CPU_REPACK)" if llama.get("cpu_repack") else "off (as llama-server's --no-repack)"
         out.append({

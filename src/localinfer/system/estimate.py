@@ -350,6 +350,15 @@ class BufferReport:
     def model_devices(self) -> tuple[str, ...]:
         return tuple(dev for k, dev, _ in self.buffers if k == "model")
 
+    def by_device(self, kind: str = "model") -> dict[str, int]:
+        """Bytes of one kind of buffer per llama.cpp buffer (``CUDA0``, ``RPC0[host:port]``,
+        ``CPU_Mapped``): where the weights went, split over devices."""
+        out: dict[str, int] = {}
+        for k, dev, b in self.buffers:
+            if k == kind:
+                out[dev] = out.get(dev, 0) + b
+        return out
+
     def to_json(self) -> dict[str, int]:
         return {
             "weights_bytes": self.total("model"),

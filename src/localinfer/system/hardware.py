@@ -68,6 +68,7 @@ class MemoryBudget:
     gpu_offload: bool = False  # this llama-cpp-python build can offload to a GPU
     vram_free: int | None = None  # free memory over the GPUs llama.cpp sees; None: none
     unified: bool = False  # the GPU's memory is the RAM (Apple Silicon): both come from one pool
+    gpu_devices: int = 1  # devices vram_free is summed over (each keeps its own headroom)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -314,17 +315,20 @@ def llama_facts() -> dict:
     }
 
 
-def _llama_gpu_free() -> tuple[bool, int | None, bool]:
-    """(offload supported, free bytes over llama.cpp's GPU devices or None, unified memory)."""
+def _llama_gpu_free() -> tuple[bool, int | None, bool, int]:
+    """(offload supported, free bytes over llama.cpp's GPU devices or None, unified memory, devices)."""
     from localinfer.engine import backend as engine
 
     if not engine.supports_gpu_offload():
-        return False, None, False
+        return False, None, False, 0
     gpus_ = [d for d in engine.devices() if d["type"] in ("gpu", "igpu")]
     if not gpus_:
-        return True, None, False
-    unified = sys.platform == "darwin" or all(d["type"] == "igpu" for d in gpus_)
-    return True, sum(d["free_bytes"] for d in gpus_), unified
+        return True, None, False, 0
+    # A remote RPC device's memory is not this machine's RAM, whatever the platform (a mix of the
+    # two is planned as separate memory: the budget has one GPU pool).
+    remote = any(d.get("backend") == "RPC" for d in gpus_)
+    unified = not remote and (sys.platform == "darwin" or all(d["type"] == "igpu" for d in gpus_))
+    return True, sum(d["free_bytes"] for d in gpus_), unified, len(gpus_)
 
 
 def memory_budget() -> MemoryBudget:
@@ -342,10 +346,10 @@ def memory_budget() -> MemoryBudget:
     if fake_ram is not None:
         ram, swap = fake_ram, 0
         notes.append(f"simulated by {FAKE_RAM_ENV}")
-    offload, vram, unified = _llama_gpu_free()
+    offload, vram, unified, n_gpus = _llama_gpu_free()
     fake_vram = _env_size(FAKE_VRAM_ENV)
     if fake_vram is not None and offload:
-        vram, unified = fake_vram, False
+        vram, unified, n_gpus = fake_vram, False, 1
     return MemoryBudget(
         ram_available=ram + swap,
         ram_total=int(mem["total_bytes"] or 0),
@@ -353,6 +357,7 @@ def memory_budget() -> MemoryBudget:
         gpu_offload=offload,
         vram_free=vram,
         unified=unified,
+        gpu_devices=max(1, n_gpus),
         notes=tuple(notes),
     )
 
