@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Build the native llama.cpp reference tools (llama-bench, llama-batched-bench,
-# llama-completion) from the llama.cpp source vendored in the
+# llama-completion, llama-server) from the llama.cpp source vendored in the
 # llama-cpp-python 0.3.36 sdist from PyPI, with the same CMake options that
 # `pip install llama-cpp-python==0.3.36` uses by default on Linux/CPU, so the
 # native numbers are comparable with what localinfer runs through the bindings.
 #
-# Output:   benchmarks/.build/bin/{llama-bench,llama-batched-bench,llama-completion}
+# Output:   benchmarks/.build/bin/{llama-bench,llama-batched-bench,llama-completion,llama-server}
 #           (a symlink to benchmarks/.build/cmake/bin, which also holds the
 #           shared libs libllama.so / libggml*.so the tools load)
 #           benchmarks/.build/BUILD_INFO.txt  (what was built, how)
-# Idempotent: exits early when the three binaries already exist (FORCE=1 rebuilds).
+# Idempotent: exits early when the binaries already exist (FORCE=1 rebuilds);
+# a build dir configured before llama-server was added only builds the server.
 #
 # Environment knobs:
 #   FORCE=1                 rebuild even if the binaries exist
@@ -34,7 +35,7 @@ VERSION="0.3.36"
 SDIST_NAME="llama_cpp_python-${VERSION}.tar.gz"
 # sha256 of the PyPI sdist (PyPI files are immutable; pinned for reproducibility)
 SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-TARGETS=(llama-bench llama-batched-bench llama-completion)
+TARGETS=(llama-bench llama-batched-bench llama-completion llama-server)
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${HERE}/.build"
@@ -93,7 +94,8 @@ CMAKE_OPTS=(
     -DLLAMA_CURL=OFF
     -DLLAMA_BUILD_COMMON=ON
     -DLLAMA_BUILD_TOOLS=ON
-    -DLLAMA_BUILD_SERVER=OFF
+    -DLLAMA_BUILD_SERVER=ON   # llama-server: the reference for `localinfer serve` (serve_vs_native.py)
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF   # no web UI: no npm, no download from the Hub
     -DLLAMA_BUILD_EXAMPLES=OFF
     -DLLAMA_BUILD_TESTS=OFF
 )
@@ -102,7 +104,7 @@ EXTRA=(${EXTRA_CMAKE_ARGS:-})
 echo "build_native.sh: configuring ${CMAKE_DIR}"
 cmake -S "${LLAMA_SRC}" -B "${CMAKE_DIR}" "${GEN[@]}" "${CMAKE_OPTS[@]}" "${EXTRA[@]}"
 
-# 4. build only the three tools ----------------------------------------------
+# 4. build only the reference tools --------------------------------------------
 echo "build_native.sh: building ${TARGETS[*]} with -j${JOBS}"
 cmake --build "${CMAKE_DIR}" --config Release -j "${JOBS}" --target "${TARGETS[@]}"
 

@@ -7,6 +7,11 @@ samples from its own row of logits (``llama_sampler_sample(chain, ctx, batch_ind
 sequence finishes, its KV cells are dropped (``llama_memory_seq_rm(mem, seq, -1, -1)``) and the next
 job takes its slot at once.
 
+With ``keep_cache`` (the server), a finished sequence's cells stay: the next job takes the free slot
+whose cache shares the longest prefix with its prompt and evaluates only the rest (llama-server's
+``cache_prompt``). A job can stream its text as it comes (``on_text``) and be cancelled from another
+thread (``cancel``): its slot is free at the next step.
+
 The context must be created with ``n_seq_max >= n_parallel`` and without a unified KV cache, so each
 sequence has its own ``n_ctx_seq`` cells: sequences cannot crowd each other out of the cache, nor
 see each other's tokens.
@@ -18,17 +23,16 @@ but the text pieces themselves.
 
 from __future__ import annotations
 
-import codecs
 import ctypes
-import heapq
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.model import Model
-from localinfer.engine.stopping import StopMatcher
+from localinfer.engine.slots import Slot, SlotTable, with_penalties
 from localinfer.engine.types import GenerationStats, SamplingOptions
 from localinfer.errors import GenerationError, ResourceError
 
@@ -43,12 +47,16 @@ class SeqJob:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0  # OpenAI's penalties (llama.cpp's penalties sampler); 0 = off
+    presence_penalty: float = 0.0
+    on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
+    cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
 
 
 @dataclass
 class SeqResult:
     """What one sequence produced. Times are ``time.perf_counter()`` values; ``error`` is set when the
-    job was refused (it never ran)."""
+    job was refused (it never ran). A cancelled job ends with finish reason ``interrupted``."""
 
     key: Any
     text: str
@@ -75,6 +83,7 @@ class BatchStats:
     llama_decode_s: float = 0.0  # inside llama_decode, all steps
     decode_only_llama_s: float = 0.0  # of decode_only_s, inside llama_decode (the rest is sampling and Python)
     prompt_tokens: int = 0  # prompt tokens evaluated
+    cached_tokens: int = 0  # prompt tokens a slot already held (keep_cache), not evaluated
     sampled_tokens: int = 0  # all tokens sampled (end-of-generation tokens included)
     max_active: int = 0
     extra: dict = field(default_factory=dict)
@@ -87,47 +96,26 @@ class BatchStats:
         return self.decode_only_tokens / self.decode_only_s
 
 
-class _Slot:
-    """One running sequence (slot number = llama.cpp sequence id)."""
-
-    __slots__ = (
-        "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
-        "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos",
-    )
-
-    def __init__(self, seq: int, job: SeqJob, chain: Any, now: float) -> None:
-        self.seq = seq
-        self.job = job
-        self.chain = chain
-        self.pos = 0  # next position to fill = tokens in this sequence's cache
-        self.prompt: list[int] | None = list(job.tokens)  # None once the prompt is evaluated
-        self.off = 0  # prompt tokens already put in a batch
-        self.idx = -1  # this step: batch index of the row to sample from, -1 = none
-        self.last = -1  # last sampled token, to evaluate next step
-        self.n_gen = 0
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.matcher = StopMatcher(job.stop)
-        self.pieces: list[str] = []
-        self.stats = GenerationStats(prompt_tokens=len(self.prompt))
-        self.t_admit = now
-        self.t_first = 0.0
-        self.max_tokens = job.max_tokens
-        self.ignore_eos = job.ignore_eos
-
-
-def _by_seq(slot: _Slot) -> int:
+def _by_seq(slot: Slot) -> int:
     return slot.seq
 
 
-class BatchDecoder:
-    """Runs jobs ``n_parallel`` at a time on one Model (its context needs ``n_seq_max >= n_parallel``)."""
+_END = object()  # the job source is exhausted
 
-    def __init__(self, model: Model, n_parallel: int | None = None) -> None:
+
+class BatchDecoder:
+    """Runs jobs ``n_parallel`` at a time on one Model (its context needs ``n_seq_max >= n_parallel``).
+
+    ``keep_cache``: keep each finished sequence's cells and reuse the longest common prefix (the server).
+    """
+
+    def __init__(self, model: Model, n_parallel: int | None = None, *, keep_cache: bool = False) -> None:
         n_seq_max = model.n_seq_max
         self.n_parallel = n_parallel or n_seq_max
         if not 1 <= self.n_parallel <= n_seq_max:
             raise ValueError(f"n_parallel={self.n_parallel}, but the context holds {n_seq_max} sequences")
         self.model = model
+        self.keep_cache = keep_cache
         self.n_ctx_seq = model.n_ctx_seq
         self.capacity = max(model.n_batch, self.n_parallel)
         self.stats = BatchStats()
@@ -143,8 +131,11 @@ class BatchDecoder:
         self._seq = [(llama_cpp.llama_seq_id * 1).from_address(ctypes.addressof(b.seq_id[i].contents)) for i in range(cap)]
         self._fillers: list[int] = []  # idle sequence ids given a throwaway token this step
         self.fill_gaps = True  # False: leave idle sequences out (one ubatch per run of busy ids)
+        self.before_decode: Callable[[], None] | None = None  # called just before each llama_decode
         bos = model.bos_token
         self._filler = bos if bos >= 0 else 0
+        self._active: list[Slot] = []  # running sequences, in sequence id order
+        self._slots = SlotTable(model, self.n_parallel, keep_cache)
 
     def close(self) -> None:
         if self._batch is not None:
@@ -165,79 +156,104 @@ class BatchDecoder:
         except Exception:  # noqa: BLE001
             pass
 
+    # -- figures other threads may read (a server's metrics) ------------------------------------
+    @property
+    def n_active(self) -> int:
+        """Sequences running now."""
+        return len(self._active)
+
+    @property
+    def cells_used(self) -> int:
+        """KV cells in use: running sequences' and, with keep_cache, what idle slots keep."""
+        return sum(s.pos for s in list(self._active)) + self._slots.cells_kept()
+
     # -- the loop --------------------------------------------------------------------------------
-    def run(self, jobs: Iterable[SeqJob]) -> Iterator[SeqResult]:
+    def run(self, jobs: Iterable[SeqJob | None]) -> Iterator[SeqResult]:
         """Run ``jobs`` (pulled lazily, one each time a slot frees up); yield results as they finish.
 
         A job whose prompt is empty or does not leave room for one token in ``n_ctx_seq`` is not run:
-        its result has ``error`` set. Closing the generator early (or an exception) drops every
-        running sequence and leaves the cache empty.
+        its result has ``error`` set. The source may yield None for "no job ready now": the decoder
+        goes on with what runs and asks again after the next step - at once when nothing runs, so
+        such a source blocks while ``n_active`` is 0. Closing the generator early (or an exception)
+        drops every running sequence and leaves the cache empty.
         """
         if self._batch is None:
             raise GenerationError("this batch decoder is closed")
         model = self.model
         model.reset()
+        slots = self._slots = SlotTable(model, self.n_parallel, self.keep_cache)
         source = iter(jobs)
-        free = list(range(self.n_parallel))  # a heap: the lowest free sequence id goes first
-        active: list[_Slot] = []  # in sequence id order (see _fill_and_decode)
-        exhausted = admitted = False
-        clock = time.perf_counter
+        active = self._active = []
+        exhausted = False
         try:
             while True:
-                while free and not exhausted:
-                    job = next(source, None)
-                    if job is None:
-                        exhausted = True
-                        break
-                    problem = self._refuse(job)
-                    if problem is not None:
-                        yield SeqResult(job.key, "", GenerationStats(prompt_tokens=len(job.tokens)), error=problem)
-                        continue
-                    if job.max_tokens is not None and job.max_tokens <= 0:
-                        now = clock()
-                        stats = GenerationStats(prompt_tokens=len(job.tokens), finish_reason="length", n_ctx=self.n_ctx_seq)
-                        yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
-                        continue
-                    chain, seed = model.new_sampler(job.sampling, job.tokens)
-                    slot = _Slot(heapq.heappop(free), job, chain, clock())
-                    slot.stats.n_ctx = self.n_ctx_seq
-                    slot.stats.extra["seed"] = seed
-                    active.append(slot)
-                    admitted = True
+                if slots.free and not exhausted:
+                    exhausted = yield from self._admit(source, active)
+                for slot in [s for s in active if s.cancel is not None and s.cancel.is_set()]:
+                    slot.stats.finish_reason = "interrupted"
+                    active.remove(slot)  # before the next batch is filled: its id may become a gap
+                    yield self._retire(slot, time.perf_counter())
                 if not active:
-                    return
-                if admitted:
-                    active.sort(key=_by_seq)
-                    admitted = False
-                if len(active) > self.stats.max_active:
-                    self.stats.max_active = len(active)
-                t_step = clock()
-                t_llama = self.stats.llama_decode_s
-                has_prompt = self._fill_and_decode(active)
-                done, n_sampled = self._sample(active)
-                t_end = clock()
-                st = self.stats
-                st.steps += 1
-                st.sampled_tokens += n_sampled
-                if not has_prompt:
-                    st.decode_only_steps += 1
-                    st.decode_only_s += t_end - t_step
-                    st.decode_only_llama_s += st.llama_decode_s - t_llama
-                    st.decode_only_tokens += n_sampled
+                    if exhausted:
+                        return
+                    continue
+                done, t_end = self._step(active)
                 for slot in done:
                     active.remove(slot)
-                    model.drop_sequence(slot.seq)
-                    model.free_sampler(slot.chain)
-                    slot.chain = None
-                    heapq.heappush(free, slot.seq)
-                    yield self._result(slot, t_end)
+                    yield self._retire(slot, t_end)
         finally:
             for slot in active:
                 if slot.chain is not None:
                     model.free_sampler(slot.chain)
                     slot.chain = None
+            self._active = []
+            self._slots = SlotTable(model, self.n_parallel, self.keep_cache)
             if not model.closed:
                 model.reset()
+
+    def _admit(self, source: Iterator[SeqJob | None], active: list[Slot]) -> Generator[SeqResult, None, bool]:
+        """Give free slots to the next jobs; yield refused jobs' results; return True once the
+        source is exhausted."""
+        clock = time.perf_counter
+        exhausted = admitted = False
+        while self._slots.free:
+            job = next(source, _END)
+            if job is _END:
+                exhausted = True
+                break
+            if job is None:
+                break
+            assert isinstance(job, SeqJob)
+            problem = self._refuse(job)
+            if problem is not None:
+                yield SeqResult(job.key, "", GenerationStats(prompt_tokens=len(job.tokens)), error=problem)
+                continue
+            if job.max_tokens is not None and job.max_tokens <= 0:
+                now = clock()
+                stats = GenerationStats(prompt_tokens=len(job.tokens), finish_reason="length", n_ctx=self.n_ctx_seq)
+                yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
+                continue
+            seq, cached = self._slots.take(job.tokens)
+            chain, seed = self.model.new_sampler(job.sampling, job.tokens)
+            if job.frequency_penalty or job.presence_penalty:
+                chain = with_penalties(chain, job, self.model.n_vocab)
+            slot = Slot(seq, job, chain, clock(), cached)
+            slot.stats.n_ctx = self.n_ctx_seq
+            slot.stats.extra["seed"] = seed
+            self.stats.cached_tokens += cached
+            active.append(slot)
+            admitted = True
+        if admitted:
+            active.sort(key=_by_seq)
+            self.stats.max_active = max(self.stats.max_active, len(active))
+        return exhausted
+
+    def _retire(self, s: Slot, t_end: float) -> SeqResult:
+        """Free a finished sequence's slot (the table keeps or drops its cells) and give its result."""
+        self.model.free_sampler(s.chain)
+        s.chain = None
+        self._slots.release(s)
+        return self._result(s, t_end)
 
     def _refuse(self, job: SeqJob) -> str | None:
         n = len(job.tokens)
@@ -247,15 +263,33 @@ class BatchDecoder:
             return f"the prompt ({n} tokens) does not fit the context of one sequence ({self.n_ctx_seq} tokens)"
         return None
 
-    def _fill_and_decode(self, active: list[_Slot]) -> bool:
+    def _step(self, active: list[Slot]) -> tuple[list[Slot], float]:
+        """One decode of every running sequence; the sequences that finished, and when."""
+        clock = time.perf_counter
+        st = self.stats
+        t_step = clock()
+        t_llama = st.llama_decode_s
+        has_prompt = self._fill_and_decode(active)
+        done, n_sampled = self._sample(active)
+        t_end = clock()
+        st.steps += 1
+        st.sampled_tokens += n_sampled
+        if not has_prompt:
+            st.decode_only_steps += 1
+            st.decode_only_s += t_end - t_step
+            st.decode_only_llama_s += st.llama_decode_s - t_llama
+            st.decode_only_tokens += n_sampled
+        return done, t_end
+
+    def _fill_and_decode(self, active: list[Slot]) -> bool:
         """Fill the batch in sequence id order and decode it; True if it carried prompt tokens.
 
         Without a unified KV cache, llama.cpp splits a batch into ubatches of *consecutive* sequence
         ids (``split_equal(..., sequential=true)``), and each ubatch reads all the weights once. So
         each sequence's tokens sit together, in id order, and an idle sequence between two busy
-        ones gets a throwaway token (position 0, no logits, removed right after): one ubatch for
-        all the next tokens, instead of one per run of consecutive ids. Next tokens get room first;
-        prompt chunks share what is left of ``n_batch``.
+        ones gets a throwaway token (after what it keeps, no logits, removed right after): one
+        ubatch for all the next tokens, instead of one per run of consecutive ids. Next tokens get
+        room first; prompt chunks share what is left of ``n_batch``.
         """
         tok, pos, out, seq = self._tok, self._pos, self._out, self._seq
         n_next = 0
@@ -272,7 +306,7 @@ class BatchDecoder:
         for s in active:
             while fill and expect < s.seq:
                 tok[n] = self._filler
-                pos[n] = 0
+                pos[n] = self._slots.filler_pos(expect)
                 seq[n][0] = expect
                 out[n] = 0
                 fillers.append(expect)
@@ -289,32 +323,21 @@ class BatchDecoder:
                 n += 1
                 continue
             s.idx = -1
-            if room <= 0:
-                continue
-            k = min(len(s.prompt) - s.off, room)
-            end = n + k
-            tok[n:end] = s.prompt[s.off : s.off + k]
-            pos[n:end] = range(s.pos, s.pos + k)
-            out[n:end] = bytes(k)
-            sid = s.seq
-            for i in range(n, end):
-                seq[i][0] = sid
-            s.off += k
-            s.pos += k
-            room -= k
-            n = end
-            if s.off == len(s.prompt):
-                out[end - 1] = 1
-                s.idx = end - 1
+            if room > 0:
+                k = min(len(s.prompt) - s.off, room)
+                n = self._put_prompt(s, n, k)
+                room -= k
         if prefilling and n_next:
             self.stats.mixed_steps += 1
         self.stats.filler_tokens += len(fillers)
         self._batch.n_tokens = n
+        if self.before_decode is not None:
+            self.before_decode()
         t0 = time.perf_counter()
         rc = self.model.decode_batch(self._batch)
         self.stats.llama_decode_s += time.perf_counter() - t0
-        for sid in fillers:
-            self.model.drop_sequence(sid)
+        for sid in self._fillers:
+            self._slots.drop_filler(sid)
         if rc != 0:
             if rc == 1:
                 raise ResourceError(
@@ -324,13 +347,30 @@ class BatchDecoder:
             raise GenerationError(f"llama_decode failed with code {rc}")
         return prefilling
 
-    def _sample(self, active: list[_Slot]) -> tuple[list[_Slot], int]:
+    def _put_prompt(self, s: Slot, n: int, k: int) -> int:
+        """Put the next ``k`` prompt tokens of ``s`` at batch row ``n``; the next free row."""
+        assert s.prompt is not None
+        end = n + k
+        self._tok[n:end] = s.prompt[s.off : s.off + k]
+        self._pos[n:end] = range(s.pos, s.pos + k)
+        self._out[n:end] = bytes(k)
+        sid, seq = s.seq, self._seq
+        for i in range(n, end):
+            seq[i][0] = sid
+        s.off += k
+        s.pos += k
+        if s.off == len(s.prompt):
+            self._out[end - 1] = 1
+            s.idx = end - 1
+        return end
+
+    def _sample(self, active: list[Slot]) -> tuple[list[Slot], int]:
         """Sample one token for every sequence that has logits this step; return those that finished."""
         sample = self.model.sample
         token_out = self.model.token_out  # cached per token: (bytes, text, eog)
         n_ctx_seq = self.n_ctx_seq
         clock = time.perf_counter
-        done: list[_Slot] = []
+        done: list[Slot] = []
         n_sampled = 0
         for s in active:
             if s.idx < 0:
@@ -341,7 +381,7 @@ class BatchDecoder:
             st = s.stats
             if s.prompt is not None:  # the prompt's last chunk was just evaluated
                 st.prefill_s = now - s.t_admit
-                self.stats.prompt_tokens += len(s.prompt)
+                self.stats.prompt_tokens += len(s.prompt) - st.cached_tokens
                 s.prompt = None
             if s.n_gen == 0 and st.first_token_s is None:
                 s.t_first = now
@@ -358,6 +398,8 @@ class BatchDecoder:
             text, hit = s.matcher.feed(s.decoder.decode(raw))
             if text:
                 s.pieces.append(text)
+                if s.emit is not None:
+                    s.emit(text)
             if hit:
                 st.finish_reason = "stop"
                 done.append(s)
@@ -368,14 +410,17 @@ class BatchDecoder:
                 done.append(s)
                 continue
             s.last = token
+            s.gen.append(token)
         return done, n_sampled
 
     @staticmethod
-    def _flush(s: _Slot) -> None:
+    def _flush(s: Slot) -> None:
         tail = s.matcher.flush() + s.decoder.decode(b"", final=True)
         if tail:
             s.pieces.append(tail)
+            if s.emit is not None:
+                s.emit(tail)
 
-    def _result(self, s: _Slot, t_end: float) -> SeqResult:
+    def _result(self, s: Slot, t_end: float) -> SeqResult:
         s.stats.context_used = s.pos
         return SeqResult(s.job.key, "".join(s.pieces), s.stats, t_admit=s.t_admit, t_end=t_end)

@@ -1,0 +1,93 @@
+"""`localinfer serve`: an OpenAI-compatible HTTP server (chat and completions, streaming or not) on
+the continuous-batching engine; the flags become a ServeConfig and LoadOptions, the rest is
+``localinfer.serve``."""
+
+
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.cli import options as o
+from localinfer.cli.common import handle_errors
+
+_SERVER = "Server"
+
+ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", min=1, max=256, help="Requests decoded together (sequences in the context).", rich_help_panel=_SERVER)]
+CtxPerSeqOpt = Annotated[
+    Optional[int],
+    typer.Option("--ctx-size", "-c", min=16, help="Context of each sequence (prompt + answer), in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=o._CONTEXT),
+]
+
+
+def serve(
+    model: o.ModelOpt = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. Anything but loopback exposes the model: use --api-key.", rich_help_panel=_SERVER)] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port, printed).", rich_help_panel=_SERVER)] = 8080,
+    parallel: ParallelOpt = 4,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Require 'Authorization: Bearer KEY' (also LOCALINFER_API_KEY).", rich_help_panel=_SERVER)] = None,
+    alias: Annotated[Optional[str], typer.Option("--alias", help="The model's name in the API (default: its registry name).", rich_help_panel=_SERVER)] = None,
+    max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Requests that may wait for a free sequence; more get 503 + Retry-After.", rich_help_panel=_SERVER)] = 64,
+    max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes (413 beyond).", rich_help_panel=_SERVER)] = 4 * 1024 * 1024,
+    drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="On SIGTERM/Ctrl-C, seconds running requests may take to finish before they are cancelled.", rich_help_panel=_SERVER)] = 30.0,
+    ctx_size: CtxPerSeqOpt = None,
+    threads: o.ThreadsOpt = None,
+    gpu_layers: o.GpuLayersOpt = "auto",
+    flash_attn: o.FlashAttnOpt = "auto",
+    cache_type_k: o.CacheTypeKOpt = "f16",
+    cache_type_v: o.CacheTypeVOpt = "f16",
+    no_mmap: o.NoMmapOpt = False,
+    mlock: o.MlockOpt = False,
+    batch_size: o.BatchSizeOpt = 2048,
+    cpu_repack: o.CpuRepackOpt = None,
+    rpc: o.RpcOpt = None,
+    force: o.ForceOpt = False,
+    offline: o.OfflineOpt = False,
+    no_log: o.NoLogOpt = False,
+    verbose: o.VerboseOpt = False,
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+    with handle_errors():
+        from localinfer.batch import job as batchjob
+        from localinfer.render.stats import warn
+        from localinfer.serve.config import ServeConfig
+        from localinfer.store import resolve_model, touch
+
+        server = _import_server()
+        config = ServeConfig(
+            host=host, port=port, parallel=parallel, api_key=api_key or None, max_body=max_body, max_queue=max_queue,
+            drain_s=drain_timeout, no_log=no_log, verbose=verbose,
+        )  # fmt: skip
+        if config.public and config.api_key is None:
+            warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
+        base = o.load_options(
+            ctx_size=None, threads=threads, gpu_layers=gpu_layers, verbose=verbose, flash_attn=flash_attn,
+            cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, mlock=mlock, batch_size=batch_size,
+            cpu_repack=cpu_repack,
+            rpc=rpc,
+        )  # fmt: skip
+        resolved = resolve_model(model, offline=offline)
+        ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
+        n_train = resolved.info.context_length or 0
+        if ctx_size and ctx_size > n_train > 0:
+            warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
+        touch(resolved.name)  # `list`'s "last used"
+        options = batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq)
+        server.serve(config, resolved, options, force=force, alias=alias)
+
+
+def _import_server():
+    """The server module; its dependencies (Starlette, uvicorn) are the optional ``serve`` extra."""
+    try:
+        from localinfer.serve import server
+    except ImportError as exc:
+        from localinfer.errors import LocalInferError
+
+        raise LocalInferError(
+            f"`localinfer serve` needs {exc.name or 'its server packages'}, which is not installed",
+            hint="pip install 'localinfer[serve]'",
+        ) from None
+    return server
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="serve")(serve)

@@ -1,0 +1,161 @@
+"""The sequences of a BatchDecoder: one running job's state (``Slot``), and which sequence ids are
+free and what each idle one's KV cells still hold (``SlotTable``, for prefix reuse)."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from localinfer.engine.backend import llama_cpp
+from localinfer.engine.stopping import StopMatcher
+from localinfer.engine.types import GenerationStats
+
+if TYPE_CHECKING:
+    from localinfer.engine.batch import SeqJob
+    from localinfer.engine.model import Model
+
+
+class Slot:
+    """One running sequence (slot number = llama.cpp sequence id)."""
+
+    __slots__ = (
+        "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
+        "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos", "gen", "emit", "cancel",
+    )
+
+    def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0) -> None:
+        self.seq = seq
+        self.job = job
+        self.chain = chain
+        self.pos = cached  # next position to fill = tokens in this sequence's cache
+        self.prompt: list[int] | None = list(job.tokens)  # None once the prompt is evaluated
+        self.off = cached  # prompt tokens already in the cache or put in a batch
+        self.idx = -1  # this step: batch index of the row to sample from, -1 = none
+        self.last = -1  # last sampled token, to evaluate next step
+        self.n_gen = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.matcher = StopMatcher(job.stop)
+        self.pieces: list[str] = []
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt), cached_tokens=cached)
+        self.t_admit = now
+        self.t_first = 0.0
+        self.max_tokens = job.max_tokens
+        self.ignore_eos = job.ignore_eos
+        self.gen: list[int] = []  # sampled tokens that go into the cache (what a SlotTable keeps)
+        self.emit = job.on_text
+        self.cancel = job.cancel
+
+    def cached_tokens(self) -> list[int]:
+        """The tokens this sequence's cells hold, in order."""
+        tokens = self.job.tokens
+        if self.pos <= len(tokens):
+            return list(tokens[: self.pos])
+        return [*tokens, *self.gen[: self.pos - len(tokens)]]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``; whole chunks compared in C."""
+    n = min(len(a), len(b), limit)
+    i, step = 0, 256
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _drop_tail(model: Model, seq: int, start: int) -> bool:
+    """Free ``seq``'s cells from position ``start`` on; False where the cache cannot (recurrent).
+
+    Model's public face drops whole sequences only; a ``Model.drop_tokens(seq, start)`` and a
+    ``Model.first_position(seq)`` would replace these two reaches into its memory handle.
+    """
+    return bool(llama_cpp.llama_memory_seq_rm(model._mem, seq, start, -1))
+
+
+def _complete(model: Model, seq: int) -> bool:
+    """Whether ``seq`` still holds its first positions: a sliding-window cache forgets old cells,
+    and a prefix without them cannot be reused (llama-server re-evaluates the prompt then too)."""
+    return int(llama_cpp.llama_memory_seq_pos_min(model._mem, seq)) <= 0
+
+
+def with_penalties(inner: Any, job: SeqJob, n_vocab: int) -> Any:
+    """OpenAI's frequency and presence penalties in front of the chain ``build_sampler`` made (a
+    chain is a sampler too), over the last ``repeat_last_n`` tokens, prompt included, as llama-server."""
+    last_n = job.sampling.repeat_last_n
+    outer = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    penalties = llama_cpp.llama_sampler_init_penalties(n_vocab, last_n, 1.0, job.frequency_penalty, job.presence_penalty)
+    llama_cpp.llama_sampler_chain_add(outer, penalties)
+    llama_cpp.llama_sampler_chain_add(outer, inner)
+    window = last_n if last_n > 0 else len(job.tokens)
+    for tok in job.tokens[-window:]:
+        llama_cpp.llama_sampler_accept(penalties, tok)  # the inner chain has counted the prompt already
+    return outer
+
+
+class SlotTable:
+    """Free sequence ids and, with ``keep_cache``, the tokens each idle one still holds.
+
+    Without keep_cache a finished sequence's cells are dropped and the lowest free id goes first
+    (running sequences stay packed: fewer fillers). With it the cells stay, and a new prompt takes
+    the slot sharing its longest prefix - on a tie an empty slot, else the one idle longest, as
+    llama-server picks.
+    """
+
+    def __init__(self, model: Model, n_parallel: int, keep_cache: bool) -> None:
+        self.model = model
+        self.keep_cache = keep_cache
+        self.n_ctx_seq = model.n_ctx_seq
+        self.free = list(range(n_parallel))
+        self.kept: list[list[int]] = [[] for _ in range(n_parallel)]
+        self._used = [-1] * n_parallel  # when each idle slot's job ended (-1: empty)
+        self._clock = 0
+
+    def take(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """A free sequence id for ``tokens``, and how many of them its cells already hold."""
+        if not self.keep_cache:
+            seq = min(self.free)
+            self.free.remove(seq)
+            return seq, 0
+        limit = len(tokens) - 1  # at least one token is evaluated: its logits give the first token
+        seq, best = self.free[0], (-1, 0)
+        for sid in self.free:
+            key = (common_prefix(self.kept[sid], tokens, limit), -self._used[sid])
+            if key > best:
+                seq, best = sid, key
+        self.free.remove(seq)
+        n, kept = best[0], self.kept[seq]
+        if kept and (n == 0 or not _complete(self.model, seq) or (n < len(kept) and not _drop_tail(self.model, seq, n))):
+            self.model.drop_sequence(seq)
+            n = 0
+        self.kept[seq] = []  # the cells now belong to the running job (its pos counts them)
+        return seq, n
+
+    def release(self, slot: Slot) -> None:
+        """A sequence finished: keep its cells (keep_cache) or drop them; its id is free again."""
+        self._clock += 1
+        # A kept sequence still needs one free cell: the place of a filler token.
+        if self.keep_cache and 0 < slot.pos < self.n_ctx_seq:
+            self.kept[slot.seq] = slot.cached_tokens()
+            self._used[slot.seq] = self._clock
+        else:
+            self._forget(slot.seq)
+        self.free.append(slot.seq)
+
+    def filler_pos(self, seq: int) -> int:
+        """Where an idle sequence's throwaway token goes: right after what it keeps."""
+        return len(self.kept[seq])
+
+    def drop_filler(self, seq: int) -> None:
+        kept = self.kept[seq]
+        if not kept or not _drop_tail(self.model, seq, len(kept)):
+            self._forget(seq)  # a cache that cannot drop one cell (sliding window) loses what it kept
+
+    def cells_kept(self) -> int:
+        return sum(len(k) for k in list(self.kept))
+
+    def _forget(self, seq: int) -> None:
+        self.model.drop_sequence(seq)
+        self.kept[seq] = []
+        self._used[seq] = -1

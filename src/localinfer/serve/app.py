@@ -1,0 +1,260 @@
+"""The HTTP routes: check who asks and what, hand the request to the engine, send its answer.
+
+No model logic here: ``protocol`` validates, ``engine`` prepares and runs, ``responses`` shapes.
+An answer is sent by ``AnswerResponse``, which also listens for the client going away: the request
+is cancelled then, and its sequence is free at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from localinfer.serve.bridge import Channel, Hub
+from localinfer.serve.config import ServeConfig
+from localinfer.serve.engine import Overloaded, Ticket
+from localinfer.serve.metrics import Gauges, Metrics
+from localinfer.serve.protocol import ApiError, parse_body, parse_request
+from localinfer.serve.responses import DONE, Answer, dumps, sse
+
+if TYPE_CHECKING:
+    from localinfer.serve.engine import Engine, Outcome
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+@dataclass
+class ServerState:
+    """What the routes share: set up before serving; ``engine`` appears once the model is loaded."""
+
+    config: ServeConfig
+    names: tuple[str, ...]  # model names a request may ask for (the first is the canonical one)
+    metrics: Metrics = field(default_factory=Metrics)
+    engine: Engine | None = None
+    hub: Hub | None = None
+    created: int = 0
+
+    def gauges(self) -> Gauges:
+        e = self.engine
+        if e is None:
+            return Gauges()
+        return Gauges(e.running, e.queued, e.cells_used, e.cells_total, True)
+
+
+def create_app(state: ServerState) -> Starlette:
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+    app.state.serve = state
+    return app
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.serve
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(ApiError(exc.status_code, message, type=kind, code=str(exc.detail).lower().replace(" ", "_")))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error"))
+
+
+def _authorize(request: Request, state: ServerState) -> None:
+    key = state.config.api_key
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", type="authentication_error",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+
+def _engine(state: ServerState) -> Engine:
+    if state.engine is None:
+        raise ApiError(503, "the model is loading", type="unavailable_error", code="model_loading", headers={"Retry-After": "1"})
+    return state.engine
+
+
+# -- routes ---------------------------------------------------------------------------------------
+async def health(request: Request) -> Response:
+    """503 while the model loads, 200 once requests can be answered (no key needed: for probes)."""
+    state = _state(request)
+    if state.engine is None:
+        return error_response(ApiError(503, "the model is loading", type="unavailable_error", code="model_loading"))
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    _authorize(request, state)
+    return PlainTextResponse(state.metrics.render(state.gauges()), media_type="text/plain; version=0.0.4")
+
+
+async def models(request: Request) -> Response:
+    state = _state(request)
+    _authorize(request, state)
+    engine = state.engine
+    meta = {"n_ctx_seq": engine.n_ctx_seq, "parallel": engine.parallel} if engine else {"loading": True}
+    data = [{"id": state.names[0], "object": "model", "created": state.created, "owned_by": "localinfer", "meta": meta}]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await _complete(request, "text")
+
+
+async def _complete(request: Request, kind: str) -> Response:
+    state = _state(request)
+    endpoint = "chat" if kind == "chat" else "completions"
+    try:
+        _authorize(request, state)
+        engine = _engine(state)
+        req = parse_request(parse_body(await _read_body(request, state.config.max_body)), kind)
+        if req.model is not None and req.model not in state.names:
+            raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
+                           code="model_not_found", param="model")  # fmt: skip
+        prepared = await run_in_threadpool(engine.prepare, req)
+        assert state.hub is not None
+        channel: Channel[Outcome] = Channel(state.hub)
+        ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close)
+    except Overloaded:
+        exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
+                       type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip
+        state.metrics.answered(endpoint, exc.status)
+        return error_response(exc)
+    except ApiError as exc:
+        state.metrics.answered(endpoint, exc.status)
+        return error_response(exc)
+    answer = Answer.new(kind, state.names[0], req.include_usage)
+    return AnswerResponse(ticket, channel, answer, req.stream, lambda status: state.metrics.answered(endpoint, status))  # type: ignore[return-value]
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) past ``limit`` bytes - by its Content-Length before reading it."""
+    too_large = ApiError(413, f"the request body exceeds {limit} bytes (--max-body)", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class AnswerResponse:
+    """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
+    watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
+
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool,
+                 answered: Callable[[int], None]) -> None:  # fmt: skip
+        self.ticket, self.channel, self.answer, self.stream = ticket, channel, answer, stream
+        self.answered = answered
+        self.gone = False
+        self.ended = False  # the engine's outcome arrived
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        watcher = asyncio.ensure_future(self._watch(receive))
+        status = 499  # nginx's "client closed request": also what a cancelled task counts as
+        try:
+            status = await (self._send_stream(send) if self.stream else self._send_whole(send))
+        finally:
+            watcher.cancel()
+            if not self.ended:
+                self.ticket.cancel()
+            self.answered(status)
+
+    async def _watch(self, receive: Callable) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        self.ticket.cancel()
+        self.channel.wake()
+
+    async def _send_stream(self, send: Callable) -> int:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        answer = self.answer
+        if answer.kind == "chat":  # OpenAI's first chunk names the role
+            await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
+        before, after = answer.text_chunks()
+        while True:
+            text, end = await self.channel.get()
+            if self.gone:
+                return 499
+            body = before + encode_basestring(text).encode() + after if text else b""
+            if end is not None:
+                self.ended = True
+                body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return 200
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _send_whole(self, send: Callable) -> int:
+        end = None
+        while end is None:
+            _, end = await self.channel.get()
+            if self.gone:
+                return 499
+        self.ended = True
+        if end.error is not None or end.finish_reason == "interrupted":
+            exc = _outcome_error(end)
+            await error_response(exc)({"type": "http"}, _no_receive, send)
+            return exc.status
+        body = dumps(self.answer.whole(end)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return 200
+
+
+def _outcome_error(end: Outcome) -> ApiError:
+    if end.finish_reason == "interrupted":
+        return ApiError(503, "the request was cancelled: the server is shutting down", type="unavailable_error", code="cancelled")
+    return ApiError(500, end.error or "the engine failed", type="server_error", code="engine_error")
+
+
+def _stream_error(end: Outcome) -> bytes:
+    """An error after the headers went out: an SSE event with the error object, then [DONE]."""
+    return sse(_outcome_error(end).body()) + DONE
+
+
+async def _no_receive() -> dict[str, Any]:  # pragma: no cover - a JSONResponse never reads
+    return {"type": "http.disconnect"}

@@ -1,0 +1,80 @@
+"""From the engine thread to the event loop: each request's text pieces and its outcome.
+
+The engine thread only appends to a deque and, once per step, asks the loop to wake
+(``call_soon_threadsafe``): one wake-up carries every piece of the step, for every request, so the
+loop's work grows with the steps, not with the tokens. With ``deferred``, the engine says when
+(``flush``, just before ``llama_decode``): the loop then runs while the engine thread waits in C
+without the GIL, instead of taking the GIL from it between two sequences' sampling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Hub:
+    """Wakes the channels that have something new, in one loop callback per burst."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, deferred: bool = False) -> None:
+        self._loop = loop
+        self._ready: collections.deque[Channel] = collections.deque()
+        self._scheduled = False
+        self.deferred = deferred  # the producer calls flush() itself
+
+    def notify(self, channel: Channel) -> None:
+        """Any thread: ``channel`` has news (the loop hears of it now, or at the next ``flush``)."""
+        self._ready.append(channel)
+        if not self.deferred:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wake the loop if anything is ready (one wake-up, however many channels)."""
+        if self._ready and not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    def _wake(self) -> None:
+        self._scheduled = False  # before draining: a notify racing with us schedules another wake-up
+        ready = self._ready
+        while ready:
+            ready.popleft().event.set()
+
+
+class Channel(Generic[T]):
+    """One request's pieces of text, then its end value (``T``: the engine's Outcome)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+        self._pieces: collections.deque[str] = collections.deque()
+        self._end: T | None = None
+        self.event = asyncio.Event()
+
+    # engine thread
+    def push(self, text: str) -> None:
+        self._pieces.append(text)
+        self._hub.notify(self)
+
+    def close(self, end: T) -> None:
+        self._end = end
+        self._hub.notify(self)
+
+    # event loop
+    async def get(self) -> tuple[str, T | None]:
+        """What came since the last call, joined, and the end value once there is one."""
+        await self.event.wait()
+        self.event.clear()  # before reading: a piece that comes now sets it again
+        end = self._end  # before the pieces: every piece pushed before the end is then in the deque
+        pieces = self._pieces
+        text = pieces.popleft() if len(pieces) == 1 else "".join(pieces.popleft() for _ in range(len(pieces)))
+        return text, end
+
+    def wake(self) -> None:
+        """Event loop: make a waiting ``get`` return (the client went away)."""
+        self.event.set()

@@ -1,0 +1,26 @@
+"""What `localinfer serve` was asked for, as plain values (the CLI builds it from its flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+DEFAULT_MAX_BODY = 4 * 1024 * 1024  # a long conversation is well under this; a megabyte-sized JSON error is not
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port (the one chosen is printed)
+    parallel: int = 4  # sequences decoding together
+    api_key: str | None = None
+    max_body: int = DEFAULT_MAX_BODY  # bytes; a larger request body is a 413
+    max_queue: int = 64  # requests waiting for a sequence; more are a 503 with Retry-After
+    drain_s: float = 30.0  # on SIGTERM / Ctrl-C: how long running requests may finish before they are cancelled
+    no_log: bool = False  # do not record requests in the usage history
+    verbose: bool = False  # uvicorn's access log and llama.cpp's log
+
+    @property
+    def public(self) -> bool:
+        """Bound beyond this machine's loopback interface."""
+        return self.host not in LOOPBACK

@@ -1,0 +1,262 @@
+"""The server's engine: one thread owns the model and runs every request through one BatchDecoder.
+
+Requests come in through a thread-safe queue (``submit``); a request arriving while others decode
+joins them at the next step, in the slot whose KV cache shares the longest prefix with its prompt
+(the next turn of a chat evaluates only its new tokens). Text goes out through each request's
+``on_text`` as it is sampled, and its ``Outcome`` through ``on_end``; both are called on the engine
+thread, so they must be quick (``bridge`` hands them to the event loop). Cancelling a request frees
+its sequence at the next step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from localinfer.engine.types import GenerationStats
+from localinfer.errors import ContextOverflowError, UsageError
+from localinfer.serve.protocol import ApiError, CompletionRequest
+
+if TYPE_CHECKING:
+    from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
+    from localinfer.generate import LoadedModel
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request turned into what the decoder runs: prompt tokens and every stop string."""
+
+    request: CompletionRequest
+    tokens: list[int]
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a request ended. Times in seconds from its arrival (``submit``); ``finish_reason``:
+    stop | length | interrupted (cancelled) | error (then ``error`` says why)."""
+
+    text: str
+    finish_reason: str | None
+    stats: GenerationStats
+    queue_s: float  # waiting for a slot
+    ttft_s: float | None  # to the first token sampled
+    total_s: float
+    error: str | None = None
+
+
+class Overloaded(Exception):
+    """The queue of requests waiting for a slot is full."""
+
+
+class Ticket:
+    """One submitted request, as its owner holds it: ``cancel()`` may be called from any thread."""
+
+    __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared")
+
+    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None]) -> None:
+        self.key, self.job, self.prepared, self.on_end = key, job, prepared, on_end
+        self.t_arrival = time.perf_counter()
+        self.cancelled = job.cancel  # the decoder checks it at every step
+
+    def cancel(self) -> None:
+        assert self.cancelled is not None
+        self.cancelled.set()
+
+
+class _SequenceView:
+    """The model as one sequence sees it: ``build_prompt`` checks prompts against its ``n_ctx``."""
+
+    def __init__(self, model: object, n_ctx: int) -> None:
+        self._model, self.n_ctx = model, n_ctx
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._model, name)
+
+
+class Engine:
+    """Owns ``loaded`` (a context of ``parallel`` sequences) and the thread that decodes for everyone."""
+
+    def __init__(
+        self, loaded: LoadedModel, parallel: int, *, max_queue: int,
+        on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
+        request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``)."""
+        from localinfer.generate import LoadedModel as _Loaded
+
+        self.loaded = loaded
+        self.parallel = parallel
+        self.max_queue = max_queue
+        self.n_ctx_seq = loaded.model.n_ctx_seq
+        self._view = _Loaded(loaded.name, _SequenceView(loaded.model, self.n_ctx_seq), loaded.template)  # type: ignore[arg-type]
+        self._on_finish = on_finish
+        self._on_step = on_step
+        self._queue: queue.Queue[Ticket | None] = queue.Queue()
+        self._running: dict[int, Ticket] = {}
+        self._keys = itertools.count()
+        self._decoder: BatchDecoder | None = None
+        self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
+
+    # -- what the HTTP side calls --------------------------------------------------------------------
+    def prepare(self, request: CompletionRequest) -> Prepared:
+        """Render and tokenize the prompt (any thread: the template and the tokenizer are thread-safe);
+        a prompt that does not fit one sequence's context with ``max_tokens`` is a 400."""
+        from localinfer.engine.templates import TemplateRefusedError
+        from localinfer.generate import Request, build_prompt
+
+        model = self.loaded.model
+        if isinstance(request.prompt, tuple):
+            bad = next((t for t in request.prompt if t >= model.n_vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"token id {bad} is out of the vocabulary ({model.n_vocab} tokens)", param="prompt")
+            return self._checked(Prepared(request, list(request.prompt), ()))
+        if request.kind == "chat" and self.loaded.template is None:
+            raise ApiError(400, f"{self.loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
+        req = Request(messages=request.messages, raw_text=request.prompt)  # max_tokens: checked below
+        try:
+            tokens, stops, _ = build_prompt(self._view, req)  # type: ignore[arg-type]
+        except ContextOverflowError as exc:
+            raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded") from None
+        except (UsageError, TemplateRefusedError) as exc:
+            raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
+        return self._checked(Prepared(request, tokens, stops))
+
+    def _checked(self, p: Prepared) -> Prepared:
+        """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API)."""
+        n, wanted = len(p.tokens), p.request.max_tokens
+        if n + (wanted or 1) > self.n_ctx_seq:
+            what = f"the prompt ({n} tokens)" + (f" and max_tokens ({wanted})" if wanted else "")
+            raise ApiError(400, f"{what} exceed the context of a sequence ({self.n_ctx_seq} tokens)", code="context_length_exceeded")
+        return p
+
+    def submit(self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None]) -> Ticket:
+        """Queue a request (``on_text``: None when the text is wanted only at the end); ``Overloaded``
+        when more than ``max_queue`` would wait for a slot."""
+        from localinfer.engine.batch import SeqJob
+
+        waiting = self._queue.qsize() - (self.parallel - self.running)
+        if waiting >= self.max_queue:
+            raise Overloaded()
+        r = prepared.request
+        job = SeqJob(
+            next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
+            r.ignore_eos, r.frequency_penalty, r.presence_penalty, on_text=on_text, cancel=threading.Event(),
+        )  # fmt: skip
+        ticket = Ticket(job.key, job, prepared, on_end)
+        self._queue.put(ticket)
+        return ticket
+
+    # -- figures (any thread) --------------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        return max(0, self._queue.qsize())
+
+    @property
+    def cells_used(self) -> int:
+        decoder = self._decoder
+        return decoder.cells_used if decoder is not None else 0
+
+    @property
+    def cells_total(self) -> int:
+        return self.n_ctx_seq * self.parallel
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel_all(self) -> None:
+        """Cancel every running and waiting request (their answers end as ``interrupted``)."""
+        for ticket in list(self._running.values()) + list(self._queue.queue):
+            if ticket is not None:
+                ticket.cancel()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel what is left, end the engine thread and free the model."""
+        self.cancel_all()
+        self._queue.put(None)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loaded.close()
+
+    # -- the engine thread ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        from localinfer.engine.batch import BatchDecoder
+
+        while True:
+            try:
+                with BatchDecoder(self.loaded.model, self.parallel, keep_cache=True) as decoder:
+                    decoder.before_decode = self._on_step
+                    self._decoder = decoder
+                    for result in decoder.run(self._source(decoder)):
+                        self._finish(result)
+                return  # the stop sentinel came
+            except Exception as exc:
+                _report(exc)
+                for ticket in list(self._running.values()):
+                    self._end(ticket, _failed(ticket, f"the engine failed: {type(exc).__name__}: {exc}"))
+                self._running.clear()
+                time.sleep(0.1)  # a failure that repeats at once does not spin
+            finally:
+                self._decoder = None
+
+    def _source(self, decoder: BatchDecoder) -> Iterator[SeqJob | None]:
+        """The decoder's jobs: waits while nothing runs, else None when nobody is waiting."""
+        while True:
+            try:
+                ticket = self._queue.get(block=decoder.n_active == 0)
+            except queue.Empty:
+                yield None
+                continue
+            if ticket is None:
+                return
+            if ticket.cancelled is not None and ticket.cancelled.is_set():
+                self._end(ticket, _failed(ticket, None, "interrupted"))
+                continue
+            self._running[ticket.key] = ticket
+            yield ticket.job
+
+    def _finish(self, result: SeqResult) -> None:
+        ticket = self._running.pop(result.key)
+        if result.error is not None:
+            self._end(ticket, _failed(ticket, result.error))
+            return
+        st = result.stats
+        ttft = None if st.first_token_s is None else result.t_admit + st.first_token_s - ticket.t_arrival
+        self._end(ticket, Outcome(
+            result.text, st.finish_reason, st, queue_s=result.t_admit - ticket.t_arrival, ttft_s=ttft,
+            total_s=result.t_end - ticket.t_arrival,
+        ))  # fmt: skip
+
+    def _end(self, ticket: Ticket, outcome: Outcome) -> None:
+        try:
+            ticket.on_end(outcome)
+            if self._on_step is not None:
+                self._on_step()
+        finally:
+            if self._on_finish is not None:
+                self._on_finish(ticket, outcome)
+
+
+def _report(exc: BaseException) -> None:
+    import sys
+    import traceback
+
+    detail = "".join(traceback.format_exception(exc)) if os.environ.get("LOCALINFER_DEBUG") else f"{type(exc).__name__}: {exc}\n"
+    sys.stderr.write(f"localinfer serve: the engine failed; its running requests get an error: {detail}")
+
+
+def _failed(ticket: Ticket, error: str | None, reason: str = "error") -> Outcome:
+    waited = time.perf_counter() - ticket.t_arrival
+    stats = GenerationStats(prompt_tokens=len(ticket.job.tokens), finish_reason=reason)
+    return Outcome("", reason, stats, queue_s=waited, ttft_s=None, total_s=waited, error=error)

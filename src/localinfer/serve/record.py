@@ -1,0 +1,63 @@
+"""Every request the engine ran, in the usage history (command ``serve``), written by a thread of its
+own in one transaction per second at most: neither the engine nor the event loop waits on SQLite."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localinfer.serve.engine import Outcome, Ticket
+    from localinfer.store import ResolvedModel
+    from localinfer.usage.history import UsageRecord
+
+FLUSH_S = 1.0
+
+
+class UsageWriter:
+    def __init__(self, resolved: ResolvedModel, name: str, parallel: int) -> None:
+        self.resolved, self.name, self.parallel = resolved, name, parallel
+        self._queue: queue.Queue[UsageRecord | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="localinfer-history", daemon=True)
+        self._thread.start()
+
+    def add(self, ticket: Ticket, outcome: Outcome) -> None:
+        """Any thread (the engine's): one request, as ``run`` records one (its text only with
+        LOCALINFER_LOG_TEXT=1)."""
+        from localinfer.generate import Result, peak_rss_bytes
+        from localinfer.usage.history import record_from_result
+
+        request = ticket.prepared.request
+        mode = "chat" if request.kind == "chat" else "raw"
+        result = Result(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode)
+        extra = {"endpoint": "chat" if request.kind == "chat" else "completions", "stream": request.stream,
+                 "parallel": self.parallel, "queue_ms": round(outcome.queue_s * 1000.0, 3)}  # fmt: skip
+        prompt = "\n".join(m["content"] for m in request.messages) if request.kind == "chat" else request.prompt
+        self._queue.put(record_from_result(
+            "serve", result, self.resolved, exit_status=0 if outcome.error is None else 1,
+            prompt_text=prompt if isinstance(prompt, str) else None, extra=extra,
+        ))  # fmt: skip
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is pending and stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        from localinfer.usage.history import append
+
+        done = False
+        while not done:
+            batch = [self._queue.get()]
+            deadline = time.monotonic() + FLUSH_S  # what else comes by then joins the same transaction
+            while batch[-1] is not None and (left := deadline - time.monotonic()) > 0:
+                try:
+                    batch.append(self._queue.get(timeout=left))
+                except queue.Empty:
+                    break
+            done = batch[-1] is None
+            records = [r for r in batch if r is not None]
+            if records:
+                append(records)

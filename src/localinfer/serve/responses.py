@@ -1,0 +1,110 @@
+"""OpenAI's answer shapes: a whole completion, or SSE chunks that all carry the same ``id`` and
+``created``; with llama-server's ``timings`` object and ``usage.prompt_tokens_details.cached_tokens``."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from localinfer.serve.engine import Outcome
+
+_PIECE = "\x00piece\x00"  # stands for the text in a chunk template
+DONE = b"data: [DONE]\n\n"
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(obj: Any) -> bytes:
+    return f"data: {dumps(obj)}\n\n".encode()
+
+
+def usage(outcome: Outcome) -> dict[str, Any]:
+    s = outcome.stats
+    return {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    }
+
+
+def timings(outcome: Outcome) -> dict[str, Any]:
+    """llama-server's ``timings``: prompt_* counts the evaluated prompt tokens (``cache_n`` were
+    reused), predicted_* the answer (its rate over the tokens after the first, README "Metrics")."""
+    s = outcome.stats
+    prompt_ms, predicted_ms = s.prefill_s * 1000.0, s.decode_s * 1000.0
+    n_prompt = s.evaluated_tokens
+    return {
+        "cache_n": s.cached_tokens,
+        "prompt_n": n_prompt,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / n_prompt, 3) if n_prompt else None,
+        "prompt_per_second": round(s.prefill_tps, 3) if s.prefill_tps else None,
+        "predicted_n": s.completion_tokens,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / (s.completion_tokens - 1), 3) if s.completion_tokens > 1 else None,
+        "predicted_per_second": round(s.decode_tps, 3) if s.decode_tps else None,
+        "queue_ms": round(outcome.queue_s * 1000.0, 3),
+        "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000.0, 3),
+    }
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What every chunk of one answer shares."""
+
+    kind: str  # chat | text
+    model: str
+    include_usage: bool = False
+    id: str = ""
+    created: int = 0
+
+    @classmethod
+    def new(cls, kind: str, model: str, include_usage: bool = False) -> Answer:
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()))
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        if self.kind == "chat":
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if role else ({} if text is None else {"content": text})
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, **extra: Any) -> bytes:
+        body = {**self._head(True), "choices": [self._choice(text, finish_reason, role=role)], **extra}
+        if self.include_usage:
+            body.setdefault("usage", None)  # OpenAI's chunks say so until the last one
+        return sse(body)
+
+    def text_chunks(self) -> tuple[bytes, bytes]:
+        """The bytes around a piece's JSON string in a text chunk: json.dumps once per answer, not per token."""
+        raw = self.chunk(_PIECE).decode()
+        before, after = raw.split(json.dumps(_PIECE, ensure_ascii=False), 1)
+        return before.encode(), after.encode()
+
+    def last_chunks(self, outcome: Outcome) -> bytes:
+        """The finish reason (and timings), then usage in a chunk of its own if asked, then [DONE]."""
+        out = self.chunk(None, outcome.finish_reason, timings=timings(outcome))
+        if self.include_usage:
+            out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome)})
+        return out + DONE
+
+    def whole(self, outcome: Outcome) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": None,
+                      "finish_reason": outcome.finish_reason}  # fmt: skip
+        else:
+            choice = {"text": outcome.text, "index": 0, "logprobs": None, "finish_reason": outcome.finish_reason}
+        return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}

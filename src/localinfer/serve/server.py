@@ -1,0 +1,171 @@
+"""Running the server: bind, serve (``/health`` says 503) while the model loads on a thread, then
+answer; on SIGTERM or Ctrl-C stop accepting, let running requests finish for ``drain_s`` seconds,
+cancel the rest (a second signal cancels at once) and return - the command exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from localinfer.errors import UsageError
+from localinfer.serve.app import ServerState, create_app
+from localinfer.serve.bridge import Hub
+from localinfer.serve.config import ServeConfig
+
+if TYPE_CHECKING:
+    from localinfer.engine.types import LoadOptions
+    from localinfer.serve.engine import Outcome, Ticket
+    from localinfer.serve.record import UsageWriter
+    from localinfer.store import ResolvedModel
+
+Say = Callable[[str], None]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything loads: a port in use is a usage error, not a log line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", hint="choose another --port (0: any free port)") from None
+    sock.listen(2048)
+    return sock
+
+
+class _Loader:
+    """Loads the model and starts the engine on a thread of its own, so the server answers meanwhile."""
+
+    def __init__(self, state: ServerState, resolved: ResolvedModel, options: LoadOptions, *, force: bool,
+                 writer: UsageWriter | None, say: Say) -> None:  # fmt: skip
+        self.state, self.resolved, self.options, self.force, self.writer, self.say = state, resolved, options, force, writer, say
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="localinfer-load", daemon=True)
+        self.stopping = False
+        self.on_failure: Callable[[], None] = lambda: None
+
+    def _run(self) -> None:
+        from localinfer import generate
+        from localinfer.batch import job as batchjob
+        from localinfer.serve.engine import Engine
+
+        state, config = self.state, self.state.config
+        try:
+            t0 = time.perf_counter()
+            loaded = generate.load(self.resolved, self.options, force=self.force)
+            batchjob.check_template(loaded)  # a template the sandbox refuses fails now, not per request
+            if self.stopping:
+                loaded.close()
+                return
+            hub = state.hub
+            assert hub is not None  # made by the server's startup, before this thread starts
+            hub.deferred = True  # the engine flushes before each decode
+            engine = Engine(loaded, config.parallel, max_queue=config.max_queue, on_finish=self._finished, on_step=hub.flush)
+            engine.start()
+            state.engine = engine
+            self.say(f"ready: {state.names[0]} loaded in {time.perf_counter() - t0:.1f} s, {config.parallel} sequences "
+                     f"x {engine.n_ctx_seq} tokens")  # fmt: skip
+        except BaseException as exc:  # reported by serve() once the server has stopped
+            self.error = exc
+            self.on_failure()
+
+    def _finished(self, ticket: Ticket, outcome: Outcome) -> None:
+        self.state.metrics.finished(outcome)
+        if self.writer is not None:
+            self.writer.add(ticket, outcome)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with our own signal handling (uvicorn re-raises the signal once it has shut
+    down, so the process would die of it; a server that drained exits 0)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, loader: _Loader, say: Say) -> None:
+        super().__init__(config)
+        self.state, self.loader, self.say = state, loader, say
+        loader.on_failure = self._stop
+
+    def _stop(self) -> None:
+        self.should_exit = True  # uvicorn's main loop looks at it ten times a second
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.state.hub = Hub(asyncio.get_running_loop())
+        await super().startup(sockets)
+        self.loader.thread.start()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, sig: int, frame: Any) -> None:
+        engine = self.state.engine
+        if self.should_exit:  # the second signal: cancel what still runs
+            self.force_exit = True
+            if engine is not None:
+                engine.cancel_all()
+            return
+        self.should_exit = True
+        self.loader.stopping = True
+        busy = (engine.running + engine.queued) if engine is not None else 0
+        if busy and self.loader.error is None:
+            self.say(f"stopping: {busy} request(s) may finish within {self.config.timeout_graceful_shutdown:g} s "
+                     f"(send the signal again to cancel them)")  # fmt: skip
+
+
+def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *, force: bool = False,
+          alias: str | None = None, say: Say | None = None) -> None:  # fmt: skip
+    """Serve ``resolved`` until SIGTERM / Ctrl-C; a model that fails to load raises its error."""
+    from localinfer.serve.record import UsageWriter
+    from localinfer.usage.history import logging_enabled
+
+    say = say or _say
+    sock = listen(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    names = tuple(dict.fromkeys(n for n in (alias, resolved.name, Path(resolved.path).name) if n))
+    state = ServerState(config, names, created=int(time.time()))
+    writer = UsageWriter(resolved, names[0], config.parallel) if logging_enabled(config.no_log) else None
+    loader = _Loader(state, resolved, options, force=force, writer=writer, say=say)
+    uconfig = uvicorn.Config(
+        create_app(state), lifespan="off", ws="none", log_level="info" if config.verbose else "warning",
+        access_log=config.verbose, timeout_graceful_shutdown=config.drain_s, timeout_keep_alive=30, server_header=False,
+    )  # fmt: skip
+    server = _Server(uconfig, state, loader, say)
+    shown = f"[{host}]" if ":" in host else host
+    say(f"listening on http://{shown}:{port} (loading {names[0]}; /health answers 503 until it is ready)")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if loader.thread.is_alive():
+            loader.thread.join()
+        if state.engine is not None:
+            state.engine.stop()
+        if writer is not None:
+            writer.close()
+    if loader.error is not None:
+        raise loader.error
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"localinfer serve: {message}\n")
+    sys.stderr.flush()

@@ -1,0 +1,325 @@
+"""`localinfer serve` without a model: the request checks, the answer shapes, the metrics text, the
+bridge from the engine thread, and the HTTP layer driven over ASGI with a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from localinfer.engine.slots import common_prefix
+from localinfer.engine.types import GenerationStats, SamplingOptions
+from localinfer.serve.app import ServerState, create_app
+from localinfer.serve.bridge import Channel, Hub
+from localinfer.serve.config import ServeConfig
+from localinfer.serve.engine import Outcome, Overloaded, Prepared
+from localinfer.serve.metrics import Gauges, Metrics
+from localinfer.serve.protocol import ApiError, parse_body, parse_request
+from localinfer.serve.responses import Answer
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+# -- protocol ---------------------------------------------------------------------------------------------
+def test_a_chat_request_becomes_sampling_options_and_limits():
+    r = parse_request({"model": "m", "messages": HI, "temperature": 0, "top_p": 0.5, "seed": 7, "stop": "\n",
+                       "max_completion_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
+                       "presence_penalty": 0.5, "user": "u", "n": 1, "logprobs": False}, "chat")  # fmt: skip
+    assert r.sampling == SamplingOptions(temperature=0.0, top_p=0.5, seed=7)
+    assert (r.max_tokens, r.stop, r.stream, r.include_usage, r.presence_penalty) == (9, ("\n",), True, True, 0.5)
+    assert r.messages == ({"role": "user", "content": "hi"},)
+
+
+def test_message_forms():
+    r = parse_request({"messages": [{"role": "developer", "content": "be brief"},
+                                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+                      "chat")  # fmt: skip
+    assert r.messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"})
+    assert parse_request({"prompt": ["one prompt"]}, "text").prompt == "one prompt"
+    assert parse_request({"prompt": [1, 2, 3]}, "text").prompt == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "param", "code"),
+    [
+        ({"messages": HI, "temprature": 1}, "chat", "temprature", "unknown_parameter"),
+        ({"messages": HI, "echo": True}, "chat", "echo", "unknown_parameter"),  # a completions field
+        ({"prompt": "x", "messages": HI}, "text", "messages", "unknown_parameter"),
+        ({}, "chat", "messages", "missing_parameter"),
+        ({"messages": []}, "chat", "messages", "invalid_type"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "chat", "messages[0].role", "invalid_value"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "chat", "messages[0].content[0]", "invalid_value"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "chat", "messages[0]", "unsupported_parameter"),
+        ({"messages": HI, "max_tokens": 1.5}, "chat", "max_tokens", "invalid_type"),
+        ({"messages": HI, "max_tokens": 0}, "chat", "max_tokens", "invalid_value"),
+        ({"messages": HI, "max_tokens": True}, "chat", "max_tokens", "invalid_type"),
+        ({"messages": HI, "temperature": "0"}, "chat", "temperature", "invalid_type"),
+        ({"messages": HI, "temperature": 3}, "chat", "temperature", "invalid_value"),
+        ({"messages": HI, "seed": -1}, "chat", "seed", "invalid_value"),
+        ({"messages": HI, "stop": ["a"] * 17}, "chat", "stop", "invalid_value"),
+        ({"messages": HI, "stop": [1]}, "chat", "stop", "invalid_type"),
+        ({"messages": HI, "n": 2}, "chat", "n", "unsupported_parameter"),
+        ({"messages": HI, "logprobs": True}, "chat", "logprobs", "unsupported_parameter"),
+        ({"messages": HI, "tools": [{"type": "function"}]}, "chat", "tools", "unsupported_parameter"),
+        ({"messages": HI, "stream_options": {"include_usage": True}}, "chat", "stream_options", "invalid_value"),
+        ({"messages": HI, "stream": True, "stream_options": {"x": 1}}, "chat", "stream_options", "unknown_parameter"),
+        ({"messages": HI, "max_tokens": 3, "max_completion_tokens": 4}, "chat", "max_tokens", "invalid_value"),
+        ({"prompt": ""}, "text", "prompt", "invalid_value"),
+        ({"prompt": [[1, 2]]}, "text", "prompt", "invalid_type"),
+        ({"prompt": "x", "suffix": "y"}, "text", "suffix", "unsupported_parameter"),
+    ],
+)
+def test_bad_fields_are_named(body, kind, param, code):
+    with pytest.raises(ApiError) as info:
+        parse_request(body, kind)
+    assert info.value.status == 400 and info.value.param == param and info.value.code == code
+    assert info.value.body()["error"]["message"]
+
+
+def test_bodies_that_are_not_json_objects():
+    for raw in (b"{", b"[]", b"\xff", b"null"):
+        with pytest.raises(ApiError) as info:
+            parse_body(raw)
+        assert info.value.code == "invalid_json"
+
+
+# -- answers --------------------------------------------------------------------------------------------
+def _outcome(text: str = "Hello", reason: str = "stop", **stats: Any) -> Outcome:
+    s = GenerationStats(prompt_tokens=10, cached_tokens=4, completion_tokens=3, prefill_s=0.06, decode_s=0.02, **stats)
+    return Outcome(text, reason, s, queue_s=0.001, ttft_s=0.07, total_s=0.09)
+
+
+def test_chunks_share_id_and_created_and_end_with_usage_and_done():
+    a = Answer.new("chat", "m", include_usage=True)
+    before, after = a.text_chunks()
+    spliced = before + json.dumps("é\n\"x").encode() + after
+    assert json.loads(spliced[6:]) == json.loads(a.chunk("é\n\"x")[6:])  # the fast path is the same JSON
+    events = [json.loads(e[6:]) for e in a.last_chunks(_outcome()).split(b"\n\n") if e and e != b"data: [DONE]"]
+    assert a.last_chunks(_outcome()).endswith(b"data: [DONE]\n\n")
+    finish, usage = events
+    assert finish["choices"][0]["finish_reason"] == "stop" and finish["usage"] is None
+    assert usage["choices"] == [] and usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert {finish["id"], usage["id"]} == {a.id} and a.id.startswith("chatcmpl-")
+
+
+def test_whole_answers_carry_usage_and_llama_server_timings():
+    body = Answer.new("text", "m").whole(_outcome())
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "Hello"
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                             "prompt_tokens_details": {"cached_tokens": 4}}  # fmt: skip
+    t = body["timings"]
+    assert (t["cache_n"], t["prompt_n"], t["predicted_n"]) == (4, 6, 3)
+    assert t["prompt_per_second"] == 100.0 and t["predicted_per_second"] == 100.0
+
+
+# -- metrics ----------------------------------------------------------------------------------------------
+def test_metrics_text():
+    m = Metrics()
+    m.answered("chat", 200)
+    m.answered("chat", 400)
+    m.finished(_outcome())
+    text = m.render(Gauges(running=2, queued=1, kv_cells_used=30, kv_cells=2048, ready=True))
+    assert 'localinfer_requests_total{endpoint="chat",status="400"} 1' in text
+    assert "localinfer_prompt_tokens_cached_total 4" in text and "localinfer_completion_tokens_total 3" in text
+    assert 'localinfer_time_to_first_token_seconds_bucket{le="0.05"} 0' in text
+    assert 'localinfer_time_to_first_token_seconds_bucket{le="0.1"} 1' in text
+    assert 'localinfer_time_to_first_token_seconds_bucket{le="+Inf"} 1' in text
+    assert "localinfer_requests_queued 1" in text and "localinfer_kv_cache_used_cells 30" in text
+    assert "# TYPE localinfer_time_per_output_token_seconds histogram" in text
+
+
+# -- the bridge ---------------------------------------------------------------------------------------------
+def test_pieces_from_another_thread_arrive_whole_and_in_order():
+    async def main() -> tuple[str, Any]:
+        channel: Channel[str] = Channel(Hub(asyncio.get_running_loop()))
+
+        def engine() -> None:
+            for i in range(2000):
+                channel.push(f"{i},")
+            channel.close("end")
+
+        threading.Thread(target=engine).start()
+        text, end = "", None
+        while end is None:
+            piece, end = await channel.get()
+            text += piece
+        return text, end
+
+    text, end = asyncio.run(main())
+    assert text == "".join(f"{i}," for i in range(2000)) and end == "end"
+
+
+def test_common_prefix():
+    a = list(range(1000))
+    assert common_prefix(a, a, 999) == 999
+    assert common_prefix(a, [*a[:700], -1], 5000) == 700
+    assert common_prefix([], a, 10) == 0
+
+
+# -- the HTTP layer, with a scripted engine ------------------------------------------------------------------
+class FakeEngine:
+    """Answers every request with ``pieces`` from a thread, as the engine would."""
+
+    n_ctx_seq, parallel, running, queued, cells_used, cells_total = 512, 2, 0, 0, 0, 1024
+
+    def __init__(self, pieces: tuple[str, ...] = ("Hel", "lo"), full: bool = False) -> None:
+        self.pieces, self.full = pieces, full
+        self.cancelled = threading.Event()
+
+    def prepare(self, request: Any) -> Prepared:
+        return Prepared(request, [1, 2, 3], ())
+
+    def submit(self, prepared: Prepared, on_text: Any, on_end: Any) -> Any:
+        if self.full:
+            raise Overloaded()
+
+        def run() -> None:
+            for p in self.pieces:
+                if on_text:
+                    on_text(p)
+            on_end(_outcome("".join(self.pieces), "length"))
+
+        threading.Thread(target=run).start()
+        return self
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def call(state: ServerState, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+         raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    """One request through the ASGI app: (status, headers, body)."""
+    data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+
+    async def main() -> list[dict[str, Any]]:
+        state.hub = Hub(asyncio.get_running_loop())
+        app = create_app(state)
+        hdrs = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": ("127.0.0.1", 9),
+                 "server": ("127.0.0.1", 80), "headers": [*hdrs, (b"content-length", str(len(data)).encode())]}  # fmt: skip
+        received, sent = asyncio.Event(), []
+
+        async def receive() -> dict[str, Any]:
+            if not received.is_set():
+                received.set()
+                return {"type": "http.request", "body": data, "more_body": False}
+            await asyncio.Event().wait()  # the client stays
+            return {}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    sent = asyncio.run(main())
+    head = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    return sent[0]["status"], head, b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def _state(engine: Any = None, **config: Any) -> ServerState:
+    return ServerState(ServeConfig(**config), ("m", "m.gguf"), engine=engine)
+
+
+def test_answers_streamed_and_whole():
+    state = _state(FakeEngine())
+    status, headers, body = call(state, "POST", "/v1/chat/completions", {"messages": HI, "stream": True})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(e[6:]) for e in body.decode().split("\n\n") if e.startswith("data: {")]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"]) == "Hello"
+    assert body.endswith(b"data: [DONE]\n\n")
+    status, headers, body = call(state, "POST", "/v1/completions", {"prompt": "x", "model": "m.gguf"})
+    assert status == 200 and json.loads(body)["choices"][0]["text"] == "Hello"
+    assert json.loads(body)["model"] == "m"
+
+
+@pytest.mark.parametrize(
+    ("state_kw", "method", "path", "body", "headers", "status", "code"),
+    [
+        ({}, "POST", "/v1/chat/completions", {"messages": HI, "model": "gpt-4"}, {}, 404, "model_not_found"),
+        ({}, "POST", "/v1/chat/completions", None, {}, 400, "invalid_json"),
+        ({}, "GET", "/v1/nothing", None, {}, 404, "not_found"),
+        ({}, "GET", "/v1/chat/completions", None, {}, 405, "method_not_allowed"),
+        ({"api_key": "k"}, "POST", "/v1/chat/completions", {"messages": HI}, {}, 401, "invalid_api_key"),
+        ({"api_key": "k"}, "GET", "/metrics", None, {"Authorization": "Bearer x"}, 401, "invalid_api_key"),
+        ({"api_key": "k"}, "GET", "/v1/models", None, {"Authorization": "Basic k"}, 401, "invalid_api_key"),
+        ({"max_body": 1024}, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2000}]}, {}, 413, "request_too_large"),
+    ],
+)
+def test_errors_are_json_with_the_right_status(state_kw, method, path, body, headers, status, code):
+    got, _, data = call(_state(FakeEngine(), **state_kw), method, path, body, headers)
+    assert got == status, data
+    assert json.loads(data)["error"]["code"] == code
+
+
+def test_loading_and_overloaded_are_503_with_retry_after():
+    status, _, data = call(_state(None), "GET", "/health")
+    assert status == 503 and json.loads(data)["error"]["code"] == "model_loading"
+    status, headers, _ = call(_state(None), "POST", "/v1/chat/completions", {"messages": HI})
+    assert status == 503 and headers["retry-after"] == "1"
+    status, headers, data = call(_state(FakeEngine(full=True)), "POST", "/v1/chat/completions", {"messages": HI})
+    assert status == 503 and headers["retry-after"] == "1" and json.loads(data)["error"]["code"] == "server_overloaded"
+    assert call(_state(FakeEngine()), "GET", "/health")[0] == 200
+
+
+def test_the_right_key_passes():
+    state = _state(FakeEngine(), api_key="k")
+    assert call(state, "POST", "/v1/completions", {"prompt": "x"}, {"Authorization": "Bearer k"})[0] == 200
+    assert call(state, "GET", "/health")[0] == 200  # probes need no key
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+def test_help_and_missing_packages():
+    out = subprocess.run([sys.executable, "-m", "localinfer", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for flag in ("--host", "--port", "--parallel", "--api-key", "--max-queue", "--max-body", "--ctx-size", "--cache-type-k"):
+        assert flag in out.stdout
+    code = "import sys; sys.modules['uvicorn'] = None; from localinfer.cli.main import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code, "serve"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "pip install 'localinfer[serve]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_cli_does_not_import_the_server_stack():
+    code = "import sys, localinfer.cli.main; print(sorted({'starlette', 'uvicorn', 'anyio'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_a_port_in_use_is_a_usage_error(smollm2_path, isolated_home):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "localinfer", "serve", "--port", str(port), "-m", str(smollm2_path)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+def test_a_model_that_cannot_load_stops_the_server_with_its_exit_code(smollm2_path, isolated_home):
+    """The socket is bound first (/health says 503); a load that fails ends the command with the
+    error table's code (6: memory), not a server left running without a model."""
+    env = {**os.environ, "LOCALINFER_FAKE_RAM": str(10**9)}
+    proc = subprocess.run([sys.executable, "-m", "localinfer", "serve", "--port", "0", "-m", str(smollm2_path), "-np", "16", "-c", "8192"],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == 6, proc.stderr
+    assert "listening on http://127.0.0.1:" in proc.stderr and "not enough memory" in proc.stderr
+
+
+def test_another_host_without_a_key_is_warned_about(tmp_path, isolated_home):
+    """Checked before anything is bound (the missing model then ends the command): no socket opens."""
+    args = ["serve", "--host", "0.0.0.0", "-m", str(tmp_path / "missing.gguf")]
+    proc = subprocess.run([sys.executable, "-m", "localinfer", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "without --api-key" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "localinfer", *args, "--api-key", "k"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "without --api-key" not in proc.stderr
