@@ -18,6 +18,7 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("LOCALINFER_DEBUG", raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("LOCALINFER_ENDPOINT", raising=False)  # would send every command to a server
     return home
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,10 @@ def load(
     from localinfer.system.estimate import parse_buffer_report
     from localinfer.system.preflight import plan_load
 
+    if options.rpc_servers:  # the pre-flight plans with the remote devices' free memory
+        from localinfer.engine.rpc import add_servers
+
+        add_servers(options.rpc_servers)
     plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
     model = Model(resolved.path, plan.apply(options))
     template: ChatTemplate | None = None
@@ -82,6 +87,10 @@ def load(
     elif resolved.chat_format:
         template = ChatTemplate(source=f"registry:{resolved.chat_format}", format_name=resolved.chat_format)
     buffers = parse_buffer_report(getattr(model, "memory_log", ()))
+    if plan.n_ctx and model.n_ctx != plan.n_ctx:
+        # llama.cpp pads the context to a multiple of 256: say so, or later figures would surprise
+        note = f"the context is {model.n_ctx} tokens: llama.cpp rounded {plan.n_ctx} up to a multiple of 256"
+        plan = dataclasses.replace(plan, notes=(*plan.notes, note))
     return LoadedModel(name=resolved.name, model=model, template=template, resolved=resolved, plan=plan, buffers=buffers)
 
 
@@ -92,6 +101,7 @@ class Request:
     messages: tuple[dict[str, Any], ...] = ()
     raw_text: str | None = None  # set for plain completion
     max_tokens: int | None = None  # None: until end of generation or the context is full
+    default_max_tokens: int | None = None  # the limit when max_tokens is None; the prompt may use its room
     stop: tuple[str, ...] = ()
     sampling: SamplingOptions = SamplingOptions()
     on_overflow: str = "error"  # error | truncate
@@ -161,6 +171,7 @@ class Result:
                 "gpu_layers": self.gpu_layers,
                 "layers": self.plan.n_offloadable if self.plan else None,
                 "gpu_offload_supported": self.plan.budget.gpu_offload if self.plan else None,
+                "devices": self.buffers.by_device("model") if self.buffers else {},
             },
             "memory": {
                 "peak_rss_bytes": self.peak_rss,
@@ -171,7 +182,20 @@ class Result:
         }
 
 
-def _overflow_error(n_prompt: int, max_tokens: int | None, n_ctx: int, n_train: int) -> ContextOverflowError:
+def _window(n_ctx: int, asked: int | None) -> str:
+    """The context window as the user should read it: the size they got, and the one they asked for."""
+    rounded = f"; llama.cpp rounded --ctx-size {asked} up" if asked and asked != n_ctx else ""
+    return f"the context window ({n_ctx} tokens{rounded})"
+
+
+def _overflow_error(
+    n_prompt: int, max_tokens: int | None, n_ctx: int, n_train: int, asked: int | None = None
+) -> ContextOverflowError:
+    if n_prompt == 0:  # refused before the prompt was built: the answer alone cannot fit
+        return ContextOverflowError(
+            f"--max-tokens ({max_tokens}) leaves no room for a prompt in {_window(n_ctx, asked)}",
+            hint="lower --max-tokens, or raise --ctx-size" + (f" (this model was trained on {n_train})" if n_train else ""),
+        )
     wanted = f"the prompt ({n_prompt} tokens)"
     if max_tokens:
         wanted += f" + --max-tokens ({max_tokens})"
@@ -182,17 +206,18 @@ def _overflow_error(n_prompt: int, max_tokens: int | None, n_ctx: int, n_train: 
     if need <= n_train:
         hint += f"raise --ctx-size (this model was trained on {n_train}), "
     hint += "or pass --on-overflow truncate to keep the end of the prompt"
-    return ContextOverflowError(f"{wanted} exceed the context window ({n_ctx} tokens)", hint=hint)
+    return ContextOverflowError(f"{wanted} exceed {_window(n_ctx, asked)}", hint=hint)
 
 
 def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tuple[str, ...], int]:
     """Tokens to evaluate, stop strings from the format, and tokens dropped to fit the context."""
     model = loaded.model
+    asked = loaded.plan.n_ctx if loaded.plan else None
     budget = model.n_ctx - (request.max_tokens if request.max_tokens else 1)
     if request.on_overflow == "truncate" and not request.max_tokens:
         budget = model.n_ctx - max(1, min(512, model.n_ctx // 4))  # leave room for an answer
     if budget <= 0:
-        raise _overflow_error(0, request.max_tokens, model.n_ctx, model.n_ctx_train)
+        raise _overflow_error(0, request.max_tokens, model.n_ctx, model.n_ctx_train, asked)
 
     def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
         if request.raw_text is not None:
@@ -209,7 +234,7 @@ def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tupl
     if len(tokens) <= budget:
         return tokens, stops, 0
     if request.on_overflow != "truncate":
-        raise _overflow_error(len(tokens), request.max_tokens, model.n_ctx, model.n_ctx_train)
+        raise _overflow_error(len(tokens), request.max_tokens, model.n_ctx, model.n_ctx_train, asked)
     # Keep the end of the user's text (the system prompt and template stay whole).
     original = request.raw_text if request.raw_text is not None else str(request.messages[-1].get("content", ""))
     text_tokens = model.tokenize(original, add_special=False, parse_special=False)
@@ -252,7 +277,7 @@ class Generation:
         mode = "raw" if request.raw_text is not None else "chat"
         self.result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode, plan=loaded.plan, buffers=loaded.buffers)
         self._steps = loaded.model.generate(
-            tokens, request.sampling, stats, max_tokens=request.max_tokens,
+            tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
             stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
         )  # fmt: skip
 

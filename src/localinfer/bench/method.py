@@ -341,7 +341,9 @@ def backend_name(n_gpu_layers: int) -> str:
     for key, name in (("CUDA", "CUDA"), ("METAL", "Metal"), ("VULKAN", "Vulkan"), ("HIP", "ROCm"), ("SYCL", "SYCL")):
         if key in info:
             return name
-    return "GPU"
+    from localinfer.engine.backend import devices
+
+    return "RPC" if any(d.get("backend") == "RPC" for d in devices()) else "GPU"
 
 
 def context_for(tests: Sequence[BenchTest], requested: int | None) -> int:

@@ -37,15 +37,17 @@ CtxPerSeqOpt = Annotated[
 
 def _read_input(source: str) -> bytes:
     from localinfer.errors import UsageError
+    from localinfer.limits import BATCH_INPUT_MAX_BYTES, read_limited
 
     if source == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise UsageError("no input on stdin", hint="pipe requests in, or pass a file: localinfer batch requests.jsonl")
-        return sys.stdin.buffer.read()
+        return read_limited(sys.stdin.buffer, BATCH_INPUT_MAX_BYTES, "the input on stdin")
     path = Path(source)
     if not path.is_file():
         raise UsageError(f"input file not found: {source}")
-    return path.read_bytes()
+    with open(path, "rb") as fh:
+        return read_limited(fh, BATCH_INPUT_MAX_BYTES, source)
 
 
 def batch(
@@ -78,10 +80,15 @@ def batch(
     mlock: o.MlockOpt = False,
     batch_size: o.BatchSizeOpt = 2048,
     cpu_repack: o.CpuRepackOpt = None,
+    rpc: o.RpcOpt = None,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
+    endpoint: o.EndpointOpt = None,
+    api_key: o.ApiKeyOpt = None,
+    timeout: o.TimeoutOpt = None,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="With --endpoint: tries after the first when the server is busy (429/503) or the connection fails.", rich_help_panel=o._SERVER)] = 4,
 ) -> None:
     """Run many requests through one model, several sequences at a time; one JSON result per line."""
     with handle_errors():
@@ -111,11 +118,24 @@ def batch(
             if not quiet:
                 print_summary(summary)
             return
+        if endpoint:  # the pending requests to an OpenAI-compatible server: cli/remote.py, nothing loaded here
+            from localinfer.cli import remote
+
+            defaults = batchjob.BatchDefaults(
+                sampling=o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed),
+                max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
+            )
+            return remote.batch(
+                endpoint, api_key=api_key, timeout=timeout, retries=retries, model=model, pending=pending, summary=summary,
+                output=output, resume=resume, parallel=parallel, defaults=defaults, on_error=on_error.value,
+                keep_order=keep_order, quiet=quiet, no_log=no_log,
+            )  # fmt: skip
 
         base = o.load_options(
             ctx_size=None, threads=threads, gpu_layers=gpu_layers, verbose=verbose, flash_attn=flash_attn,
             cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, mlock=mlock, batch_size=batch_size,
             cpu_repack=cpu_repack,
+            rpc=rpc,
         )
         resolved = resolve_model(model, offline=offline)
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
@@ -124,8 +144,8 @@ def batch(
         loaded = generate.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
         batchjob.check_template(loaded)
         touch(resolved.name)  # `list`'s "last used"
-        if ctx_size and ctx_size > loaded.model.n_ctx_train > 0:
-            say(f"--ctx-size {ctx_size} is above the {loaded.model.n_ctx_train} tokens this model was trained on; quality may drop")
+        for note in loaded.plan.notes if loaded.plan else ():
+            say(note)
         if loaded.template is None and not raw and any(isinstance(i, batchio.BatchRequest) and i.prompt is not None for i in pending):
             say(f"{resolved.name} has no chat template; running prompts as plain completion (pass --raw to silence this)")
         if system and any(isinstance(i, batchio.BatchRequest) and i.messages is not None for i in pending):

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from localinfer.cli import loadtest as lt
 from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
@@ -99,6 +100,7 @@ def bench(
     gpu_layers: Annotated[ListOpt, typer.Option("--gpu-layers", "-ngl", help="Layers to offload: auto, all or N; several allowed. [default: auto]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
     batch_size: Annotated[ListOpt, typer.Option("--batch-size", "-b", help="Prompt tokens per llama_decode call; several allowed. [default: 2048]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
     cpu_repack: o.CpuRepackOpt = None,
+    rpc: o.RpcOpt = None,
     flash_attn: o.FlashAttnOpt = "auto",
     cache_type_k: o.CacheTypeKOpt = "f16",
     cache_type_v: o.CacheTypeVOpt = "f16",
@@ -113,8 +115,33 @@ def bench(
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
+    endpoint: o.EndpointOpt = None,
+    api_key: o.ApiKeyOpt = None,
+    timeout: o.TimeoutOpt = None,
+    rate: lt.RateOpt = None,
+    requests: lt.RequestsOpt = None,
+    burstiness: lt.BurstinessOpt = None,
+    max_concurrency: lt.MaxConcurrencyOpt = None,
+    input_len: lt.InputLenOpt = None,
+    output_len: lt.OutputLenOpt = None,
+    dataset: lt.DatasetOpt = None,
+    slo: lt.SloOpt = None,
+    percentiles: lt.PercentilesOpt = None,
+    sweep: lt.SweepOpt = None,
+    report: lt.ReportOpt = None,
 ) -> None:
-    """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does, for one or more models and settings."""
+    """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does, for one or more models and settings;
+    with --endpoint, load-test an OpenAI-compatible server as vLLM's bench serve does."""
+    load_flags = (rate, requests, burstiness, max_concurrency, input_len, output_len, dataset, slo, percentiles, sweep, report)
+    if endpoint or lt.asked(*load_flags):  # the load test: cli/loadtest.py, nothing loaded here
+        local_only = [f for f, v in (("-p", n_prompt), ("-n", n_gen), ("--pg", pg), ("-d", depth), ("--parallel", parallel),
+                                     ("-t", threads), ("-c", ctx_size), ("-ngl", gpu_layers), ("-b", batch_size)) if v]  # fmt: skip
+        return lt.run(
+            endpoint, api_key=api_key, timeout=timeout, model=model, rate=rate, requests=requests, burstiness=burstiness,
+            max_concurrency=max_concurrency, input_len=input_len, output_len=output_len, dataset=dataset, slo=slo,
+            percentiles=percentiles, sweep=sweep, report=report, seed=seed, output=output.value, no_log=no_log,
+            quiet=quiet, local_only=local_only,
+        )  # fmt: skip
     with handle_errors():
         from localinfer.bench import method as core
         from localinfer.usage import cost
@@ -133,6 +160,7 @@ def bench(
             o.load_options(
                 ctx_size=c, threads=t, gpu_layers=g, verbose=verbose, flash_attn=flash_attn,
                 cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, batch_size=b, cpu_repack=cpu_repack,
+                rpc=rpc,
             )
             for g in _gpu_layer_values(gpu_layers)
             for t in _ints("--threads", threads, (None,), minimum=1)

@@ -38,13 +38,25 @@ def chat(
     mlock: o.MlockOpt = False,
     batch_size: o.BatchSizeOpt = 2048,
     cpu_repack: o.CpuRepackOpt = None,
+    rpc: o.RpcOpt = None,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
+    endpoint: o.EndpointOpt = None,
+    api_key: o.ApiKeyOpt = None,
+    timeout: o.TimeoutOpt = None,
 ) -> None:
     """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn."""
+    if endpoint:  # the same session over an OpenAI-compatible server: cli/remote.py, nothing loaded here
+        from localinfer.cli import remote
+
+        sampling = o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
+        return remote.chat(
+            endpoint, api_key=api_key, timeout=timeout, model=model, system=system, sampling=sampling,
+            max_tokens=max_tokens, stop=stop or (), quiet=quiet, verbose=verbose, no_log=no_log, lines=_stdin_lines,
+        )  # fmt: skip
     with handle_errors():
         load_opts = o.load_options(
             ctx_size=ctx_size,
@@ -58,6 +70,7 @@ def chat(
             mlock=mlock,
             batch_size=batch_size,
             cpu_repack=cpu_repack,
+            rpc=rpc,
         )
         sampling = o.sampling_options(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed

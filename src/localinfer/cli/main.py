@@ -22,6 +22,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "pull",
     "models",
     "batch",
+    "serve",
     "bench",
     "stats",
     "doctor",
@@ -45,7 +46,7 @@ def build_app(only: str | None = None) -> typer.Typer:
         name="localinfer",
         help="Local, on-device LLM inference: pull GGUF models, run and chat with them, measure honestly.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish, PowerShell)
         pretty_exceptions_enable=False,
         rich_markup_mode=None,  # plain Click-style help: keeps `--help` fast (no rich import)
         context_settings={"help_option_names": ["-h", "--help"]},
@@ -74,6 +75,20 @@ def main() -> None:
         # `localinfer run` builds only its own command: building every one costs ~10 ms of its way
         # to the first token.
         only = "run" if sys.argv[1:2] == ["run"] else None
-        build_app(only)(prog_name="localinfer")
+        app = build_app(only)
+        if only is None and len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
+            _check_command(sys.argv[1], [c.name or c.callback.__name__ for c in app.registered_commands if c.callback])
+        app(prog_name="localinfer")
     except KeyboardInterrupt:  # before Typer took over (it handles its own): no traceback
         raise SystemExit(130) from None
+
+
+def _check_command(word: str, commands: list[str]) -> None:
+    """An unknown command is one line with a suggestion (Click's own error takes three)."""
+    if word in commands:
+        return
+    from localinfer.cli.common import print_error
+    from localinfer.fuzzy import did_you_mean
+
+    print_error(f"no such command '{word}'", did_you_mean(word, commands) or "localinfer --help lists the commands")
+    raise SystemExit(2)

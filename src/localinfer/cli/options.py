@@ -17,9 +17,20 @@ if TYPE_CHECKING:
 _SAMPLING = "Sampling"
 _CONTEXT = "Model and context"
 
+def complete_model(incomplete: str) -> list[str]:
+    """Shell completion for -m: registry names and installed models (paths the shell completes)."""
+    try:
+        from localinfer.store.manage import available_models
+
+        names = sorted({a["name"] for a in available_models()})
+    except Exception:  # noqa: BLE001 - completion must never print an error into the user's shell
+        return []
+    return [n for n in names if n.startswith(incomplete)]
+
+
 ModelOpt = Annotated[
     Optional[str],
-    typer.Option("--model", "-m", help="Registry name (see `localinfer list --available`) or path to a .gguf file.", rich_help_panel=_CONTEXT),
+    typer.Option("--model", "-m", help="Registry name (see `localinfer list --available`) or path to a .gguf file.", rich_help_panel=_CONTEXT, autocompletion=complete_model),
 ]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "--temp", min=0.0, help="0 = greedy (deterministic).", rich_help_panel=_SAMPLING)]
@@ -28,15 +39,15 @@ TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="0 = disabled.", ri
 MinPOpt = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, rich_help_panel=_SAMPLING)]
 RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="1.0 = disabled.", rich_help_panel=_SAMPLING)]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 2, help="Same seed, same text. Default: random.", rich_help_panel=_SAMPLING)]
-MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens. Default: until the model stops or the context is full.", rich_help_panel=_SAMPLING)]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens. Default: until the model stops or the context is full; 256 in plain completion (--raw).", rich_help_panel=_SAMPLING)]
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past the model's end-of-text token (for benchmarks and tests).", rich_help_panel=_SAMPLING)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", rich_help_panel=_SAMPLING)]
 CtxSizeOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", min=16, help="Context window in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=_CONTEXT)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads for prefill and decode. Default: physical cores.", rich_help_panel=_CONTEXT)]
 GpuLayersOpt = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="Layers to offload: auto, all or a number. auto = 0 on a CPU-only build.", rich_help_panel=_CONTEXT)]
 FlashAttnOpt = Annotated[str, typer.Option("--flash-attn", "-fa", help="Flash attention: auto, on or off.", rich_help_panel=_CONTEXT)]
-CacheTypeKOpt = Annotated[str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for K: f16, q8_0, q4_0.", rich_help_panel=_CONTEXT)]
-CacheTypeVOpt = Annotated[str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for V: f16, q8_0, q4_0.", rich_help_panel=_CONTEXT)]
+CacheTypeKOpt = Annotated[str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for K: f16 (default), bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1.", rich_help_panel=_CONTEXT)]
+CacheTypeVOpt = Annotated[str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for V: f16 (default), bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1.", rich_help_panel=_CONTEXT)]
 NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of mapping it.", rich_help_panel=_CONTEXT)]
 MlockOpt = Annotated[bool, typer.Option("--mlock", help="Lock the model in RAM (no swapping).", rich_help_panel=_CONTEXT)]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Prompt tokens evaluated per llama_decode call.", rich_help_panel=_CONTEXT)]
@@ -48,11 +59,30 @@ CpuRepackOpt = Annotated[
         rich_help_panel=_CONTEXT,
     ),
 ]
+RpcOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        envvar="LOCALINFER_RPC",
+        help="Offload to ggml-rpc-servers on other machines (unauthenticated: trusted networks only; see README).",
+        rich_help_panel=_CONTEXT,
+    ),
+]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Load even when the memory estimate says it will not fit.", rich_help_panel=_CONTEXT)]
 NoLogOpt = Annotated[bool, typer.Option("--no-log", help="Do not record this request in the usage history (also LOCALINFER_NO_LOG=1).")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; also HF_HUB_OFFLINE=1.", rich_help_panel=_CONTEXT)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and a full stats table.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line, no warnings; only the answer.")]
+
+# --endpoint: the same command against an OpenAI-compatible server (localinfer.cli.remote)
+_SERVER = "Server (--endpoint)"
+EndpointOpt = Annotated[
+    Optional[str],
+    typer.Option("--endpoint", envvar="LOCALINFER_ENDPOINT", metavar="URL", help="Ask this OpenAI-compatible server instead of a local model: its base URL, e.g. http://127.0.0.1:8080/v1.", rich_help_panel=_SERVER),
+]
+ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Bearer key for --endpoint (else OPENAI_API_KEY).", rich_help_panel=_SERVER)]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds to wait for the server's next bytes before failing. [default: 600]", rich_help_panel=_SERVER, show_default=False)]
 
 
 class Overflow(str, enum.Enum):
@@ -106,7 +136,9 @@ def load_options(
     mlock: bool = False,
     batch_size: int = 2048,
     cpu_repack: bool | None = None,
+    rpc: str | None = None,
 ) -> LoadOptions:
+    from localinfer.engine.rpc import parse_endpoints
     from localinfer.engine.types import LoadOptions
 
     return LoadOptions(
@@ -121,6 +153,7 @@ def load_options(
         use_mlock=mlock,
         n_batch=batch_size,
         cpu_repack=cpu_repack,
+        rpc_servers=parse_endpoints(rpc),
     )
 
 

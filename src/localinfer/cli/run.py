@@ -53,6 +53,7 @@ def run(
     mlock: o.MlockOpt = False,
     batch_size: o.BatchSizeOpt = 2048,
     cpu_repack: o.CpuRepackOpt = None,
+    rpc: o.RpcOpt = None,
     force: o.ForceOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = o.Overflow.error,
@@ -61,20 +62,28 @@ def run(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
+    endpoint: o.EndpointOpt = None,
+    api_key: o.ApiKeyOpt = None,
+    timeout: o.TimeoutOpt = None,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
+    if endpoint:  # the same request to an OpenAI-compatible server: cli/remote.py, nothing loaded here
+        from localinfer.cli import remote
+
+        sampling = o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
+        return remote.run(
+            endpoint, api_key=api_key, timeout=timeout, text=lambda: _prompt_text(prompt_words, prompt), model=model,
+            system=system, sampling=sampling, max_tokens=max_tokens, stop=stop or (), ignore_eos=ignore_eos, raw=raw,
+            json_out=json_out, quiet=quiet, verbose=verbose, no_log=no_log,
+        )  # fmt: skip
     from localinfer.usage.history import recording
 
     with handle_errors(), recording("run", no_log=no_log) as rec:
-        from localinfer import generate
         from localinfer.api import load_resolved
-        from localinfer.errors import UsageError
         from localinfer.render.stats import print_summary, warn
         from localinfer.store import resolve_model, touch
 
-        if prompt_words and prompt:
-            raise UsageError("give the prompt either as an argument or with --prompt, not both")
-        text = generate.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
+        text = _prompt_text(prompt_words, prompt)
         load_opts = o.load_options(
             ctx_size=ctx_size,
             threads=threads,
@@ -87,6 +96,7 @@ def run(
             mlock=mlock,
             batch_size=batch_size,
             cpu_repack=cpu_repack,
+            rpc=rpc,
         )
         sampling = o.sampling_options(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
@@ -99,11 +109,9 @@ def run(
         # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last
         # run's: a process running the command again (CliRunner) frees the one before.
         _until_exit[:] = [llm]
-        n_train = llm.loaded.model.n_ctx_train
-        if ctx_size and ctx_size > n_train > 0:
-            say(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
         if not raw and not llm.has_chat_template:
             say(f"{resolved.name} has no chat template; running plain completion (pass --raw to silence this)")
+
         request = llm.request(
             text, system=system, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()),
             on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
@@ -118,6 +126,10 @@ def run(
         else:
             if result.text and not result.text.endswith("\n"):
                 _write_stdout("\n")
+        if request.raw_text is not None and max_tokens is None and result.finish_reason == "length":
+            n = request.default_max_tokens
+            if n is not None and result.stats.completion_tokens >= n:
+                say(f"plain completion stopped at its default limit of {n} tokens; -n sets another")
         if result.stats.truncated_tokens:
             say(f"the prompt was truncated: its first {result.stats.truncated_tokens} tokens were dropped to fit the context")
         if not quiet:
@@ -126,6 +138,16 @@ def run(
 
 
 _until_exit: list = []
+
+
+def _prompt_text(prompt_words: list[str] | None, prompt: str | None) -> str:
+    """The prompt from the arguments or --prompt, after any piped stdin (as context)."""
+    from localinfer import generate
+    from localinfer.errors import UsageError
+
+    if prompt_words and prompt:
+        raise UsageError("give the prompt either as an argument or with --prompt, not both")
+    return generate.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
 
 
 def _stream(llm: Any, request: Any, *, json_out: bool, quiet: bool, verbose: bool) -> Any:

@@ -80,6 +80,10 @@ class Model:
         self.path = Path(path)
         self.options = options
         self._model = self._ctx = None
+        if options.rpc_servers:  # before the load: llama.cpp picks its devices then
+            from localinfer.engine.rpc import add_servers
+
+            add_servers(options.rpc_servers)
         log = ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()
@@ -201,7 +205,13 @@ class Model:
 
     # -- tokens --------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            from localinfer.limits import require_utf8
+
+            require_utf8(text, "the text")
+            raise
         cap = len(data) + 8
         arr = (llama_cpp.llama_token * cap)()
         n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
@@ -250,8 +260,11 @@ class Model:
     free_sampler = staticmethod(free_sampler)
 
     def decode_batch(self, batch: Any) -> int:
-        """``llama_decode`` on this model's context: 0 on success, 1 when the cache has no room."""
-        return int(llama_cpp.llama_decode(self._ctx, batch))
+        """``llama_decode`` on this model's context, finished (GPU backends run it asynchronously: see
+        generate): 0 on success, 1 when the cache has no room."""
+        rc = int(llama_cpp.llama_decode(self._ctx, batch))
+        llama_cpp.llama_synchronize(self._ctx)
+        return rc
 
     def sample(self, chain: Any, index: int) -> int:
         """Sample from the logits of batch row ``index`` (-1: the last row)."""
@@ -341,6 +354,9 @@ class Model:
             stats.cached_tokens = cached
             t0 = time.perf_counter()
             self._decode(prompt[cached:])
+            # GPU backends (CUDA, Metal, RPC) compute asynchronously: llama_decode returns when the
+            # work is queued, so the time is taken once it is done (on the CPU this costs nothing)
+            llama_cpp.llama_synchronize(self._ctx)
             stats.prefill_s = time.perf_counter() - t0
             chain, seed = build_sampler(sampling, self.n_vocab, prompt)
             stats.extra["seed"] = seed
@@ -366,7 +382,7 @@ class Model:
     ) -> Iterator[Step]:
         # The per-token path: it runs with the CPU caches just flushed by llama_decode, so it touches
         # little - one dict lookup per token, the decoder and stop matcher only when a piece needs them.
-        sample, decode = llama_cpp.llama_sampler_sample, llama_cpp.llama_decode
+        sample, decode, sync = llama_cpp.llama_sampler_sample, llama_cpp.llama_decode, llama_cpp.llama_synchronize
         ctx, one, batch, cached = self._ctx, self._one, self._one_batch, self._tokens
         outs, learn = self._outs, self.token_out
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -408,6 +424,7 @@ class Model:
             one[0] = token
             t_call = clock()
             rc = decode(ctx, batch)
+            sync(ctx)  # the work itself, not its queueing (see generate); sampling would wait for it anyway
             stats.decode_calls_s += clock() - t_call
             if rc != 0:
                 self._decode_failed(rc)

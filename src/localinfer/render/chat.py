@@ -63,6 +63,9 @@ def turn_line(result: Result) -> str:
 
 
 def banner(conv: Conversation) -> str:
+    endpoint = getattr(conv, "endpoint", None)  # chat --endpoint: the server holds the context
+    if endpoint:
+        return f"{conv.loaded.name} @ {endpoint} · /help for commands, /exit or Ctrl-D to quit"
     t = conv.loaded.template
     fmt = "the model's chat template" if t is not None and t.source == "gguf" else (t.source if t else "-")
     return (

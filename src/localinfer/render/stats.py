@@ -44,9 +44,9 @@ def print_summary(result: Result, *, verbose: bool = False, stream: TextIO | Non
     if not verbose:
         line = summary_line(result)
         if styled(stream):
-            from rich.console import Console
+            from localinfer.render.term import console
 
-            Console(file=stream, highlight=False).print(line, style="dim", markup=False, soft_wrap=True)
+            console(file=stream, highlight=False).print(line, style="dim", markup=False, soft_wrap=True)
         else:
             stream.write(line + "\n")
         stream.flush()
@@ -70,6 +70,7 @@ def _rows(result: Result) -> list[tuple[str, str]]:
         ("end to end", _ms(result.total_s)),
         ("context", f"{s.context_used} / {s.n_ctx} tokens" + _ctx_note(result)),
         ("GPU layers", _gpu_note(result)),
+        ("weights on", _weights_note(result)),
         ("memory", _memory_note(result)),
         ("peak RSS", human_bytes(result.peak_rss)),
         ("seed", str(s.extra.get("seed", "-"))),
@@ -95,6 +96,13 @@ def _gpu_note(result: Result) -> str:
     return text + f" (--gpu-layers {plan.gpu_layers_requested})"
 
 
+def _weights_note(result: Result) -> str:
+    """Where llama.cpp put the weights: one figure per buffer (a split over devices shows here)."""
+    buffers = getattr(result, "buffers", None)
+    placed = buffers.by_device("model") if buffers is not None else {}
+    return ", ".join(f"{dev} {human_bytes(n)}" for dev, n in placed.items()) or "-"
+
+
 def _memory_note(result: Result) -> str:
     """llama.cpp's buffers (weights, KV cache, compute) and our estimate of them."""
     buffers = getattr(result, "buffers", None)
@@ -117,7 +125,7 @@ def print_table(result: Result, stream: TextIO) -> None:
         stream.write("".join(f"{k:<{width}}  {v}\n" for k, v in rows))
         stream.flush()
         return
-    from rich.console import Console
+    from localinfer.render.term import console
     from rich.table import Table
 
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -125,7 +133,7 @@ def print_table(result: Result, stream: TextIO) -> None:
     table.add_column()
     for k, v in rows:
         table.add_row(k, v)
-    Console(file=stream, highlight=False).print(table)
+    console(file=stream, highlight=False).print(table)
 
 
 def warn(message: str, stream: TextIO | None = None) -> None:

@@ -41,12 +41,25 @@ def _pair(a: float | None, b: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if a is None else f"{fmt.format(a)} / {_num(b, fmt)}"
 
 
+def model_label(entry: dict[str, Any]) -> str:
+    """A model run here by its name; one on a server (--endpoint) with the server's URL."""
+    return f"{entry['model']} @ {entry['endpoint']}" if entry.get("endpoint") else entry["model"]
+
+
 def _console(stream: TextIO):
-    from rich.console import Console
+    from localinfer.render.term import console
 
     tty = is_tty(stream)
     no_color = bool(os.environ.get("NO_COLOR")) or not tty
-    return Console(file=stream, highlight=False, no_color=no_color, force_terminal=tty and not no_color, width=None if tty else 200)
+    return console(file=stream, highlight=False, no_color=no_color, force_terminal=tty and not no_color, width=None if tty else 200)
+
+
+def _box(tty: bool, compact: bool) -> Any:
+    from rich import box
+
+    if not tty:
+        return None  # plain text for pipes and files
+    return box.SIMPLE_HEAD if compact else box.HEAVY_HEAD
 
 
 def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
@@ -68,22 +81,40 @@ def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
     priced = "cost" in totals and totals["cost"].get("total") is not None
     api = "cost" in totals and totals["cost"].get("api_total") is not None
 
-    per_model = Table(title="Per model", title_justify="left")
-    for header in ("model", "requests", "failed", "tokens in", "tokens out", "TTFT p50 / p95 ms", "decode tok/s p50 / p95", "prefill tok/s p50"):
-        per_model.add_column(header, justify="left" if header == "model" else "right", no_wrap=header != "model")
+    # At 80 columns the full table does not fit: fewer, shorter columns (p50s only, failures beside
+    # the requests), never a squeezed model name or date. Not a terminal: plain text, no box drawing.
+    tty = is_tty(stream)
+    compact = console.width < 120
+    box = _box(tty, compact)
+    names = [model_label(m) for m in summary["models"]]
+    per_model = Table(title="Per model", title_justify="left", box=box)
+    per_model.add_column("model", no_wrap=True, min_width=max(map(len, names), default=5))
+    headers = (
+        ("reqs", "failed", "in", "out", "TTFT ms", "tok/s") if compact
+        else ("requests", "failed", "tokens in", "tokens out", "TTFT p50 / p95 ms", "decode tok/s p50 / p95", "prefill tok/s p50")
+    )  # fmt: skip
+    for header in headers:
+        per_model.add_column(header, justify="right", no_wrap=True, min_width=len(header))
     if priced:
-        per_model.add_column("cost", justify="right")
-        per_model.add_column("cost/M out", justify="right")
+        per_model.add_column("cost", justify="right", no_wrap=True)
+        if not compact:
+            per_model.add_column("cost/M out", justify="right", no_wrap=True)
     if api:
-        per_model.add_column("API cost", justify="right")
-    for m in summary["models"]:
-        row = [
-            m["model"], str(m["requests"]), str(m["failed"]), count(m["tokens_in"]), count(m["tokens_out"]),
-            _pair(m["ttft_ms_p50"], m["ttft_ms_p95"]), _pair(m["decode_tps_p50"], m["decode_tps_p95"], "{:.1f}"),
-            _num(m["prefill_tps_p50"], "{:.1f}"),
-        ]
+        per_model.add_column("API cost", justify="right", no_wrap=True)
+    for name, m in zip(names, summary["models"]):
+        if compact:
+            row = [name, str(m["requests"]), str(m["failed"]), count(m["tokens_in"]), count(m["tokens_out"]),
+                   _num(m["ttft_ms_p50"]), _num(m["decode_tps_p50"], "{:.1f}")]  # fmt: skip
+        else:
+            row = [
+                name, str(m["requests"]), str(m["failed"]), count(m["tokens_in"]), count(m["tokens_out"]),
+                _pair(m["ttft_ms_p50"], m["ttft_ms_p95"]), _pair(m["decode_tps_p50"], m["decode_tps_p95"], "{:.1f}"),
+                _num(m["prefill_tps_p50"], "{:.1f}"),
+            ]
         if priced:
-            row += [format_money(m["cost"]["total"]), format_money(m["cost"]["per_million_tokens_out"])]
+            row.append(format_money(m["cost"]["total"]))
+            if not compact:
+                row.append(format_money(m["cost"]["per_million_tokens_out"]))
         if api:
             row.append(format_money(m["cost"]["api_total"]))
         per_model.add_row(*row)
@@ -91,14 +122,17 @@ def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
 
     days = summary["days"]
     top = max((d["tokens_in"] + d["tokens_out"]) for d in days) if days else 0
-    per_day = Table(title="Tokens per day (in + out)", title_justify="left")
-    for header in ("day", "requests", "tokens in", "tokens out", "TTFT p50 ms", "decode tok/s p50", ""):
-        per_day.add_column(header, justify="left" if header in ("day", "") else "right", no_wrap=True)
+    per_day = Table(title="Tokens per day (in + out)", title_justify="left", box=box)
+    day_headers = ("day", "reqs", "in", "out", "TTFT ms", "tok/s", "") if compact else (
+        "day", "requests", "tokens in", "tokens out", "TTFT p50 ms", "decode tok/s p50", "")
+    for header in day_headers:
+        per_day.add_column(header, justify="left" if header in ("day", "") else "right", no_wrap=True,
+                           min_width=10 if header == "day" else len(header), overflow="crop")  # fmt: skip
     for d in days:
         per_day.add_row(
             d["day"], str(d["requests"]), count(d["tokens_in"]), count(d["tokens_out"]),
             _num(d["ttft_ms_p50"]), _num(d["decode_tps_p50"], "{:.1f}"),
-            bar(d["tokens_in"] + d["tokens_out"], top),
+            bar(d["tokens_in"] + d["tokens_out"], top, BAR_WIDTH // 2 if compact else BAR_WIDTH),
         )
     console.print(per_day)
 
@@ -110,5 +144,5 @@ def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
         chart.add_column(justify="right", no_wrap=True)
         chart.add_column(no_wrap=True)
         for m in sorted(rated, key=lambda m: -m["decode_tps_p50"]):
-            chart.add_row(m["model"], f"{m['decode_tps_p50']:.1f}", bar(m["decode_tps_p50"], fastest))
+            chart.add_row(model_label(m), f"{m['decode_tps_p50']:.1f}", bar(m["decode_tps_p50"], fastest))
         console.print(chart)

@@ -10,6 +10,7 @@ figures and what to change, unless ``force``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -86,8 +87,14 @@ def _cpu_need(e: Estimate, budget: MemoryBudget) -> int:
     return e.cpu_bytes + (e.gpu_bytes if budget.unified else 0)
 
 
+def ram_margin(budget: MemoryBudget) -> int:
+    """RAM kept free beyond the estimate: the OS, page cache and the estimate's own error need room
+    (a load that takes all but the last few hundred MB of a machine makes it swap or die)."""
+    return min(1 << 30, budget.ram_available // 10)
+
+
 def _fits(e: Estimate, budget: MemoryBudget) -> bool:
-    if _cpu_need(e, budget) > budget.ram_available:
+    if _cpu_need(e, budget) > budget.ram_available - ram_margin(budget):
         return False
     return not (e.gpu_bytes and budget.vram_free is not None and e.gpu_bytes > budget.vram_free)
 
@@ -153,6 +160,10 @@ def plan_load(
     name = name or info.path.name
     requested = gpu_layers_label(options.n_gpu_layers)
     notes: list[str] = []
+    cpus = os.cpu_count() or 0
+    if options.n_threads and cpus and options.n_threads > cpus:
+        notes.append(f"--threads {options.n_threads} is more than this machine's {cpus} CPU threads: llama.cpp "
+                     "slows down when its threads outnumber the cores")  # fmt: skip
     if not budget.gpu_offload and requested != "auto" and options.n_gpu_layers != 0:
         notes.append(
             f"this llama-cpp-python build cannot offload to a GPU; --gpu-layers {requested} is ignored "
@@ -169,6 +180,14 @@ def plan_load(
 
     kw = _est_kwargs(options)
     train = shape.n_ctx_train or ceiling
+    per_seq = (options.n_ctx or 0) // max(1, options.n_seq_max)  # each sequence's share, as llama.cpp splits it
+    if per_seq > shape.n_ctx_train > 0:
+        if not force:
+            raise UsageError(
+                f"--ctx-size {per_seq} is beyond the {shape.n_ctx_train} tokens {name} was trained on",
+                hint=f"use --ctx-size {shape.n_ctx_train} or less, or --force to go beyond it (answers degrade there)",
+            )
+        notes.append(f"--ctx-size {per_seq} is beyond the {shape.n_ctx_train} tokens this model was trained on (--force)")
     if options.n_ctx:
         n_ctx, source = options.n_ctx, "--ctx-size"
     else:
@@ -180,7 +199,8 @@ def plan_load(
         if options.n_gpu_layers == GPU_LAYERS_AUTO:
             if budget.vram_free is None:
                 return 0
-            return fit_gpu_layers(shape, budget.vram_free, headroom=headroom, n_ctx=ctx, **kw)
+            # headroom on each device, as llama.cpp's --fit leaves its margin on each
+            return fit_gpu_layers(shape, budget.vram_free, headroom=headroom * budget.gpu_devices, n_ctx=ctx, **kw)
         if options.n_gpu_layers < 0:
             return shape.n_offloadable
         return min(options.n_gpu_layers, shape.n_offloadable)
