@@ -29,7 +29,7 @@ pytestmark = [
 # an RPC server's buffers are plain CPU memory that never is: Gemma's Q4_K layers then round
 # differently and a near-tie can flip. Without repacking both sides run the same kernels, and the
 # text is bit-identical (SmolLM2's Q4_1 has no repacked kernels: equal either way, tested below).
-GREEDY = ("--temperature", "0", "--seed", "1", "--no-log", "-t", "2", "--no-cpu-repack")
+GREEDY = ("--temperature", "0", "--seed", "1", "--no-log", "-t", "1", "--no-cpu-repack")
 PROMPT = "The three primary colors are"
 LAYERS = {"smollm2": 31, "gemma": 19}  # what llama.cpp offloads: repeating layers + the output layer
 
@@ -143,18 +143,17 @@ def test_a_model_split_over_two_devices(servers, model):
     if len(servers) < 2:
         pytest.skip("needs two servers in LOCALINFER_TEST_RPC")
     name, path = model
-    proc = _ok(_cli("run", "--raw", "-m", path, "-n", "12", "-c", "512", *GREEDY, "-p", PROMPT,
-                    "--rpc", ",".join(servers[:2]), "-ngl", "all", "--verbose"))  # fmt: skip
-    err = proc.stderr.decode()
+    proc = _ok(_cli("run", "--json", "--verbose", "--raw", "-m", path, "-n", "12", "-c", "512", *GREEDY, "-p", PROMPT,
+                    "--rpc", ",".join(servers[:2]), "-ngl", "all"))  # fmt: skip
+    data, err = json.loads(proc.stdout), proc.stderr.decode()
+    assert data["text"] == _cpu_text(name, path)
+    assert len(_rpc_bytes(data)) == 2 and all(n > 0 for n in _rpc_bytes(data))  # each server holds part of the weights
     assert f"offloaded {LAYERS[name]}/{LAYERS[name]} layers to GPU" in err  # llama.cpp's log
     assert re.search(rf"^GPU layers +{LAYERS[name]} / {LAYERS[name]} offloaded \(--gpu-layers all\)$", err, re.MULTILINE)
     assert re.search(r"^load time +[\d.]+ m?s$", err, re.MULTILINE)
     weights = re.search(r"^weights on +(.*)$", err, re.MULTILINE).group(1)
-    for endpoint in servers[:2]:  # each server's device 0 holds part of the weights
+    for endpoint in servers[:2]:  # the same split, in the verbose table
         assert re.search(rf"RPC0\[{re.escape(endpoint)}\] [\d.]+ MB", weights), weights
-    assert proc.stdout.decode().rstrip("\n") == _cpu_text(name, path)
-    data = _run_json(path, "--rpc", ",".join(servers[:2]), "-ngl", "all")
-    assert len(_rpc_bytes(data)) == 2 and all(n > 0 for n in _rpc_bytes(data))
 
 
 def test_chat_answers_as_on_the_cpu(servers, model):
@@ -183,7 +182,7 @@ def test_batch_parallel_4_answers_as_on_the_cpu(servers, model, tmp_path):
 
 def test_bench_on_the_cpu_and_the_device(servers, model):
     _, path = model
-    proc = _ok(_cli("bench", "-m", path, "-ngl", "0,99", "-p", "32", "-n", "8", "-r", "2", "-t", "2", "-o", "json", "--no-log", "--rpc", servers[0]))
+    proc = _ok(_cli("bench", "-m", path, "-ngl", "0,99", "-p", "32", "-n", "8", "-r", "2", "-t", "1", "-o", "json", "--no-log", "--rpc", servers[0]))
     rows = {(r["n_gpu_layers"], r["test"]): r for r in json.loads(proc.stdout)}
     assert set(rows) == {(0, "pp32"), (0, "tg8"), (99, "pp32"), (99, "tg8")}
     assert {r["backend"] for (ngl, _), r in rows.items() if ngl == 99} == {"RPC"}
