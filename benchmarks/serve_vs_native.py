@@ -115,13 +115,14 @@ def servers(args: argparse.Namespace) -> list[Server]:
         env = {"PYTHONPATH": os.pathsep.join([str(LCPP_DEPS), os.environ.get("PYTHONPATH", "")])}
         out.append(Server("llama_cpp.server", [sys.executable, "-m", "llama_cpp.server", "--model", model, "--port", str(free_port()),
                                                "--n_ctx", str(ctx), "--n_threads", t, "--n_threads_batch", t],
-                          env=env, body=lambda b: {**{k: v for k, v in b.items() if k != "ignore_eos"}, "logit_bias": eog}))  # fmt: skip
+                          env=env, body=lambda b: {**{k: v for k, v in b.items() if k not in ("ignore_eos", "stream_options")}, "logit_bias": eog}))  # fmt: skip
     return out
 
 
 # -- the load -----------------------------------------------------------------------------------------------
 def stream_one(server: Server, i: int, n: int) -> dict:
-    body = server.body({"prompt": prompt(i), "max_tokens": n, "ignore_eos": True, "stream": True, "temperature": 0})
+    body = server.body({"prompt": prompt(i), "max_tokens": n, "ignore_eos": True, "stream": True, "temperature": 0,
+                        "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -129,7 +130,7 @@ def stream_one(server: Server, i: int, n: int) -> dict:
     if resp.status != 200:
         raise SystemExit(f"{server.name}: HTTP {resp.status}: {resp.read()[:300]!r}")
     first = last = None
-    tokens = None
+    tokens, chunks = None, 0
     while line := resp.readline():
         if not line.startswith(b"data: "):
             continue
@@ -142,8 +143,9 @@ def stream_one(server: Server, i: int, n: int) -> dict:
         if any(c.get("text") for c in obj.get("choices") or ()):
             last = time.perf_counter()
             first = first or last
+            chunks += 1
     conn.close()
-    tokens = tokens or n
+    tokens = tokens or chunks  # llama_cpp.server gives no usage in streams: one chunk per token there
     decode = (tokens - 1) / (last - first) if first and last and last > first else None
     return {"t0": t0, "ttft": (first or last or t0) - t0, "end": last or t0, "tokens": tokens, "decode": decode}
 
@@ -172,6 +174,7 @@ def level(server: Server, clients: int, requests: int, n: int, salt: int) -> dic
         "tokens": sum(r["tokens"] for r in results), "agg_tps": sum(r["tokens"] for r in results) / wall,
         "ttft_p50_ms": 1000 * pct(ttfts, 50), "ttft_p95_ms": 1000 * pct(ttfts, 95),
         "decode_tps": statistics.median(decodes) if decodes else None,
+        "short_answers": sum(r["tokens"] < n for r in results),  # cut short (llama_cpp.server interrupts)
     }  # fmt: skip
 
 
@@ -227,7 +230,20 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
     med = summarize(rows, lambda k, v: statistics.median(v))
     best = summarize(rows, lambda k, v: _BEST[k](v))
     return "\n".join(["## median over rounds", *table(med), "", *checks(med, args.clients), "",
-                      "## best round", *table(best), "", *checks(best, args.clients)])  # fmt: skip
+                      "## best round", *table(best), "", *checks(best, args.clients), "",
+                      "## per round, localinfer / llama-server", *paired(rows, args.clients)])  # fmt: skip
+
+
+def paired(rows: list[dict], clients: list[int]) -> list[str]:
+    """Each round's ratio (the two ran one after the other, so under about the same load)."""
+    out = []
+    for c in clients:
+        ours = [r for r in rows if r["server"] == "localinfer" and r["clients"] == c]
+        theirs = [r for r in rows if r["server"] == "llama-server" and r["clients"] == c]
+        for key in ("agg_tps", "ttft_p50_ms", "decode_tps"):
+            ratios = [f"{a[key] / b[key]:.3f}" for a, b in zip(ours, theirs, strict=False) if a[key] and b[key]]
+            out.append(f"C={c} {key:<12} {', '.join(ratios)}")
+    return out
 
 
 def main() -> None:
@@ -263,8 +279,9 @@ def main() -> None:
                     rows.append(row)
                     if args.json:
                         print(json.dumps(row), flush=True)
+                    short = f", {row['short_answers']} answers cut short" if row["short_answers"] else ""
                     print(f"# {server.name:<16} C={c}: {row['agg_tps']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
-                          f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+                          f"load {os.getloadavg()[0]:.2f}{short}", flush=True)  # fmt: skip
     finally:
         for server in order:
             server.stop()

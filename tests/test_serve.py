@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -174,6 +175,11 @@ class FakeEngine:
         self.pieces, self.full = pieces, full
         self.cancelled = threading.Event()
 
+    def arriving(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def prepare(self, request: Any) -> Prepared:
         return Prepared(request, [1, 2, 3], ())
 
@@ -323,3 +329,32 @@ def test_another_host_without_a_key_is_warned_about(tmp_path, isolated_home):
     assert proc.returncode == 3 and "without --api-key" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "localinfer", *args, "--api-key", "k"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3 and "without --api-key" not in proc.stderr
+
+
+def test_an_idle_engine_gathers_a_burst_into_its_first_step():
+    """Requests reach the engine one by one; while others are still being prepared, the first step
+    waits for them (up to 50 ms) rather than leaving them a whole prefill behind."""
+    from types import SimpleNamespace
+
+    from localinfer.serve.engine import Engine
+
+    loaded = SimpleNamespace(name="m", model=SimpleNamespace(n_ctx_seq=64), template=None)
+    decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
+
+    def ticket(key: str) -> Any:
+        return SimpleNamespace(key=key, job=key, cancelled=threading.Event())
+
+    for arriving, expected in ((1, ["a", "b", None]), (0, ["a", None, "b"])):
+        engine = Engine(loaded, 2, max_queue=4)  # type: ignore[arg-type]
+        engine._arriving = arriving
+        source = engine._source(decoder)  # type: ignore[arg-type]
+        engine._queue.put(ticket("a"))
+        threading.Timer(0.015, engine._queue.put, args=(ticket("b"),)).start()
+        got = [next(source)]
+        decoder.n_active = 1
+        got.append(next(source))
+        if got[-1] is None:
+            time.sleep(0.05)
+        got.append(next(source))
+        decoder.n_active = 0
+        assert got == expected, arriving

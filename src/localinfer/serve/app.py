@@ -148,10 +148,11 @@ async def _complete(request: Request, kind: str) -> Response:
         if req.model is not None and req.model not in state.names:
             raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
                            code="model_not_found", param="model")  # fmt: skip
-        prepared = await run_in_threadpool(engine.prepare, req)
-        assert state.hub is not None
-        channel: Channel[Outcome] = Channel(state.hub)
-        ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close)
+        with engine.arriving():
+            prepared = await run_in_threadpool(engine.prepare, req)
+            assert state.hub is not None
+            channel: Channel[Outcome] = Channel(state.hub)
+            ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close)
     except Overloaded:
         exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
                        type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip

@@ -10,6 +10,7 @@ its sequence at the next step.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -49,6 +50,10 @@ class Outcome:
     ttft_s: float | None  # to the first token sampled
     total_s: float
     error: str | None = None
+
+
+GATHER_S = 0.002  # an idle engine's first step waits this long for the next request of a burst...
+GATHER_MAX_S = 0.05  # ...and at most this long in all, while requests are still being prepared
 
 
 class Overloaded(Exception):
@@ -102,6 +107,7 @@ class Engine:
         self._running: dict[int, Ticket] = {}
         self._keys = itertools.count()
         self._decoder: BatchDecoder | None = None
+        self._arriving = 0  # requests being prepared (read by the engine thread)
         self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
 
     # -- what the HTTP side calls --------------------------------------------------------------------
@@ -135,6 +141,16 @@ class Engine:
             what = f"the prompt ({n} tokens)" + (f" and max_tokens ({wanted})" if wanted else "")
             raise ApiError(400, f"{what} exceed the context of a sequence ({self.n_ctx_seq} tokens)", code="context_length_exceeded")
         return p
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around preparing and submitting a request: the engine, idle, waits for it to start with
+        the others of its burst (see ``_source``). Event loop thread only."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
 
     def submit(self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None]) -> Ticket:
         """Queue a request (``on_text``: None when the text is wanted only at the end); ``Overloaded``
@@ -211,11 +227,24 @@ class Engine:
                 self._decoder = None
 
     def _source(self, decoder: BatchDecoder) -> Iterator[SeqJob | None]:
-        """The decoder's jobs: waits while nothing runs, else None when nobody is waiting."""
+        """The decoder's jobs: waits while nothing runs, else None when nobody is waiting.
+
+        A burst that finds the engine idle is gathered into its first step: requests reach the queue
+        one by one (each is parsed and tokenized first), and one that misses the step waits for all
+        of it (a whole prefill) - llama-server, whose HTTP threads need no GIL, rarely misses it.
+        """
+        gather_end, step = 0.0, -1  # while gathering a burst: the latest its first step may start
         while True:
             try:
-                ticket = self._queue.get(block=decoder.n_active == 0)
+                if decoder.n_active == 0:
+                    ticket = self._queue.get()
+                    gather_end, step = time.perf_counter() + GATHER_MAX_S, decoder.stats.steps
+                elif gather_end and decoder.stats.steps == step:  # the first step has not started yet
+                    ticket = self._gathered(gather_end)
+                else:
+                    ticket = self._queue.get_nowait()
             except queue.Empty:
+                gather_end = 0.0
                 yield None
                 continue
             if ticket is None:
@@ -225,6 +254,17 @@ class Engine:
                 continue
             self._running[ticket.key] = ticket
             yield ticket.job
+
+    def _gathered(self, until: float) -> Ticket | None:
+        """The next request of a burst: waits ``GATHER_S`` for it, and again while requests are still
+        being prepared (``arriving``), until ``until``; ``queue.Empty`` when the burst is over."""
+        while (left := until - time.perf_counter()) > 0:
+            try:
+                return self._queue.get(timeout=min(left, GATHER_S))
+            except queue.Empty:
+                if not self._arriving:
+                    raise
+        raise queue.Empty
 
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)
