@@ -205,16 +205,21 @@ class Conversation:
         except BaseException:
             self.history.pop()
             raise
-        if result.finish_reason == "interrupted" and not result.text:
-            self.history.pop()
-        else:
-            message: dict[str, Any] = {"role": "assistant", "content": result.text}
-            if result.finish_reason == "interrupted":
-                message["interrupted"] = True
-            self.history.append(message)
+        self._keep_answer(result.text, result.finish_reason)
         self.last = result
         self.totals.add(result)
         return result
+
+    def _keep_answer(self, text: str, finish_reason: str | None) -> None:
+        """The answer joins the history (marked when interrupted); an interrupted turn that wrote
+        nothing takes its user message back out."""
+        if finish_reason == "interrupted" and not text:
+            self.history.pop()
+            return
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if finish_reason == "interrupted":
+            message["interrupted"] = True
+        self.history.append(message)
 
     def retry(self, write: Write) -> Result:
         """Regenerate the last answer (or answer a trailing user message, e.g. after /load).

@@ -107,13 +107,7 @@ class RemoteConversation(Conversation):
             self.history.pop()
             raise
         result = RemoteResult(outcome, self.loaded.name, self.endpoint, seed=s.sampling.seed)
-        if outcome.finish_reason == "interrupted" and not outcome.text:
-            self.history.pop()
-        else:
-            message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
-            if outcome.finish_reason == "interrupted":
-                message["interrupted"] = True
-            self.history.append(message)
+        self._keep_answer(outcome.text, outcome.finish_reason)
         self.last = result
         self.remote_totals.add(result)
         return result
