@@ -151,6 +151,33 @@ def test_idle_sequences_between_busy_ones_get_a_throwaway_token(smollm2_path):
     assert len(texts[True][0]) > len(texts[True][1])
 
 
+def test_presence_and_frequency_penalties_are_in_each_sequences_chain(smollm2_path):
+    """OpenAI's penalties (serve's presence_penalty/frequency_penalty) go into llama.cpp's penalties
+    sampler over the last repeat_last_n tokens, prompt included (-1: the whole context, which
+    llama.cpp's sampler alone would read as off). A huge penalty forces the situation whatever the
+    CPU rounds: greedy can then never pick a token it has already seen."""
+    from localinfer.engine.batch import BatchDecoder, SeqJob
+
+    loaded = _load(smollm2_path, 2, ctx=256)
+    pieces: dict[str, list[str]] = {"presence": [], "frequency": []}
+    try:
+        prompt = loaded.model.tokenize("one one one one one one one one")
+        jobs = [
+            SeqJob(key, prompt, SamplingOptions(temperature=0.0, repeat_last_n=-1, **{f"{key}_penalty": 1e4}),
+                   max_tokens=16, ignore_eos=True, on_text=pieces[key].append)
+            for key in pieces
+        ]  # fmt: skip
+        with BatchDecoder(loaded.model, 2) as decoder:
+            out = {r.key: r for r in decoder.run(jobs)}
+    finally:
+        loaded.close()
+    for key, seen in pieces.items():
+        assert out[key].stats.completion_tokens == 16 and "".join(seen) == out[key].text
+        # each sampled token a new one (a token's text is its own: SmolLM2's pieces are distinct)
+        assert len(set(seen)) == len(seen) > 8, seen
+        assert not {"one", " one"} & set(seen), seen
+
+
 def test_per_request_options_and_errors(smollm2_path):
     items = [
         BatchRequest(id="short", line=1, prompt="Count from one to twenty.", max_tokens=3),

@@ -34,8 +34,8 @@ def test_a_chat_request_becomes_sampling_options_and_limits():
     r = parse_request({"model": "m", "messages": HI, "temperature": 0, "top_p": 0.5, "seed": 7, "stop": "\n",
                        "max_completion_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
                        "presence_penalty": 0.5, "user": "u", "n": 1, "logprobs": False}, "chat")  # fmt: skip
-    assert r.sampling == SamplingOptions(temperature=0.0, top_p=0.5, seed=7)
-    assert (r.max_tokens, r.stop, r.stream, r.include_usage, r.presence_penalty) == (9, ("\n",), True, True, 0.5)
+    assert r.sampling == SamplingOptions(temperature=0.0, top_p=0.5, seed=7, presence_penalty=0.5)
+    assert (r.max_tokens, r.stop, r.stream, r.include_usage, r.sampling.presence_penalty) == (9, ("\n",), True, True, 0.5)
     assert r.messages == ({"role": "user", "content": "hi"},)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.model import Model
-from localinfer.engine.slots import Slot, SlotTable, with_penalties
+from localinfer.engine.slots import Slot, SlotTable
 from localinfer.engine.types import GenerationStats, SamplingOptions
 from localinfer.errors import GenerationError, ResourceError
 
@@ -47,8 +47,6 @@ class SeqJob:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    frequency_penalty: float = 0.0  # OpenAI's penalties (llama.cpp's penalties sampler); 0 = off
-    presence_penalty: float = 0.0
     on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
     cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
 
@@ -235,8 +233,6 @@ class BatchDecoder:
                 continue
             seq, cached = self._slots.take(job.tokens)
             chain, seed = self.model.new_sampler(job.sampling, job.tokens)
-            if job.frequency_penalty or job.presence_penalty:
-                chain = with_penalties(chain, job, self.model.n_vocab)
             slot = Slot(seq, job, chain, clock(), cached)
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed

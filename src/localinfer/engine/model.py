@@ -17,60 +17,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from localinfer.engine.backend import (
-    cpu_repack_enabled,
-    default_threads,
-    ensure_backend,
-    llama_cpp,
-    load_mode,
-    stdout_to_stderr,
-)
+from localinfer.engine.backend import ensure_backend, llama_cpp, stdout_to_stderr
 from localinfer.engine.load_errors import diagnose_load_failure
+from localinfer.engine.params import context_params, model_params
 from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, SamplingOptions, Step
 from localinfer.errors import GenerationError, ResourceError
-
-_GGML_BF16 = 30  # enum ggml_type: llama-cpp-python names no BF16
-_CACHE_TYPES = {
-    "f32": llama_cpp.GGML_TYPE_F32,
-    "f16": llama_cpp.GGML_TYPE_F16,
-    "bf16": _GGML_BF16,
-    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
-    "q4_1": llama_cpp.GGML_TYPE_Q4_1,
-    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
-    "q5_1": llama_cpp.GGML_TYPE_Q5_1,
-}
-_FLASH_ATTN = {
-    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
-    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-}
-
-
-def _model_params(options: LoadOptions) -> Any:
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 2**31 - 1
-    mparams.load_mode = load_mode(options.use_mmap, options.use_mlock)
-    mparams.use_extra_bufts = cpu_repack_enabled(options.cpu_repack)
-    return mparams
-
-
-def _context_params(options: LoadOptions, n_ctx: int) -> Any:
-    threads = options.n_threads or default_threads()
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = n_ctx
-    cparams.n_batch = min(options.n_batch, n_ctx) if options.n_seq_max == 1 else options.n_batch
-    cparams.n_ubatch = min(options.n_ubatch, cparams.n_batch)
-    cparams.n_seq_max = options.n_seq_max
-    cparams.n_threads = threads
-    cparams.n_threads_batch = options.n_threads_batch or threads
-    cparams.flash_attn_type = _FLASH_ATTN[options.flash_attn]
-    cparams.type_k = _CACHE_TYPES[options.cache_type_k]
-    cparams.type_v = _CACHE_TYPES[options.cache_type_v]
-    cparams.no_perf = True
-    return cparams
 
 
 class Model:
@@ -88,14 +41,14 @@ class Model:
         log_start = log.seq
         t0 = time.perf_counter()
         with stdout_to_stderr():
-            model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), _model_params(options))
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), model_params(options))
         if not model:
             raise diagnose_load_failure(log, self.path, "load", log_start)
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
         n_ctx = options.n_ctx or min(self.n_ctx_train or DEFAULT_CTX_CEILING, DEFAULT_CTX_CEILING)
-        cparams = _context_params(options, n_ctx)
+        cparams = context_params(options, n_ctx)
         with stdout_to_stderr():
             ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
@@ -140,8 +93,9 @@ class Model:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        if sys.is_finalizing():  # the OS takes the memory back at exit, faster than freeing it piece by piece
+    # ``sys.is_finalizing`` bound now: at shutdown module globals such as ``sys`` may already be None.
+    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:  # pragma: no cover - best effort
+        if _finalizing():  # the OS takes the memory back at exit, faster than freeing it piece by piece
             return
         try:
             self.close()
@@ -255,7 +209,7 @@ class Model:
     # -- the public face for several sequences (engine.batch) ---------------------------------------
     def new_sampler(self, opts: SamplingOptions, history: Sequence[int]) -> tuple[Any, int]:
         """A native sampler chain for one sequence, and its seed; free it with ``free_sampler``."""
-        return build_sampler(opts, self.n_vocab, history)
+        return build_sampler(opts, self.n_vocab, history, self.n_ctx_seq)
 
     free_sampler = staticmethod(free_sampler)
 
@@ -273,6 +227,14 @@ class Model:
     def drop_sequence(self, seq: int) -> None:
         """Free every KV cell of sequence ``seq``."""
         llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def drop_tokens(self, seq: int, start: int) -> bool:
+        """Free ``seq``'s cells from position ``start`` on; False where the cache cannot (recurrent)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq, start, -1))
+
+    def first_position(self, seq: int) -> int:
+        """The lowest position ``seq`` still holds (> 0 once a sliding window forgot old cells; -1: empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
 
     # -- KV cache of sequence 0 ----------------------------------------------------------------------
     @property
@@ -358,7 +320,7 @@ class Model:
             # work is queued, so the time is taken once it is done (on the CPU this costs nothing)
             llama_cpp.llama_synchronize(self._ctx)
             stats.prefill_s = time.perf_counter() - t0
-            chain, seed = build_sampler(sampling, self.n_vocab, prompt)
+            chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx)
             stats.extra["seed"] = seed
             try:
                 yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos)

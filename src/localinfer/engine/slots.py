@@ -7,7 +7,6 @@ import codecs
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine.backend import llama_cpp
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats
 
@@ -65,33 +64,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     return i
 
 
-def _drop_tail(model: Model, seq: int, start: int) -> bool:
-    """Free ``seq``'s cells from position ``start`` on; False where the cache cannot (recurrent).
-
-    Model's public face drops whole sequences only; a ``Model.drop_tokens(seq, start)`` and a
-    ``Model.first_position(seq)`` would replace these two reaches into its memory handle.
-    """
-    return bool(llama_cpp.llama_memory_seq_rm(model._mem, seq, start, -1))
-
-
 def _complete(model: Model, seq: int) -> bool:
     """Whether ``seq`` still holds its first positions: a sliding-window cache forgets old cells,
     and a prefix without them cannot be reused (llama-server re-evaluates the prompt then too)."""
-    return int(llama_cpp.llama_memory_seq_pos_min(model._mem, seq)) <= 0
-
-
-def with_penalties(inner: Any, job: SeqJob, n_vocab: int) -> Any:
-    """OpenAI's frequency and presence penalties in front of the chain ``build_sampler`` made (a
-    chain is a sampler too), over the last ``repeat_last_n`` tokens, prompt included, as llama-server."""
-    last_n = job.sampling.repeat_last_n
-    outer = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    penalties = llama_cpp.llama_sampler_init_penalties(n_vocab, last_n, 1.0, job.frequency_penalty, job.presence_penalty)
-    llama_cpp.llama_sampler_chain_add(outer, penalties)
-    llama_cpp.llama_sampler_chain_add(outer, inner)
-    window = last_n if last_n > 0 else len(job.tokens)
-    for tok in job.tokens[-window:]:
-        llama_cpp.llama_sampler_accept(penalties, tok)  # the inner chain has counted the prompt already
-    return outer
+    return model.first_position(seq) <= 0
 
 
 class SlotTable:
@@ -126,7 +102,7 @@ class SlotTable:
                 seq, best = sid, key
         self.free.remove(seq)
         n, kept = best[0], self.kept[seq]
-        if kept and (n == 0 or not _complete(self.model, seq) or (n < len(kept) and not _drop_tail(self.model, seq, n))):
+        if kept and (n == 0 or not _complete(self.model, seq) or (n < len(kept) and not self.model.drop_tokens(seq, n))):
             self.model.drop_sequence(seq)
             n = 0
         self.kept[seq] = []  # the cells now belong to the running job (its pos counts them)
@@ -149,7 +125,7 @@ class SlotTable:
 
     def drop_filler(self, seq: int) -> None:
         kept = self.kept[seq]
-        if not kept or not _drop_tail(self.model, seq, len(kept)):
+        if not kept or not self.model.drop_tokens(seq, len(kept)):
             self._forget(seq)  # a cache that cannot drop one cell (sliding window) loses what it kept
 
     def cells_kept(self) -> int:

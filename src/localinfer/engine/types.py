@@ -44,6 +44,8 @@ class SamplingOptions:
     min_p: float = defaults.min_p
     repeat_penalty: float = defaults.repeat_penalty
     repeat_last_n: int = defaults.repeat_last_n
+    frequency_penalty: float = 0.0  # OpenAI's penalties, over the same last_n window; 0 = off
+    presence_penalty: float = 0.0
     seed: int | None = None  # None: a random seed each request
 
     @property

@@ -52,8 +52,6 @@ class CompletionRequest:
     max_tokens: int | None = None
     sampling: SamplingOptions = SamplingOptions()
     stop: tuple[str, ...] = ()
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
     ignore_eos: bool = False
 
 
@@ -136,6 +134,7 @@ _UNSUPPORTED = {
     "suffix": _only(lambda v: v in (None, ""), "(fill in the middle)"),
     "best_of": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
 }
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
 _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "model": _string,
     "stream": _bool,
@@ -183,7 +182,7 @@ def parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     v = {name: _COMMON[name](name, value) for name, value in body.items() if name in _COMMON and value is not None}
     if "max_tokens" in v and "max_completion_tokens" in v and v["max_tokens"] != v["max_completion_tokens"]:
         raise _bad("max_tokens", "'max_tokens' and 'max_completion_tokens' disagree")
-    sampling = SamplingOptions(**{k: v[k] for k in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed") if k in v})
+    sampling = SamplingOptions(**{k: v[k] for k in _SAMPLING if k in v})
     if "stream_options" in v and not v.get("stream"):
         raise _bad("stream_options", "'stream_options' is only allowed with 'stream': true")
     return CompletionRequest(
@@ -196,8 +195,6 @@ def parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         max_tokens=v.get("max_completion_tokens", v.get("max_tokens")),
         sampling=sampling,
         stop=v.get("stop", ()),
-        frequency_penalty=v.get("frequency_penalty", 0.0),
-        presence_penalty=v.get("presence_penalty", 0.0),
         ignore_eos=v.get("ignore_eos", False),
     )
 
