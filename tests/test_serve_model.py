@@ -371,6 +371,9 @@ def test_sigterm_drains_exits_0_and_stats_show_serve(smollm2_path, tmp_path):
     assert proc.returncode == 0, proc.stderr
     (entry,) = json.loads(proc.stdout)["models"]
     assert entry["commands"] == ["serve"] and entry["requests"] >= 1 and entry["tokens_out"] >= 24
+    only = {c: json.loads(run_cli("stats", "--json", "--command", c, env={"LOCALINFER_HOME": str(home)}).stdout)
+            for c in ("serve", "run")}  # fmt: skip
+    assert only["serve"]["models"] == [entry] and only["run"]["models"] == []
 
 
 def test_greedy_output_equals_run(server, smollm2_path):

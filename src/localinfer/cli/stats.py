@@ -17,6 +17,7 @@ class Command(str, enum.Enum):
     chat = "chat"
     batch = "batch"
     bench = "bench"
+    serve = "serve"
 
 
 def stats(
