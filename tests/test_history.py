@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from localinfer.usage import history
+from localinfer.usage import history, recorder
 from localinfer.errors import ContextOverflowError, UsageError
 from localinfer.usage.history import UsageRecord
 
@@ -101,7 +101,7 @@ class _Resolved:
 
 def test_recording_writes_failures_with_their_exit_status(isolated_home):
     with pytest.raises(ContextOverflowError):
-        with history.recording("run") as rec:
+        with recorder.recording("run") as rec:
             rec.model = _Resolved()
             raise ContextOverflowError("too long")
     (row,) = history.load_records()
@@ -110,13 +110,13 @@ def test_recording_writes_failures_with_their_exit_status(isolated_home):
 
 def test_recording_without_a_model_writes_nothing(isolated_home):
     with pytest.raises(UsageError):
-        with history.recording("run"):
+        with recorder.recording("run"):
             raise UsageError("no prompt")
     assert history.load_records() == []
 
 
 def test_recording_respects_no_log(isolated_home):
-    with history.recording("run", no_log=True) as rec:
+    with recorder.recording("run", no_log=True) as rec:
         rec.model = _Resolved()
     assert history.load_records() == []
 
@@ -147,7 +147,7 @@ def test_locked_database_is_a_warning_after_the_busy_timeout(isolated_home, monk
 def test_recording_survives_a_broken_database(isolated_home, capsys):
     isolated_home.mkdir(parents=True, exist_ok=True)
     history.db_path().write_bytes(b"garbage" * 1000)
-    with history.recording("run") as rec:
+    with recorder.recording("run") as rec:
         rec.model = _Resolved()
     assert "warning: could not record" in capsys.readouterr().err
 
@@ -194,7 +194,7 @@ ANSWER = {
 def test_request_log_passes_records_on_and_writes_one_row_each(isolated_home, monkeypatch):
     monkeypatch.delenv("LOCALINFER_LOG_TEXT", raising=False)
     written = []
-    log = history.RequestLog("batch", _Resolved(), extra={"parallel": 4})
+    log = recorder.RequestLog("batch", _Resolved(), extra={"parallel": 4})
     write = log.wrap(written.append)
     write(ANSWER)
     write({"id": 2, "line": 2, "error": "not valid JSON: the secret line"})
@@ -209,7 +209,7 @@ def test_request_log_passes_records_on_and_writes_one_row_each(isolated_home, mo
 
 
 def test_request_log_records_a_failing_job_from_finally(isolated_home):
-    log = history.RequestLog("batch", _Resolved())
+    log = recorder.RequestLog("batch", _Resolved())
     with pytest.raises(ContextOverflowError):
         try:
             log.wrap(lambda r: None)(ANSWER)
@@ -222,7 +222,7 @@ def test_request_log_records_a_failing_job_from_finally(isolated_home):
 
 
 def test_request_log_flushes_in_groups(isolated_home):
-    log = history.RequestLog("batch", _Resolved(), flush_every=3, flush_s=3600)
+    log = recorder.RequestLog("batch", _Resolved(), flush_every=3, flush_s=3600)
     write = log.wrap(lambda r: None)
     for _ in range(4):
         write(ANSWER)
@@ -232,7 +232,7 @@ def test_request_log_flushes_in_groups(isolated_home):
 
 
 def test_request_log_respects_no_log(isolated_home):
-    log = history.RequestLog("batch", _Resolved(), no_log=True)
+    log = recorder.RequestLog("batch", _Resolved(), no_log=True)
     log.wrap(lambda r: None)(ANSWER)
     log.flush()
     assert history.load_records() == []

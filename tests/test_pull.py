@@ -332,7 +332,7 @@ def test_disk_preflight_and_memory_warning(hub: FakeHub) -> None:
 
 
 def test_memory_warning_rule() -> None:
-    from localinfer.store.pull import memory_warning
+    from localinfer.store.preflight import memory_warning
 
     assert memory_warning(4 * 10**9, 16 * 10**9) is None
     msg = memory_warning(40 * 10**9, 16 * 10**9)

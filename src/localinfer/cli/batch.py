@@ -161,7 +161,7 @@ def batch(
         )
         sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
         show = None if quiet else make_progress(len(pending))
-        from localinfer.usage.history import RequestLog
+        from localinfer.usage.recorder import RequestLog
 
         log = RequestLog("batch", resolved, no_log=no_log, extra={"parallel": parallel})
         try:

@@ -76,7 +76,7 @@ def run(
             system=system, sampling=sampling, max_tokens=max_tokens, stop=stop or (), ignore_eos=ignore_eos, raw=raw,
             json_out=json_out, quiet=quiet, verbose=verbose, no_log=no_log,
         )  # fmt: skip
-    from localinfer.usage.history import recording
+    from localinfer.usage.recorder import recording
 
     with handle_errors(), recording("run", no_log=no_log) as rec:
         from localinfer.api import load_resolved

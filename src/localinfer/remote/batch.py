@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.batch.io import BatchRequest, InputError
 from localinfer.remote.connection import RemoteError
-from localinfer.usage.history import RequestLog
+from localinfer.usage.recorder import RequestLog
 
 if TYPE_CHECKING:
     from localinfer.batch.job import BatchDefaults, BatchSummary, Progress

@@ -14,16 +14,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, ResourceError, UsageError
+from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, UsageError
 from localinfer.store.blobs import gc_blobs, link_split
 from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
 from localinfer.store.manifest import Store
+from localinfer.store.preflight import check_disk, memory_check
+from localinfer.store.quants import choose_quant, gguf_groups
 from localinfer.store.names import (
     ModelSpec,
     alias_name,
     parse_spec,
     quant_of,
-    split_info,
     split_names,
     validate_hub_filename,
     validate_revision,
@@ -39,8 +40,6 @@ from localinfer.store.install import (
 )
 from localinfer.store.types import ProgressSink
 
-DISK_MARGIN = 64 * 1024 * 1024  # keep this much free after a download
-_SKIP_FILES = ("mmproj", "imatrix")
 
 
 def pull_model(
@@ -180,80 +179,6 @@ def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSin
 # ---------------------------------------------------------------------------------------------
 
 
-def _groups(files: list[str]) -> dict[str, list[str]]:
-    """GGUF model files of a listing, split shards grouped: first-shard name -> all shard names."""
-    out: dict[str, list[str]] = {}
-    for f in sorted(files):
-        base = f.rsplit("/", 1)[-1].lower()
-        if not base.endswith(".gguf") or any(s in base for s in _SKIP_FILES):
-            continue
-        info = split_info(f)
-        if info is None:
-            out[f] = [f]
-        elif info[1] == 1:
-            out[f] = split_names(f)
-    return out
-
-
-def choose_quant(repo: str, quant: str, listing: list[str]) -> list[str]:
-    """The file (or split shards) of ``repo`` carrying ``quant``; clear errors on no match / ambiguity."""
-    groups = _groups(listing)
-    if not groups:
-        raise ModelNotFoundError(f"{repo} has no GGUF model files", hint="is this a GGUF repository?")
-    tagged = {first: quant_of(first) for first in groups}
-    available = sorted({q for q in tagged.values() if q})
-    exact = [f for f, q in tagged.items() if q == quant]
-    chosen = exact or [f for f, q in tagged.items() if q and q.startswith(quant + "_")]
-    avail_text = ", ".join(available) if available else "(no quantization tags in the file names)"
-    if not chosen:
-        raise ModelNotFoundError(
-            f"no GGUF file in {repo} matches {quant!r}; available: {avail_text}",
-            hint=f"pick one, e.g. 'localinfer pull {repo}:{available[0]}'" if available else f"name the file: {repo}/<file>.gguf",
-        )
-    if len(chosen) > 1:
-        listed = ", ".join(f"{f} ({tagged[f]})" for f in chosen)
-        raise UsageError(
-            f"{quant!r} is ambiguous in {repo}: {listed}; available: {avail_text}",
-            hint=f"give the exact quant (e.g. {repo}:{tagged[chosen[0]]}) or the file: {repo}/{chosen[0]}",
-        )
-    return groups[chosen[0]]
-
-
-def _check_disk(store: Store, need: int, what: str) -> None:
-    root = store.root
-    probe = root
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if need + DISK_MARGIN > free:
-        raise ResourceError(
-            f"not enough disk space for {what}: need {human_size(need)}, free {human_size(free)} in {root}",
-            hint="free some space (e.g. 'localinfer rm' unused models) or point LOCALINFER_HOME elsewhere",
-        )
-
-
-def memory_warning(model_bytes: int, total_memory: int) -> str | None:
-    """A warning when a model clearly cannot fit in this machine's memory (weights alone exceed RAM)."""
-    if model_bytes > total_memory:
-        return (
-            f"warning: this model needs at least {human_size(model_bytes)} of memory for its weights; "
-            f"this machine has {human_size(total_memory)}. It will probably fail to load or be very slow."
-        )
-    return None
-
-
-def _memory_check(total: int, progress: ProgressSink) -> None:
-    try:
-        import psutil
-
-        ram = int(psutil.virtual_memory().total)
-    except Exception:  # noqa: BLE001 - a missing measurement must not stop a pull
-        return
-    warning = memory_warning(total, ram)
-    if warning:
-        progress.note(warning)
-
-
 def _pull_hub(
     *,
     key: str,
@@ -291,7 +216,7 @@ def _pull_hub(
         wanted = split_names(filename)
         missing = [w for w in wanted if w not in listing.files]
         if missing:
-            available = ", ".join(sorted(_groups(list(listing.files)))) or "none"
+            available = ", ".join(sorted(gguf_groups(list(listing.files)))) or "none"
             raise ModelNotFoundError(
                 f"file not found in {repo}: {', '.join(missing)}",
                 hint=f"GGUF files there: {available}",
@@ -326,8 +251,8 @@ def _pull_hub(
             continue
         part = store.partial_path(expected)
         need += max(size - (part.stat().st_size if part.is_file() else 0), 0)
-    _memory_check(total, progress)
-    _check_disk(store, need, key)
+    memory_check(total, progress)
+    check_disk(store, need, key)
 
     for _attempt in range(3):
         files: list[dict[str, Any]] = []
