@@ -74,6 +74,21 @@ def test_a_cuda_build_that_sees_no_gpu_says_check_the_driver(fake):
     fake([CPU], ["CUDA", "CPU"])
     item = _kinds(report())["gpu_not_visible"]
     assert "built with CUDA" in item["message"] and "nvidia-smi" in item["message"]
+    from localinfer.bench.method import backend_name
+
+    assert backend_name(99) == "CPU"  # nothing to offload to: bench's backend column says where it ran
+
+
+def test_bench_names_the_backends_the_layers_go_to_rpc_last_as_llama_bench(fake):
+    from localinfer.bench.method import backend_name
+
+    fake([CPU], ["CPU", "RPC"])  # an RPC build without servers
+    assert backend_name(99) == "CPU"
+    fake([_dev("RPC0", "127.0.0.1:50052", GiB, GiB, "RPC"), _dev("CUDA0", "NVIDIA T4", GiB, 16 * GiB, "CUDA"), CPU],
+         ["CUDA", "CPU", "RPC"])  # fmt: skip
+    assert backend_name(99) == "CUDA,RPC" and backend_name(0) == "CPU"
+    fake([_dev("Metal", "Apple M2", 8 * GiB, 16 * GiB, "Metal", kind="igpu"), CPU], ["Metal", "CPU"])
+    assert backend_name(-1) == "Metal"
 
 
 def test_several_gpus_of_different_sizes_are_summed_each_with_its_headroom(fake, smollm2_info):

@@ -219,3 +219,7 @@ def test_parse_buffer_report():
     assert r.model_devices == ("CUDA0", "CPU_Mapped") and r.total("KV") == round(11.25 * 2**20)
     empty = parse_buffer_report([])
     assert empty.offloaded is None and empty.total() == 0
+    # An offload-capable build with no device says "offloaded 31/31" and keeps every weight on the host.
+    nowhere = parse_buffer_report(["load_tensors: offloaded 31/31 layers to GPU\n",
+                                   "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB\n"])  # fmt: skip
+    assert (nowhere.offloaded, nowhere.offloadable) == (0, 31)

@@ -57,6 +57,12 @@ def test_json_and_verbose_show_offload_context_and_memory():
     assert off["layers"] == 31
     if not off["gpu_offload_supported"]:
         assert off["gpu_layers"] == 0  # auto on a CPU-only build: 0, even with a (simulated) GPU present
+    else:
+        # An offload-capable build (the RPC one in .ci/rpc) and only a simulated GPU: the plan offloads,
+        # llama.cpp finds no device and keeps every layer on the host - and the report says so.
+        assert mem["estimate"]["n_gpu_layers"] == 31
+        assert off["gpu_layers"] == 0 and all(dev.startswith("CPU") for dev in off["devices"]), off
+        mem = _json_run("--gpu-layers", "0")["memory"]  # the estimate, checked on the layout that loaded
     reported, est = mem["llama_cpp"], mem["estimate"]
     assert reported["kv_cache_bytes"] == 2 * 4096 * 30 * 3 * 64 * 2
     assert abs(est["total_bytes"] - reported["total_bytes"]) <= 0.1 * reported["total_bytes"]

@@ -333,17 +333,15 @@ def build_version() -> str:
 
 
 def backend_name(n_gpu_layers: int) -> str:
-    from localinfer.engine.backend import supports_gpu_offload, system_info
+    """llama-bench's backend column: the backends of the devices the layers can go to (RPC last, as
+    llama-bench lists it); "CPU" with -ngl 0, on a CPU-only build, or on an offload-capable build that
+    sees no device (an RPC build without servers: everything ran on the CPU)."""
+    from localinfer.engine.backend import devices, supports_gpu_offload
 
     if n_gpu_layers == 0 or not supports_gpu_offload():
         return "CPU"
-    info = system_info().upper()
-    for key, name in (("CUDA", "CUDA"), ("METAL", "Metal"), ("VULKAN", "Vulkan"), ("HIP", "ROCm"), ("SYCL", "SYCL")):
-        if key in info:
-            return name
-    from localinfer.engine.backend import devices
-
-    return "RPC" if any(d.get("backend") == "RPC" for d in devices()) else "GPU"
+    names = dict.fromkeys(d["backend"] for d in devices() if d["type"] in ("gpu", "igpu") and d["backend"])
+    return ",".join(sorted(names, key=lambda name: name == "RPC")) or "CPU"
 
 
 def context_for(tests: Sequence[BenchTest], requested: int | None) -> int:

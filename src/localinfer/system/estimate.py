@@ -381,4 +381,9 @@ def parse_buffer_report(lines: Iterable[str]) -> BufferReport:
         m = _OFFLOADED.search(line)
         if m:
             offloaded, offloadable = int(m.group(1)), int(m.group(2))
+    weights_on = [dev for kind, dev, _ in buffers if kind == "model"]
+    if offloaded and weights_on and all(map(_is_host, weights_on)):
+        # llama.cpp counts the layers it was asked to offload even when no device took them (a GPU
+        # build whose driver shows no GPU, an RPC build without servers): nothing left the host.
+        offloaded = 0
     return BufferReport(tuple(buffers), offloaded, offloadable)
