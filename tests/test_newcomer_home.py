@@ -32,3 +32,25 @@ def test_a_read_only_home(read_only_dir, monkeypatch, below):
         result = CliRunner().invoke(build_app(), args)
         assert result.exit_code == 2, result.output
         assert f"Error: LOCALINFER_HOME={home} cannot be used: {read_only_dir} is not writable\n  {HINT}\n" == result.output
+
+
+def test_a_home_another_process_creates_meanwhile_is_a_folder(tmp_path, monkeypatch):
+    """Several commands start at once with a new home (the history's concurrent-writers test): one
+    looks, finds nothing, and another creates the folder before the second look. Forced here: the
+    folder appears between the first ``is_dir`` and ``exists``."""
+    from pathlib import Path
+
+    from localinfer import paths
+
+    home = tmp_path / "home"
+    real_is_dir, looks = Path.is_dir, []
+
+    def is_dir_then_create(self: Path) -> bool:
+        answer = real_is_dir(self)
+        if self == home and not looks:
+            looks.append(self)
+            self.mkdir()  # the other process, right after this one looked
+        return answer
+
+    monkeypatch.setattr(Path, "is_dir", is_dir_then_create)
+    assert paths.data_dir_problem(home) is None and looks == [home]

@@ -50,6 +50,8 @@ def data_dir_problem(path: Path | None = None) -> str | None:
     probe = _raw_data_dir() if path is None else path
     while not probe.is_dir():  # the folder, else the nearest parent it would be created in
         if probe.exists() or probe.is_symlink():
+            if probe.is_dir():
+                break  # another process created it between the two looks (several commands at once)
             return f"{probe} is a file, not a folder"
         if probe.parent == probe:
             return f"{probe} does not exist"
