@@ -300,3 +300,12 @@ def test_resume_with_everything_done_needs_no_model(tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 requests (2 already in the output) · 0 answered" in result.output
     assert out.read_text() == '{"id": 1, "text": "1"}\n{"id": 2, "text": "2"}\n'
+
+
+def test_output_order_holds_a_record_until_those_before_it_are_out():
+    from localinfer.batch.io import OutputOrder
+
+    ordered = OutputOrder(keep_order=True)
+    assert [ordered.release(i, r) for i, r in [(2, "c"), (0, "a"), (3, "d"), (1, "b")]] == [[], ["a"], [], ["b", "c", "d"]]
+    as_done = OutputOrder(keep_order=False)
+    assert [as_done.release(i, r) for i, r in [(2, "c"), (0, "a")]] == [["c"], ["a"]]

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Generic, TypeVar
 
 from localinfer.errors import UsageError
 from localinfer.limits import BATCH_LINE_MAX_BYTES
@@ -177,6 +177,30 @@ def _stop(obj: dict[str, Any]) -> tuple[str, ...] | None:
 
 
 # -- output ------------------------------------------------------------------------------------------
+
+_R = TypeVar("_R")
+
+
+class OutputOrder(Generic[_R]):
+    """When a finished request's record may be written: at once, or (``keep_order``) once every
+    request before it in the input has been written. Indexes count the pending requests from 0."""
+
+    def __init__(self, keep_order: bool) -> None:
+        self.keep_order = keep_order
+        self._held: dict[int, _R] = {}
+        self._next = 0
+
+    def release(self, index: int, result: _R) -> list[_R]:
+        """The results now ready to write, in order (``result`` itself, or none, or several)."""
+        if not self.keep_order:
+            return [result]
+        self._held[index] = result
+        ready = []
+        while self._next in self._held:
+            ready.append(self._held.pop(self._next))
+            self._next += 1
+        return ready
+
 
 
 def id_key(value: Any) -> str:

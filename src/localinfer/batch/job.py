@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localinfer.batch.io import BatchRequest, InputError, id_key, parse_input  # noqa: F401 - re-exported API
+from localinfer.batch.io import BatchRequest, InputError, OutputOrder, id_key, parse_input  # noqa: F401 - re-exported API
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
 from localinfer.units import json_ms as _ms
@@ -349,23 +349,14 @@ def execute(
     summary = summary or BatchSummary()
     summary.parallel = parallel
     stats = BatchStats()
-    held: dict[int, BatchResult] = {}
-    next_index = 0
+    order: OutputOrder[BatchResult] = OutputOrder(keep_order)
     t0 = time.perf_counter()
     results = run_batch(items, loaded, parallel, defaults, stats=stats)
     try:
         for result in results:
             if result.error is not None and on_error == "abort":
                 raise result.exc or UsageError(result.error)
-            held[result.index] = result
-            ready: list[BatchResult] = []
-            if keep_order:
-                while next_index in held:
-                    ready.append(held.pop(next_index))
-                    next_index += 1
-            else:
-                ready.append(held.pop(result.index))
-            for r in ready:
+            for r in order.release(result.index, result):
                 write(r.to_json())
                 _account(summary, r)
             summary.wall_s = time.perf_counter() - t0

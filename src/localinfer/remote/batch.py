@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.batch.io import BatchRequest, InputError
+from localinfer.batch.io import BatchRequest, InputError, OutputOrder
 from localinfer.remote.connection import RemoteError
 from localinfer.usage.recorder import RequestLog
 
@@ -174,22 +174,15 @@ def execute(
         body = request_body(item, model, defaults)
         return with_retries(lambda: client.stream(body), policy, stop)
 
-    held: dict[int, _Done] = {}
-    next_index, t0 = 0, time.perf_counter()
+    order: OutputOrder[_Done] = OutputOrder(keep_order)
+    t0 = time.perf_counter()
     try:
         workers = _Workers(items, send, parallel)
         for _ in range(len(items)):
             done = workers.next()
             if done.error is not None and (getattr(done.error, "fatal", False) or on_error == "abort"):
                 raise done.error
-            held[done.index] = done
-            ready = []
-            while keep_order and next_index in held:
-                ready.append(held.pop(next_index))
-                next_index += 1
-            if not keep_order:
-                ready.append(held.pop(done.index))
-            for r in ready:
+            for r in order.release(done.index, done):
                 write(_record(r))
                 _account(summary, r)
             summary.wall_s = time.perf_counter() - t0
