@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from localinfer.chat.conversation import Conversation
     from localinfer.engine.types import LoadOptions
     from localinfer.generate import Result
+    from localinfer.usage.history import UsageRecord
 
 _EXIT = ("exit", "quit", "bye")
 
@@ -129,17 +130,25 @@ class ChatSession:
         return result
 
     def _print_stats(self, result: Result) -> None:
-        from localinfer.render.chat import print_dim, turn_line
+        from localinfer.render.chat import print_dim
 
         if self.verbose:
-            from localinfer.render.stats import print_table
-
-            print_table(result, self.err)
+            self._print_table(result)
         else:
-            print_dim(turn_line(result), self.err)
+            print_dim(self._turn_line(result), self.err)
         if self.interactive:
             self.err.write("\n")
             self.err.flush()
+
+    def _print_table(self, result: Result) -> None:
+        from localinfer.render.stats import print_table
+
+        print_table(result, self.err)
+
+    def _turn_line(self, result: Result) -> str:
+        from localinfer.render.chat import turn_line
+
+        return turn_line(result)
 
     def _record(self, result: Result, text: str) -> None:
         from localinfer.usage import history
@@ -147,8 +156,13 @@ class ChatSession:
         if not history.logging_enabled(self.no_log):
             return
         status = 130 if result.finish_reason == "interrupted" else 0
+        history.append(self._usage_record(result, status, text))
+
+    def _usage_record(self, result: Result, status: int, text: str) -> UsageRecord:
+        from localinfer.usage import history
+
         resolved = self.conv.loaded.resolved if self.conv else None
-        history.append(history.record_from_result("chat", result, resolved, exit_status=status, prompt_text=text))
+        return history.record_from_result("chat", result, resolved, exit_status=status, prompt_text=text)
 
     # -- slash commands --------------------------------------------------------------------------
     def command(self, line: str) -> bool:

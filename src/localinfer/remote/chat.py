@@ -164,24 +164,17 @@ class RemoteChatSession(ChatSession):
         out = ["Last turn: none yet"] if conv.last is None else ["Last turn:", *table(rows(conv.last)[3:])]
         return out + ["Session:", *table(conv.remote_totals.lines())]
 
-    def _print_stats(self, result: Any) -> None:
-        from localinfer.render.chat import print_dim
-        from localinfer.render.remote import print_summary, turn_line
+    def _print_table(self, result: Any) -> None:
+        from localinfer.render.remote import print_summary
 
-        if self.verbose:
-            print_summary(result, verbose=True, stream=self.err)
-        else:
-            print_dim(turn_line(result), self.err)
-        if self.interactive:
-            self.err.write("\n")
-            self.err.flush()
+        print_summary(result, verbose=True, stream=self.err)
 
-    def _record(self, result: Any, text: str) -> None:
+    def _turn_line(self, result: Any) -> str:
+        from localinfer.render.remote import turn_line
+
+        return turn_line(result)
+
+    def _usage_record(self, result: Any, status: int, text: str) -> Any:
         from localinfer.remote.results import usage_record
-        from localinfer.usage import history
 
-        if not history.logging_enabled(self.no_log):
-            return
-        status = 130 if result.finish_reason == "interrupted" else 0
-        history.append(usage_record("chat", result, model=result.model, endpoint=result.endpoint,
-                                    exit_status=status, prompt_text=text))  # fmt: skip
+        return usage_record("chat", result, model=result.model, endpoint=result.endpoint, exit_status=status, prompt_text=text)
