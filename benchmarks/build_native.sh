@@ -19,28 +19,18 @@
 #   LLAMA_CPP_PYTHON_SDIST=/path/llama_cpp_python-0.3.36.tar.gz
 #                           use this tarball instead of downloading (sha256 still checked)
 #
-# Options mirrored from the llama-cpp-python 0.3.36 default build (its
-# CMakeLists.txt + scikit-build-core defaults; confirmed against the CMakeCache
-# of a real `pip install` on this machine):
-#   CMAKE_BUILD_TYPE=Release (-O3 -DNDEBUG), generator Ninja,
-#   BUILD_SHARED_LIBS=ON, GGML_NATIVE=ON (-march=native; pip does not set
-#   SOURCE_DATE_EPOCH, so ggml's default stays ON), GGML_OPENMP=ON,
-#   GGML_LLAMAFILE=ON, GGML_CPU_REPACK=ON, GGML_BACKEND_DL=OFF, no CUDA/Metal/
-#   Vulkan/BLAS, LLAMA_CURL=OFF, LLAMA_OPENSSL=ON (irrelevant for compute).
+# The sdist, its pin and the pip build's CMake options: llama_cpp_source.sh.
 # If llama-cpp-python was installed with custom CMAKE_ARGS, pass the same
 # -D options via EXTRA_CMAKE_ARGS="..." here, or the comparison is not like-for-like.
 set -euo pipefail
 
-VERSION="0.3.36"
-SDIST_NAME="llama_cpp_python-${VERSION}.tar.gz"
-# sha256 of the PyPI sdist (PyPI files are immutable; pinned for reproducibility)
-SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=llama_cpp_source.sh
+. "${HERE}/llama_cpp_source.sh"
 TARGETS=(llama-bench llama-batched-bench llama-completion llama-server)
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${HERE}/.build"
 SRC_ROOT="${OUT}/src"
-LLAMA_SRC="${SRC_ROOT}/llama_cpp_python-${VERSION}/vendor/llama.cpp"
 CMAKE_DIR="${OUT}/cmake"
 BIN="${OUT}/bin"
 JOBS="${JOBS:-2}"
@@ -59,23 +49,10 @@ if [[ "${FORCE:-0}" != "1" ]] && have_all; then
 fi
 
 command -v cmake >/dev/null || { echo "build_native.sh: cmake not found" >&2; exit 1; }
-mkdir -p "${OUT}/sdist" "${SRC_ROOT}"
 
-# 1. fetch the sdist ---------------------------------------------------------
-SDIST="${LLAMA_CPP_PYTHON_SDIST:-${OUT}/sdist/${SDIST_NAME}}"
-if [[ ! -f "${SDIST}" ]]; then
-    echo "build_native.sh: downloading ${SDIST_NAME} from PyPI"
-    "${PYTHON}" -m pip download --no-binary :all: --no-deps \
-        "llama-cpp-python==${VERSION}" -d "${OUT}/sdist"
-fi
-echo "${SDIST_SHA256}  ${SDIST}" | sha256sum -c - \
-    || { echo "build_native.sh: sha256 mismatch for ${SDIST}" >&2; exit 1; }
-
-# 2. unpack ------------------------------------------------------------------
-if [[ ! -f "${LLAMA_SRC}/CMakeLists.txt" ]]; then
-    echo "build_native.sh: unpacking"
-    tar -xzf "${SDIST}" -C "${SRC_ROOT}"
-fi
+# 1. fetch the sdist, 2. unpack ------------------------------------------------
+fetch_sdist "${OUT}" build_native.sh
+unpack_sdist "${SRC_ROOT}" build_native.sh
 
 # 3. configure ---------------------------------------------------------------
 GEN=()
@@ -84,20 +61,10 @@ if command -v ninja >/dev/null; then GEN=(-G Ninja); fi
 # it explicitly anyway, but keep the environment identical to a plain pip build.
 unset SOURCE_DATE_EPOCH
 CMAKE_OPTS=(
-    -DCMAKE_BUILD_TYPE=Release
-    -DBUILD_SHARED_LIBS=ON
-    -DGGML_NATIVE=ON
-    -DGGML_OPENMP=ON
-    -DGGML_BACKEND_DL=OFF
-    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_BLAS=OFF
-    -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF -DGGML_RPC=OFF
-    -DLLAMA_CURL=OFF
-    -DLLAMA_BUILD_COMMON=ON
-    -DLLAMA_BUILD_TOOLS=ON
+    "${PIP_BUILD_CMAKE_OPTS[@]}"
+    -DGGML_RPC=OFF
     -DLLAMA_BUILD_SERVER=ON   # llama-server: the reference for `localinfer serve` (serve_vs_native.py)
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF   # no web UI: no npm, no download from the Hub
-    -DLLAMA_BUILD_EXAMPLES=OFF
-    -DLLAMA_BUILD_TESTS=OFF
 )
 # shellcheck disable=SC2206
 EXTRA=(${EXTRA_CMAKE_ARGS:-})

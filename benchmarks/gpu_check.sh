@@ -15,8 +15,8 @@ MODE=cuda
 if [[ "${1:-}" == "--cpu" ]]; then MODE=cpu; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "${HERE}")"
-VERSION=0.3.36
-SDIST="${LLAMA_CPP_PYTHON_SDIST:-${HERE}/.build/sdist/llama_cpp_python-${VERSION}.tar.gz}"
+# shellcheck source=llama_cpp_source.sh
+. "${HERE}/llama_cpp_source.sh"
 OUT="${HERE}/.build/gpu-check-${MODE}"
 JOBS="${JOBS:-$(nproc)}"
 t0=$SECONDS
@@ -32,9 +32,7 @@ if [[ "${MODE}" == cuda ]]; then
     ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-native} ${ARGS}"
 fi
 
-if [[ ! -f "${SDIST}" ]]; then  # the sdist build_native.sh and build_rpc.sh pin (sha256 checked there)
-    "${HERE}/build_rpc.sh" >/dev/null
-fi
+fetch_sdist "${HERE}/.build" gpu_check.sh  # the sdist the native builds pin, sha256 checked
 mkdir -p "${OUT}/wheels"
 if ! ls "${OUT}"/wheels/llama_cpp_python-*.whl >/dev/null 2>&1; then
     echo "gpu_check.sh: building llama-cpp-python with CMAKE_ARGS=\"${ARGS}\" (-j${JOBS})"
