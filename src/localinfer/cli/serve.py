@@ -11,6 +11,7 @@ from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 _SERVER = "Server"
+_SECURITY = "Who may connect"
 
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", min=1, max=256, help="Requests decoded together (sequences in the context).", rich_help_panel=_SERVER)]
 CtxPerSeqOpt = Annotated[
@@ -29,6 +30,8 @@ def serve(
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Requests that may wait for a free sequence; more get 503 + Retry-After.", rich_help_panel=_SERVER)] = 64,
     max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes (413 beyond).", rich_help_panel=_SERVER)] = 4 * 1024 * 1024,
     drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="On SIGTERM/Ctrl-C, seconds running requests may take to finish before they are cancelled.", rich_help_panel=_SERVER)] = 30.0,
+    max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; past it the longest idle one is closed (or 503).", rich_help_panel=_SECURITY)] = 1024,
+    header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, help="Seconds a client has to send a request's headers (408 after).", rich_help_panel=_SECURITY)] = 10.0,
     ctx_size: CtxPerSeqOpt = None,
     threads: o.ThreadsOpt = None,
     gpu_layers: o.GpuLayersOpt = "auto",
@@ -56,6 +59,7 @@ def serve(
         config = ServeConfig(
             host=host, port=port, parallel=parallel, api_key=api_key or None, max_body=max_body, max_queue=max_queue,
             drain_s=drain_timeout, no_log=no_log, verbose=verbose,
+            max_connections=max_connections, header_timeout_s=header_timeout,
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")

@@ -22,6 +22,7 @@ from localinfer.errors import UsageError
 from localinfer.serve.app import ServerState, create_app
 from localinfer.serve.bridge import Hub
 from localinfer.serve.config import ServeConfig
+from localinfer.serve.connections import FD_RESERVE, Limits, protocol_class, raise_file_limit
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions
@@ -132,6 +133,19 @@ class _Server(uvicorn.Server):
                      f"(send the signal again to cancel them)")  # fmt: skip
 
 
+def http_config(app: Any, config: ServeConfig, say: Say) -> uvicorn.Config:
+    """uvicorn's settings, its connections bounded (``connections``) within the descriptor limit."""
+    soft = raise_file_limit(config.max_connections + 2 * FD_RESERVE)
+    most = max(1, min(config.max_connections, soft - FD_RESERVE))
+    if most < config.max_connections:
+        say(f"at most {most} connections at once: the open-file limit is {soft} (ulimit -n)")
+    limits = Limits(header_timeout_s=config.header_timeout_s, max_connections=most)
+    return uvicorn.Config(
+        app, http=protocol_class(limits), lifespan="off", ws="none", log_level="info" if config.verbose else "warning",
+        access_log=config.verbose, timeout_graceful_shutdown=config.drain_s, timeout_keep_alive=30, server_header=False,
+    )  # fmt: skip
+
+
 def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *, force: bool = False,
           alias: str | None = None, say: Say | None = None) -> None:  # fmt: skip
     """Serve ``resolved`` until SIGTERM / Ctrl-C; a model that fails to load raises its error."""
@@ -145,11 +159,7 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
     state = ServerState(config, names, created=int(time.time()))
     writer = UsageWriter(resolved, names[0], config.parallel) if logging_enabled(config.no_log) else None
     loader = _Loader(state, resolved, options, force=force, writer=writer, say=say)
-    uconfig = uvicorn.Config(
-        create_app(state), lifespan="off", ws="none", log_level="info" if config.verbose else "warning",
-        access_log=config.verbose, timeout_graceful_shutdown=config.drain_s, timeout_keep_alive=30, server_header=False,
-    )  # fmt: skip
-    server = _Server(uconfig, state, loader, say)
+    server = _Server(http_config(create_app(state), config, say), state, loader, say)
     shown = f"[{host}]" if ":" in host else host
     say(f"listening on http://{shown}:{port} (loading {names[0]}; /health answers 503 until it is ready)")
     try:

@@ -1,0 +1,201 @@
+"""What a hostile client can do to `serve` before its request is whole: the connection bounds -
+head size, head and body deadlines, the cap on connections - over real sockets against uvicorn in
+this process, with a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httptools")
+
+import uvicorn
+from test_serve import FakeEngine
+
+from localinfer.serve.app import ServerState, create_app
+from localinfer.serve.bridge import Hub
+from localinfer.serve.config import ServeConfig
+from localinfer.serve.connections import Limits, protocol_class
+from localinfer.serve.server import listen
+
+OK_BODY = {"prompt": "x"}
+
+
+# -- real sockets: uvicorn with the bounded protocol, in this process -----------------------------------------
+class Held(FakeEngine):
+    """Holds every answer until ``release`` is set: requests stay in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def submit(self, prepared: Any, on_text: Any, on_end: Any) -> Any:
+        def later() -> None:
+            self.release.wait(30)
+            FakeEngine.submit(self, prepared, on_text, on_end)
+
+        threading.Thread(target=later, daemon=True).start()
+        return self
+
+
+@contextlib.contextmanager
+def serving(engine: Any = None, limits: Limits | None = None, **config: Any) -> Iterator[SimpleNamespace]:
+    """uvicorn on 127.0.0.1:<free port> in a thread, with the protocol ``serve`` uses."""
+    state = ServerState(ServeConfig(**config), ("m",), engine=engine or FakeEngine())
+    limits = limits or Limits()
+    sock = listen("127.0.0.1", 0)
+    uconfig = uvicorn.Config(create_app(state), http=protocol_class(limits), lifespan="off", ws="none", log_level="warning")
+    server = uvicorn.Server(uconfig)
+    started = server.startup
+
+    async def startup(sockets: Any = None) -> None:
+        state.hub = Hub(asyncio.get_running_loop())
+        await started(sockets)
+
+    server.startup = startup  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield SimpleNamespace(port=sock.getsockname()[1], state=state)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def read_all(s: socket.socket) -> bytes:
+    """What the server sends until it closes (a reset ends it too)."""
+    out = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def get(port: int, path: str = "/health", sock: socket.socket | None = None) -> tuple[int, bytes]:
+    """One request (on ``sock`` if given, kept open); the status and body."""
+    s = sock or connect(port)
+    try:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        while len(body) < length:
+            body += s.recv(65536)
+        return int(head.split()[1]), body
+    finally:
+        if sock is None:
+            s.close()
+
+
+def test_a_head_past_the_limit_is_431_and_one_within_it_is_answered():
+    with serving(limits=Limits(max_header_bytes=4096)) as srv:
+        s = connect(srv.port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Long: " + b"a" * 5000)
+        answer = read_all(s)
+        assert answer.startswith(b"HTTP/1.1 431 ") and b'"headers_too_large"' in answer
+        s = connect(srv.port)  # a URL counts as head too
+        s.sendall(b"GET /" + b"a" * 5000)
+        assert read_all(s).startswith(b"HTTP/1.1 431 ")
+        s = connect(srv.port)
+        head = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Long: " + b"a" * 3900 + b"\r\n\r\n"
+        s.sendall(head)
+        assert len(head) < 4096 and s.recv(65536).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_pipelined_endless_head_is_bounded_too():
+    """The next request's head on a kept-alive connection, sent before the first is answered."""
+    engine = Held()
+    with serving(engine, limits=Limits(max_header_bytes=4096)) as srv:
+        s = connect(srv.port)
+        body = json.dumps(OK_BODY).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            s.sendall(b"GET /health HTTP/1.1\r\nX: " + b"a" * 1_000_000)
+        assert read_all(s) == b""  # closed: a 431 would land in the middle of the first answer
+        engine.release.set()
+
+
+def test_silent_and_unfinished_heads_are_closed_after_the_header_timeout():
+    with serving(limits=Limits(header_timeout_s=0.5)) as srv:
+        silent, partial, kept = connect(srv.port), connect(srv.port), connect(srv.port)
+        partial.sendall(b"GET /health HTTP/1.1\r\nHost: local")
+        assert get(srv.port, sock=kept)[0] == 200
+        t0 = time.monotonic()
+        assert read_all(silent) == b""  # closed without a word: it never asked
+        assert read_all(partial).startswith(b"HTTP/1.1 408 ")
+        assert time.monotonic() - t0 < 5
+        # an idle kept-alive connection is uvicorn's keep-alive timeout's (30 s), not the head's
+        assert get(srv.port, sock=kept)[0] == 200
+
+
+def test_a_body_that_never_ends_is_closed_after_the_body_timeout():
+    with serving(limits=Limits(body_timeout_s=0.5)) as srv:
+        s = connect(srv.port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{\"prompt\"")  # fmt: skip
+        t0 = time.monotonic()
+        read_all(s)
+        assert time.monotonic() - t0 < 5
+
+
+def test_past_the_connection_cap_the_longest_waiting_makes_room_and_requests_in_flight_are_kept():
+    engine = Held()
+    with serving(engine, limits=Limits(max_connections=4)) as srv:
+        idle = [connect(srv.port) for _ in range(4)]
+        time.sleep(0.2)
+        assert get(srv.port)[0] == 200  # the oldest idle one made room
+        assert read_all(idle[0]) == b""
+        flights = []
+        for _ in range(4):  # four requests the engine holds: nothing left to close
+            s = connect(srv.port)
+            body = json.dumps(OK_BODY).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            flights.append(s)
+            time.sleep(0.1)
+        refused = connect(srv.port)
+        assert read_all(refused).startswith(b"HTTP/1.1 503 ")
+        engine.release.set()
+        for s in flights:
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert get(srv.port)[0] == 200
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX descriptor limits")
+def test_the_file_limit_is_lifted_and_bounds_the_connections():
+    """With a hard limit of 300 descriptors serve can hold 236 connections, and says so."""
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (128, 300))\n"
+        "from localinfer.serve.config import ServeConfig\nfrom localinfer.serve.server import http_config\n"
+        "c = http_config(None, ServeConfig(), print)\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], c.http.limits.max_connections)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.splitlines() == ["at most 236 connections at once: the open-file limit is 300 (ulimit -n)", "300 236"]
+
