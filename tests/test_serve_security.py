@@ -1,12 +1,13 @@
 """What a hostile client can do to `serve` before its request is whole: the connection bounds -
-head size, head and body deadlines, the cap on connections - over real sockets against uvicorn in
-this process, with a scripted engine."""
+head size, head and body deadlines, the cap on connections - and quiet Upgrades, over real sockets
+against uvicorn in this process, with a scripted engine."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -185,6 +186,24 @@ def test_past_the_connection_cap_the_longest_waiting_makes_room_and_requests_in_
         for s in flights:
             assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
         assert get(srv.port)[0] == 200
+
+
+def test_an_upgrade_request_is_answered_as_http_without_warnings():
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    with serving() as srv:  # uvicorn's log config is applied at start; its loggers do not propagate
+        logging.getLogger("uvicorn.error").addHandler(handler)
+        try:
+            for upgrade, connection in ((b"websocket", b"Upgrade"), (b"h2c", b"Upgrade, HTTP2-Settings")):
+                s = connect(srv.port)
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nUpgrade: %s\r\nConnection: %s\r\n\r\n" % (upgrade, connection))
+                assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+                s.close()
+            assert get(srv.port)[0] == 200
+        finally:
+            logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert [r.getMessage() for r in records] == []
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX descriptor limits")

@@ -110,6 +110,9 @@ class BoundedHttp(HttpToolsProtocol):
             self.waiting.pop(self, None)
             self.waiting[self] = None
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """An ``Upgrade`` we do not speak is answered as plain HTTP; uvicorn logged two warnings each."""
+
     def _arm(self, seconds: float, status: int | None) -> None:
         self._disarm()
         self._deadline = self.loop.call_later(seconds, self._expired, status)
