@@ -200,15 +200,18 @@ class FakeEngine:
         self.cancelled.set()
 
 
-def call(state: ServerState, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+def call(state: ServerState, method: str, path: str, body: Any = None, headers: dict[str, str | None] | None = None,
          raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
-    """One request through the ASGI app: (status, headers, body)."""
+    """One request through the ASGI app: (status, headers, body). A POST says its body is JSON, as
+    clients do, unless ``headers`` gives another Content-Type (None: none at all)."""
     data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+    given = {"content-type": "application/json"} if method == "POST" else {}
+    given.update({k.lower(): v for k, v in (headers or {}).items()})
 
     async def main() -> list[dict[str, Any]]:
         state.hub = Hub(asyncio.get_running_loop())
         app = create_app(state)
-        hdrs = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        hdrs = [(k.encode(), v.encode()) for k, v in given.items() if v is not None]
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
                  "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": ("127.0.0.1", 9),
                  "server": ("127.0.0.1", 80), "headers": [*hdrs, (b"content-length", str(len(data)).encode())]}  # fmt: skip

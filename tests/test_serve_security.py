@@ -1,6 +1,7 @@
-"""What a hostile client can do to `serve` before its request is whole: the connection bounds -
-head size, head and body deadlines, the cap on connections - and quiet Upgrades, over real sockets
-against uvicorn in this process, with a scripted engine."""
+"""What a web page or a hostile client can do to `serve`: the Host, Origin and Content-Type rules
+(through the ASGI app); the connection bounds - head size, head and body deadlines, the cap on
+connections - and quiet Upgrades, over real sockets against uvicorn in this process, with a
+scripted engine."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ pytest.importorskip("starlette")
 pytest.importorskip("httptools")
 
 import uvicorn
-from test_serve import FakeEngine
+from conftest import run_cli
+from test_serve import HI, FakeEngine, _state, call
 
 from localinfer.serve.app import ServerState, create_app
 from localinfer.serve.bridge import Hub
@@ -32,6 +34,98 @@ from localinfer.serve.connections import Limits, protocol_class
 from localinfer.serve.server import listen
 
 OK_BODY = {"prompt": "x"}
+
+
+def _code(data: bytes) -> str:
+    return json.loads(data)["error"]["code"]
+
+
+# -- Host: a page whose DNS name was rebound to 127.0.0.1 sends its own name ------------------------------
+@pytest.mark.parametrize("host", ["localhost", "localhost:8080", "LOCALHOST.:1", "127.0.0.1", "127.0.0.1:8080", "[::1]:8080",
+                                  "[::1]", "192.168.1.5:8080", "10.0.0.1"])  # fmt: skip
+def test_loopback_names_and_addresses_are_answered(host):
+    assert call(_state(FakeEngine()), "GET", "/v1/models", headers={"Host": host})[0] == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.nip.io", "mybox.lan"])
+def test_other_names_are_403_on_every_route(host):
+    state = _state(FakeEngine())
+    for method, path in (("GET", "/v1/models"), ("GET", "/health"), ("GET", "/metrics"), ("POST", "/v1/completions")):
+        status, headers, data = call(state, method, path, OK_BODY, headers={"Host": host})
+        assert status == 403 and _code(data) == "host_not_allowed", (method, path)
+        assert "--allowed-host" in json.loads(data)["error"]["message"]
+        assert not any(k.startswith("access-control") for k in headers)
+
+
+def test_more_names_by_flag_by_host_and_any_with_a_key():
+    named = _state(FakeEngine(), allowed_hosts=("mybox.lan",))
+    assert call(named, "GET", "/v1/models", headers={"Host": "mybox.lan:8080"})[0] == 200
+    assert call(named, "GET", "/v1/models", headers={"Host": "evil.example"})[0] == 403
+    bound = _state(FakeEngine(), host="mybox.lan")  # --host names the machine: that name is answered
+    assert call(bound, "GET", "/v1/models", headers={"Host": "MyBox.lan:80"})[0] == 200
+    anything = _state(FakeEngine(), allowed_hosts=("*",))
+    assert call(anything, "GET", "/v1/models", headers={"Host": "evil.example"})[0] == 200
+    keyed = _state(FakeEngine(), api_key="k")  # a page cannot send the key: any Host, the key decides
+    assert call(keyed, "GET", "/health", headers={"Host": "evil.example"})[0] == 200
+    assert call(keyed, "GET", "/v1/models", headers={"Host": "evil.example"})[0] == 401
+    assert call(keyed, "GET", "/v1/models", headers={"Host": "evil.example", "Authorization": "Bearer k"})[0] == 200
+
+
+# -- Content-Type: what a page may POST cross-site without a preflight -------------------------------------
+@pytest.mark.parametrize("ctype", ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                                   "multipart/form-data; boundary=x", "application/jsonx", None])  # fmt: skip
+def test_a_post_body_that_is_not_declared_json_is_415_before_it_is_read(ctype):
+    engine = FakeEngine()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        body = OK_BODY if path == "/v1/completions" else {"messages": HI}
+        status, _, data = call(_state(engine), "POST", path, body, headers={"Content-Type": ctype})
+        assert status == 415 and _code(data) == "unsupported_media_type"
+        assert "application/json" in json.loads(data)["error"]["message"]
+
+
+@pytest.mark.parametrize("ctype", ["application/json", "application/json; charset=utf-8", "Application/JSON"])
+def test_json_in_any_spelling_is_answered(ctype):
+    assert call(_state(FakeEngine()), "POST", "/v1/completions", OK_BODY, headers={"Content-Type": ctype})[0] == 200
+
+
+# -- Origin and CORS --------------------------------------------------------------------------------------
+def test_no_cors_by_default_and_pages_are_refused():
+    state = _state(FakeEngine())
+    status, headers, _ = call(state, "GET", "/v1/models")
+    assert status == 200 and not any(k.startswith("access-control") for k in headers)
+    for method, path, extra in (("GET", "/v1/models", {}), ("POST", "/v1/completions", {}),
+                                ("OPTIONS", "/v1/completions", {"Access-Control-Request-Method": "POST"})):  # fmt: skip
+        status, headers, data = call(state, method, path, OK_BODY, headers={"Origin": "http://evil.example", **extra})
+        assert status == 403 and _code(data) == "origin_not_allowed" and "--cors-origin" in data.decode()
+        assert not any(k.startswith("access-control") for k in headers)
+
+
+def test_a_named_origin_gets_cors_and_its_preflight_only():
+    page = "http://localhost:3000"
+    state = _state(FakeEngine(), cors_origins=(page,))
+    status, headers, _ = call(state, "OPTIONS", "/v1/chat/completions", headers={
+        "Origin": page, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"})  # fmt: skip
+    assert status == 204 and headers["access-control-allow-origin"] == page
+    assert "POST" in headers["access-control-allow-methods"] and "x-stainless-os" in headers["access-control-allow-headers"]
+    status, headers, data = call(state, "POST", "/v1/completions", OK_BODY, headers={"Origin": page})
+    assert status == 200 and headers["access-control-allow-origin"] == page and "Origin" in headers["vary"]
+    assert json.loads(data)["choices"][0]["text"] == "Hello"
+    status, headers, _ = call(state, "POST", "/v1/completions", OK_BODY, headers={"Origin": page, "Content-Type": "text/plain"})
+    assert status == 415 and headers["access-control-allow-origin"] == page  # the page may read why
+    status, headers, _ = call(state, "OPTIONS", "/v1/completions", headers={"Origin": "http://localhost:3001",
+                                                                            "Access-Control-Request-Method": "POST"})  # fmt: skip
+    assert status == 403 and "access-control-allow-origin" not in headers
+    any_page = _state(FakeEngine(), cors_origins=("*",))
+    assert call(any_page, "GET", "/v1/models", headers={"Origin": "http://a.example"})[1]["access-control-allow-origin"] == "*"
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--cors-origin", "localhost:3000"), ("--cors-origin", "http://a.example/page"),
+                                             ("--allowed-host", "a/b"), ("--allowed-host", "")])  # fmt: skip
+def test_bad_flag_values_are_one_line_usage_errors(flag, value, tmp_path):
+    proc = run_cli("serve", flag, value, "-m", str(tmp_path / "missing.gguf"), timeout=60, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert flag in proc.stderr and "Traceback" not in proc.stderr
 
 
 # -- real sockets: uvicorn with the bounded protocol, in this process -----------------------------------------

@@ -30,6 +30,8 @@ def serve(
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Requests that may wait for a free sequence; more get 503 + Retry-After.", rich_help_panel=_SERVER)] = 64,
     max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes (413 beyond).", rich_help_panel=_SERVER)] = 4 * 1024 * 1024,
     drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="On SIGTERM/Ctrl-C, seconds running requests may take to finish before they are cancelled.", rich_help_panel=_SERVER)] = 30.0,
+    allowed_host: Annotated[Optional[list[str]], typer.Option("--allowed-host", help="Also answer requests whose Host is NAME (repeatable; '*': any). localhost, IP addresses and --host are always answered.", rich_help_panel=_SECURITY)] = None,
+    cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", help="Let web pages at ORIGIN (e.g. http://localhost:3000) call the API (repeatable; '*': any page). Default: none.", rich_help_panel=_SECURITY)] = None,
     max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; past it the longest idle one is closed (or 503).", rich_help_panel=_SECURITY)] = 1024,
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, help="Seconds a client has to send a request's headers (408 after).", rich_help_panel=_SECURITY)] = 10.0,
     ctx_size: CtxPerSeqOpt = None,
@@ -56,10 +58,14 @@ def serve(
         from localinfer.store import resolve_model, touch
 
         server = _import_server()
+        from localinfer.serve.guard import check_allowed_host, check_origin
+
         config = ServeConfig(
             host=host, port=port, parallel=parallel, api_key=api_key or None, max_body=max_body, max_queue=max_queue,
             drain_s=drain_timeout, no_log=no_log, verbose=verbose,
-            max_connections=max_connections, header_timeout_s=header_timeout,
+            allowed_hosts=tuple(check_allowed_host(h) for h in allowed_host or ()),
+            cors_origins=tuple(check_origin(c) for c in cors_origin or ()), max_connections=max_connections,
+            header_timeout_s=header_timeout,
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -24,6 +25,7 @@ from starlette.routing import Route
 from localinfer.serve.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig
 from localinfer.serve.engine import Overloaded, Ticket
+from localinfer.serve.guard import Guard, allowed_names
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
 from localinfer.serve.responses import DONE, Answer, dumps, sse
@@ -61,7 +63,10 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
-    app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+    config = state.config
+    middleware = [Middleware(Guard, hosts=allowed_names(config.host, config.allowed_hosts), origins=config.cors_origins,
+                             keyed=config.api_key is not None)]  # fmt: skip
+    app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)  # type: ignore[arg-type]
     app.state.serve = state
     return app
 

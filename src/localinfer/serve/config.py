@@ -17,6 +17,8 @@ class ServeConfig:
     max_body: int = DEFAULT_MAX_BODY  # bytes; a larger request body is a 413
     max_queue: int = 64  # requests waiting for a sequence; more are a 503 with Retry-After
     drain_s: float = 30.0  # on SIGTERM / Ctrl-C: how long running requests may finish before they are cancelled
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides localhost and --host ("*": any)
+    cors_origins: tuple[str, ...] = ()  # web page origins allowed to call the API ("*": any page)
     max_connections: int = 1024  # open at once (fewer if the file limit is lower)
     header_timeout_s: float = 10.0  # a request's head must arrive whole within this
     no_log: bool = False  # do not record requests in the usage history
