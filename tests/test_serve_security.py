@@ -1,7 +1,7 @@
 """What a web page or a hostile client can do to `serve`: the Host, Origin and Content-Type rules
 (through the ASGI app); the connection bounds - head size, head and body deadlines, the cap on
-connections - and quiet Upgrades, over real sockets against uvicorn in this process, with a
-scripted engine."""
+connections -, quiet Upgrades and the count of every answer, over real sockets against uvicorn in
+this process, with a scripted engine."""
 
 from __future__ import annotations
 
@@ -145,11 +145,18 @@ class Held(FakeEngine):
         return self
 
 
+class Failing(FakeEngine):
+    def prepare(self, request: Any) -> Any:
+        raise RuntimeError("a bug")
+
+
 @contextlib.contextmanager
 def serving(engine: Any = None, limits: Limits | None = None, **config: Any) -> Iterator[SimpleNamespace]:
     """uvicorn on 127.0.0.1:<free port> in a thread, with the protocol ``serve`` uses."""
     state = ServerState(ServeConfig(**config), ("m",), engine=engine or FakeEngine())
     limits = limits or Limits()
+    limits = Limits(limits.max_header_bytes, limits.header_timeout_s, limits.body_timeout_s, limits.max_connections,
+                    refused=lambda status: state.metrics.answered("connection", status))  # fmt: skip
     sock = listen("127.0.0.1", 0)
     uconfig = uvicorn.Config(create_app(state), http=protocol_class(limits), lifespan="off", ws="none", log_level="warning")
     server = uvicorn.Server(uconfig)
@@ -220,6 +227,7 @@ def test_a_head_past_the_limit_is_431_and_one_within_it_is_answered():
         head = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Long: " + b"a" * 3900 + b"\r\n\r\n"
         s.sendall(head)
         assert len(head) < 4096 and s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert b'localinfer_requests_total{endpoint="connection",status="431"} 2' in get(srv.port, "/metrics")[1]
 
 
 def test_a_pipelined_endless_head_is_bounded_too():
@@ -280,6 +288,24 @@ def test_past_the_connection_cap_the_longest_waiting_makes_room_and_requests_in_
         for s in flights:
             assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
         assert get(srv.port)[0] == 200
+
+
+def test_every_answer_is_counted_500s_included():
+    with serving(Failing()) as srv:
+        s = connect(srv.port)
+        body = json.dumps(OK_BODY).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        assert read_all(s).startswith(b"HTTP/1.1 500 ")
+        s = connect(srv.port)
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+        assert read_all(s).startswith(b"HTTP/1.1 403 ")
+        get(srv.port, "/nothing")
+        get(srv.port, "/health")
+        text = get(srv.port, "/metrics")[1].decode()
+    for labels in ('endpoint="completions",status="500"', 'endpoint="models",status="403"', 'endpoint="other",status="404"',
+                   'endpoint="health",status="200"'):  # fmt: skip
+        assert f"localinfer_requests_total{{{labels}}} 1" in text, text
 
 
 def test_an_upgrade_request_is_answered_as_http_without_warnings():

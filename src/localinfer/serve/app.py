@@ -33,6 +33,9 @@ from localinfer.serve.responses import DONE, Answer, dumps, sse
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome
 
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
+             "/health": "health", "/metrics": "metrics"}  # fmt: skip
+STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -64,11 +67,40 @@ def create_app(state: ServerState) -> Starlette:
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
     config = state.config
-    middleware = [Middleware(Guard, hosts=allowed_names(config.host, config.allowed_hosts), origins=config.cors_origins,
-                             keyed=config.api_key is not None)]  # fmt: skip
+    hosts = allowed_names(config.host, config.allowed_hosts)
+    middleware = [Middleware(CountAnswers, metrics=state.metrics),
+                  Middleware(Guard, hosts=hosts, origins=config.cors_origins, keyed=config.api_key is not None)]  # fmt: skip
     app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)  # type: ignore[arg-type]
     app.state.serve = state
     return app
+
+
+class CountAnswers:
+    """Counts every answer by endpoint and status for /metrics: refusals, 500s and 499s included."""
+
+    def __init__(self, app: Callable, *, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent: list[int] = []
+
+        async def send_counted(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                sent.append(message["status"])
+            await send(message)
+
+        unsent = 499  # cancelled before it answered
+        try:
+            await self.app(scope, receive, send_counted)
+            unsent = 500  # returned without answering: uvicorn sends a 500
+        except Exception:
+            unsent = 500  # Starlette's last handler answers it
+            raise
+        finally:
+            status = scope.get(STATUS_KEY) or (sent[0] if sent else unsent)
+            self.metrics.answered(ENDPOINTS.get(scope.get("path", ""), "other"), status)
 
 
 def _state(request: Request) -> ServerState:
@@ -145,7 +177,6 @@ async def completions(request: Request) -> Response:
 
 async def _complete(request: Request, kind: str) -> Response:
     state = _state(request)
-    endpoint = "chat" if kind == "chat" else "completions"
     try:
         _authorize(request, state)
         engine = _engine(state)
@@ -161,13 +192,11 @@ async def _complete(request: Request, kind: str) -> Response:
     except Overloaded:
         exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
                        type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip
-        state.metrics.answered(endpoint, exc.status)
         return error_response(exc)
     except ApiError as exc:
-        state.metrics.answered(endpoint, exc.status)
         return error_response(exc)
     answer = Answer.new(kind, state.names[0], req.include_usage)
-    return AnswerResponse(ticket, channel, answer, req.stream, lambda status: state.metrics.answered(endpoint, status))  # type: ignore[return-value]
+    return AnswerResponse(ticket, channel, answer, req.stream)  # type: ignore[return-value]
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -189,10 +218,8 @@ class AnswerResponse:
     """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool,
-                 answered: Callable[[int], None]) -> None:  # fmt: skip
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool) -> None:
         self.ticket, self.channel, self.answer, self.stream = ticket, channel, answer, stream
-        self.answered = answered
         self.gone = False
         self.ended = False  # the engine's outcome arrived
 
@@ -205,7 +232,7 @@ class AnswerResponse:
             watcher.cancel()
             if not self.ended:
                 self.ticket.cancel()
-            self.answered(status)
+            scope[STATUS_KEY] = status  # CountAnswers counts this one (499 after a 200 went out)
 
     async def _watch(self, receive: Callable) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,6 +27,7 @@ class Limits:
     header_timeout_s: float = 10.0  # from the connection (or a request's first byte) to its blank line
     body_timeout_s: float = 60.0  # from the head to the last byte of the body (4 MiB at 0.5 Mbit/s)
     max_connections: int = 1024
+    refused: Callable[[int], None] | None = None  # told the status of each answer given here (/metrics)
 
 
 def raise_file_limit(wanted: int) -> int:
@@ -133,6 +135,8 @@ class BoundedHttp(HttpToolsProtocol):
         """An error answer before any app saw the request, then the connection closes."""
         self.waiting.pop(self, None)
         self._disarm()
+        if self.limits.refused is not None:
+            self.limits.refused(status)
         if self.cycle is None or self.cycle.response_complete:  # else it would land inside that answer
             body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}).encode()
             head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)

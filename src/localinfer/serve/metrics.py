@@ -67,7 +67,7 @@ class Metrics:
         self.e2e = Histogram(E2E_BUCKETS)
 
     def answered(self, endpoint: str, status: int) -> None:
-        """An HTTP answer (499: the client went away first)."""
+        """An HTTP answer, whatever its status (499: the client went away first)."""
         with self._lock:
             key = (endpoint, status)
             self._answers[key] = self._answers.get(key, 0) + 1
@@ -90,7 +90,7 @@ class Metrics:
     def render(self, g: Gauges) -> str:
         p = PREFIX
         with self._lock:
-            lines = [f"# HELP {p}requests_total HTTP answers to completion requests, by endpoint and status.",
+            lines = [f"# HELP {p}requests_total HTTP answers by endpoint (chat, completions, models, health, metrics, other; connection: refused before a route) and status.",
                      f"# TYPE {p}requests_total counter"]  # fmt: skip
             for (endpoint, status), n in sorted(self._answers.items()):
                 lines.append(f'{p}requests_total{{endpoint="{endpoint}",status="{status}"}} {n}')

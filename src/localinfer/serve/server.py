@@ -27,6 +27,7 @@ from localinfer.serve.connections import FD_RESERVE, Limits, protocol_class, rai
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions
     from localinfer.serve.engine import Outcome, Ticket
+    from localinfer.serve.metrics import Metrics
     from localinfer.serve.record import UsageWriter
     from localinfer.store import ResolvedModel
 
@@ -133,13 +134,15 @@ class _Server(uvicorn.Server):
                      f"(send the signal again to cancel them)")  # fmt: skip
 
 
-def http_config(app: Any, config: ServeConfig, say: Say) -> uvicorn.Config:
-    """uvicorn's settings, its connections bounded (``connections``) within the descriptor limit."""
+def http_config(app: Any, config: ServeConfig, say: Say, metrics: Metrics | None = None) -> uvicorn.Config:
+    """uvicorn's settings, its connections bounded (``connections``) within the descriptor limit;
+    what the connections answer themselves (431, 408, 503) is counted in ``metrics``."""
     soft = raise_file_limit(config.max_connections + 2 * FD_RESERVE)
     most = max(1, min(config.max_connections, soft - FD_RESERVE))
     if most < config.max_connections:
         say(f"at most {most} connections at once: the open-file limit is {soft} (ulimit -n)")
-    limits = Limits(header_timeout_s=config.header_timeout_s, max_connections=most)
+    refused = None if metrics is None else (lambda status: metrics.answered("connection", status))
+    limits = Limits(header_timeout_s=config.header_timeout_s, max_connections=most, refused=refused)
     return uvicorn.Config(
         app, http=protocol_class(limits), lifespan="off", ws="none", log_level="info" if config.verbose else "warning",
         access_log=config.verbose, timeout_graceful_shutdown=config.drain_s, timeout_keep_alive=30, server_header=False,
@@ -159,7 +162,7 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
     state = ServerState(config, names, created=int(time.time()))
     writer = UsageWriter(resolved, names[0], config.parallel) if logging_enabled(config.no_log) else None
     loader = _Loader(state, resolved, options, force=force, writer=writer, say=say)
-    server = _Server(http_config(create_app(state), config, say), state, loader, say)
+    server = _Server(http_config(create_app(state), config, say, state.metrics), state, loader, say)
     shown = f"[{host}]" if ":" in host else host
     say(f"listening on http://{shown}:{port} (loading {names[0]}; /health answers 503 until it is ready)")
     try:
