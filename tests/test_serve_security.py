@@ -429,6 +429,49 @@ def _wait_closed(socks: list[socket.socket], timeout: float) -> tuple[int, float
     return closed, time.monotonic() - t0
 
 
+def _ask(port: int, head: bytes, body: bytes = b"") -> bytes:
+    """One raw request (``head`` without its blank line) on a connection of its own: the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head + b"\r\nConnection: close\r\n\r\n" + body)
+        return read_all(s)
+
+
+@pytest.mark.slow
+def test_the_flags_reach_a_real_server(smollm2_path, tmp_path):
+    page = b"http://localhost:3000"
+    proc, port = _serve_process(smollm2_path, tmp_path / "home", None, "--allowed-host", "MyBox.lan", "--cors-origin",
+                                page.decode(), "--header-timeout", "3", "--max-connections", "3")  # fmt: skip
+    try:
+        _wait_ready(proc, port)
+        assert _ask(port, b"GET /v1/models HTTP/1.1\r\nHost: mybox.lan:8080").startswith(b"HTTP/1.1 200 ")
+        assert _ask(port, b"GET /v1/models HTTP/1.1\r\nHost: evil.example").startswith(b"HTTP/1.1 403 ")
+        cors = _ask(port, b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nOrigin: " + page)
+        assert cors.startswith(b"HTTP/1.1 200 ") and b"access-control-allow-origin: " + page in cors.lower()
+        body = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+        plain = _ask(port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n"
+                           b"Content-Length: %d" % len(body), body)  # fmt: skip
+        assert plain.startswith(b"HTTP/1.1 415 ")
+        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: loc")
+        t0 = time.monotonic()
+        assert read_all(slow).startswith(b"HTTP/1.1 408 ") and time.monotonic() - t0 < 10
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        assert get(port)[0] == 200  # the fourth connection made room: the oldest idle one is closed
+        assert read_all(idle[0]) == b""
+        for s in idle[1:]:  # the others are still open (their header timeout is seconds away)
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+        for s in idle:
+            s.close()
+        text = get(port, "/metrics")[1].decode()
+        assert 'endpoint="models",status="403"} 1' in text and 'endpoint="completions",status="415"} 1' in text
+        assert 'endpoint="connection",status="408"} 1' in text
+    finally:
+        proc.kill()
+        proc.wait(60)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nofile", [1024, None], ids=["ulimit-1024", "ulimit-inherited"])
 def test_serve_stays_healthy_under_a_100mb_head_and_1000_half_open_connections(smollm2_path, tmp_path, nofile):
