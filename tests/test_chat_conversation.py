@@ -41,11 +41,11 @@ def test_settings_parse_validate_and_alias():
 @pytest.mark.parametrize(
     ("key", "value", "words"),
     [
-        ("temperature", "-1", "≥ 0"),
-        ("top_p", "1.5", "≤ 1"),
-        ("top_k", "many", "whole number"),
-        ("max_tokens", "0", "≥ 1"),
-        ("seed", "4294967295", "≤ 4294967294"),
+        ("temperature", "-1", "between 0 and 2"),
+        ("top_p", "1.5", "between 0 and 1"),
+        ("top_k", "many", "an integer"),
+        ("max_tokens", "0", ">= 1"),
+        ("seed", "4294967295", "between 0 and 4294967294"),
         ("temperature", "nan", "number"),
         ("temperature", "", "needs a value"),
     ],

@@ -1,7 +1,7 @@
 """`localinfer batch` input and output: requests from JSONL or text, results as resumable JSONL.
 
 Input: JSONL, one request per line (``{"id": .., "prompt": ".."}`` or ``{"id": .., "messages": [..]}``,
-optional ``max_tokens``, ``temperature``, ``seed``, ``stop``), or plain text, one prompt per line (the
+optional ``max_tokens``, ``stop`` and serve's sampling fields), or plain text, one prompt per line (the
 id is the line number). Blank lines are not requests. A line that is not a valid request becomes an
 :class:`InputError` carrying its line number and the reason - never dropped silently.
 
@@ -12,17 +12,21 @@ error records (those requests are tried again) and returns the ids already answe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
+from localinfer import rules
+from localinfer.engine.types import SamplingOptions
 from localinfer.errors import UsageError
 from localinfer.limits import BATCH_LINE_MAX_BYTES
+from localinfer.rules import SAMPLING_FIELDS
 
-_FIELDS = ("id", "prompt", "messages", "max_tokens", "temperature", "seed", "stop")
-_MAX_SEED = 2**32 - 2
+# A line takes serve's sampling fields, checked by the same rules (localinfer.rules).
+_FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,16 @@ class BatchRequest:
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     ignore_eos: bool = False  # not settable from the input; for benchmarks
+    sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
+
+    def sampling_over(self, base: SamplingOptions) -> SamplingOptions:
+        """``base`` (the command's settings) with what this line sets."""
+        given = dict(self.sampling)
+        if self.temperature is not None:
+            given["temperature"] = self.temperature
+        if self.seed is not None:
+            given["seed"] = self.seed
+        return dataclasses.replace(base, **given) if given else base
 
 
 @dataclass(frozen=True)
@@ -108,17 +122,19 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
     if unknown:
         return InputError(number, f"unknown field {', '.join(map(repr, unknown))} (allowed: {', '.join(_FIELDS)})", rid)
     try:
+        given = {k: rules.check(k, obj[k]) for k in SAMPLING_FIELDS if obj.get(k) is not None}
         return BatchRequest(
             id=rid,
             line=number,
             prompt=_prompt(obj),
             messages=_messages(obj),
-            max_tokens=_int(obj, "max_tokens", 1, None),
-            temperature=_temperature(obj),
-            seed=_int(obj, "seed", 0, _MAX_SEED),
-            stop=_stop(obj),
+            max_tokens=rules.check("max_tokens", obj["max_tokens"]) if obj.get("max_tokens") is not None else None,
+            temperature=given.pop("temperature", None),
+            seed=given.pop("seed", None),
+            stop=rules.stop("stop", obj["stop"]) if obj.get("stop") is not None else None,
+            sampling=tuple(given.items()),
         )
-    except ValueError as exc:
+    except ValueError as exc:  # a RuleError, or _prompt's
         return InputError(number, str(exc), rid)
 
 
@@ -126,54 +142,12 @@ def _prompt(obj: dict[str, Any]) -> str | None:
     has_prompt, has_messages = obj.get("prompt") is not None, obj.get("messages") is not None
     if has_prompt == has_messages:
         raise ValueError("a request needs exactly one of 'prompt' or 'messages'")
-    prompt = obj.get("prompt")
-    if has_prompt and not isinstance(prompt, str):
-        raise ValueError("'prompt' must be a string")
-    return prompt
+    return rules.text("prompt", obj["prompt"]) if has_prompt else None
 
 
 def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
     messages = obj.get("messages")
-    if messages is None:
-        return None
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("'messages' must be a non-empty list")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"messages[{i}] must be an object with string 'role' and 'content'")
-        out.append({"role": m["role"], "content": m["content"]})
-    return tuple(out)
-
-
-def _int(obj: dict[str, Any], key: str, low: int, high: int | None) -> int | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ValueError(f"'{key}' must be an integer {bound}")
-    return value
-
-
-def _temperature(obj: dict[str, Any]) -> float | None:
-    value = obj.get("temperature")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ValueError("'temperature' must be a number >= 0")
-    return float(value)
-
-
-def _stop(obj: dict[str, Any]) -> tuple[str, ...] | None:
-    value = obj.get("stop")
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(value)
-    raise ValueError("'stop' must be a string or a list of strings")
+    return None if messages is None else rules.messages("messages", messages)
 
 
 # -- output ------------------------------------------------------------------------------------------

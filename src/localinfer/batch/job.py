@@ -113,11 +113,7 @@ class _SequenceView:
 def _request(item: BatchRequest, defaults: BatchDefaults, loaded: LoadedModel) -> Request:
     from localinfer import generate
 
-    sampling = defaults.sampling
-    if item.temperature is not None:
-        sampling = dataclasses.replace(sampling, temperature=item.temperature)
-    if item.seed is not None:
-        sampling = dataclasses.replace(sampling, seed=item.seed)
+    sampling = item.sampling_over(defaults.sampling)
     if item.messages is not None:
         if loaded.template is None:
             raise UsageError(f"{loaded.name} has no chat template, so it cannot take 'messages' (use 'prompt')")

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 Write = Callable[[str], None]
 Notify = Callable[[str], None]
 
-ROLES = ("system", "user", "assistant")
 
 
 # -- the conversation ------------------------------------------------------------------------------
@@ -328,7 +327,8 @@ class Conversation:
 
 
 def parse_messages(data: Any, where: str = "the conversation") -> tuple[list[dict[str, Any]], set[int]]:
-    """Validate OpenAI-style messages (content as a string or a list of text parts)."""
+    """Validate OpenAI-style messages (content as a string or a list of text parts); a leading
+    system (or developer) message is the system prompt."""
     interrupted: set[int] = set()
     if isinstance(data, dict):
         marks = data.get("interrupted") or []
@@ -337,19 +337,10 @@ def parse_messages(data: Any, where: str = "the conversation") -> tuple[list[dic
         data = data.get("messages")
     if not isinstance(data, list):
         raise UsageError(f"{where}: expected a list of messages or an object with \"messages\"")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(data):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise UsageError(f"{where}: message {i} needs a role among {', '.join(ROLES)}")
-        content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-                raise UsageError(f"{where}: message {i} has non-text content, which chat cannot use")
-            content = "".join(parts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise UsageError(f"{where}: message {i} has no text content")
-        out.append({"role": m["role"], "content": content})
+    from localinfer.rules import RuleError, messages
+
+    try:  # the roles and content shapes serve and batch lines take (localinfer.rules)
+        out = [dict(m) for m in messages("messages", data, allow_empty=True, limit=None)]
+    except RuleError as exc:
+        raise UsageError(f"{where}: {exc}") from None
     return out, interrupted

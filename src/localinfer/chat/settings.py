@@ -5,12 +5,12 @@ Plain values, no heavy imports: the CLI and tests use them without loading anyth
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from localinfer.engine.types import SamplingOptions
 from localinfer.errors import UsageError
+from localinfer.rules import RULES, RuleError
 
 if TYPE_CHECKING:
     from localinfer.generate import Result
@@ -18,42 +18,16 @@ if TYPE_CHECKING:
 # -- settings --------------------------------------------------------------------------------------
 
 
-def _float(lo: float, hi: float | None = None) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        v = float(text)
-        if v != v or v < lo or (hi is not None and v > hi):
-            raise ValueError
-        return v
-
-    parse.__doc__ = f"a number ≥ {lo:g}" + (f" and ≤ {hi:g}" if hi is not None else "")
-    return parse
-
-
-def _int(lo: int, hi: int | None = None, *, none_words: tuple[str, ...] = ()) -> Callable[[str], int | None]:
-    def parse(text: str) -> int | None:
-        if text.lower() in none_words:
-            return None
-        v = int(text)
-        if v < lo or (hi is not None and v > hi):
-            raise ValueError
-        return v
-
-    parse.__doc__ = f"a whole number ≥ {lo}" + (f" and ≤ {hi}" if hi is not None else "")
-    if none_words:
-        parse.__doc__ += f", or {none_words[0]}"
-    return parse
-
-
-# key -> (parser, where the value lives: "sampling" or "chat")
-_KEYS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "temperature": (_float(0.0), "sampling"),
-    "top_p": (_float(0.0, 1.0), "sampling"),
-    "top_k": (_int(0), "sampling"),
-    "min_p": (_float(0.0, 1.0), "sampling"),
-    "repeat_penalty": (_float(0.0), "sampling"),
-    "repeat_last_n": (_int(-1), "sampling"),
-    "seed": (_int(0, 2**32 - 2, none_words=("random", "none")), "sampling"),
-    "max_tokens": (_int(1, none_words=("none", "unlimited")), "chat"),
+# key -> where the value lives ("sampling" or "chat"); the rules are localinfer.rules
+_KEYS: dict[str, str] = {
+    "temperature": "sampling",
+    "top_p": "sampling",
+    "top_k": "sampling",
+    "min_p": "sampling",
+    "repeat_penalty": "sampling",
+    "repeat_last_n": "sampling",
+    "seed": "sampling",
+    "max_tokens": "chat",
 }
 _ALIASES = {"temp": "temperature", "n": "max_tokens", "num_predict": "max_tokens", "repeat_n": "repeat_last_n"}
 SETTING_KEYS: tuple[str, ...] = (*_KEYS, "stop")
@@ -87,13 +61,14 @@ class ChatSettings:
             raise UsageError(
                 f"unknown setting {key!r}", hint=did_you_mean(name, SETTING_KEYS) or f"settings: {', '.join(SETTING_KEYS)}"
             )
-        parse, where = _KEYS[name]
+        where, rule = _KEYS[name], RULES[name]
         if not value:
-            raise UsageError(f"/set {name} needs a value ({parse.__doc__})")
+            words = f", or {rule.unset[0]}" if rule.unset else ""
+            raise UsageError(f"/set {name} needs a value ({rule.what()}{words})")
         try:
-            parsed = parse(value)
-        except ValueError:
-            raise UsageError(f"{name} must be {parse.__doc__}, not {value!r}") from None
+            parsed = rule.parse(name, value)
+        except RuleError as exc:
+            raise UsageError(str(exc)) from None
         if where == "sampling":
             return replace(self, sampling=replace(self.sampling, **{name: parsed}))
         return replace(self, **{name: parsed})

@@ -67,11 +67,7 @@ def request_body(item: BatchRequest, model: str, defaults: BatchDefaults) -> dic
     from localinfer.generate import messages_for
     from localinfer.remote import client
 
-    sampling = defaults.sampling
-    if item.temperature is not None:
-        sampling = dataclasses.replace(sampling, temperature=item.temperature)
-    if item.seed is not None:
-        sampling = dataclasses.replace(sampling, seed=item.seed)
+    sampling = item.sampling_over(defaults.sampling)
     common: dict[str, Any] = {
         "sampling": sampling,
         "max_tokens": item.max_tokens if item.max_tokens is not None else defaults.max_tokens,

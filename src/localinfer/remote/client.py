@@ -169,9 +169,9 @@ def request_body(
 ) -> dict[str, Any]:
     """A streaming chat (``messages``) or completion (``prompt``) request.
 
-    Only OpenAI's own fields unless asked: top_k, min_p and repeat_penalty are sent when they differ
-    from llama.cpp's defaults (which llama.cpp-based servers already use, and which OpenAI's API would
-    refuse as unknown), ``ignore_eos`` when set.
+    Only OpenAI's own fields unless asked: top_k, min_p, repeat_penalty and repeat_last_n are sent
+    when they differ from llama.cpp's defaults (which llama.cpp-based servers already use, and which
+    OpenAI's API would refuse as unknown), ``ignore_eos`` when set.
     """
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if messages is not None:
@@ -183,8 +183,11 @@ def request_body(
         body["top_p"] = sampling.top_p
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        for key in ("top_k", "min_p", "repeat_penalty"):
+        for key in ("top_k", "min_p", "repeat_penalty", "repeat_last_n"):
             if getattr(sampling, key) != getattr(llama_defaults, key):
+                body[key] = getattr(sampling, key)
+        for key in ("presence_penalty", "frequency_penalty"):  # OpenAI's, off at 0 (a batch line sets them)
+            if getattr(sampling, key):
                 body[key] = getattr(sampling, key)
     if max_tokens is not None:
         body["max_tokens"] = max_tokens

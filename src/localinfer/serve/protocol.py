@@ -8,16 +8,16 @@ and so are unknown fields: a client never gets an answer to a different question
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localinfer import rules
 from localinfer.engine.types import SamplingOptions
 
-MAX_STOPS = 16
-MAX_MESSAGES = 4096
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOPS = rules.MAX_STOPS
+MAX_MESSAGES = rules.MAX_MESSAGES
+ROLES = rules.ROLES
 
 
 class ApiError(Exception):
@@ -55,61 +55,37 @@ class CompletionRequest:
     ignore_eos: bool = False
 
 
-# -- field checks: each takes (name, value) and returns the value to use ---------------------------------
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+# -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
+def _rule(field: str) -> Callable[[str, Any], Any]:
+    return lambda name, v: rules.check(field, v, name=name)
 
 
-def _int(lo: int, hi: int | None = None) -> Callable[[str, Any], int]:
-    def check(name: str, v: Any) -> int:
-        if not _is_int(v):
-            raise _bad(name, f"'{name}' must be an integer, not {_kind(v)}", "invalid_type")
-        if v < lo or (hi is not None and v > hi):
-            raise _bad(name, f"'{name}' must be {_range(lo, hi)}, not {v}")
-        return int(v)
-
-    return check
-
-
-def _number(lo: float, hi: float | None = None) -> Callable[[str, Any], float]:
-    def check(name: str, v: Any) -> float:
-        if not (_is_int(v) or isinstance(v, float)) or not math.isfinite(v):
-            raise _bad(name, f"'{name}' must be a number, not {_kind(v)}", "invalid_type")
-        if v < lo or (hi is not None and v > hi):
-            raise _bad(name, f"'{name}' must be {_range(lo, hi)}, not {v}")
-        return float(v)
-
-    return check
+def _text(name: str, v: Any) -> str:
+    return rules.text(name, v)
 
 
 def _bool(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise _bad(name, f"'{name}' must be true or false, not {_kind(v)}", "invalid_type")
+        raise rules.RuleError(name, f"must be true or false, not {rules.shown(v)}", "invalid_type")
     return v
 
 
-def _string(name: str, v: Any) -> str:
-    if not isinstance(v, str):
-        raise _bad(name, f"'{name}' must be a string, not {_kind(v)}", "invalid_type")
+def _object(name: str, v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise rules.RuleError(name, f"must be an object, not {rules.shown(v)}", "invalid_type")
     return v
-
-
-def _stop(name: str, v: Any) -> tuple[str, ...]:
-    items = [v] if isinstance(v, str) else v
-    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise _bad(name, f"'{name}' must be a string or a list of strings", "invalid_type")
-    if len(items) > MAX_STOPS:
-        raise _bad(name, f"'{name}' takes at most {MAX_STOPS} strings")
-    return tuple(s for s in items if s)
 
 
 def _stream_options(name: str, v: Any) -> bool:
-    if not isinstance(v, dict):
-        raise _bad(name, f"'{name}' must be an object", "invalid_type")
-    extra = set(v) - {"include_usage"}
+    opts = _object(name, v)
+    extra = set(opts) - {"include_usage"}
     if extra:
-        raise _bad(name, f"unknown field '{name}.{min(extra)}'", "unknown_parameter")
-    return _bool(f"{name}.include_usage", v.get("include_usage", False))
+        raise rules.RuleError(name, f"has an unknown field '{min(extra)}'", "unknown_parameter")
+    return _bool(f"{name}.include_usage", opts.get("include_usage", False))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _only(allowed: Callable[[Any], bool], what: str) -> Callable[[str, Any], None]:
@@ -134,24 +110,17 @@ _UNSUPPORTED = {
     "suffix": _only(lambda v: v in (None, ""), "(fill in the middle)"),
     "best_of": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
 }
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
+_SAMPLING = rules.SAMPLING_FIELDS
 _COMMON: dict[str, Callable[[str, Any], Any]] = {
-    "model": _string,
+    "model": _text,
     "stream": _bool,
     "stream_options": _stream_options,
-    "max_tokens": _int(1),
-    "max_completion_tokens": _int(1),
-    "temperature": _number(0.0, 2.0),
-    "top_p": _number(0.0, 1.0),
-    "top_k": _int(0),
-    "min_p": _number(0.0, 1.0),
-    "repeat_penalty": _number(0.0),
-    "presence_penalty": _number(-2.0, 2.0),
-    "frequency_penalty": _number(-2.0, 2.0),
-    "stop": _stop,
-    "seed": _int(0, 2**32 - 2),
-    "user": _string,
+    "max_tokens": _rule("max_tokens"),
+    "max_completion_tokens": _rule("max_tokens"),
+    **{name: _rule(name) for name in _SAMPLING},
+    "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
+    "user": _text,
 }
 _CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "response_format"}
 _TEXT_ONLY = {"n", "logprobs", "logit_bias", "echo", "suffix", "best_of"}
@@ -164,12 +133,22 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, not {_kind(body)}", code="invalid_json")
+        raise ApiError(400, f"the request body must be a JSON object, not {rules.shown(body)}", code="invalid_json")
     return body
+
+
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 
 
 def parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     """``kind``: chat (/v1/chat/completions) or text (/v1/completions)."""
+    try:
+        return _parse_request(body, kind)
+    except rules.RuleError as exc:
+        raise _bad(exc.field, str(exc), exc.code) from None
+
+
+def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
@@ -180,57 +159,25 @@ def parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     if main not in body:
         raise _bad(main, f"'{main}' is required", "missing_parameter")
     v = {name: _COMMON[name](name, value) for name, value in body.items() if name in _COMMON and value is not None}
-    if "max_tokens" in v and "max_completion_tokens" in v and v["max_tokens"] != v["max_completion_tokens"]:
-        raise _bad("max_tokens", "'max_tokens' and 'max_completion_tokens' disagree")
+    limits = {name: v[name] for name in _TOKEN_LIMITS if name in body and body[name] is not None}
+    if len(set(limits.values())) > 1:
+        first, second = list(limits)[:2]
+        raise _bad(first, f"'{first}' and '{second}' disagree")
     sampling = SamplingOptions(**{k: v[k] for k in _SAMPLING if k in v})
     if "stream_options" in v and not v.get("stream"):
         raise _bad("stream_options", "'stream_options' is only allowed with 'stream': true")
     return CompletionRequest(
         kind=kind,
         model=v.get("model"),
-        messages=_messages(body[main]) if kind == "chat" else (),
+        messages=rules.messages("messages", body[main]) if kind == "chat" else (),
         prompt=_prompt(body[main]) if kind == "text" else None,
         stream=v.get("stream", False),
         include_usage=v.get("stream_options", False),
-        max_tokens=v.get("max_completion_tokens", v.get("max_tokens")),
+        max_tokens=next(iter(limits.values()), None),
         sampling=sampling,
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
     )
-
-
-def _messages(value: Any) -> tuple[dict[str, str], ...]:
-    if not isinstance(value, list) or not value:
-        raise _bad("messages", "'messages' must be a non-empty list of messages", "invalid_type")
-    if len(value) > MAX_MESSAGES:
-        raise _bad("messages", f"'messages' takes at most {MAX_MESSAGES} messages")
-    return tuple(_message(i, m) for i, m in enumerate(value))
-
-
-def _message(i: int, m: Any) -> dict[str, str]:
-    where = f"messages[{i}]"
-    if not isinstance(m, dict):
-        raise _bad(where, f"'{where}' must be an object", "invalid_type")
-    extra = set(m) - {"role", "content", "name"}
-    if extra:
-        raise _bad(where, f"'{where}.{min(extra)}' is not supported (text messages only)", "unsupported_parameter")
-    role = m.get("role")
-    if role not in ROLES:
-        raise _bad(f"{where}.role", f"'{where}.role' must be one of {', '.join(ROLES)}, not {role!r}")
-    content = m.get("content")
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"{where}.content[{j}]", f"'{where}.content[{j}]' must be a text part (this server reads text only)")
-            parts.append(part["text"])
-        content = "".join(parts)
-    if not isinstance(content, str):
-        raise _bad(f"{where}.content", f"'{where}.content' must be a string or a list of text parts", "invalid_type")
-    out = {"role": ROLES[role], "content": content}
-    if "name" in m:
-        out["name"] = _string(f"{where}.name", m["name"])
-    return out
 
 
 def _prompt(value: Any) -> str | tuple[int, ...]:
@@ -239,16 +186,7 @@ def _prompt(value: Any) -> str | tuple[int, ...]:
     if isinstance(value, str):
         if not value:
             raise _bad("prompt", "'prompt' must not be empty")
-        return value
+        return rules.text("prompt", value)
     if isinstance(value, list) and value and all(_is_int(t) and t >= 0 for t in value):
         return tuple(value)
     raise _bad("prompt", "'prompt' must be a string, or a list of token ids (one prompt per request)", "invalid_type")
-
-
-def _kind(v: Any) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
-    return "null" if v is None else names.get(type(v), type(v).__name__)
-
-
-def _range(lo: float, hi: float | None) -> str:
-    return f"at least {lo}" if hi is None else f"between {lo} and {hi}"
