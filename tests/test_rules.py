@@ -61,6 +61,64 @@ def post(client: TestClient, body: bytes | dict[str, Any], path: str = "/v1/chat
     return r.status_code, r.json()
 
 
+def typed(value: Any) -> str:
+    """How a user types the JSON value ``value`` after a flag or `/set KEY`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return json.dumps(value)
+
+
+def _verdicts(field: str, value: Any, client: TestClient) -> dict[str, str | None]:
+    """Each entry point's verdict: None (accepted) or its error message."""
+    out: dict[str, str | None] = {}
+    cli = CliRunner().invoke(_app(), ["run", FLAGS[field], typed(value), "--endpoint", "http://127.0.0.1:9/v1",
+                                      "--timeout", "1", "-p", "hi", "--no-log"])  # fmt: skip
+    refused = cli.exit_code == 2 and "Invalid value" in cli.output
+    assert refused or cli.exit_code == 5, cli.output  # accepted: it got as far as connecting (refused: 5)
+    out["run"] = " ".join(cli.output.split()) if refused else None
+    item = parse_input(json.dumps({"id": "x", "prompt": "hi", field: value}).encode(), "jsonl")[0]
+    out["batch"] = item.reason if isinstance(item, InputError) else None
+    try:
+        ChatSettings().with_value(field, typed(value))
+        out["/set"] = None
+    except UsageError as exc:
+        out["/set"] = str(exc)
+    status, body = post(client, {"messages": HI, field: value})
+    assert status in (400, 418), body
+    out["serve"] = body["error"]["message"] if status == 400 else None
+    return out
+
+
+_APP: list[Any] = []
+
+
+def _app() -> Any:
+    if not _APP:
+        from localinfer.cli.main import build_app
+
+        _APP.append(build_app(only="run"))
+    return _APP[0]
+
+
+@pytest.mark.parametrize("field", FLAGS)
+def test_an_edge_value_gets_one_verdict_and_one_message_everywhere(field):
+    client = serve_client()
+    for value in EDGES:
+        v = _verdicts(field, value, client)
+        try:
+            rules.check(field, value)
+            expected = None
+        except rules.RuleError as exc:
+            expected = exc
+        if expected is None:
+            assert v == dict.fromkeys(v), (field, value, v)
+            continue
+        assert v["batch"] == v["/set"] == v["serve"] == str(expected), (field, value, v)
+        assert v["run"] is not None and expected.problem in v["run"], (field, value, v)  # Typer names the flag
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
@@ -89,6 +147,11 @@ def test_typed_text_means_what_json_means():
             rules.parse_text("top_k", text)
     with pytest.raises(rules.RuleError, match="a 5000-digit integer"):
         rules.parse_text("max_tokens", "9" * 5000)  # more digits than Python converts
+
+
+def test_cli_help_shows_the_bounds():
+    out = CliRunner().invoke(_app(), ["run", "--help"], env={"COLUMNS": "160"}).output
+    assert "FLOAT 0..2" in out and "INTEGER 0..4294967294" in out and "INTEGER >=1" in out
 
 
 # -- messages: one set of roles and content shapes ---------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from localinfer import rules
 from localinfer.engine import defaults as DEFAULTS  # noqa: N812 - sampling defaults, read in signatures
 from localinfer.errors import UsageError
 
@@ -33,13 +34,13 @@ ModelOpt = Annotated[
     typer.Option("--model", "-m", help="Registry name (see `localinfer list --available`) or path to a .gguf file.", rich_help_panel=_CONTEXT, autocompletion=complete_model),
 ]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
-TemperatureOpt = Annotated[float, typer.Option("--temperature", "--temp", min=0.0, help="0 = greedy (deterministic).", rich_help_panel=_SAMPLING)]
-TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, rich_help_panel=_SAMPLING)]
-TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="0 = disabled.", rich_help_panel=_SAMPLING)]
-MinPOpt = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, rich_help_panel=_SAMPLING)]
-RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="1.0 = disabled.", rich_help_panel=_SAMPLING)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 2, help="Same seed, same text. Default: random.", rich_help_panel=_SAMPLING)]
-MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens. Default: until the model stops or the context is full; 256 in plain completion (--raw).", rich_help_panel=_SAMPLING)]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", "--temp", **rules.option("temperature", typer.BadParameter), help="0 = greedy (deterministic).", rich_help_panel=_SAMPLING)]
+TopPOpt = Annotated[float, typer.Option("--top-p", **rules.option("top_p", typer.BadParameter), rich_help_panel=_SAMPLING)]
+TopKOpt = Annotated[int, typer.Option("--top-k", **rules.option("top_k", typer.BadParameter), help="0 = disabled.", rich_help_panel=_SAMPLING)]
+MinPOpt = Annotated[float, typer.Option("--min-p", **rules.option("min_p", typer.BadParameter), rich_help_panel=_SAMPLING)]
+RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", **rules.option("repeat_penalty", typer.BadParameter), help="1.0 = disabled.", rich_help_panel=_SAMPLING)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", **rules.option("seed", typer.BadParameter), help="Same seed, same text. Default: random.", rich_help_panel=_SAMPLING)]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", "-n", **rules.option("max_tokens", typer.BadParameter), help="Stop after this many tokens. Default: until the model stops or the context is full; 256 in plain completion (--raw).", rich_help_panel=_SAMPLING)]
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past the model's end-of-text token (for benchmarks and tests).", rich_help_panel=_SAMPLING)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", rich_help_panel=_SAMPLING)]
 CtxSizeOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", min=16, help="Context window in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=_CONTEXT)]
