@@ -185,6 +185,121 @@ def test_messages_get_one_verdict_from_batch_serve_and_load(messages, problem, t
     assert loaded is not None and problem in loaded
 
 
+# -- malformed input: never a 500, an ended job or an ended session ------------------------------------------
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "model": "\\udfff"}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "\\ud800": 1}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "seed": ' + b"9" * 5000 + b"}",
+        b'{"prompt": "\\ud800"}',
+        b'{"prompt": "a", "stop": ["\\udc00"]}',
+    ],
+)
+def test_malformed_bodies_are_400(raw):
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        status, body = post(serve_client(), raw, path)
+        assert status == 400 and body["error"]["message"], body
+
+
+def test_an_emoji_escaped_as_a_surrogate_pair_is_text():
+    engine = StubEngine()
+    assert post(serve_client(engine), b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')[0] == 418
+    assert engine.seen[0].messages[0]["content"] == "\U0001f600"
+
+
+def test_malformed_batch_lines_are_error_records_that_can_be_written():
+    lines = [
+        b'{"id": "a", "prompt": "\\ud800"}',
+        b'{"id": "\\ud800", "prompt": "x"}',
+        b'{"id": "b", "prompt": "x", "seed": ' + b"1" * 5000 + b"}",
+        b'{"id": "c", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udbff"}]}]}',
+        b'{"id": "d", "prompt": "x", "top_p": 0.5, "top_k": 3, "frequency_penalty": 1}',
+    ]
+    items = parse_input(b"\n".join(lines), "jsonl")
+    assert [type(i).__name__ for i in items] == ["InputError"] * 4 + ["BatchRequest"]
+    assert "'prompt' holds a lone surrogate" in items[0].reason and items[0].id == "a"
+    assert "'id' holds a lone surrogate" in items[1].reason and items[1].id is None
+    assert "longer than" in items[2].reason and "digits" in items[2].reason
+    sink = JsonlSink(io.BytesIO())
+    for i in items[:4]:
+        sink({"id": i.id, "error": i.reason, "line": i.line})  # a surrogate here would end the job
+    from localinfer.engine.types import SamplingOptions
+
+    s = items[4].sampling_over(SamplingOptions(temperature=0.0))
+    assert (s.temperature, s.top_p, s.top_k, s.frequency_penalty) == (0.0, 0.5, 3, 1.0)
+
+
+def test_a_conversation_file_with_a_lone_surrogate_is_refused(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_bytes(b'[{"role": "user", "content": "hi \\ud800"}]')
+    with pytest.raises(UsageError, match="lone surrogate"):
+        Conversation.__new__(Conversation).load(path)
+
+
+# -- fuzzing the three entry points (bounded, seeded, no model) ------------------------------------------
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=8)  # surrogates included
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=10**18, max_value=10**40),
+                  st.floats(allow_nan=True, allow_infinity=True), _TEXT)  # fmt: skip
+_JSON = st.recursive(_LEAF, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(_TEXT, kids, max_size=4), max_leaves=12)
+_NAMES = st.sampled_from(["messages", "prompt", "model", "temperature", "top_p", "top_k", "seed", "max_tokens",
+                          "n_predict", "stop", "stream", "stream_options", "metadata", "cache_prompt", "id", "role",
+                          "content", "store", "n", "tools", "response_format"])  # fmt: skip
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]) | _TEXT},
+                                 optional={"content": _JSON | _TEXT, "name": _JSON})  # fmt: skip
+_REQUEST = st.fixed_dictionaries({"messages": st.lists(_MESSAGE, max_size=3)},
+                                 optional={"prompt": _TEXT | _JSON, "id": _JSON}).flatmap(
+    lambda base: st.dictionaries(_NAMES, _JSON, max_size=4).map(lambda extra: {**base, **extra}))  # fmt: skip
+_BODY = st.one_of(_REQUEST.map(lambda b: json.dumps(b).encode()), _JSON.map(lambda b: json.dumps(b).encode()),
+                  st.binary(max_size=64))  # fmt: skip
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+@FUZZ
+@given(_BODY)
+def test_fuzzed_serve_bodies_are_never_a_500(raw):
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        status, body = post(_FUZZ_CLIENT, raw, path)
+        assert status in (400, 404, 418), (status, body)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
+_FUZZ_CLIENT = serve_client()
+
+
+@FUZZ
+@given(st.lists(_BODY, min_size=1, max_size=4))
+def test_fuzzed_batch_lines_are_requests_or_writable_error_records(lines):
+    items = parse_input(b"\n".join(line.replace(b"\n", b" ") for line in lines), "jsonl")
+    sink = JsonlSink(io.BytesIO())
+    for item in items:
+        if isinstance(item, InputError):
+            sink({"id": item.id, "error": item.reason})
+        else:
+            sink({"id": item.id, "prompt": item.prompt, "messages": item.messages, "stop": item.stop})
+
+
+@FUZZ
+@given(_BODY | _REQUEST.map(lambda b: json.dumps(b["messages"]).encode()))
+def test_fuzzed_conversation_files_load_or_are_refused_in_one_line(tmp_path_factory, raw):
+    path = tmp_path_factory.mktemp("load") / "c.json"
+    path.write_bytes(raw)
+    conv = Conversation.__new__(Conversation)
+    try:
+        conv.load(path)
+    except UsageError as exc:
+        assert "\n" not in str(exc)
+        return
+    for m in conv.history:
+        m["content"].encode("utf-8")  # what the session prints and tokenizes
+    (conv.system or "").encode("utf-8")
 
 
 def test_a_batch_lines_sampling_fields_reach_a_remote_server_too():

@@ -5,6 +5,7 @@ with one line rather than a RecursionError (README, "Security")."""
 from __future__ import annotations
 
 import json
+import re
 from typing import IO, Any
 
 from localinfer.errors import UsageError
@@ -27,12 +28,72 @@ def read_limited(stream: IO[bytes], limit: int, what: str) -> bytes:
     return data
 
 
+class NotText(ValueError):
+    """A JSON string (or key) holding a lone surrogate: ``"\\ud800"`` parses, but encodes to nothing,
+    so every later write or tokenization of it would fail."""
+
+    def __init__(self, path: str, char: str, key: bool = False) -> None:
+        what = f"the key '{path}'" if key else f"'{path}'"
+        super().__init__(f"{what} holds a lone surrogate (\\u{ord(char):04x}), which is not text")
+        self.path = path
+
+
 def loads(text: str | bytes, where: str) -> Any:
-    """json.loads, with nesting too deep to parse as a ValueError like any other bad JSON."""
+    """json.loads for untrusted input: nesting too deep to parse and an integer too long to convert
+    are each a ValueError with one line, like any other bad JSON."""
     try:
         return json.loads(text)
     except RecursionError:
         raise ValueError(f"{where} is nested too deeply to read") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        from localinfer.rules import int_digits_limit
+
+        raise ValueError(f"{where} has an integer longer than {int_digits_limit()} digits") from None
+
+
+def require_text(data: Any, raw: str | bytes) -> None:
+    """NotText if a string or key of ``data`` (parsed from ``raw``) holds a lone surrogate: checked
+    where the whole document is echoed or written back (a serve body, a batch line)."""
+    if _may_hold_surrogates(raw):
+        found = lone_surrogate(data)
+        if found is not None:
+            raise NotText(*found)
+
+
+_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _may_hold_surrogates(text: str | bytes) -> bool:
+    """Valid UTF-8 holds no surrogates: only a ``\\uD800``-``\\uDFFF`` escape makes one (a pair of
+    them is an emoji, which the walk then lets through). UTF-16/32 bodies are always walked."""
+    if isinstance(text, bytes):
+        return b"\x00" in text[:4] or _ESCAPE_BYTES.search(text) is not None
+    return _ESCAPE.search(text) is not None
+
+
+def lone_surrogate(data: Any) -> tuple[str, str, bool] | None:
+    """(where, the surrogate, whether it is in a key) for a string or key in ``data`` holding one.
+    Iterative: data nested as deep as json.loads allows is walked without recursion."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            bad = _SURROGATE.search(value)
+            if bad:
+                return path or "the value", bad.group(), False
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                bad = _SURROGATE.search(key)
+                if bad:
+                    return f"{path}.{ascii(key)[1:-1]}".lstrip("."), bad.group(), True
+                stack.append((f"{path}.{key}".lstrip("."), item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+    return None
 
 
 def require_utf8(text: str, what: str) -> None:

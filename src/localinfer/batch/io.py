@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 from localinfer import rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.errors import UsageError
-from localinfer.limits import BATCH_LINE_MAX_BYTES
+from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
 from localinfer.rules import SAMPLING_FIELDS
 
 # A line takes serve's sampling fields, checked by the same rules (localinfer.rules).
@@ -108,16 +108,20 @@ def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None) -
 
 def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
     try:
-        obj = json.loads(line)
+        obj = loads(line, "the line")
     except json.JSONDecodeError as exc:
         return InputError(number, f"not valid JSON: {exc.msg} (column {exc.colno})")
-    except RecursionError:
-        return InputError(number, "not valid JSON: nested too deeply to read")
+    except ValueError as exc:  # nested too deeply, an integer too long
+        return InputError(number, f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
         return InputError(number, "a request must be a JSON object")
     rid = obj.get("id", number)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         return InputError(number, "'id' must be a string or an integer")
+    try:  # anywhere in the line: the error record echoes the id, and unknown keys are named
+        require_text(obj, line)
+    except NotText as exc:
+        return InputError(number, str(exc), None if exc.path == "id" else rid)
     unknown = sorted(set(obj) - set(_FIELDS))
     if unknown:
         return InputError(number, f"unknown field {', '.join(map(repr, unknown))} (allowed: {', '.join(_FIELDS)})", rid)

@@ -7,13 +7,13 @@ and so are unknown fields: a client never gets an answer to a different question
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from localinfer import rules
 from localinfer.engine.types import SamplingOptions
+from localinfer.limits import NotText, loads, require_text
 
 MAX_STOPS = rules.MAX_STOPS
 MAX_MESSAGES = rules.MAX_MESSAGES
@@ -127,9 +127,12 @@ _TEXT_ONLY = {"n", "logprobs", "logit_bias", "echo", "suffix", "best_of"}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object (bad JSON and other values are a 400)."""
+    """The request body as a JSON object (bad JSON and other values are a 400, never a 500)."""
     try:
-        body = json.loads(raw)
+        body = loads(raw, "the request body")
+        require_text(body, raw)
+    except NotText as exc:
+        raise ApiError(400, f"the request body is not text: {exc}", code="invalid_value", param=exc.path) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
