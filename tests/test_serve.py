@@ -165,6 +165,40 @@ def test_common_prefix():
     assert common_prefix([], a, 10) == 0
 
 
+class _Cells:
+    """What a SlotTable asks of the model: every cache drop succeeds."""
+
+    n_ctx_seq = 64
+    dropped: list[int] = []
+
+    def first_position(self, seq: int) -> int:
+        return 0
+
+    def drop_tokens(self, seq: int, n: int) -> bool:
+        return True
+
+    def drop_sequence(self, seq: int) -> None:
+        self.dropped.append(seq)
+
+
+def test_a_slot_reuses_a_cached_prefix_unless_the_request_says_no():
+    from localinfer.engine.slots import SlotTable
+
+    class Done:
+        seq, pos = 0, 5
+
+        def cached_tokens(self) -> list[int]:
+            return [1, 2, 3, 4, 5]
+
+    table = SlotTable(_Cells(), 1, keep_cache=True)  # type: ignore[arg-type]
+    assert table.take([1, 2, 3, 4, 5]) == (0, 0)
+    table.release(Done())  # type: ignore[arg-type]
+    assert table.take([1, 2, 3, 4, 5, 6]) == (0, 5)
+    table.release(Done())  # type: ignore[arg-type]
+    assert table.take([1, 2, 3, 4, 5, 6], reuse=False) == (0, 0)  # cache_prompt: false
+    assert table.kept[0] == [] and 0 in _Cells.dropped
+
+
 # -- the HTTP layer, with a scripted engine ------------------------------------------------------------------
 class FakeEngine:
     """Answers every request with ``pieces`` from a thread, as the engine would."""

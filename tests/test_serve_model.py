@@ -376,6 +376,17 @@ def test_sigterm_drains_exits_0_and_stats_show_serve(smollm2_path, tmp_path):
     assert only["serve"]["models"] == [entry] and only["run"]["models"] == []
 
 
+def test_cache_prompt_false_evaluates_the_whole_prompt(server):
+    """llama-server's per-request switch: no prefix is reused, whatever the cache holds."""
+    body = {"messages": [{"role": "user", "content": "Count to three, please."}], "max_tokens": 4, **GREEDY}
+    assert server.json("POST", "/v1/chat/completions", body)[0] == 200
+    status, fresh = server.json("POST", "/v1/chat/completions", {**body, "cache_prompt": False})
+    assert status == 200 and fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert fresh["timings"]["cache_n"] == 0 and fresh["timings"]["prompt_n"] == fresh["usage"]["prompt_tokens"]
+    status, reused = server.json("POST", "/v1/chat/completions", body)
+    assert status == 200 and reused["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
 def test_greedy_output_equals_run(server, smollm2_path):
     """The same prompt, greedy: `run` (one sequence) and serve (the batch engine) say the same."""
     prompt = "Write one sentence about the sea."

@@ -49,6 +49,7 @@ class SeqJob:
     ignore_eos: bool = False
     on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
     cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
+    cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached prefix
 
 
 @dataclass
@@ -231,7 +232,7 @@ class BatchDecoder:
                 stats = GenerationStats(prompt_tokens=len(job.tokens), finish_reason="length", n_ctx=self.n_ctx_seq)
                 yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
                 continue
-            seq, cached = self._slots.take(job.tokens)
+            seq, cached = self._slots.take(job.tokens, reuse=job.cache_prompt)
             chain, seed = self.model.new_sampler(job.sampling, job.tokens)
             slot = Slot(seq, job, chain, clock(), cached)
             slot.stats.n_ctx = self.n_ctx_seq

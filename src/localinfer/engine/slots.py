@@ -88,13 +88,14 @@ class SlotTable:
         self._used = [-1] * n_parallel  # when each idle slot's job ended (-1: empty)
         self._clock = 0
 
-    def take(self, tokens: Sequence[int]) -> tuple[int, int]:
-        """A free sequence id for ``tokens``, and how many of them its cells already hold."""
+    def take(self, tokens: Sequence[int], reuse: bool = True) -> tuple[int, int]:
+        """A free sequence id for ``tokens``, and how many of them its cells already hold (none
+        without ``reuse``: the whole prompt is evaluated, in an empty slot if there is one)."""
         if not self.keep_cache:
             seq = min(self.free)
             self.free.remove(seq)
             return seq, 0
-        limit = len(tokens) - 1  # at least one token is evaluated: its logits give the first token
+        limit = len(tokens) - 1 if reuse else 0  # at least one token is evaluated: its logits give the first token
         seq, best = self.free[0], (-1, 0)
         for sid in self.free:
             key = (common_prefix(self.kept[sid], tokens, limit), -self._used[sid])

@@ -53,6 +53,7 @@ class CompletionRequest:
     sampling: SamplingOptions = SamplingOptions()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -120,6 +121,7 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     **{name: _rule(name) for name in _SAMPLING},
     "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
+    "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
     "user": _text,
 }
 _CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "response_format"}
@@ -180,6 +182,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         sampling=sampling,
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
+        cache_prompt=v.get("cache_prompt", True),
     )
 
 
