@@ -185,6 +185,33 @@ def test_messages_get_one_verdict_from_batch_serve_and_load(messages, problem, t
     assert loaded is not None and problem in loaded
 
 
+# -- serve: what real clients send ----------------------------------------------------------------------
+def test_fields_that_change_nothing_we_promise_are_accepted():
+    body = {"messages": HI, "store": False, "metadata": {"k": "v"}, "user": "u", "service_tier": "auto",
+            "parallel_tool_calls": True, "prompt_cache_key": "c", "safety_identifier": "s", "modalities": ["text"],
+            "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}}  # fmt: skip
+    r = parse_request(body, "chat")
+    assert r.stream and r.include_usage and r.cache_prompt
+    assert parse_request({"prompt": "x", "cache_prompt": False, "n_predict": 5}, "text").max_tokens == 5
+    r = parse_request({"prompt": "x", "cache_prompt": False, "n_predict": -1}, "text")
+    assert r.max_tokens is None and not r.cache_prompt
+    for bad, param in [({"metadata": {"k": 1}}, "metadata.k"), ({"store": "yes"}, "store"),
+                       ({"n_predict": 0}, "n_predict"), ({"n_predict": 5, "max_tokens": 6}, "max_tokens"),
+                       ({"cache_prompt": 1}, "cache_prompt"), ({"modalities": ["audio"]}, "modalities")]:  # fmt: skip
+        with pytest.raises(ApiError) as info:
+            parse_request({"messages": HI, **bad}, "chat")
+        assert info.value.status == 400 and info.value.param == param
+
+
+def test_a_one_model_server_answers_any_name_but_another_gguf_file():
+    engine = StubEngine()
+    client = serve_client(engine)
+    for name in ("gpt-4o", "m", "local-model", "meta-llama/Llama-3.1-8B-Instruct"):
+        assert post(client, {"messages": HI, "model": name})[0] == 418, name
+    status, body = post(client, {"messages": HI, "model": "/tmp/other.gguf"})
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
 # -- malformed input: never a 500, an ended job or an ended session ------------------------------------------
 @pytest.mark.parametrize(
     "raw",

@@ -288,7 +288,7 @@ def test_answers_streamed_and_whole():
 @pytest.mark.parametrize(
     ("state_kw", "method", "path", "body", "headers", "status", "code"),
     [
-        ({}, "POST", "/v1/chat/completions", {"messages": HI, "model": "gpt-4"}, {}, 404, "model_not_found"),
+        ({}, "POST", "/v1/chat/completions", {"messages": HI, "model": "other.gguf"}, {}, 404, "model_not_found"),
         ({}, "POST", "/v1/chat/completions", None, {}, 400, "invalid_json"),
         ({}, "GET", "/v1/nothing", None, {}, 404, "not_found"),
         ({}, "GET", "/v1/chat/completions", None, {}, 405, "method_not_allowed"),

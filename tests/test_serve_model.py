@@ -387,6 +387,17 @@ def test_cache_prompt_false_evaluates_the_whole_prompt(server):
     assert status == 200 and reused["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
+def test_what_real_clients_send_is_answered(server):
+    """A hard-coded model name and the fields OpenAI's and llama.cpp's clients add (issue 31)."""
+    answer = client(server).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, store=False, user="u",
+        metadata={"run": "1"}, service_tier="auto", parallel_tool_calls=False, **GREEDY,
+    )  # fmt: skip
+    assert answer.choices[0].message.content is not None and answer.model == model_name(server)
+    status, body = server.json("POST", "/v1/completions", {"prompt": "The sea is", "n_predict": 3, **GREEDY})
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
+
+
 def test_greedy_output_equals_run(server, smollm2_path):
     """The same prompt, greedy: `run` (one sequence) and serve (the batch engine) say the same."""
     prompt = "Write one sentence about the sea."

@@ -181,7 +181,7 @@ async def _complete(request: Request, kind: str) -> Response:
         _authorize(request, state)
         engine = _engine(state)
         req = parse_request(parse_body(await _read_body(request, state.config.max_body)), kind)
-        if req.model is not None and req.model not in state.names:
+        if not serves(state.names, req.model):
             raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
                            code="model_not_found", param="model")  # fmt: skip
         with engine.arriving():
@@ -197,6 +197,13 @@ async def _complete(request: Request, kind: str) -> Response:
         return error_response(exc)
     answer = Answer.new(kind, state.names[0], req.include_usage)
     return AnswerResponse(ticket, channel, answer, req.stream)  # type: ignore[return-value]
+
+
+def serves(names: tuple[str, ...], model: str | None) -> bool:
+    """Whether a request for ``model`` is ours: our names, and any name that is not a GGUF file's -
+    clients hard-code names (``gpt-4o``) and one model answers them, as llama-server does; a request
+    for another .gguf file asks for a model we do not have."""
+    return model is None or model in names or not model.lower().endswith(".gguf")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -77,12 +77,25 @@ def _object(name: str, v: Any) -> dict[str, Any]:
     return v
 
 
+def _metadata(name: str, v: Any) -> None:
+    """OpenAI's: up to 16 string values, kept by OpenAI for its dashboard; we keep nothing."""
+    for key, value in _object(name, v).items():
+        _text(f"{name}.{key}", value)
+
+
 def _stream_options(name: str, v: Any) -> bool:
     opts = _object(name, v)
-    extra = set(opts) - {"include_usage"}
+    extra = set(opts) - {"include_usage", "include_obfuscation"}
     if extra:
         raise rules.RuleError(name, f"has an unknown field '{min(extra)}'", "unknown_parameter")
+    if "include_obfuscation" in opts:  # OpenAI's padding against length side channels: we send none
+        _bool(f"{name}.include_obfuscation", opts["include_obfuscation"])
     return _bool(f"{name}.include_usage", opts.get("include_usage", False))
+
+
+def _n_predict(name: str, v: Any) -> int | None:
+    """llama-server's max_tokens, where -1 means no limit."""
+    return None if v == -1 and _is_int(v) else rules.check("max_tokens", v, name=name)
 
 
 def _is_int(v: Any) -> bool:
@@ -107,24 +120,36 @@ _UNSUPPORTED = {
     "tools": _only(lambda v: not v, "(tool calls)"),
     "tool_choice": _only(lambda v: v in (None, "none"), "(tool calls)"),
     "response_format": _only(lambda v: v is None or v == {"type": "text"}, "other than text"),
+    "modalities": _only(lambda v: v in (None, ["text"]), "other than [\"text\"]"),
     "echo": _only(lambda v: v in (None, False), "(echoing the prompt)"),
     "suffix": _only(lambda v: v in (None, ""), "(fill in the middle)"),
     "best_of": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
 }
 _SAMPLING = rules.SAMPLING_FIELDS
+# Accepted and ignored: they ask for nothing that changes the answer (README, "Request fields").
+_IGNORED: dict[str, Callable[[str, Any], Any]] = {
+    "user": _text,
+    "store": _bool,  # OpenAI keeps the answer for its dashboard; we keep nothing
+    "metadata": _metadata,
+    "service_tier": _text,  # a price and latency class
+    "parallel_tool_calls": _bool,  # meaningful only with tools, which are refused
+    "prompt_cache_key": _text,  # OpenAI's cache routing hint
+    "safety_identifier": _text,
+}
 _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "model": _text,
     "stream": _bool,
     "stream_options": _stream_options,
     "max_tokens": _rule("max_tokens"),
     "max_completion_tokens": _rule("max_tokens"),
+    "n_predict": _n_predict,  # llama-server's
     **{name: _rule(name) for name in _SAMPLING},
     "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
-    "user": _text,
+    **_IGNORED,
 }
-_CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "response_format"}
+_CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "response_format", "modalities"}
 _TEXT_ONLY = {"n", "logprobs", "logit_bias", "echo", "suffix", "best_of"}
 
 
@@ -142,7 +167,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
 def parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
