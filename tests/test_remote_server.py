@@ -55,6 +55,14 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _repack_flag() -> tuple[str, ...]:
+    """llama-server repacks weights as localinfer would: not on AMX CPUs, where llama.cpp's AMX
+    kernels die with SIGILL/SIGSEGV on the first batch (engine.backend.cpu_repack_enabled)."""
+    from localinfer.engine.backend import cpu_repack_enabled
+
+    return () if cpu_repack_enabled(None) else ("--no-repack",)
+
+
 @pytest.fixture(scope="module")
 def llama_server(smollm2_path, tmp_path_factory):
     if not os.access(LLAMA_SERVER, os.X_OK):
@@ -63,7 +71,7 @@ def llama_server(smollm2_path, tmp_path_factory):
     log = open(tmp_path_factory.mktemp("llama-server") / "log.txt", "w")
     proc = subprocess.Popen(
         [str(LLAMA_SERVER), "-m", str(smollm2_path), "--host", "127.0.0.1", "--port", str(port), "-c", "2048",
-         "-np", "2", "--metrics", "-t", "2"],
+         "-np", "2", "--metrics", "-t", "2", *_repack_flag()],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
