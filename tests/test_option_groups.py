@@ -23,6 +23,7 @@ LOAD_COMMANDS = {
 }
 SAMPLING_COMMANDS = ("run", "chat", "batch")
 COST_COMMANDS = ("bench", "stats")
+SERVER_COMMANDS = ("run", "chat", "batch", "bench")
 
 
 def _commands() -> dict:
@@ -44,12 +45,17 @@ def _declared(group: o.OptionGroup) -> dict[str, tuple]:
 
 @pytest.mark.parametrize(
     ("group", "takers"),
-    [(o.LOAD, LOAD_COMMANDS), (o.SAMPLING, dict.fromkeys(SAMPLING_COMMANDS, ())), (o.COST, dict.fromkeys(COST_COMMANDS, ()))],
-    ids=["load", "sampling", "cost"],
+    [
+        (o.LOAD, LOAD_COMMANDS),
+        (o.SAMPLING, dict.fromkeys(SAMPLING_COMMANDS, ())),
+        (o.COST, dict.fromkeys(COST_COMMANDS, ())),
+        (o.SERVER, dict.fromkeys(SERVER_COMMANDS, ())),
+    ],
+    ids=["load", "sampling", "cost", "server"],
 )
 def test_every_command_taking_a_group_shows_each_of_its_flags_as_declared_once(group, takers):
     declared = _declared(group)
-    assert set(declared) == {p.name for p in group.flags} and len(declared) >= 4
+    assert set(declared) == {p.name for p in group.flags} and len(declared) >= 3
     commands = _commands()
     for name, own in takers.items():
         shown = {p.name: _described(p) for p in commands[name].params}
@@ -57,7 +63,7 @@ def test_every_command_taking_a_group_shows_each_of_its_flags_as_declared_once(g
             if flag in own:
                 continue
             assert shown.get(flag) == description, (name, flag)
-    own_elsewhere = {"bench": {"seed"}, "doctor": {"rpc"}}  # other flags of the same name: bench's random seed, doctor's listing
+    own_elsewhere = {"bench": {"seed"}, "doctor": {"rpc"}, "serve": {"api_key"}}  # other flags of the same name and meaning
     for name, command in commands.items():  # and no other command re-declares one
         if name not in takers:
             assert not {p.name for p in command.params} & set(declared) - own_elsewhere.get(name, set()), name
@@ -73,8 +79,9 @@ def test_the_command_body_gets_one_ready_value_for_each_group(monkeypatch):
         load: object = o.LOAD,
         sampling: object = o.SAMPLING,
         verbose: bool = typer.Option(False, "--verbose"),
+        server: object = o.SERVER,
     ) -> None:
-        seen.update(load=load, sampling=sampling, verbose=verbose)
+        seen.update(load=load, sampling=sampling, verbose=verbose, server=server)
 
     args = ["-c", "512", "-t", "3", "-ngl", "7", "-fa", "ON", "-ctk", "q8_0", "--no-mmap", "--mlock", "-b", "64",
             "--no-cpu-repack", "--rpc", "10.0.0.2:50052", "--temp", "0", "--top-k", "5", "--seed", "9", "--verbose"]  # fmt: skip
@@ -87,7 +94,15 @@ def test_the_command_body_gets_one_ready_value_for_each_group(monkeypatch):
         n_batch=64, cpu_repack=False, rpc_servers=("10.0.0.2:50052",), verbose=True,
     )  # fmt: skip
     assert seen["sampling"] == SamplingOptions(temperature=0.0, top_k=5, seed=9)
-    assert seen["verbose"] is True
+    assert seen["verbose"] is True and seen["server"] is None
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    res = CliRunner().invoke(app, ["--endpoint", "http://10.0.0.3:8080", "--api-key", "k", "--timeout", "5", "-ctk", "q3"])
+    assert res.exit_code == 0, res.output
+    from localinfer.remote.connection import Endpoint
+
+    assert seen["server"] == Endpoint("http://10.0.0.3:8080/v1", "k", 5.0)
+    assert seen["load"] is None  # nothing loaded with --endpoint: the load flags are not read
 
 
 def test_a_part_of_a_group_keeps_the_defaults_of_the_flags_it_leaves_out():
@@ -134,6 +149,17 @@ def test_a_bad_cost_flag_is_the_same_line_from_bench_and_stats(tmp_path, monkeyp
         res = CliRunner().invoke(app, [name, "--watts", "300"])
         assert res.exit_code == 2, (name, res.output)
         assert res.stderr.splitlines()[0] == "Error: --watts and --kwh-price go together", (name, res.stderr)
+
+
+def test_a_bad_endpoint_is_the_same_line_from_every_command_taking_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
+    app = build_app()
+    for name in SERVER_COMMANDS:
+        res = CliRunner().invoke(app, [name, *COMMAND_ARGS[name], "--endpoint", "ftp://10.0.0.3"])
+        assert res.exit_code == 2, (name, res.output)
+        assert res.stderr.splitlines()[0] == (
+            "Error: --endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, not 'ftp://10.0.0.3'"
+        ), (name, res.stderr)
 
 
 @pytest.mark.parametrize("flag", [("--temperature", "-1"), ("--top-p", "1.5"), ("--seed", "-1")])

@@ -72,9 +72,7 @@ def batch(
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
     retries: Annotated[int, typer.Option("--retries", min=0, help="With --endpoint: tries after the first when the server is busy (429/503) or the connection fails.", rich_help_panel=o._SERVER)] = 4,
 ) -> None:
     """Run many requests through one model, several sequences at a time; one JSON result per line."""
@@ -113,7 +111,7 @@ def batch(
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
             )
             return remote.batch(
-                endpoint, api_key=api_key, timeout=timeout, retries=retries, model=model, pending=pending, summary=summary,
+                endpoint, retries=retries, model=model, pending=pending, summary=summary,
                 output=output, resume=resume, parallel=parallel, defaults=defaults, on_error=on_error.value,
                 keep_order=keep_order, quiet=quiet, no_log=no_log,
             )  # fmt: skip

@@ -108,9 +108,7 @@ def bench(
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
     rate: lt.RateOpt = None,
     requests: lt.RequestsOpt = None,
     burstiness: lt.BurstinessOpt = None,
@@ -130,7 +128,7 @@ def bench(
         local_only = [f for f, v in (("-p", n_prompt), ("-n", n_gen), ("--pg", pg), ("-d", depth), ("--parallel", parallel),
                                      ("-t", threads), ("-c", ctx_size), ("-ngl", gpu_layers), ("-b", batch_size)) if v]  # fmt: skip
         return lt.run(
-            endpoint, api_key=api_key, timeout=timeout, model=model, rate=rate, requests=requests, burstiness=burstiness,
+            endpoint, model=model, rate=rate, requests=requests, burstiness=burstiness,
             max_concurrency=max_concurrency, input_len=input_len, output_len=output_len, dataset=dataset, slo=slo,
             percentiles=percentiles, sweep=sweep, report=report, seed=seed, output=output.value, no_log=no_log,
             quiet=quiet, local_only=local_only,

@@ -30,16 +30,14 @@ def chat(
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
 ) -> None:
     """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn."""
     if endpoint:  # the same session over an OpenAI-compatible server: cli/remote.py, nothing loaded here
         from localinfer.cli import remote
 
         return remote.chat(
-            endpoint, api_key=api_key, timeout=timeout, model=model, system=system, sampling=sampling,
+            endpoint, model=model, system=system, sampling=sampling,
             max_tokens=max_tokens, stop=stop or (), quiet=quiet, verbose=verbose, no_log=no_log, lines=_stdin_lines,
         )  # fmt: skip
     with handle_errors():

@@ -17,6 +17,7 @@ from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.remote.connection import Endpoint
     from localinfer.usage.cost import Pricing
 
 _SAMPLING = "Sampling"
@@ -255,12 +256,22 @@ def _cost(
     return cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
 
 
+def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: TimeoutOpt = None) -> Endpoint | None:
+    if not endpoint:
+        return None
+    from localinfer.remote.connection import endpoint as checked
+
+    return checked(endpoint, api_key, timeout)
+
+
 LOAD = OptionGroup.of(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup.of(_sampling)  # -> SamplingOptions
 COST = OptionGroup.of(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
+SERVER = OptionGroup.of(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
 Load: TypeAlias = "LoadOptions | None"  # None with --endpoint
 Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint
+Server: TypeAlias = "Endpoint | None"  # None without --endpoint

@@ -48,16 +48,14 @@ def run(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
     if endpoint:  # the same request to an OpenAI-compatible server: cli/remote.py, nothing loaded here
         from localinfer.cli import remote
 
         return remote.run(
-            endpoint, api_key=api_key, timeout=timeout, text=lambda: _prompt_text(prompt_words, prompt), model=model,
+            endpoint, text=lambda: _prompt_text(prompt_words, prompt), model=model,
             system=system, sampling=sampling, max_tokens=max_tokens, stop=stop or (), ignore_eos=ignore_eos, raw=raw,
             json_out=json_out, quiet=quiet, verbose=verbose, no_log=no_log,
         )  # fmt: skip
