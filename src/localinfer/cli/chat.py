@@ -5,8 +5,6 @@ The session's logic (slash commands, turns) is localinfer.chat.session; this mod
 flags and picks the input loop (cli.chat_repl).
 """
 
-from __future__ import annotations
-
 import io
 import sys
 from typing import TextIO

@@ -1,9 +1,7 @@
 """Option types shared by the commands (Annotated aliases, as huggingface_hub's CLI does), and the
 option groups (load, sampling, cost) that each command takes as one plain value for the core."""
 
-from __future__ import annotations
-
-import dataclasses
+import copy
 import enum
 import functools
 import inspect
@@ -134,31 +132,34 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
 # that turns them into the one value a command receives (as simonw/llm's option decorators do).
 
 
-@dataclasses.dataclass(frozen=True)
 class OptionGroup:
     """Flags declared once (the parameters of ``declare``) that a command takes as one value: a
-    parameter whose default is the group (``load_opts: LoadOptions = LOAD``), under :func:`grouped`."""
+    parameter whose default is the group (``load_opts: o.Load = o.LOAD``), under :func:`grouped`.
 
-    declare: Callable[..., Any]
-    flags: tuple[inspect.Parameter, ...]  # the ones this command shows, in its --help's order
-    defaults: dict[str, Any]  # every flag's default, for those a command leaves out
-    reads: tuple[str, ...] = ()  # the command's own parameters ``declare`` also takes (keyword-only)
-    local_only: bool = False  # with --endpoint nothing is loaded here: no value, the flags unread
+    A plain class, not a dataclass: building one is part of every ``--help``."""
 
-    @classmethod
-    def of(cls, declare: Callable[..., Any], *, local_only: bool = False) -> OptionGroup:
+    __slots__ = ("declare", "flags", "defaults", "reads", "local_only")
+
+    def __init__(self, declare: Callable[..., Any], *, local_only: bool = False) -> None:
         params = [_resolved(p, declare.__globals__) for p in inspect.signature(declare).parameters.values()]
-        flags = tuple(p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
-        reads = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
-        return cls(declare, flags, {p.name: p.default for p in flags}, reads, local_only)
+        self.declare = declare
+        self.flags = tuple(p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)  # what a command shows, in order
+        self.defaults = {p.name: p.default for p in self.flags}  # for the flags a command leaves out
+        self.reads = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)  # the command's own, e.g. verbose
+        self.local_only = local_only  # with --endpoint nothing is loaded here: no value, the flags unread
 
-    def only(self, *names: str) -> OptionGroup:
+    def _with(self, flags: tuple[inspect.Parameter, ...]) -> "OptionGroup":
+        part = copy.copy(self)
+        part.flags = flags
+        return part
+
+    def only(self, *names: str) -> "OptionGroup":
         """These flags alone, in this order (the command declares its own variant of the others)."""
         by_name = {p.name: p for p in self.flags}
-        return dataclasses.replace(self, flags=tuple(by_name[n] for n in names))
+        return self._with(tuple(by_name[n] for n in names))
 
-    def without(self, *names: str) -> OptionGroup:
-        return dataclasses.replace(self, flags=tuple(p for p in self.flags if p.name not in names))
+    def without(self, *names: str) -> "OptionGroup":
+        return self._with(tuple(p for p in self.flags if p.name not in names))
 
     def value(self, given: dict[str, Any], command: dict[str, Any]) -> Any:
         if self.local_only and command.get("endpoint"):
@@ -212,7 +213,7 @@ def _load(
     rpc: RpcOpt = None,
     *,
     verbose: bool = False,
-) -> LoadOptions:
+) -> "LoadOptions":
     from localinfer.engine.rpc import parse_endpoints
     from localinfer.engine.types import LoadOptions
 
@@ -239,7 +240,7 @@ def _sampling(
     min_p: MinPOpt = DEFAULTS.min_p,
     repeat_penalty: RepeatPenaltyOpt = DEFAULTS.repeat_penalty,
     seed: SeedOpt = None,
-) -> SamplingOptions:
+) -> "SamplingOptions":
     from localinfer.engine.types import SamplingOptions
 
     return SamplingOptions(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
@@ -250,13 +251,13 @@ def _cost(
     watts: Annotated[Optional[float], typer.Option("--watts", min=0.0, help="Power draw of your hardware while it works (with --kwh-price).", rich_help_panel=_COST)] = None,
     kwh_price: Annotated[Optional[float], typer.Option("--kwh-price", min=0.0, help="Electricity price per kWh (with --watts).", rich_help_panel=_COST)] = None,
     compare_api_price: Annotated[Optional[str], typer.Option("--compare-api-price", metavar="IN[,OUT]", help="An API's price per million tokens (input, output) to compare with.", rich_help_panel=_COST)] = None,
-) -> Pricing:
+) -> "Pricing":
     from localinfer.usage import cost
 
     return cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
 
 
-def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: TimeoutOpt = None) -> Endpoint | None:
+def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: TimeoutOpt = None) -> "Endpoint | None":
     if not endpoint:
         return None
     from localinfer.remote.connection import endpoint as checked
@@ -264,10 +265,10 @@ def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: Ti
     return checked(endpoint, api_key, timeout)
 
 
-LOAD = OptionGroup.of(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
-SAMPLING = OptionGroup.of(_sampling)  # -> SamplingOptions
-COST = OptionGroup.of(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
-SERVER = OptionGroup.of(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
+LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
+SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
+COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
+SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
