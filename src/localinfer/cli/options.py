@@ -1,5 +1,5 @@
 """Option types shared by the commands (Annotated aliases, as huggingface_hub's CLI does), and the
-option groups (load, sampling, cost) that each command takes as one plain value for the core."""
+option groups (load, sampling, cost, server) that a command takes as one plain value for the core."""
 
 import copy
 import enum
