@@ -50,6 +50,7 @@ def _read_input(source: str) -> bytes:
         return read_limited(fh, BATCH_INPUT_MAX_BYTES, source)
 
 
+@o.grouped
 def batch(
     input: Annotated[str, typer.Argument(metavar="INPUT", help="JSONL (one request per line) or text (one prompt per line); - for stdin.", show_default=False)],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write results here (JSONL). Default: stdout.", rich_help_panel=_JOB)] = None,
@@ -61,33 +62,17 @@ def batch(
     input_format: Annotated[InputFormat, typer.Option("--format", help="Input format; auto looks at the extension, then the first line.", rich_help_panel=_JOB)] = InputFormat.auto,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt for 'prompt' requests.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="'prompt' requests as plain completion: no chat template.")] = False,
-    temperature: o.TemperatureOpt = o.DEFAULTS.temperature,
-    top_p: o.TopPOpt = o.DEFAULTS.top_p,
-    top_k: o.TopKOpt = o.DEFAULTS.top_k,
-    min_p: o.MinPOpt = o.DEFAULTS.min_p,
-    repeat_penalty: o.RepeatPenaltyOpt = o.DEFAULTS.repeat_penalty,
-    seed: o.SeedOpt = None,
+    sampling: o.Sampling = o.SAMPLING,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
     ctx_size: CtxPerSeqOpt = None,
-    threads: o.ThreadsOpt = None,
-    gpu_layers: o.GpuLayersOpt = "auto",
-    flash_attn: o.FlashAttnOpt = "auto",
-    cache_type_k: o.CacheTypeKOpt = "f16",
-    cache_type_v: o.CacheTypeVOpt = "f16",
-    no_mmap: o.NoMmapOpt = False,
-    mlock: o.MlockOpt = False,
-    batch_size: o.BatchSizeOpt = 2048,
-    cpu_repack: o.CpuRepackOpt = None,
-    rpc: o.RpcOpt = None,
+    base: o.Load = o.LOAD.without("ctx_size"),
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
     retries: Annotated[int, typer.Option("--retries", min=0, help="With --endpoint: tries after the first when the server is busy (429/503) or the connection fails.", rich_help_panel=o._SERVER)] = 4,
 ) -> None:
     """Run many requests through one model, several sequences at a time; one JSON result per line."""
@@ -122,21 +107,15 @@ def batch(
             from localinfer.cli import remote
 
             defaults = batchjob.BatchDefaults(
-                sampling=o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed),
+                sampling=sampling,
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
             )
             return remote.batch(
-                endpoint, api_key=api_key, timeout=timeout, retries=retries, model=model, pending=pending, summary=summary,
+                endpoint, retries=retries, model=model, pending=pending, summary=summary,
                 output=output, resume=resume, parallel=parallel, defaults=defaults, on_error=on_error.value,
                 keep_order=keep_order, quiet=quiet, no_log=no_log,
             )  # fmt: skip
 
-        base = o.load_options(
-            ctx_size=None, threads=threads, gpu_layers=gpu_layers, verbose=verbose, flash_attn=flash_attn,
-            cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, mlock=mlock, batch_size=batch_size,
-            cpu_repack=cpu_repack,
-            rpc=rpc,
-        )
         resolved = resolve_model(model, offline=offline)
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         if parallel is None:
@@ -152,7 +131,7 @@ def batch(
             say("--system applies to 'prompt' requests; 'messages' requests are used as given")
 
         defaults = batchjob.BatchDefaults(
-            sampling=o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed),
+            sampling=sampling,
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
             system=system,

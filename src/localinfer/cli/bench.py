@@ -4,6 +4,7 @@ The results table (or JSON/CSV/Markdown) is the command's output, on stdout; pro
 """
 
 
+import dataclasses
 import enum
 import sys
 from typing import Annotated, Optional
@@ -15,7 +16,6 @@ from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 _BENCH = "Tests"
-_COST = "Cost"
 
 
 class OutputFormat(str, enum.Enum):
@@ -85,6 +85,7 @@ def _models(values: list[str] | None) -> list[str | None]:
     return list(dict.fromkeys(names)) or [None]
 
 
+@o.grouped
 def bench(
     model: Annotated[ListOpt, typer.Option("--model", "-m", help="Model(s): names or .gguf paths, comma-separated or repeated.", rich_help_panel=o._CONTEXT)] = None,
     n_prompt: Annotated[ListOpt, typer.Option("--n-prompt", "-p", help="Prompt sizes for pp tests (0 = none). [default: 512]", rich_help_panel=_BENCH, show_default=False)] = None,
@@ -99,25 +100,15 @@ def bench(
     ctx_size: Annotated[ListOpt, typer.Option("--ctx-size", "-c", help="Context size(s). Default: what the tests need.", rich_help_panel=o._CONTEXT)] = None,
     gpu_layers: Annotated[ListOpt, typer.Option("--gpu-layers", "-ngl", help="Layers to offload: auto, all or N; several allowed. [default: auto]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
     batch_size: Annotated[ListOpt, typer.Option("--batch-size", "-b", help="Prompt tokens per llama_decode call; several allowed. [default: 2048]", rich_help_panel=o._CONTEXT, show_default=False)] = None,
-    cpu_repack: o.CpuRepackOpt = None,
-    rpc: o.RpcOpt = None,
-    flash_attn: o.FlashAttnOpt = "auto",
-    cache_type_k: o.CacheTypeKOpt = "f16",
-    cache_type_v: o.CacheTypeVOpt = "f16",
-    no_mmap: o.NoMmapOpt = False,
-    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", min=0.0, help="What the machine costs per hour (rented).", rich_help_panel=_COST)] = None,
-    watts: Annotated[Optional[float], typer.Option("--watts", min=0.0, help="Power draw of your hardware while it works (with --kwh-price).", rich_help_panel=_COST)] = None,
-    kwh_price: Annotated[Optional[float], typer.Option("--kwh-price", min=0.0, help="Electricity price per kWh (with --watts).", rich_help_panel=_COST)] = None,
-    compare_api_price: Annotated[Optional[str], typer.Option("--compare-api-price", metavar="IN[,OUT]", help="An API's price per million tokens (input, output) to compare with.", rich_help_panel=_COST)] = None,
+    base: o.Load = o.LOAD.only("cpu_repack", "rpc", "flash_attn", "cache_type_k", "cache_type_v", "no_mmap"),
+    pricing: o.Cost = o.COST,
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format on stdout.")] = OutputFormat.table,
     progress: Annotated[bool, typer.Option("--progress", help="Progress lines on stderr even when it is not a terminal.")] = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
     rate: lt.RateOpt = None,
     requests: lt.RequestsOpt = None,
     burstiness: lt.BurstinessOpt = None,
@@ -137,19 +128,17 @@ def bench(
         local_only = [f for f, v in (("-p", n_prompt), ("-n", n_gen), ("--pg", pg), ("-d", depth), ("--parallel", parallel),
                                      ("-t", threads), ("-c", ctx_size), ("-ngl", gpu_layers), ("-b", batch_size)) if v]  # fmt: skip
         return lt.run(
-            endpoint, api_key=api_key, timeout=timeout, model=model, rate=rate, requests=requests, burstiness=burstiness,
+            endpoint, model=model, rate=rate, requests=requests, burstiness=burstiness,
             max_concurrency=max_concurrency, input_len=input_len, output_len=output_len, dataset=dataset, slo=slo,
             percentiles=percentiles, sweep=sweep, report=report, seed=seed, output=output.value, no_log=no_log,
             quiet=quiet, local_only=local_only,
         )  # fmt: skip
     with handle_errors():
         from localinfer.bench import method as core
-        from localinfer.usage import cost
         from localinfer.usage import history
         from localinfer.render.bench import Writer
         from localinfer.store import resolve_model
 
-        pricing = cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
         tests = core.expand_tests(
             _ints("--n-prompt", n_prompt, (512,)),
             _ints("--n-gen", n_gen, (128,)),
@@ -157,11 +146,7 @@ def bench(
             _ints("--depth", depth, (0,)),
         )
         configs = [
-            o.load_options(
-                ctx_size=c, threads=t, gpu_layers=g, verbose=verbose, flash_attn=flash_attn,
-                cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, batch_size=b, cpu_repack=cpu_repack,
-                rpc=rpc,
-            )
+            dataclasses.replace(base, n_ctx=c, n_threads=t, n_gpu_layers=o.parse_gpu_layers(g), n_batch=b)
             for g in _gpu_layer_values(gpu_layers)
             for t in _ints("--threads", threads, (None,), minimum=1)
             for c in _ints("--ctx-size", ctx_size, (None,), minimum=16)

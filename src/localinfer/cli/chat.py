@@ -5,8 +5,6 @@ The session's logic (slash commands, turns) is localinfer.chat.session; this mod
 flags and picks the input loop (cli.chat_repl).
 """
 
-from __future__ import annotations
-
 import io
 import sys
 from typing import TextIO
@@ -17,64 +15,30 @@ from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 
+@o.grouped
 def chat(
     model: o.ModelOpt = None,
     system: o.SystemOpt = None,
-    temperature: o.TemperatureOpt = o.DEFAULTS.temperature,
-    top_p: o.TopPOpt = o.DEFAULTS.top_p,
-    top_k: o.TopKOpt = o.DEFAULTS.top_k,
-    min_p: o.MinPOpt = o.DEFAULTS.min_p,
-    repeat_penalty: o.RepeatPenaltyOpt = o.DEFAULTS.repeat_penalty,
-    seed: o.SeedOpt = None,
+    sampling: o.Sampling = o.SAMPLING,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
-    ctx_size: o.CtxSizeOpt = None,
-    threads: o.ThreadsOpt = None,
-    gpu_layers: o.GpuLayersOpt = "auto",
-    flash_attn: o.FlashAttnOpt = "auto",
-    cache_type_k: o.CacheTypeKOpt = "f16",
-    cache_type_v: o.CacheTypeVOpt = "f16",
-    no_mmap: o.NoMmapOpt = False,
-    mlock: o.MlockOpt = False,
-    batch_size: o.BatchSizeOpt = 2048,
-    cpu_repack: o.CpuRepackOpt = None,
-    rpc: o.RpcOpt = None,
+    load_opts: o.Load = o.LOAD,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
 ) -> None:
     """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn."""
     if endpoint:  # the same session over an OpenAI-compatible server: cli/remote.py, nothing loaded here
         from localinfer.cli import remote
 
-        sampling = o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
         return remote.chat(
-            endpoint, api_key=api_key, timeout=timeout, model=model, system=system, sampling=sampling,
+            endpoint, model=model, system=system, sampling=sampling,
             max_tokens=max_tokens, stop=stop or (), quiet=quiet, verbose=verbose, no_log=no_log, lines=_stdin_lines,
         )  # fmt: skip
     with handle_errors():
-        load_opts = o.load_options(
-            ctx_size=ctx_size,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            verbose=verbose,
-            flash_attn=flash_attn,
-            cache_type_k=cache_type_k,
-            cache_type_v=cache_type_v,
-            no_mmap=no_mmap,
-            mlock=mlock,
-            batch_size=batch_size,
-            cpu_repack=cpu_repack,
-            rpc=rpc,
-        )
-        sampling = o.sampling_options(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
-        )
         from localinfer.chat.session import ChatSession
         from localinfer.chat.settings import ChatSettings
         from localinfer.cli.chat_repl import run_lines, run_repl

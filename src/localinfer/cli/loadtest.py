@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from localinfer.remote.connection import Endpoint
 
 _LOAD = "Load test (--endpoint)"
 
@@ -30,7 +33,7 @@ def asked(*values: Any) -> bool:
 
 
 def run(
-    url: str | None, *, api_key: str | None, timeout: float | None, model: list[str] | None, rate: str | None,
+    ep: Endpoint | None, *, model: list[str] | None, rate: str | None,
     requests: int | None, burstiness: float | None, max_concurrency: int | None, input_len: int | None,
     output_len: int | None, dataset: Path | None, slo: list[str] | None, percentiles: str | None, sweep: str | None,
     report: Path | None, seed: int, output: str, no_log: bool, quiet: bool, local_only: list[str],
@@ -43,7 +46,7 @@ def run(
         from localinfer.remote import benchmark as bm
         from localinfer.remote import metrics
 
-        if not url:
+        if ep is None:
             raise UsageError("--rate, --requests, --sweep and the other load-test flags need --endpoint URL")
         if local_only:
             raise UsageError(f"{', '.join(local_only)} measure a local model; with --endpoint use --input-len, --output-len, --requests, --rate")
@@ -59,11 +62,11 @@ def run(
             max_concurrency=max_concurrency, input_len=input_len or 256, output_len=output_len or 64, dataset=dataset,
             seed=seed, percentiles=metrics.parse_percentiles(percentiles), slos=metrics.parse_slos(slo),
         )  # fmt: skip
-        _run(url, api_key, timeout, names[0] if names else None, spec, output=output, report=report if sweep else None,
+        _run(ep, names[0] if names else None, spec, output=output, report=report if sweep else None,
              sweep=bool(sweep), no_log=no_log, quiet=quiet)  # fmt: skip
 
 
-def _run(url: str, api_key: str | None, timeout: float | None, model: str | None, spec: Any, *, output: str,
+def _run(ep: Endpoint, model: str | None, spec: Any, *, output: str,
          report: Path | None, sweep: bool, no_log: bool, quiet: bool) -> None:  # fmt: skip
     import json
 
@@ -74,7 +77,7 @@ def _run(url: str, api_key: str | None, timeout: float | None, model: str | None
     from localinfer.usage import history
 
     say = (lambda _m: None) if quiet else warn
-    client = connect(url, api_key, timeout, pool=1)
+    client = connect(ep, pool=1)
     results: list[dict[str, Any]] = []
     try:
         name = client.pick_model(model)

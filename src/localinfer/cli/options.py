@@ -1,10 +1,12 @@
-"""Option types shared by run, chat, bench and batch (Annotated aliases, as huggingface_hub's CLI does),
-and their translation into the engine's plain option values."""
+"""Option types shared by the commands (Annotated aliases, as huggingface_hub's CLI does), and the
+option groups (load, sampling, cost, server) that a command takes as one plain value for the core."""
 
-from __future__ import annotations
-
+import copy
 import enum
-from typing import TYPE_CHECKING, Annotated, Optional
+import functools
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeAlias
 
 import typer
 
@@ -14,9 +16,12 @@ from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.remote.connection import Endpoint
+    from localinfer.usage.cost import Pricing
 
 _SAMPLING = "Sampling"
 _CONTEXT = "Model and context"
+_COST = "Cost"
 
 def complete_model(incomplete: str) -> list[str]:
     """Shell completion for -m: registry names and installed models (paths the shell completes)."""
@@ -124,21 +129,92 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
     return v
 
 
-def load_options(
+# Option groups: flags that several commands take, declared once as the parameters of the function
+# that turns them into the one value a command receives (as simonw/llm's option decorators do).
+
+
+class OptionGroup:
+    """Flags declared once (the parameters of ``declare``) that a command takes as one value: a
+    parameter whose default is the group (``load_opts: o.Load = o.LOAD``), under :func:`grouped`.
+
+    A plain class, not a dataclass: building one is part of every ``--help``."""
+
+    __slots__ = ("declare", "flags", "defaults", "reads", "local_only")
+
+    def __init__(self, declare: Callable[..., Any], *, local_only: bool = False) -> None:
+        params = [_resolved(p, declare.__globals__) for p in inspect.signature(declare).parameters.values()]
+        self.declare = declare
+        self.flags = tuple(p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)  # what a command shows, in order
+        self.defaults = {p.name: p.default for p in self.flags}  # for the flags a command leaves out
+        self.reads = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)  # the command's own, e.g. verbose
+        self.local_only = local_only  # with --endpoint nothing is loaded here: no value, the flags unread
+
+    def _with(self, flags: tuple[inspect.Parameter, ...]) -> "OptionGroup":
+        part = copy.copy(self)
+        part.flags = flags
+        return part
+
+    def only(self, *names: str) -> "OptionGroup":
+        """These flags alone, in this order (the command declares its own variant of the others)."""
+        by_name = {p.name: p for p in self.flags}
+        return self._with(tuple(by_name[n] for n in names))
+
+    def without(self, *names: str) -> "OptionGroup":
+        return self._with(tuple(p for p in self.flags if p.name not in names))
+
+    def value(self, given: dict[str, Any], command: dict[str, Any]) -> Any:
+        if self.local_only and command.get("endpoint"):
+            return None
+        return self.declare(**{**self.defaults, **given}, **{k: command[k] for k in self.reads if k in command})
+
+
+def _resolved(param: inspect.Parameter, namespace: dict[str, Any]) -> inspect.Parameter:
+    """The parameter with its annotation evaluated (postponed by ``from __future__ import annotations``),
+    as ``inspect.signature(eval_str=True)`` would, but for this one parameter."""
+    if isinstance(param.annotation, str):
+        return param.replace(annotation=eval(param.annotation, namespace))  # noqa: S307 - our own source
+    return param
+
+
+def grouped(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The command with each group parameter replaced by the group's flags in its signature (Typer
+    builds the options from ``inspect.signature``), and called with the group's value in their place."""
+    signature = inspect.signature(command)
+    groups = {p.name: p.default for p in signature.parameters.values() if isinstance(p.default, OptionGroup)}
+    params: list[inspect.Parameter] = []
+    for p in signature.parameters.values():
+        params.extend(groups[p.name].flags if p.name in groups else (_resolved(p, command.__globals__),))
+
+    @functools.wraps(command)
+    def with_groups(**kwargs: Any) -> Any:
+        from localinfer.cli.common import handle_errors
+
+        with handle_errors():  # a bad value in a group is one line, as any other usage error
+            for name, group in groups.items():
+                given = {p.name: kwargs.pop(p.name) for p in group.flags}
+                kwargs[name] = group.value(given, kwargs)
+        return command(**kwargs)
+
+    with_groups.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    with_groups.__annotations__ = {p.name: p.annotation for p in params if p.annotation is not p.empty}
+    return with_groups
+
+
+def _load(
+    ctx_size: CtxSizeOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = "auto",
+    flash_attn: FlashAttnOpt = "auto",
+    cache_type_k: CacheTypeKOpt = "f16",
+    cache_type_v: CacheTypeVOpt = "f16",
+    no_mmap: NoMmapOpt = False,
+    mlock: MlockOpt = False,
+    batch_size: BatchSizeOpt = 2048,
+    cpu_repack: CpuRepackOpt = None,
+    rpc: RpcOpt = None,
     *,
-    ctx_size: int | None,
-    threads: int | None,
-    gpu_layers: str,
-    verbose: bool,
-    flash_attn: str = "auto",
-    cache_type_k: str = "f16",
-    cache_type_v: str = "f16",
-    no_mmap: bool = False,
-    mlock: bool = False,
-    batch_size: int = 2048,
-    cpu_repack: bool | None = None,
-    rpc: str | None = None,
-) -> LoadOptions:
+    verbose: bool = False,
+) -> "LoadOptions":
     from localinfer.engine.rpc import parse_endpoints
     from localinfer.engine.types import LoadOptions
 
@@ -158,12 +234,46 @@ def load_options(
     )
 
 
-def sampling_options(
-    *, temperature: float, top_p: float, top_k: int, min_p: float, repeat_penalty: float, seed: int | None
-) -> SamplingOptions:
+def _sampling(
+    temperature: TemperatureOpt = DEFAULTS.temperature,
+    top_p: TopPOpt = DEFAULTS.top_p,
+    top_k: TopKOpt = DEFAULTS.top_k,
+    min_p: MinPOpt = DEFAULTS.min_p,
+    repeat_penalty: RepeatPenaltyOpt = DEFAULTS.repeat_penalty,
+    seed: SeedOpt = None,
+) -> "SamplingOptions":
     from localinfer.engine.types import SamplingOptions
 
-    return SamplingOptions(
-        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
-    )
+    return SamplingOptions(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
 
+
+def _cost(
+    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", min=0.0, help="What the machine costs per hour (rented).", rich_help_panel=_COST)] = None,
+    watts: Annotated[Optional[float], typer.Option("--watts", min=0.0, help="Power draw of your hardware while it works (with --kwh-price).", rich_help_panel=_COST)] = None,
+    kwh_price: Annotated[Optional[float], typer.Option("--kwh-price", min=0.0, help="Electricity price per kWh (with --watts).", rich_help_panel=_COST)] = None,
+    compare_api_price: Annotated[Optional[str], typer.Option("--compare-api-price", metavar="IN[,OUT]", help="An API's price per million tokens (input, output) to compare with.", rich_help_panel=_COST)] = None,
+) -> "Pricing":
+    from localinfer.usage import cost
+
+    return cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
+
+
+def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: TimeoutOpt = None) -> "Endpoint | None":
+    if not endpoint:
+        return None
+    from localinfer.remote.connection import endpoint as checked
+
+    return checked(endpoint, api_key, timeout)
+
+
+LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
+SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
+COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
+SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
+
+# What a command body receives for each group, to annotate it with (strings: nothing is imported
+# until a group's value is built).
+Load: TypeAlias = "LoadOptions | None"  # None with --endpoint
+Sampling: TypeAlias = "SamplingOptions"
+Cost: TypeAlias = "Pricing | None"  # None with --endpoint
+Server: TypeAlias = "Endpoint | None"  # None without --endpoint

@@ -16,14 +16,14 @@ if TYPE_CHECKING:
     from localinfer.batch.job import BatchDefaults, BatchSummary
     from localinfer.engine.types import SamplingOptions
     from localinfer.remote.client import Client
+    from localinfer.remote.connection import Endpoint
 
 
-def connect(url: str, api_key: str | None, timeout: float | None, *, pool: int = 10) -> Client:
-    """A client for ``--endpoint`` (checked: a bad URL is a usage error before anything is sent)."""
+def connect(ep: Endpoint, *, pool: int = 10) -> Client:
+    """A client for ``--endpoint`` (checked by its option group: a bad URL fails before anything is sent)."""
     from localinfer.remote.client import Client
-    from localinfer.remote.connection import endpoint
 
-    return Client(endpoint(url, api_key, timeout), pool=pool)
+    return Client(ep, pool=pool)
 
 
 def _write(text: str) -> None:
@@ -32,7 +32,7 @@ def _write(text: str) -> None:
 
 
 def run(
-    url: str, *, api_key: str | None, timeout: float | None, text: Callable[[], str], model: str | None,
+    ep: Endpoint, *, text: Callable[[], str], model: str | None,
     system: str | None, sampling: SamplingOptions, max_tokens: int | None, stop: Sequence[str], ignore_eos: bool,
     raw: bool, json_out: bool, quiet: bool, verbose: bool, no_log: bool,
 ) -> None:  # fmt: skip
@@ -44,7 +44,7 @@ def run(
 
     with handle_errors():
         prompt = text()  # the prompt is checked before anything is sent
-        client = connect(url, api_key, timeout, pool=1)
+        client = connect(ep, pool=1)
         name, result, exc_seen = model, None, None
         try:
             name = client.pick_model(model)
@@ -92,7 +92,7 @@ def _answer(client: Client, body: dict[str, Any], name: str, mode: str, seed: in
 
 
 def chat(
-    url: str, *, api_key: str | None, timeout: float | None, model: str | None, system: str | None,
+    ep: Endpoint, *, model: str | None, system: str | None,
     sampling: SamplingOptions, max_tokens: int | None, stop: Sequence[str], quiet: bool, verbose: bool, no_log: bool,
     lines: Callable[[], Any],
 ) -> None:  # fmt: skip
@@ -110,7 +110,7 @@ def chat(
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)
         session = RemoteChatSession(load_opts=LoadOptions(), offline=True, force=False, quiet=quiet, verbose=verbose,
                                     no_log=no_log, interactive=interactive)  # fmt: skip
-        session.client = connect(url, api_key, timeout, pool=1)
+        session.client = connect(ep, pool=1)
         try:
             session.open(model, system, ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop)))
             if interactive:
@@ -124,7 +124,7 @@ def chat(
 
 
 def batch(
-    url: str, *, api_key: str | None, timeout: float | None, retries: int, model: str | None, pending: Sequence[Any],
+    ep: Endpoint, *, retries: int, model: str | None, pending: Sequence[Any],
     summary: BatchSummary, output: Path | None, resume: bool, parallel: int | None, defaults: BatchDefaults,
     on_error: str, keep_order: bool, quiet: bool, no_log: bool,
 ) -> None:  # fmt: skip
@@ -135,7 +135,7 @@ def batch(
     from localinfer.render.batch import make_progress, print_summary
 
     parallel = parallel or rb.DEFAULT_PARALLEL
-    client = connect(url, api_key, timeout, pool=parallel)
+    client = connect(ep, pool=parallel)
     try:
         name = client.pick_model(model)  # before the output is opened: a wrong URL or key writes nothing
         sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)

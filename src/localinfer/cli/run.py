@@ -29,31 +29,17 @@ def _write_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
+@o.grouped
 def run(
     prompt_words: Annotated[Optional[list[str]], typer.Argument(metavar="PROMPT", help="Prompt (or use --prompt).", show_default=False)] = None,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt. Piped stdin is added before it as context.")] = None,
     model: o.ModelOpt = None,
     system: o.SystemOpt = None,
-    temperature: o.TemperatureOpt = o.DEFAULTS.temperature,
-    top_p: o.TopPOpt = o.DEFAULTS.top_p,
-    top_k: o.TopKOpt = o.DEFAULTS.top_k,
-    min_p: o.MinPOpt = o.DEFAULTS.min_p,
-    repeat_penalty: o.RepeatPenaltyOpt = o.DEFAULTS.repeat_penalty,
-    seed: o.SeedOpt = None,
+    sampling: o.Sampling = o.SAMPLING,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
     ignore_eos: o.IgnoreEosOpt = False,
-    ctx_size: o.CtxSizeOpt = None,
-    threads: o.ThreadsOpt = None,
-    gpu_layers: o.GpuLayersOpt = "auto",
-    flash_attn: o.FlashAttnOpt = "auto",
-    cache_type_k: o.CacheTypeKOpt = "f16",
-    cache_type_v: o.CacheTypeVOpt = "f16",
-    no_mmap: o.NoMmapOpt = False,
-    mlock: o.MlockOpt = False,
-    batch_size: o.BatchSizeOpt = 2048,
-    cpu_repack: o.CpuRepackOpt = None,
-    rpc: o.RpcOpt = None,
+    load_opts: o.Load = o.LOAD,
     force: o.ForceOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = o.Overflow.error,
@@ -62,17 +48,14 @@ def run(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
-    endpoint: o.EndpointOpt = None,
-    api_key: o.ApiKeyOpt = None,
-    timeout: o.TimeoutOpt = None,
+    endpoint: o.Server = o.SERVER,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
     if endpoint:  # the same request to an OpenAI-compatible server: cli/remote.py, nothing loaded here
         from localinfer.cli import remote
 
-        sampling = o.sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
         return remote.run(
-            endpoint, api_key=api_key, timeout=timeout, text=lambda: _prompt_text(prompt_words, prompt), model=model,
+            endpoint, text=lambda: _prompt_text(prompt_words, prompt), model=model,
             system=system, sampling=sampling, max_tokens=max_tokens, stop=stop or (), ignore_eos=ignore_eos, raw=raw,
             json_out=json_out, quiet=quiet, verbose=verbose, no_log=no_log,
         )  # fmt: skip
@@ -84,23 +67,6 @@ def run(
         from localinfer.store import resolve_model, touch
 
         text = _prompt_text(prompt_words, prompt)
-        load_opts = o.load_options(
-            ctx_size=ctx_size,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            verbose=verbose,
-            flash_attn=flash_attn,
-            cache_type_k=cache_type_k,
-            cache_type_v=cache_type_v,
-            no_mmap=no_mmap,
-            mlock=mlock,
-            batch_size=batch_size,
-            cpu_repack=cpu_repack,
-            rpc=rpc,
-        )
-        sampling = o.sampling_options(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
-        )
         say = (lambda msg: None) if quiet else warn
 
         resolved = resolve_model(model, offline=offline)

@@ -20,6 +20,7 @@ CtxPerSeqOpt = Annotated[
 ]
 
 
+@o.grouped
 def serve(
     model: o.ModelOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on. Anything but loopback exposes the model: use --api-key.", rich_help_panel=_SERVER)] = "127.0.0.1",
@@ -35,16 +36,7 @@ def serve(
     max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; past it the longest idle one is closed (or 503).", rich_help_panel=_SECURITY)] = 1024,
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, help="Seconds a client has to send a request's headers (408 after).", rich_help_panel=_SECURITY)] = 10.0,
     ctx_size: CtxPerSeqOpt = None,
-    threads: o.ThreadsOpt = None,
-    gpu_layers: o.GpuLayersOpt = "auto",
-    flash_attn: o.FlashAttnOpt = "auto",
-    cache_type_k: o.CacheTypeKOpt = "f16",
-    cache_type_v: o.CacheTypeVOpt = "f16",
-    no_mmap: o.NoMmapOpt = False,
-    mlock: o.MlockOpt = False,
-    batch_size: o.BatchSizeOpt = 2048,
-    cpu_repack: o.CpuRepackOpt = None,
-    rpc: o.RpcOpt = None,
+    base: o.Load = o.LOAD.without("ctx_size"),
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
@@ -69,12 +61,6 @@ def serve(
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
-        base = o.load_options(
-            ctx_size=None, threads=threads, gpu_layers=gpu_layers, verbose=verbose, flash_attn=flash_attn,
-            cache_type_k=cache_type_k, cache_type_v=cache_type_v, no_mmap=no_mmap, mlock=mlock, batch_size=batch_size,
-            cpu_repack=cpu_repack,
-            rpc=rpc,
-        )  # fmt: skip
         resolved = resolve_model(model, offline=offline)
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         n_train = resolved.info.context_length or 0
