@@ -91,7 +91,7 @@ def _run(url: str, api_key: str | None, timeout: float | None, model: str | None
                 sys.stdout.write(json.dumps(result) + "\n")
             sys.stdout.flush()
             if history.logging_enabled(no_log):
-                history.append(bm.history_record(result, name, client.ep.display))
+                history.append(bm.history_record(result, name, client.ep.display), warn=warn)
         if output == "json":
             sys.stdout.write(json.dumps(results if sweep else results[0], indent=2) + "\n")
         if sweep:

@@ -50,6 +50,7 @@ def serve(
         from localinfer.batch import job as batchjob
         from localinfer.render.stats import warn
         from localinfer.serve.config import ServeConfig
+        from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model, touch
 
         server = _import_server()
@@ -65,7 +66,7 @@ def serve(
             cpu_repack=cpu_repack,
             rpc=rpc,
         )  # fmt: skip
-        resolved = resolve_model(model, offline=offline)
+        resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:
