@@ -1,13 +1,18 @@
-"""Plain values the engine takes and gives: options in, steps and stats out.
+"""Plain values the engine takes and gives: options and jobs in, steps, results and stats out.
 
 No llama_cpp here, so the CLI and tests can build these without loading anything heavy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from localinfer.engine import defaults
+
+if TYPE_CHECKING:
+    import threading
 
 
 @dataclass(frozen=True)
@@ -103,3 +108,30 @@ class GenerationStats:
         if n <= 0 or self.decode_s <= 0:
             return None
         return n / self.decode_s
+
+
+@dataclass(frozen=True)
+class SeqJob:
+    """One sequence to run: its prompt tokens and how to sample. ``key`` comes back in the result."""
+
+    key: Any
+    tokens: Sequence[int]
+    sampling: SamplingOptions = SamplingOptions()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
+    cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
+
+
+@dataclass
+class SeqResult:
+    """What one sequence produced. Times are ``time.perf_counter()`` values; ``error`` is set when the
+    job was refused (it never ran). A cancelled job ends with finish reason ``interrupted``."""
+
+    key: Any
+    text: str
+    stats: GenerationStats
+    t_admit: float = 0.0  # the job took a slot
+    t_end: float = 0.0  # its last token was sampled
+    error: str | None = None
