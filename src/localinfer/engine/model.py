@@ -33,10 +33,6 @@ class Model:
         self.path = Path(path)
         self.options = options
         self._model = self._ctx = None
-        if options.rpc_servers:  # before the load: llama.cpp picks its devices then
-            from localinfer.engine.rpc import add_servers
-
-            add_servers(options.rpc_servers)
         log = ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()

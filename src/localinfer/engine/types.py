@@ -33,7 +33,9 @@ class LoadOptions:
     use_mlock: bool = False
     cpu_repack: bool | None = None  # None: on, except on AMX CPUs (see engine.backend.cpu_repack_enabled)
     verbose: bool = False  # llama.cpp's log to stderr (it is always captured for error messages)
-    rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml-rpc-servers whose devices to use (engine.rpc)
+    # "host:port" of ggml-rpc-servers whose devices to use: registered by whoever plans the load
+    # (generate.load, the bench), before it, with engine.rpc.add_servers; the engine's Model does not
+    rpc_servers: tuple[str, ...] = ()
 
 
 DEFAULT_CTX_CEILING = 4096
