@@ -15,7 +15,8 @@ how many layers fit on a GPU:
 * output buffer: one row of logits per sequence.
 
 Checked against the buffer sizes llama.cpp logs (tests/test_estimate_models.py). Pure arithmetic: no
-llama_cpp here.
+llama_cpp here. The pre-flight asks one question per load, :func:`size_load`: the context and GPU
+layers that fit a :class:`Room`, and the figures a refusal quotes.
 """
 
 from __future__ import annotations
@@ -316,6 +317,89 @@ def fit_gpu_layers(shape: ModelShape, vram_free: int, *, headroom: int = DEFAULT
         if estimate(shape, n_gpu_layers=k, **kw).gpu_bytes <= budget:
             return k
     return 0
+
+
+def largest_ctx(shape: ModelShape, room: Room, *, upper: int, n_gpu_layers: int, **kw) -> int:
+    """The largest context (a multiple of 256, at most ``upper``) that fits ``room``; 0 if none."""
+
+    def fits(n: int) -> bool:
+        return room.holds(estimate(shape, n_ctx=n, n_gpu_layers=n_gpu_layers, **kw))
+
+    lo, hi = 0, max(0, upper) // CTX_PAD
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * CTX_PAD):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
+
+
+@dataclass(frozen=True)
+class Room:
+    """The memory one load may take: host bytes, and the GPUs' free bytes (None: no figure).
+    On unified memory the GPU's buffers come out of the host's bytes too."""
+
+    ram: int
+    vram: int | None
+    unified: bool = False
+
+    def host_need(self, e: Estimate) -> int:
+        return e.cpu_bytes + (e.gpu_bytes if self.unified else 0)
+
+    def holds(self, e: Estimate) -> bool:
+        if self.host_need(e) > self.ram:
+            return False
+        return not (e.gpu_bytes and self.vram is not None and e.gpu_bytes > self.vram)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The estimate's answer for one load: the context and GPU layers to ask llama.cpp for, what
+    they take and whether that fits; when it does not, the figures a refusal advises with."""
+
+    n_ctx: int
+    n_gpu_layers: int
+    estimate: Estimate
+    fits: bool
+    reduced: bool = False  # the context was made smaller to fit
+    max_gpu_layers: int | None = None  # not fitting: the most layers whose GPU buffers fit in all of room.vram
+    max_ctx: int | None = None  # not fitting: the largest context that fits with these layers
+
+
+def size_load(
+    shape: ModelShape, room: Room, *, n_ctx: int, n_gpu_layers: int, shrink_to: int | None = None,
+    auto_headroom: int = 0, **kw,
+) -> Sizing:  # fmt: skip
+    """Everything the pre-flight needs to decide one load, asked once.
+
+    ``n_gpu_layers``: a count (0 .. n_layer + 1), or GPU_LAYERS_AUTO for as many as fit in
+    ``room.vram`` less ``auto_headroom`` at the context chosen. When ``n_ctx`` does not fit and
+    ``shrink_to`` is set, the context becomes the largest that fits with those layers, if that is at
+    least ``shrink_to``, and the layers are fitted again to it.
+    """
+
+    def layers(ctx: int) -> int:
+        if n_gpu_layers != GPU_LAYERS_AUTO:
+            return n_gpu_layers
+        return fit_gpu_layers(shape, room.vram or 0, headroom=auto_headroom, n_ctx=ctx, **kw)
+
+    k = layers(n_ctx)
+    est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
+    reduced = False
+    if not room.holds(est) and shrink_to is not None:
+        fit = largest_ctx(shape, room, upper=n_ctx, n_gpu_layers=k, **kw)
+        if fit >= shrink_to:
+            n_ctx, reduced = fit, True
+            k = layers(n_ctx)
+            est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
+    if room.holds(est):
+        return Sizing(n_ctx, k, est, True, reduced)
+    return Sizing(
+        n_ctx, k, est, False, reduced,
+        max_gpu_layers=fit_gpu_layers(shape, room.vram or 0, headroom=0, n_ctx=est.n_ctx, **kw),
+        max_ctx=largest_ctx(shape, room, upper=est.n_ctx, n_gpu_layers=k, **kw),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
