@@ -53,7 +53,7 @@ class Model:
             raise err
         self._ctx = ctx
         # llama.cpp's own figures for this load ("CPU KV buffer size = 11.25 MiB", "offloaded 31/31
-        # layers to GPU"): parsed by localinfer.system.estimate.parse_buffer_report.
+        # layers to GPU"): parsed by localinfer.system.buffers.parse_buffer_report.
         self.memory_log = tuple(t for _, t in log.since(log_start) if "buffer size =" in t or "offloaded" in t)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
