@@ -5,6 +5,8 @@ The check against llama.cpp's own reported buffer sizes is in test_estimate_mode
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from localinfer.engine.types import LoadOptions
@@ -184,6 +186,50 @@ def test_unified_memory_counts_gpu_buffers_against_ram(smol):
     mac = MemoryBudget(ram_available=250 * MB, ram_total=8 * GB, gpu_offload=True, vram_free=5 * GB, unified=True)
     with pytest.raises(ResourceError):
         plan_load(smol, LoadOptions(n_ctx=4096, n_gpu_layers=-1), budget=mac)
+
+
+def test_a_load_plan_asks_the_estimate_one_question(smol, monkeypatch):
+    """Fitting the layers, shrinking the context and the refusal's advice are all answered by one
+    size_load; the pre-flight calls nothing else of the estimate's."""
+    from localinfer.system import estimate as est
+
+    asked: list[int] = []
+    outside: list[str] = []
+    inside = [False]
+
+    def counted(name, fn):
+        def call(*args, **kw):
+            if not inside[0]:
+                outside.append(name)
+            return fn(*args, **kw)
+
+        return call
+
+    def size_load(*args, **kw):
+        asked.append(kw["n_ctx"])
+        inside[0] = True
+        try:
+            return real(*args, **kw)
+        finally:
+            inside[0] = False
+
+    real = est.size_load
+    for name in ("estimate", "fit_gpu_layers", "largest_ctx"):
+        monkeypatch.setattr(est, name, counted(name, getattr(est, name)))
+    monkeypatch.setattr(est, "size_load", size_load)
+
+    gpu = MemoryBudget(ram_available=64 * GB, ram_total=64 * GB, gpu_offload=True, vram_free=1200 * MB)
+    tight = MemoryBudget(ram_available=250 * MB, ram_total=250 * MB)
+    assert plan_load(smol, LoadOptions(n_gpu_layers=GPU_LAYERS_AUTO), budget=gpu, headroom=1024 * MB).n_gpu_layers > 0
+    assert plan_load(smol, LoadOptions(), budget=tight).ctx_source == "default, reduced to fit memory"
+    with pytest.raises(ResourceError) as ram:
+        plan_load(smol, LoadOptions(n_ctx=8192), budget=MemoryBudget(ram_available=300 * MB, ram_total=300 * MB))
+    vram = MemoryBudget(ram_available=64 * GB, ram_total=64 * GB, gpu_offload=True, vram_free=150 * MB)
+    with pytest.raises(ResourceError) as gpu_short:
+        plan_load(smol, LoadOptions(n_ctx=4096, n_gpu_layers=-1), budget=vram)
+    assert re.search(r"about \d+ tokens fit", ram.value.hint) and re.search(r"about \d+ fit", gpu_short.value.hint)
+    assert plan_load(smol, LoadOptions(n_ctx=8192), budget=tight, force=True).forced
+    assert asked == [4096, 4096, 8192, 4096, 8192] and outside == []
 
 
 def test_quantized_v_cache_without_flash_attention_is_a_usage_error(smol):

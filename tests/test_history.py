@@ -145,11 +145,30 @@ def test_locked_database_is_a_warning_after_the_busy_timeout(isolated_home, monk
 
 
 def test_recording_survives_a_broken_database(isolated_home, capsys):
+    from localinfer.render.stats import warn  # what the commands pass
+
     isolated_home.mkdir(parents=True, exist_ok=True)
     history.db_path().write_bytes(b"garbage" * 1000)
-    with recorder.recording("run") as rec:
+    with recorder.recording("run", warn=warn) as rec:
         rec.model = _Resolved()
     assert "warning: could not record" in capsys.readouterr().err
+
+
+def test_the_history_never_prints_its_warnings_itself(isolated_home, capfd):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    history.db_path().write_bytes(b"garbage" * 1000)
+    assert history.append(UsageRecord(command="run", model="m")) is False  # no warn: nobody told
+    with recorder.recording("run") as rec:
+        rec.model = _Resolved()
+    log = recorder.RequestLog("batch", _Resolved())
+    log.wrap(lambda r: None)(ANSWER)
+    log.flush()
+    assert capfd.readouterr() == ("", "")
+    warnings: list[str] = []
+    log = recorder.RequestLog("batch", _Resolved(), warn=warnings.append)
+    log.wrap(lambda r: None)(ANSWER)
+    log.flush()
+    assert len(warnings) == 1 and "could not record" in warnings[0]
 
 
 WRITER = textwrap.dedent(

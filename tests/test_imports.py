@@ -1,5 +1,6 @@
-"""The package's shape: no import cycles (imports inside functions count), and nothing heavy or
-platform-bound imported just by importing a module."""
+"""The package's shape: no import cycles (imports inside functions and type-only imports count),
+the layers' direction between top-level packages, and nothing heavy or platform-bound imported just
+by importing a module."""
 
 from __future__ import annotations
 
@@ -24,17 +25,11 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
-    """The package's modules that ``name`` imports anywhere (TYPE_CHECKING blocks excluded)."""
+    """The package's modules that ``name`` imports anywhere, TYPE_CHECKING blocks included: a
+    type-only import is a dependency of the reader and the checker, and hides a cycle as well."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {
-        id(n) for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for sub in node.body for n in ast.walk(sub)
-    }  # fmt: skip
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -55,11 +50,14 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     return found
 
 
-def test_the_import_graph_has_no_cycles():
+def _graph() -> dict[str, set[str]]:
     mods = _modules()
-    graph = {m: _imports(m, f, mods) for m, f in mods.items()}
+    return {m: _imports(m, f, mods) for m, f in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     state: dict[str, int] = {}  # 1: on the path, 2: done
-    cycles = []
+    cycles: list[list[str]] = []
 
     def visit(m: str, path: list[str]) -> None:
         state[m] = 1
@@ -73,7 +71,54 @@ def test_the_import_graph_has_no_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
-    assert cycles == []
+    return cycles
+
+
+def test_the_import_graph_has_no_cycles():
+    assert _cycles(_graph()) == []
+
+
+def _top(module: str) -> str:
+    """``localinfer.X`` for a module of subpackage or module X (``localinfer.cli.main`` -> ``localinfer.cli``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_edges() -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) between top-level packages -> the module imports that make the edge.
+    ``localinfer`` itself (the lazy library face) is left out: a module importing it imports nothing."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for m, deps in _graph().items():
+        for d in deps:
+            a, b = _top(m), _top(d)
+            if a != b and "localinfer" not in (a, b):
+                edges.setdefault((a, b), []).append(f"{m} -> {d}")
+    return edges
+
+
+# Who may import the terminal side (besides itself): the core never prints. __main__ is
+# `python -m localinfer`, the CLI's entry point.
+MAY_IMPORT = {
+    "localinfer.render": {"localinfer.cli"},
+    "localinfer.cli": {"localinfer.__main__"},
+}
+
+
+def test_only_the_cli_and_render_import_render_and_only_the_cli_imports_the_cli():
+    wrong = sorted(
+        via
+        for (a, b), vias in _package_edges().items()
+        if b in MAY_IMPORT and a not in MAY_IMPORT[b]
+        for via in vias
+    )
+    assert wrong == []
+
+
+def test_no_cycle_between_top_level_packages():
+    graph: dict[str, set[str]] = {}
+    for a, b in _package_edges():
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    assert _cycles(graph) == []
 
 
 def test_importing_the_package_and_the_cli_loads_nothing_heavy():

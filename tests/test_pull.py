@@ -450,6 +450,52 @@ def test_auto_pull_through_resolve(hub: FakeHub) -> None:
     assert r.source.startswith(f"hf://{REPO}/tiny-Q8_0.gguf@")
 
 
+class _Recording:
+    """A progress sink that keeps what the store reported."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def start(self, label: str, total: int | None, completed: int = 0) -> None:
+        self.events.append(("start", label, total))
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+    def reset(self, completed: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.events.append(("finish",))
+
+    def note(self, message: str) -> None:
+        self.events.append(("note", message))
+
+
+def test_a_library_pull_prints_nothing_and_reports_to_the_callers_sink(hub: FakeHub, capfd) -> None:
+    from localinfer.store import resolve_model
+    from localinfer.store.pull import pull_model
+
+    resolve_model(f"{REPO}:Q8_0")  # what localinfer.load() does: no sink given, nothing drawn
+    pull_model(f"{REPO}:Q4_K_S")
+    assert capfd.readouterr() == ("", "")
+
+    sink = _Recording()
+    resolve_model(f"{REPO}:F16", pull_progress=sink)
+    size = hub.repos[REPO].files["tiny-F16.gguf"].size
+    assert ("start", "pulling tiny-F16.gguf", size) in sink.events
+    assert any(e[0] == "note" and "pulled" in e[1] and "sha256 verified" in e[1] for e in sink.events)
+    assert capfd.readouterr() == ("", "")
+
+
+def test_run_shows_the_pull_it_starts(hub: FakeHub) -> None:
+    r = invoke("run", "-m", f"{REPO}:Q8_0", "--offline", "-p", "hi")
+    assert r.exit_code == 3 and "pulling" not in r.stderr  # offline: not installed, nothing fetched
+    r = invoke("run", "-m", f"{REPO}:Q8_0", "-p", "hi")  # the synthetic weights do not load; the pull came first
+    assert "pulling tiny-Q8_0.gguf" in r.stderr and "sha256 verified" in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
 # ---- verify, repair, rm -----------------------------------------------------------------------
 
 

@@ -148,6 +148,20 @@ def test_run_streams_the_answer_and_records_it(stub):
     assert model["model"] == "stub-model" and model["endpoint"] == stub.url and model["requests"] == 1
 
 
+def test_a_broken_history_is_one_warning_from_the_command(stub, isolated_home):
+    from localinfer.usage import history
+
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    history.db_path().write_bytes(b"garbage" * 1000)
+    res = cli("run", "--endpoint", stub.url, "-p", "hello", "-n", "2")
+    assert res.exit_code == 0 and res.stdout == "t0 t1 \n"
+    assert res.stderr.count("warning: could not record this request in the usage history") == 1, res.stderr
+    lines = '{"prompt": "a"}\n{"prompt": "b"}\n'
+    res = cli("batch", "--endpoint", stub.url, "-n", "2", "--quiet", "-", input=lines)
+    assert res.exit_code == 0 and res.stdout.count("\n") == 2
+    assert "warning: could not record" in res.stderr, res.stderr
+
+
 def test_run_json_has_the_local_keys(stub):
     res = cli("run", "--endpoint", stub.url, "-m", "other", "-p", "hi", "--json", "-n", "2")
     obj = json.loads(res.stdout)

@@ -113,3 +113,32 @@ def test_the_cli_validates_rpc_and_names_the_build_flag(smollm2_path):
         first, hint = proc.stderr.decode().splitlines()[-2:]
         assert first == "Error: --rpc needs a llama-cpp-python built with the RPC backend, and this one is not"
         assert 'CMAKE_ARGS="-DGGML_RPC=ON"' in hint and proc.stdout == b""
+
+
+@pytest.mark.slow
+def test_a_load_registers_its_rpc_servers_once(smollm2_path, monkeypatch):
+    from localinfer import generate
+    from localinfer.engine.types import LoadOptions
+    from localinfer.store import resolve_model
+
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(rpc, "add_servers", lambda endpoints: calls.append(tuple(endpoints)) or [])
+    loaded = generate.load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=256, rpc_servers=("10.0.0.2:50052",)))
+    try:
+        assert calls == [("10.0.0.2:50052",)]  # before the pre-flight, which plans with their memory; not again
+    finally:
+        loaded.close()
+
+
+@pytest.mark.slow
+def test_a_bench_registers_the_rpc_servers_of_all_its_configurations_once(smollm2_path, monkeypatch):
+    from localinfer.bench import method
+    from localinfer.engine.types import LoadOptions
+    from localinfer.store import resolve_model
+
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(rpc, "add_servers", lambda endpoints: calls.append(tuple(endpoints)) or [])
+    configs = [LoadOptions(n_threads=t, rpc_servers=("10.0.0.2:50052",)) for t in (1, 2)]
+    tests = method.expand_tests((8,), (), (), (0,))
+    results = list(method.run_bench([resolve_model(str(smollm2_path))], configs, tests, 1, warmup=False))
+    assert len(results) == 2 and calls == [("10.0.0.2:50052", "10.0.0.2:50052")]  # add_servers dedupes

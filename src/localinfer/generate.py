@@ -74,7 +74,7 @@ def load(
     from localinfer.system.estimate import parse_buffer_report
     from localinfer.system.preflight import plan_load
 
-    if options.rpc_servers:  # the pre-flight plans with the remote devices' free memory
+    if options.rpc_servers:  # the one registration: the pre-flight plans with the remote devices' memory
         from localinfer.engine.rpc import add_servers
 
         add_servers(options.rpc_servers)

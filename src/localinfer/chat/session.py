@@ -82,9 +82,10 @@ class ChatSession:
     def _load(self, name: str | None) -> tuple[Any, float]:
         from localinfer import generate
         from localinfer.chat.conversation import no_template_error
+        from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model, touch
 
-        resolved = resolve_model(name, offline=self.offline)
+        resolved = resolve_model(name, offline=self.offline, pull_progress=make_progress())
         if not (resolved.info.chat_template or resolved.chat_format):
             raise no_template_error(resolved.name)  # before spending time loading it
         t0 = time.perf_counter()
@@ -151,12 +152,13 @@ class ChatSession:
         return turn_line(result)
 
     def _record(self, result: Result, text: str) -> None:
+        from localinfer.render.stats import warn
         from localinfer.usage import history
 
         if not history.logging_enabled(self.no_log):
             return
         status = 130 if result.finish_reason == "interrupted" else 0
-        history.append(self._usage_record(result, status, text))
+        history.append(self._usage_record(result, status, text), warn=warn)
 
     def _usage_record(self, result: Result, status: int, text: str) -> UsageRecord:
         from localinfer.usage import history

@@ -83,6 +83,7 @@ def batch(
         from localinfer.errors import UsageError
         from localinfer.render.batch import make_progress, print_summary
         from localinfer.render.stats import warn
+        from localinfer.render.progress import make_progress as transfer_progress
         from localinfer.store import resolve_model, touch
 
         say = (lambda msg: None) if quiet else warn
@@ -116,7 +117,7 @@ def batch(
                 keep_order=keep_order, quiet=quiet, no_log=no_log,
             )  # fmt: skip
 
-        resolved = resolve_model(model, offline=offline)
+        resolved = resolve_model(model, offline=offline, pull_progress=transfer_progress())
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         if parallel is None:
             parallel = _default_parallel(len(pending), resolved, ctx_per_seq, base)
@@ -142,7 +143,7 @@ def batch(
         show = None if quiet else make_progress(len(pending))
         from localinfer.usage.recorder import RequestLog
 
-        log = RequestLog("batch", resolved, no_log=no_log, extra={"parallel": parallel})
+        log = RequestLog("batch", resolved, no_log=no_log, extra={"parallel": parallel}, warn=warn)
         try:
             batchjob.execute(
                 pending, loaded, parallel, defaults, log.wrap(sink),

@@ -137,6 +137,8 @@ def bench(
         from localinfer.bench import method as core
         from localinfer.usage import history
         from localinfer.render.bench import Writer
+        from localinfer.render.stats import warn
+        from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model
 
         tests = core.expand_tests(
@@ -154,7 +156,7 @@ def bench(
         ]
         parallel_levels = _ints("--parallel", parallel, (), minimum=1)
         shapes = _shapes(n_prompt, n_gen, pg) if parallel_levels else ()
-        resolved = [resolve_model(m, offline=offline) for m in _models(model)]
+        resolved = [resolve_model(m, offline=offline, pull_progress=make_progress()) for m in _models(model)]
         say = _progress_sink(quiet=quiet, forced=progress)
         writer = Writer(output.value, pricing)
         log = history.logging_enabled(no_log)
@@ -166,7 +168,7 @@ def bench(
                 current = result.model
                 writer.add(result.to_json(pricing))
                 if log:
-                    history.append(_record(result))
+                    history.append(_record(result), warn=warn)
             if parallel_levels:
                 from localinfer.bench.parallel import run_parallel
 
@@ -176,7 +178,7 @@ def bench(
                     current = presult.model
                     writer.add(presult.to_json(pricing))
                     if log:
-                        history.append(_parallel_record(presult))
+                        history.append(_parallel_record(presult), warn=warn)
         except BaseException as exc:
             if log and resolved:
                 model_name = current.name if current is not None else resolved[0].name
@@ -185,7 +187,7 @@ def bench(
                     model_sha256=next((r.sha256 for r in resolved if r.name == model_name), None),
                     exit_status=history.exit_status_of(exc),
                     finish_reason="interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
-                ))
+                ), warn=warn)
             raise
         finally:
             if say is not None:

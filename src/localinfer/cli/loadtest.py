@@ -94,7 +94,7 @@ def _run(ep: Endpoint, model: str | None, spec: Any, *, output: str,
                 sys.stdout.write(json.dumps(result) + "\n")
             sys.stdout.flush()
             if history.logging_enabled(no_log):
-                history.append(bm.history_record(result, name, client.ep.display))
+                history.append(bm.history_record(result, name, client.ep.display), warn=warn)
         if output == "json":
             sys.stdout.write(json.dumps(results if sweep else results[0], indent=2) + "\n")
         if sweep:

@@ -31,13 +31,14 @@ def pull(
 ) -> None:
     """Download a model (resuming, sha256-verified) or register a local GGUF file without copying it."""
     with handle_errors():
+        from localinfer.render.progress import make_progress
         from localinfer.store.pull import pull_model
 
         import sys
 
         from localinfer.units import human_bytes
 
-        entry = pull_model(model, name=name, revision=revision, offline=offline)
+        entry = pull_model(model, name=name, revision=revision, offline=offline, progress=make_progress())
         size = f" ({human_bytes(entry['size'])})" if entry.get("size") else ""
         # Whatever the path (downloaded, verified again, registered in place), it ends the same way.
         sys.stderr.write(f"ready: {entry['name']}{size} · localinfer run -m {entry['name']}\n")

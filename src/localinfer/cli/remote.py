@@ -40,6 +40,7 @@ def run(
     from localinfer.generate import messages_for
     from localinfer.remote import client as rc
     from localinfer.remote.results import usage_record
+    from localinfer.render.stats import warn
     from localinfer.usage import history
 
     with handle_errors():
@@ -60,7 +61,8 @@ def run(
             if history.logging_enabled(no_log) and name is not None:  # as locally: once a model is named
                 reason = None if result is not None else ("interrupted" if isinstance(exc_seen, KeyboardInterrupt) else "error")
                 history.append(usage_record("run", result, model=name, endpoint=client.ep.display, finish_reason=reason,
-                                            exit_status=history.exit_status_of(exc_seen), prompt_text=prompt))  # fmt: skip
+                                            exit_status=history.exit_status_of(exc_seen), prompt_text=prompt),
+                               warn=warn)  # fmt: skip
 
 
 def _answer(client: Client, body: dict[str, Any], name: str, mode: str, seed: int | None, *, json_out: bool,
@@ -133,6 +135,7 @@ def batch(
     from localinfer.batch import io as batchio
     from localinfer.remote import batch as rb
     from localinfer.render.batch import make_progress, print_summary
+    from localinfer.render.stats import warn
 
     parallel = parallel or rb.DEFAULT_PARALLEL
     client = connect(ep, pool=parallel)
@@ -140,7 +143,7 @@ def batch(
         name = client.pick_model(model)  # before the output is opened: a wrong URL or key writes nothing
         sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
         show = None if quiet else make_progress(len(pending))
-        log = rb.RemoteRequestLog("batch", name, client.ep.display, no_log=no_log, extra={"parallel": parallel})
+        log = rb.RemoteRequestLog("batch", name, client.ep.display, no_log=no_log, extra={"parallel": parallel}, warn=warn)
         try:
             rb.execute(pending, client, name, parallel, defaults, log.wrap(sink), on_error=on_error,
                        keep_order=keep_order, progress=show, summary=summary, policy=rb.RetryPolicy(retries=retries))  # fmt: skip

@@ -59,17 +59,19 @@ def run(
             system=system, sampling=sampling, max_tokens=max_tokens, stop=stop or (), ignore_eos=ignore_eos, raw=raw,
             json_out=json_out, quiet=quiet, verbose=verbose, no_log=no_log,
         )  # fmt: skip
+    from localinfer.render.stats import warn as warn_line
     from localinfer.usage.recorder import recording
 
-    with handle_errors(), recording("run", no_log=no_log) as rec:
+    with handle_errors(), recording("run", no_log=no_log, warn=warn_line) as rec:
         from localinfer.api import load_resolved
         from localinfer.render.stats import print_summary, warn
+        from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model, touch
 
         text = _prompt_text(prompt_words, prompt)
         say = (lambda msg: None) if quiet else warn
 
-        resolved = resolve_model(model, offline=offline)
+        resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
         rec.model, rec.prompt_text = resolved, text
         llm = load_resolved(resolved, load_opts, force=force, on_note=say)
         # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last

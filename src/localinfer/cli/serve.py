@@ -47,6 +47,7 @@ def serve(
         from localinfer.batch import job as batchjob
         from localinfer.render.stats import warn
         from localinfer.serve.config import ServeConfig
+        from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model, touch
 
         server = _import_server()
@@ -61,7 +62,7 @@ def serve(
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
-        resolved = resolve_model(model, offline=offline)
+        resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:

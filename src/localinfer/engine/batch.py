@@ -24,45 +24,17 @@ but the text pieces themselves.
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.model import Model
 from localinfer.engine.slots import Slot, SlotTable
-from localinfer.engine.types import GenerationStats, SamplingOptions
+from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
 from localinfer.errors import GenerationError, ResourceError
 
-
-@dataclass(frozen=True)
-class SeqJob:
-    """One sequence to run: its prompt tokens and how to sample. ``key`` comes back in the result."""
-
-    key: Any
-    tokens: Sequence[int]
-    sampling: SamplingOptions = SamplingOptions()
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
-    cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
-    cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached prefix
-
-
-@dataclass
-class SeqResult:
-    """What one sequence produced. Times are ``time.perf_counter()`` values; ``error`` is set when the
-    job was refused (it never ran). A cancelled job ends with finish reason ``interrupted``."""
-
-    key: Any
-    text: str
-    stats: GenerationStats
-    t_admit: float = 0.0  # the job took a slot
-    t_end: float = 0.0  # its last token was sampled
-    error: str | None = None
+__all__ = ["BatchDecoder", "BatchStats", "SeqJob", "SeqResult"]  # the jobs' types live in engine.types
 
 
 @dataclass

@@ -33,10 +33,6 @@ class Model:
         self.path = Path(path)
         self.options = options
         self._model = self._ctx = None
-        if options.rpc_servers:  # before the load: llama.cpp picks its devices then
-            from localinfer.engine.rpc import add_servers
-
-            add_servers(options.rpc_servers)
         log = ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()
@@ -57,7 +53,7 @@ class Model:
             raise err
         self._ctx = ctx
         # llama.cpp's own figures for this load ("CPU KV buffer size = 11.25 MiB", "offloaded 31/31
-        # layers to GPU"): parsed by localinfer.system.estimate.parse_buffer_report.
+        # layers to GPU"): parsed by localinfer.system.buffers.parse_buffer_report.
         self.memory_log = tuple(t for _, t in log.since(log_start) if "buffer size =" in t or "offloaded" in t)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))

@@ -8,10 +8,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.stopping import StopMatcher
-from localinfer.engine.types import GenerationStats
+from localinfer.engine.types import GenerationStats, SeqJob
 
 if TYPE_CHECKING:
-    from localinfer.engine.batch import SeqJob
     from localinfer.engine.model import Model
 
 

@@ -1,13 +1,18 @@
-"""Plain values the engine takes and gives: options in, steps and stats out.
+"""Plain values the engine takes and gives: options and jobs in, steps, results and stats out.
 
 No llama_cpp here, so the CLI and tests can build these without loading anything heavy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from localinfer.engine import defaults
+
+if TYPE_CHECKING:
+    import threading
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,9 @@ class LoadOptions:
     use_mlock: bool = False
     cpu_repack: bool | None = None  # None: on, except on AMX CPUs (see engine.backend.cpu_repack_enabled)
     verbose: bool = False  # llama.cpp's log to stderr (it is always captured for error messages)
-    rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml-rpc-servers whose devices to use (engine.rpc)
+    # "host:port" of ggml-rpc-servers whose devices to use: registered by whoever plans the load
+    # (generate.load, the bench), before it, with engine.rpc.add_servers; the engine's Model does not
+    rpc_servers: tuple[str, ...] = ()
 
 
 DEFAULT_CTX_CEILING = 4096
@@ -103,3 +110,31 @@ class GenerationStats:
         if n <= 0 or self.decode_s <= 0:
             return None
         return n / self.decode_s
+
+
+@dataclass(frozen=True)
+class SeqJob:
+    """One sequence to run: its prompt tokens and how to sample. ``key`` comes back in the result."""
+
+    key: Any
+    tokens: Sequence[int]
+    sampling: SamplingOptions = SamplingOptions()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
+    cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
+    cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached prefix
+
+
+@dataclass
+class SeqResult:
+    """What one sequence produced. Times are ``time.perf_counter()`` values; ``error`` is set when the
+    job was refused (it never ran). A cancelled job ends with finish reason ``interrupted``."""
+
+    key: Any
+    text: str
+    stats: GenerationStats
+    t_admit: float = 0.0  # the job took a slot
+    t_end: float = 0.0  # its last token was sampled
+    error: str | None = None

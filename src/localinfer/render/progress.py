@@ -85,13 +85,21 @@ class RichProgress:
     """A Rich progress bar on stderr: description, bar, bytes done/total, speed, ETA."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        from rich.console import Console
-
-        self.console = Console(file=stream or sys.stderr, stderr=stream is None)
+        self._stream = stream
+        self._console: Any = None
         self._progress: Any = None
         self._task: Any = None
         self._pending = 0
         self._last = 0.0
+
+    @property
+    def console(self) -> Any:
+        """Made on first use: commands hand a sink to every load, and most never pull."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self._stream or sys.stderr, stderr=self._stream is None)
+        return self._console
 
     def start(self, label: str, total: int | None, completed: int = 0) -> None:
         from rich.progress import (

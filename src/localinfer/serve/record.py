@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,8 +18,8 @@ FLUSH_S = 1.0
 
 
 class UsageWriter:
-    def __init__(self, resolved: ResolvedModel, name: str, parallel: int) -> None:
-        self.resolved, self.name, self.parallel = resolved, name, parallel
+    def __init__(self, resolved: ResolvedModel, name: str, parallel: int, warn: Callable[[str], None] | None = None) -> None:
+        self.resolved, self.name, self.parallel, self.warn = resolved, name, parallel, warn
         self._queue: queue.Queue[UsageRecord | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="localinfer-history", daemon=True)
         self._thread.start()
@@ -60,4 +61,4 @@ class UsageWriter:
             done = batch[-1] is None
             records = [r for r in batch if r is not None]
             if records:
-                append(records)
+                append(records, warn=self.warn)

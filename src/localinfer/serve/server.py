@@ -160,7 +160,7 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
     host, port = sock.getsockname()[:2]
     names = tuple(dict.fromkeys(n for n in (alias, resolved.name, Path(resolved.path).name) if n))
     state = ServerState(config, names, created=int(time.time()))
-    writer = UsageWriter(resolved, names[0], config.parallel) if logging_enabled(config.no_log) else None
+    writer = UsageWriter(resolved, names[0], config.parallel, warn=say) if logging_enabled(config.no_log) else None
     loader = _Loader(state, resolved, options, force=force, writer=writer, say=say)
     server = _Server(http_config(create_app(state), config, say, state.metrics), state, loader, say)
     shown = f"[{host}]" if ":" in host else host

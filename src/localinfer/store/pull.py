@@ -38,8 +38,7 @@ from localinfer.store.install import (
     read_local_file,
     verify_file,
 )
-from localinfer.store.types import ProgressSink
-
+from localinfer.store.types import NullProgress, ProgressSink
 
 
 def pull_model(
@@ -52,17 +51,16 @@ def pull_model(
 ) -> dict[str, Any]:
     """Install ``spec`` (see :mod:`localinfer.store.names`) and return its manifest entry.
 
-    Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files.
+    Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files. Transfers,
+    checks and notes go to ``progress`` (None: nowhere).
     """
     if revision is not None:
         validate_revision(revision)
     if name is not None:
         alias_name(name)
     parsed = parse_spec(spec)
-    if progress is None:
-        from localinfer.render.progress import make_progress
-
-        progress = make_progress()
+    if progress is None:  # the caller shows progress (the CLI: render.progress); the store never prints
+        progress = NullProgress()
 
     if parsed.kind == "path":
         if revision:

@@ -30,13 +30,14 @@ def resolve_model(
     *,
     offline: bool = False,
     auto_pull: bool = True,
-    progress: ProgressSink | None = None,
+    pull_progress: ProgressSink | None = None,
 ) -> ResolvedModel:
     """Find (and if needed fetch) the model ``spec`` names, verified, ready to load.
 
     ``None`` means the registry default. Paths are used in place; registry models shipped in a package
     are verified in place (or assembled once into the store); anything else comes from the store, or is
-    pulled from the Hub when ``auto_pull`` and not ``offline``/``HF_HUB_OFFLINE``.
+    pulled from the Hub when ``auto_pull`` and not ``offline``/``HF_HUB_OFFLINE``. A pull reports to
+    ``pull_progress`` (None: nowhere); checking what is installed stays silent, so a run starts quietly.
     """
     from localinfer.store.registry import load_registry
 
@@ -52,7 +53,7 @@ def resolve_model(
     can_fetch = parsed.is_hub or (parsed.name in registry and bool(registry.get(parsed.name).repo))
     if entry is not None:
         try:
-            return resolve_entry(store, entry, registry=registry, progress=progress)
+            return resolve_entry(store, entry, registry=registry)
         except (ModelNotFoundError, ChecksumError):
             # A broken copy in the store is rebuilt (assembled again, or pulled again) when possible.
             from localinfer.store.sources.packages import is_installed
@@ -68,8 +69,8 @@ def resolve_model(
         from localinfer.store.sources.packages import is_installed
 
         if reg.package and is_installed(reg.package):
-            entry = install_from_package(store, reg, progress=progress)
-            return resolve_entry(store, entry, registry=registry, progress=progress)
+            entry = install_from_package(store, reg)
+            return resolve_entry(store, entry, registry=registry)
         if not reg.repo:
             raise ModelNotFoundError(
                 f"model {reg.name!r} is shipped by the package {reg.package}, which is not installed",
@@ -81,5 +82,5 @@ def resolve_model(
         raise _not_installed(parsed, "")
     from localinfer.store.pull import pull_model
 
-    entry = pull_model(parsed.raw, progress=progress)
-    return resolve_entry(store, entry, registry=registry, progress=progress)
+    entry = pull_model(parsed.raw, progress=pull_progress)
+    return resolve_entry(store, entry, registry=registry)

@@ -15,7 +15,8 @@ how many layers fit on a GPU:
 * output buffer: one row of logits per sequence.
 
 Checked against the buffer sizes llama.cpp logs (tests/test_estimate_models.py). Pure arithmetic: no
-llama_cpp here.
+llama_cpp here. The pre-flight asks one question per load, :func:`size_load`: the context and GPU
+layers that fit a :class:`Room`, and the figures a refusal quotes.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localinfer.gguf import ggml_type_size
+# What llama.cpp reported of the same buffers lives in system/buffers.py; importable here as before.
+from localinfer.system.buffers import BufferReport, parse_buffer_report  # noqa: F401
 
 if TYPE_CHECKING:
     from localinfer.gguf import GGUFInfo
 
-MiB = 1 << 20
 GiB = 1 << 30
 CTX_PAD = 256  # llama.cpp pads the context (per sequence) to a multiple of this
 GPU_LAYERS_AUTO = -2  # LoadOptions.n_gpu_layers: resolved by the pre-flight (-1 = all)
@@ -318,72 +320,84 @@ def fit_gpu_layers(shape: ModelShape, vram_free: int, *, headroom: int = DEFAULT
     return 0
 
 
-# --------------------------------------------------------------------------------------------
-# What llama.cpp reported (its log: "CPU KV buffer size = 11.25 MiB", "offloaded 31/31 layers")
-# --------------------------------------------------------------------------------------------
+def largest_ctx(shape: ModelShape, room: Room, *, upper: int, n_gpu_layers: int, **kw) -> int:
+    """The largest context (a multiple of 256, at most ``upper``) that fits ``room``; 0 if none."""
 
-_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output|RS) buffer size\s*=\s*([\d.]+)\s*MiB")
-_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
-_HOST_PREFIXES = ("CPU",)  # CPU, CPU_Mapped, CPU_REPACK, CUDA_Host is pinned host memory too
+    def fits(n: int) -> bool:
+        return room.holds(estimate(shape, n_ctx=n, n_gpu_layers=n_gpu_layers, **kw))
 
-
-def _is_host(device: str) -> bool:
-    return device.startswith(_HOST_PREFIXES) or device.endswith("_Host")
+    lo, hi = 0, max(0, upper) // CTX_PAD
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * CTX_PAD):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
 
 
 @dataclass(frozen=True)
-class BufferReport:
-    """llama.cpp's own buffer sizes for one load, by kind and device (bytes)."""
+class Room:
+    """The memory one load may take: host bytes, and the GPUs' free bytes (None: no figure).
+    On unified memory the GPU's buffers come out of the host's bytes too."""
 
-    buffers: tuple[tuple[str, str, int], ...]  # (kind: model|KV|compute|output|RS, device, bytes)
-    offloaded: int | None  # layers llama.cpp says it offloaded (None: it did not say: no GPU)
-    offloadable: int | None
+    ram: int
+    vram: int | None
+    unified: bool = False
 
-    def total(self, kind: str | None = None, *, host: bool | None = None) -> int:
-        return sum(
-            b
-            for k, dev, b in self.buffers
-            if (kind is None or k == kind) and (host is None or _is_host(dev) == host)
-        )
+    def host_need(self, e: Estimate) -> int:
+        return e.cpu_bytes + (e.gpu_bytes if self.unified else 0)
 
-    @property
-    def model_devices(self) -> tuple[str, ...]:
-        return tuple(dev for k, dev, _ in self.buffers if k == "model")
-
-    def by_device(self, kind: str = "model") -> dict[str, int]:
-        """Bytes of one kind of buffer per llama.cpp buffer (``CUDA0``, ``RPC0[host:port]``,
-        ``CPU_Mapped``): where the weights went, split over devices."""
-        out: dict[str, int] = {}
-        for k, dev, b in self.buffers:
-            if k == kind:
-                out[dev] = out.get(dev, 0) + b
-        return out
-
-    def to_json(self) -> dict[str, int]:
-        return {
-            "weights_bytes": self.total("model"),
-            "kv_cache_bytes": self.total("KV"),
-            "compute_bytes": self.total("compute"),
-            "output_bytes": self.total("output"),
-            "total_bytes": self.total(),
-        }
+    def holds(self, e: Estimate) -> bool:
+        if self.host_need(e) > self.ram:
+            return False
+        return not (e.gpu_bytes and self.vram is not None and e.gpu_bytes > self.vram)
 
 
-def parse_buffer_report(lines: Iterable[str]) -> BufferReport:
-    """The buffer sizes in llama.cpp's log lines (engine Model.memory_log)."""
-    buffers: list[tuple[str, str, int]] = []
-    offloaded = offloadable = None
-    for line in lines:
-        m = _BUFFER_LINE.search(line)
-        if m:
-            buffers.append((m.group(2), m.group(1), round(float(m.group(3)) * MiB)))
-            continue
-        m = _OFFLOADED.search(line)
-        if m:
-            offloaded, offloadable = int(m.group(1)), int(m.group(2))
-    weights_on = [dev for kind, dev, _ in buffers if kind == "model"]
-    if offloaded and weights_on and all(map(_is_host, weights_on)):
-        # llama.cpp counts the layers it was asked to offload even when no device took them (a GPU
-        # build whose driver shows no GPU, an RPC build without servers): nothing left the host.
-        offloaded = 0
-    return BufferReport(tuple(buffers), offloaded, offloadable)
+@dataclass(frozen=True)
+class Sizing:
+    """The estimate's answer for one load: the context and GPU layers to ask llama.cpp for, what
+    they take and whether that fits; when it does not, the figures a refusal advises with."""
+
+    n_ctx: int
+    n_gpu_layers: int
+    estimate: Estimate
+    fits: bool
+    reduced: bool = False  # the context was made smaller to fit
+    max_gpu_layers: int | None = None  # not fitting: the most layers whose GPU buffers fit in all of room.vram
+    max_ctx: int | None = None  # not fitting: the largest context that fits with these layers
+
+
+def size_load(
+    shape: ModelShape, room: Room, *, n_ctx: int, n_gpu_layers: int, shrink_to: int | None = None,
+    auto_headroom: int = 0, **kw,
+) -> Sizing:  # fmt: skip
+    """Everything the pre-flight needs to decide one load, asked once.
+
+    ``n_gpu_layers``: a count (0 .. n_layer + 1), or GPU_LAYERS_AUTO for as many as fit in
+    ``room.vram`` less ``auto_headroom`` at the context chosen. When ``n_ctx`` does not fit and
+    ``shrink_to`` is set, the context becomes the largest that fits with those layers, if that is at
+    least ``shrink_to``, and the layers are fitted again to it.
+    """
+
+    def layers(ctx: int) -> int:
+        if n_gpu_layers != GPU_LAYERS_AUTO:
+            return n_gpu_layers
+        return fit_gpu_layers(shape, room.vram or 0, headroom=auto_headroom, n_ctx=ctx, **kw)
+
+    k = layers(n_ctx)
+    est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
+    reduced = False
+    if not room.holds(est) and shrink_to is not None:
+        fit = largest_ctx(shape, room, upper=n_ctx, n_gpu_layers=k, **kw)
+        if fit >= shrink_to:
+            n_ctx, reduced = fit, True
+            k = layers(n_ctx)
+            est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
+    if room.holds(est):
+        return Sizing(n_ctx, k, est, True, reduced)
+    return Sizing(
+        n_ctx, k, est, False, reduced,
+        max_gpu_layers=fit_gpu_layers(shape, room.vram or 0, headroom=0, n_ctx=est.n_ctx, **kw),
+        max_ctx=largest_ctx(shape, room, upper=est.n_ctx, n_gpu_layers=k, **kw),
+    )  # fmt: skip

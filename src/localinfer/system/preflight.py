@@ -18,16 +18,8 @@ from typing import TYPE_CHECKING
 
 from localinfer.engine.types import DEFAULT_CTX_CEILING, LoadOptions
 from localinfer.errors import ResourceError, UsageError
-from localinfer.system.estimate import (
-    CTX_PAD,
-    DEFAULT_GPU_HEADROOM,
-    GPU_LAYERS_AUTO,
-    Estimate,
-    ModelShape,
-    ShapeError,
-    estimate,
-    fit_gpu_layers,
-)
+from localinfer.system import estimate as est
+from localinfer.system.estimate import CTX_PAD, DEFAULT_GPU_HEADROOM, GPU_LAYERS_AUTO, Estimate, ModelShape, ShapeError
 from localinfer.units import human_bytes as human
 
 if TYPE_CHECKING:
@@ -84,7 +76,7 @@ def _est_kwargs(options: LoadOptions) -> dict:
 
 def _cpu_need(e: Estimate, budget: MemoryBudget) -> int:
     """Host memory the estimate takes from the RAM budget (all of it on unified memory)."""
-    return e.cpu_bytes + (e.gpu_bytes if budget.unified else 0)
+    return _room(budget).host_need(e)
 
 
 def ram_margin(budget: MemoryBudget) -> int:
@@ -93,10 +85,13 @@ def ram_margin(budget: MemoryBudget) -> int:
     return min(1 << 30, budget.ram_available // 10)
 
 
+def _room(budget: MemoryBudget) -> est.Room:
+    """What the estimate may fill: the free RAM less the margin, the free VRAM."""
+    return est.Room(budget.ram_available - ram_margin(budget), budget.vram_free, budget.unified)
+
+
 def _fits(e: Estimate, budget: MemoryBudget) -> bool:
-    if _cpu_need(e, budget) > budget.ram_available - ram_margin(budget):
-        return False
-    return not (e.gpu_bytes and budget.vram_free is not None and e.gpu_bytes > budget.vram_free)
+    return _room(budget).holds(e)
 
 
 def other_shard_tensors(info: GGUFInfo) -> list:
@@ -122,18 +117,18 @@ def other_shard_tensors(info: GGUFInfo) -> list:
 
 def largest_ctx(shape: ModelShape, budget: MemoryBudget, *, upper: int, n_gpu_layers: int, **kw) -> int:
     """The largest context (a multiple of 256, at most ``upper``) that fits the budget; 0 if none."""
+    return est.largest_ctx(shape, _room(budget), upper=upper, n_gpu_layers=n_gpu_layers, **kw)
 
-    def fits(n: int) -> bool:
-        return _fits(estimate(shape, n_ctx=n, n_gpu_layers=n_gpu_layers, **kw), budget)
 
-    lo, hi = 0, max(0, upper) // CTX_PAD
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid * CTX_PAD):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * CTX_PAD
+def _layers(options: LoadOptions, budget: MemoryBudget, shape: ModelShape) -> int:
+    """The GPU layers asked for, as the estimate takes them (GPU_LAYERS_AUTO: fitted to the context)."""
+    if not budget.gpu_offload:
+        return 0
+    if options.n_gpu_layers == GPU_LAYERS_AUTO:
+        return GPU_LAYERS_AUTO if budget.vram_free is not None else 0
+    if options.n_gpu_layers < 0:
+        return shape.n_offloadable
+    return min(options.n_gpu_layers, shape.n_offloadable)
 
 
 def plan_load(
@@ -193,39 +188,24 @@ def plan_load(
     else:
         n_ctx, source = min(train, ceiling), "default"
 
-    def layers_for(ctx: int) -> int:
-        if not budget.gpu_offload:
-            return 0
-        if options.n_gpu_layers == GPU_LAYERS_AUTO:
-            if budget.vram_free is None:
-                return 0
-            # headroom on each device, as llama.cpp's --fit leaves its margin on each
-            return fit_gpu_layers(shape, budget.vram_free, headroom=headroom * budget.gpu_devices, n_ctx=ctx, **kw)
-        if options.n_gpu_layers < 0:
-            return shape.n_offloadable
-        return min(options.n_gpu_layers, shape.n_offloadable)
-
-    k = layers_for(n_ctx)
-    est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
-    if not _fits(est, budget) and source == "default":
-        fit = largest_ctx(shape, budget, upper=n_ctx, n_gpu_layers=k, **kw)
-        if fit >= MIN_DEFAULT_CTX:
-            n_ctx, source = fit, "default, reduced to fit memory"
-            k = layers_for(n_ctx)
-            est = estimate(shape, n_ctx=n_ctx, n_gpu_layers=k, **kw)
-    forced = False
-    if not _fits(est, budget):
+    # One question to the estimate: what fits (the default context may shrink), and the figures
+    # for a refusal. Auto leaves its headroom on each device, as llama.cpp's --fit does.
+    sizing = est.size_load(
+        shape, _room(budget), n_ctx=n_ctx, n_gpu_layers=_layers(options, budget, shape),
+        shrink_to=MIN_DEFAULT_CTX if source == "default" else None, auto_headroom=headroom * budget.gpu_devices, **kw,
+    )  # fmt: skip
+    if sizing.reduced:
+        source = "default, reduced to fit memory"
+    if not sizing.fits:
         if not force:
-            raise _not_enough(name, shape, est, budget, options, k, n_ctx)
-        forced = True
+            raise _not_enough(name, shape, sizing, budget, options)
         notes.append("the memory estimate exceeds what is available; loading anyway (--force)")
-    return LoadPlan(n_ctx, source, shape.n_ctx_train, k, requested, shape.n_offloadable, est, budget, tuple(notes), forced)
+    return LoadPlan(sizing.n_ctx, source, shape.n_ctx_train, sizing.n_gpu_layers, requested, shape.n_offloadable,
+                    sizing.estimate, budget, tuple(notes), forced=not sizing.fits)  # fmt: skip
 
 
-def _not_enough(
-    name: str, shape: ModelShape, e: Estimate, budget: MemoryBudget, options: LoadOptions, k: int, n_ctx: int
-) -> ResourceError:
-    kw = _est_kwargs(options)
+def _not_enough(name: str, shape: ModelShape, s: est.Sizing, budget: MemoryBudget, options: LoadOptions) -> ResourceError:
+    e, k, n_ctx = s.estimate, s.n_gpu_layers, s.n_ctx
     parts = f"weights {human(e.weights)}, KV cache {human(e.kv)}, compute {human(e.compute + e.output)}"
     advice: list[str] = []
     cpu_short = _cpu_need(e, budget) > budget.ram_available
@@ -244,10 +224,9 @@ def _not_enough(
             f"not enough GPU memory for {name} with {k} of {shape.n_offloadable} layers offloaded: it needs about "
             f"{human(e.gpu_bytes)} on the GPU ({parts} in all), and {human(budget.vram_free)} is free"
         )
-        fit_k = fit_gpu_layers(shape, budget.vram_free or 0, headroom=0, n_ctx=e.n_ctx, **kw)
-        advice.append(f"fewer --gpu-layers (about {fit_k} fit), or --gpu-layers auto")
+        advice.append(f"fewer --gpu-layers (about {s.max_gpu_layers} fit), or --gpu-layers auto")
     if cpu_short:
-        fit_ctx = largest_ctx(shape, budget, upper=e.n_ctx, n_gpu_layers=k, **kw)
+        fit_ctx = s.max_ctx or 0
         if fit_ctx >= CTX_PAD and e.kv > 0:
             trained = f"this model was trained on {shape.n_ctx_train}; " if 0 < shape.n_ctx_train < e.n_ctx else ""
             advice.append(f"a smaller --ctx-size ({trained}about {fit_ctx} tokens fit)")

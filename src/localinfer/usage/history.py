@@ -2,8 +2,8 @@
 
 Lives in ``paths.data_dir()/history.db``. Writing happens after every request, so it is cheap
 (one short transaction, WAL mode, no fsync per commit) and never breaks the command: a locked,
-read-only or corrupt database gives one warning on stderr and the command goes on. Several
-processes may write at once (WAL + a busy timeout). No prompt or answer text is stored unless
+read-only or corrupt database gives one warning, through the caller's ``warn`` (the history never
+prints), and the command goes on. Several processes may write at once (WAL + a busy timeout). No prompt or answer text is stored unless
 ``LOCALINFER_LOG_TEXT=1``; ``--no-log`` or ``LOCALINFER_NO_LOG=1`` turn recording off.
 """
 
@@ -104,15 +104,6 @@ def text_logging_enabled() -> bool:
     return _truthy("LOCALINFER_LOG_TEXT")
 
 
-def warn_history(message: str) -> None:
-    try:
-        from localinfer.render.stats import warn
-
-        warn(message)
-    except Exception:  # noqa: BLE001 - the history must never break the command
-        pass
-
-
 def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
     import sqlite3
 
@@ -150,7 +141,8 @@ def _row(record: UsageRecord) -> tuple:
 
 
 def append(records: UsageRecord | Iterable[UsageRecord], *, warn: Callable[[str], None] | None = None) -> bool:
-    """Add records in one transaction. Any failure is a warning (returns False), never an exception."""
+    """Add records in one transaction. Any failure is one call of ``warn`` (the caller shows it; None:
+    nobody) and returns False, never an exception."""
     import sqlite3
 
     batch = [records] if isinstance(records, UsageRecord) else list(records)
@@ -171,7 +163,8 @@ def append(records: UsageRecord | Iterable[UsageRecord], *, warn: Callable[[str]
             error: Exception = exc
         except (sqlite3.Error, OSError, ValueError) as exc:
             error = exc
-        (warn or warn_history)(f"could not record this request in the usage history ({path}): {error}")
+        if warn is not None:
+            warn(f"could not record this request in the usage history ({path}): {error}")
         return False
 
 

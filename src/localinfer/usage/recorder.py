@@ -1,6 +1,7 @@
 """Recording requests as commands run: one (``recording``: run, bench) or many (``RequestLog``: batch).
 
-Both write through ``usage.history`` and never break the command: a failure is one warning.
+Both write through ``usage.history`` and never break the command: a failure is one call of the
+``warn`` the command passes (render's warning line in the CLI; None: nothing shown).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from localinfer.usage.history import (
     logging_enabled,
     record_from_result,
     text_logging_enabled,
-    warn_history,
 )
 
 if TYPE_CHECKING:
     from localinfer.generate import Result
     from localinfer.store import ResolvedModel
+
+Warn = Callable[[str], None]
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def recording(command: str, *, no_log: bool = False) -> Iterator[Recorder]:
+def recording(command: str, *, no_log: bool = False, warn: Warn | None = None) -> Iterator[Recorder]:
     """Record the request when the block ends, successful or not (failed runs keep their exit status).
 
     Use inside the command's ``handle_errors()`` so it sees the original exception.
@@ -68,10 +70,12 @@ def recording(command: str, *, no_log: bool = False) -> Iterator[Recorder]:
                         prompt_text=rec.prompt_text,
                         finish_reason=reason,
                         extra=rec.extra,
-                    )
+                    ),
+                    warn=warn,
                 )
             except Exception as exc:  # noqa: BLE001 - never let the history break the command
-                warn_history(f"could not record this request in the usage history: {exc}")
+                if warn is not None:
+                    warn(f"could not record this request in the usage history: {exc}")
 
 
 class RequestLog:
@@ -83,8 +87,8 @@ class RequestLog:
     """
 
     def __init__(self, command: str, model: ResolvedModel, *, no_log: bool = False, extra: dict[str, Any] | None = None,
-                 flush_every: int = 64, flush_s: float = 5.0) -> None:
-        self.command, self.model, self.extra = command, model, extra
+                 flush_every: int = 64, flush_s: float = 5.0, warn: Warn | None = None) -> None:
+        self.command, self.model, self.extra, self.warn = command, model, extra, warn
         self.enabled = logging_enabled(no_log)
         self.flush_every, self.flush_s = flush_every, flush_s
         self._pending: list[UsageRecord] = []
@@ -138,7 +142,7 @@ class RequestLog:
         batch, self._pending = self._pending, []
         self._last_flush = time.monotonic()
         if batch:
-            append(batch)
+            append(batch, warn=self.warn)
 
     def flush(self) -> None:
         """Write what is pending; if the job is failing (called from ``finally``), record that too."""
@@ -157,4 +161,5 @@ class RequestLog:
         try:
             self._write()
         except Exception as err:  # noqa: BLE001 - never let the history break the command
-            warn_history(f"could not record these requests in the usage history: {err}")
+            if self.warn is not None:
+                self.warn(f"could not record these requests in the usage history: {err}")
