@@ -17,8 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
+from fakeengine import fake_engine  # noqa: F401 - fixture
 from fakehub import fake_hub, hub_env  # noqa: F401 - fixtures
 from ggufmutate import duplicate_token, norm_as_f16, read_layout, write_layout
+from ggufsynth import write_gguf
 from localinfer.cli.main import build_app
 from localinfer.engine.probe import last_words
 
@@ -181,6 +183,31 @@ def test_last_words_name_the_assert_or_the_exception() -> None:
     assert last_words("llama_model_load: error loading model: bad\n", 1) == "llama_model_load: error loading model: bad"
     assert last_words("nothing useful\n", -11) == "killed by SIGSEGV"
     assert last_words("/x/ggml.c:1: GGML_ASSERT(\x1b[31m) failed", -6) == "GGML_ASSERT(\\x1b[31m) failed"
+
+
+# ---- chat templates that do not compile (item 8) ------------------------------------------------
+
+
+BROKEN_TEMPLATE = "{% for m in messages %}{{ m.content }}"  # no endfor
+
+
+def test_pull_of_a_file_whose_template_does_not_compile_installs_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LOCALINFER_PROBE", "0")  # the template is checked whether or not llama.cpp is tried
+    path = write_gguf(tmp_path / "tpl.gguf", chat_template=BROKEN_TEMPLATE)
+    r = CliRunner().invoke(build_app(), ["pull", str(path), "--name", "tpl"])
+    assert r.exit_code == 4, r.stderr
+    line = r.stderr.strip().splitlines()[-2]
+    assert line.startswith("Error: tpl.gguf: the model's chat template does not compile: "), r.stderr
+    assert "endfor" in line and "(line 1)" in line
+    assert manifest_models() == {}
+
+
+def test_run_of_a_file_whose_template_does_not_compile_is_exit_4(tmp_path, fake_engine) -> None:  # noqa: F811
+    path = write_gguf(tmp_path / "tpl.gguf", chat_template="{{ messages | nosuchfilter }}")
+    r = CliRunner().invoke(build_app(), ["run", "-m", str(path), "-p", "hi"])
+    assert r.exit_code == 4, r.stderr
+    assert "tpl.gguf: the model's chat template does not compile: " in r.stderr and "nosuchfilter" in r.stderr
+    assert "internal error" not in r.stderr and fake_engine.loads == []  # refused before any load
 
 
 # ---- fuzz: a few hundred header mutants, none of which may abort the process -------------------

@@ -2,9 +2,9 @@
 
 The header checks (``gguf.checks``) refuse in milliseconds what they know; what they do not know
 can still make llama.cpp abort the process. So a file is proven once, before it is installed or
-first used in place: ``engine.probe`` loads it in a child process. Installed models carry the
-verdict in their manifest entry (``"loadable"``); files used in place have theirs in
-``loadable.json`` beside the manifest (sha256 -> verdict), their
+first used in place: its chat template compiles in the sandbox, and ``engine.probe`` loads it in a
+child process. Installed models carry the verdict in their manifest entry (``"loadable"``); files
+used in place have theirs in ``loadable.json`` beside the manifest (sha256 -> verdict), their
 sha256 taken from the digest cache (path, size, mtime, inode), so a known file is not hashed again.
 A verdict holds for one llama-cpp-python version. ``LOCALINFER_PROBE=0`` turns the child off.
 """
@@ -38,11 +38,24 @@ def probe_enabled() -> bool:
     return os.environ.get(PROBE_ENV, "").strip().lower() not in ("0", "off", "no", "false")
 
 
+def check_template(label: str, info: GGUFInfo) -> None:
+    """The file's chat template compiles in the sandbox the engine renders it in (exit 4 if not)."""
+    template = info.chat_template
+    if template:
+        from localinfer.engine.templates import compile_template
+
+        try:
+            compile_template(template)
+        except InvalidModelError as exc:
+            raise InvalidModelError(f"{label}: {exc}", hint=exc.hint) from None
+
+
 def prove(path: Path, info: GGUFInfo, label: str | None = None) -> dict[str, Any] | None:
-    """Before an install: llama.cpp loads ``path`` in a child process.
+    """Before an install: the template compiles and llama.cpp loads ``path`` in a child process.
     The record for the manifest entry; None when probing is off. Raises the refusal (nothing is
     installed then). ``label``: the file's name for messages (a blob's own name says nothing)."""
     label = label or path.name
+    check_template(label, info)
     if not probe_enabled():
         return None
     from localinfer.engine.probe import engine_version, probe_file
@@ -69,6 +82,7 @@ def prove_install(store: Store, name: str, path: Path, info: GGUFInfo, files: li
     record = proven(old) if same else None
     label = str(files[0].get("filename") or path.name).rsplit("/", 1)[-1]
     if record is not None:
+        check_template(label, info)
         return record
     return prove(path, info, label)
 
@@ -89,6 +103,7 @@ def ensure_entry(store: Store, entry: dict[str, Any], path: Path, info: GGUFInfo
 def ensure_in_place(store: Store, path: Path, info: GGUFInfo, progress: ProgressSink | None = None) -> str | None:
     """A file used where it is: proven unless ``loadable.json`` remembers it; its sha256 (None when
     probing is off and it was never hashed)."""
+    check_template(path.name, info)
     if not probe_enabled():
         return store.cached_digest(path)
     shards = _shards(path, info)
