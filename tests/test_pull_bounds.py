@@ -1,0 +1,104 @@
+"""`pull` against a Hub that lies or breaks in ways that once cost unbounded memory or time: a
+listing that inflates without end."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fakehub import FakeHub, fake_hub, gzip_bomb, hub_env  # noqa: F401 - fixtures
+from ggufsynth import gguf_bytes
+from localinfer.cli.main import build_app
+
+# synthetic GGUFs that llama.cpp cannot load: the store's mechanics, without the probe (conftest)
+pytestmark = pytest.mark.usefixtures("unprobed")
+
+REPO = "acme/Tiny-GGUF"
+FILE = "tiny-Q4_K_M.gguf"
+MiB = 1 << 20
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(build_app(), list(args))
+
+
+def store_dir(sub: str) -> list[Path]:
+    d = Path(os.environ["LOCALINFER_HOME"]) / "models" / sub
+    return sorted(d.iterdir()) if d.is_dir() else []
+
+
+def listing_json(hub: FakeHub, repo: str) -> bytes:
+    with urllib.request.urlopen(f"{hub.url}/api/models/{repo}?blobs=True") as resp:
+        return resp.read()
+
+
+@pytest.fixture
+def hub(fake_hub: FakeHub) -> FakeHub:  # noqa: F811
+    fake_hub.add_file(REPO, FILE, gguf_bytes(name="tiny", payload=os.urandom(1_500_000)))
+    return fake_hub
+
+
+# ---- the listing --------------------------------------------------------------------------------
+
+_PEAK_RSS = r"""
+import resource, sys
+sys.argv = ["localinfer", *sys.argv[1:]]
+try:
+    from localinfer.cli.main import main
+    main()
+finally:
+    sys.stderr.write(f"peak_rss_kib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\n")
+"""
+
+
+def test_a_gzip_bomb_listing_is_refused_in_bounded_memory(hub: FakeHub) -> None:
+    """256 MiB of padding inside a valid listing, in 1.6 MB of gzip: refused once 16 MiB are inflated."""
+    plain = listing_json(hub, REPO)
+    head = plain[:-1] + b', "padding": "  '
+    hub.repos[REPO].info_raw = (gzip_bomb(head, 256 * MiB, b'"}'), {"Content-Encoding": "gzip"})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, "pull", REPO], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 5, proc.stderr
+    assert lines[0] == f"Error: refusing the Hub's listing of {REPO}: it is larger than 16 MiB once inflated", proc.stderr
+    assert lines[1].startswith("  hint: nothing was downloaded")
+    peak = int(lines[-1].removeprefix("peak_rss_kib=")) * 1024
+    assert peak < 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"  # the whole bomb alone is 256 MiB
+    assert store_dir("blobs") == [] and store_dir("partial") == []
+
+
+def test_a_listing_larger_than_the_bound_on_the_wire_is_refused(hub: FakeHub) -> None:
+    plain = listing_json(hub, REPO)
+    hub.repos[REPO].info_raw = (plain[:-1] + b', "padding": "' + b" " * (17 * MiB) + b'"}', {})
+    r = invoke("pull", REPO)
+    assert r.exit_code == 5, r.stderr
+    assert f"Error: refusing the Hub's listing of {REPO}: it is larger than 16 MiB\n" in r.stderr
+
+
+def test_a_gzip_encoded_listing_of_normal_size_is_read(hub: FakeHub) -> None:
+    hub.repos[REPO].info_raw = (gzip.compress(listing_json(hub, REPO)), {"Content-Encoding": "gzip"})
+    r = invoke("pull", REPO)
+    assert r.exit_code == 0, r.stderr
+    assert len(store_dir("blobs")) == 1
+
+
+def test_a_listing_in_an_encoding_we_do_not_read_is_refused(hub: FakeHub) -> None:
+    hub.repos[REPO].info_raw = (b"\x28\xb5\x2f\xfd", {"Content-Encoding": "zstd"})
+    r = invoke("pull", REPO)
+    assert r.exit_code == 5, r.stderr
+    assert f"refusing the Hub's listing of {REPO}: it is encoded as 'zstd'" in r.stderr
+
+
+def test_hub_errors_still_come_through_the_bounded_listing(fake_hub: FakeHub) -> None:  # noqa: F811
+    r = invoke("pull", "acme/Nowhere-GGUF")
+    assert r.exit_code == 3, r.stderr
+    assert "repository acme/Nowhere-GGUF not found on the Hub" in r.stderr
