@@ -1,5 +1,5 @@
 """`pull` against a Hub that lies or breaks in ways that once cost unbounded memory or time: a
-listing that inflates without end."""
+listing that inflates without end, bodies that always stop short while Range is ignored."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import run_cli
 from fakehub import FakeHub, fake_hub, gzip_bomb, hub_env  # noqa: F401 - fixtures
 from ggufsynth import gguf_bytes
 from localinfer.cli.main import build_app
@@ -102,3 +103,21 @@ def test_hub_errors_still_come_through_the_bounded_listing(fake_hub: FakeHub) ->
     r = invoke("pull", "acme/Nowhere-GGUF")
     assert r.exit_code == 3, r.stderr
     assert "repository acme/Nowhere-GGUF not found on the Hub" in r.stderr
+
+
+# ---- downloads ----------------------------------------------------------------------------------
+
+
+def test_pull_gives_up_when_range_is_ignored_and_every_body_stops_short(hub: FakeHub) -> None:
+    """Each GET answers 200 from byte 0 and stops at the same byte: restarting is not progress."""
+    hub.fault(REPO, FILE, "ignore_range")
+    hub.fault(REPO, FILE, "cut_at", offset=400_000)
+    proc = run_cli("pull", REPO, timeout=90)  # before: 176 GETs in 45 s, never ending
+    err = proc.stderr.decode()
+    assert proc.returncode == 5, err
+    assert f"downloading {FILE} failed after 5 retries: the server ignores resume requests" in err
+    assert "(at most 400000;" in err
+    gets = [r for r in hub.requests("GET") if FILE in r["path"]]
+    assert len(gets) <= 7, len(gets)  # the first try and the retries, no more
+    assert not any(p.stat().st_size > 400_000 for p in store_dir("partial"))
+    assert store_dir("blobs") == []

@@ -38,7 +38,7 @@ BUFFERS = 16  # buffers in flight between the reader and the hashing thread (4 M
 PROGRESS_EVERY = 4 * 1024 * 1024  # report to the progress sink after this many bytes or PROGRESS_SECONDS
 PROGRESS_SECONDS = 0.1
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
-MAX_RETRIES = 5  # consecutive failed attempts (without a single new byte) before giving up
+MAX_RETRIES = 5  # consecutive failed attempts (none reaching further into the file) before giving up
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: str.isdigit() accepts '²', which int() refuses
 
 
@@ -86,8 +86,11 @@ def fetch(
         opener = _opener()
         sink.start(label, size, have)
         failures = 0
+        # The furthest byte ever on disk: an attempt is progress only if it gets past it. A server
+        # that ignores Range makes us start over; counting its bytes as new would retry forever.
+        furthest = have
+        ignored_range = False
         while size is None or have < size:
-            before = have
             try:
                 resp = _open(opener, url, headers, auth, have, timeout)
             except Refused as exc:
@@ -96,7 +99,7 @@ def fetch(
                     if total == have or (total is None and size is not None and have >= size):
                         break  # complete: the sha256 decides
                     sink.note(f"{what}: the partial download is longer than the file on the server; starting over")
-                    have = before = _start_over(fd, hasher, sink)
+                    have = _start_over(fd, hasher, sink)
                     failures += 1
                     if failures > MAX_RETRIES:
                         raise
@@ -111,7 +114,8 @@ def fetch(
                     if have and resp.status == 200:
                         # Range ignored: the body is the whole file. Start over, cleanly.
                         sink.note(f"{what}: the server ignored the resume request, downloading from the start")
-                        have = before = _start_over(fd, hasher, sink)
+                        have = _start_over(fd, hasher, sink)
+                        ignored_range = True
                     elif have and _content_range_start(resp.headers.get("Content-Range")) != have:
                         raise NetworkError(
                             f"the server resumed {what} at the wrong byte (asked for {have})",
@@ -132,7 +136,14 @@ def fetch(
                     reason = f"the connection closed after {have} of {size} bytes"
             if reason is None:
                 continue
-            failures = 0 if have > before else failures + 1
+            failures = 0 if have > furthest else failures + 1
+            furthest = max(furthest, have)
+            if failures > MAX_RETRIES and ignored_range:
+                raise NetworkError(
+                    f"downloading {what} failed after {MAX_RETRIES} retries: the server ignores resume requests "
+                    f"and its answers stop short of the {size} bytes announced (at most {furthest}; {reason})",
+                    hint="try again later, or from another mirror (HF_ENDPOINT)",
+                )
             if failures > MAX_RETRIES:
                 raise NetworkError(
                     f"downloading {what} failed after {MAX_RETRIES} retries at {have} of {size} bytes ({reason})",
