@@ -22,7 +22,8 @@ object with ``no_lfs=True``), ``etag`` (the ``ETag`` and ``X-Linked-Etag`` heade
 Per repo: ``gated=True`` (401 without a token, 403 with a wrong one), ``redirect_cdn=True``,
 ``HubRepo.info_override`` (fields of the repo info replaced as given, e.g. ``{"sha": "../x"}``), and
 ``HubRepo.info_raw`` (the listing answered with these exact bytes and headers, e.g. a gzip bomb from
-:func:`gzip_bomb`). Every request is logged in ``FakeHub.log``.
+:func:`gzip_bomb`). Per file, ``refuse`` answers every GET with ``status=`` (403 unless given; HEAD
+is answered as usual). Every request is logged in ``FakeHub.log``.
 """
 
 from __future__ import annotations
@@ -347,6 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
             nth = 0
         if self.command == "GET" and "error_once" in faults and nth == 1:
             return self._error(503, None, "Service Unavailable")
+        if self.command == "GET" and isinstance(faults.get("refuse"), dict):
+            return self._error(int(faults["refuse"].get("status", 403)), None, "Refused")
         start, end = 0, f.size - 1
         status = 200
         rng = self.headers.get("Range")

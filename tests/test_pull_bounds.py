@@ -1,8 +1,10 @@
 """`pull` against a Hub that lies or breaks in ways that once cost unbounded memory or time: a
-listing that inflates without end, bodies that always stop short while Range is ignored."""
+listing that inflates without end, bodies that always stop short while Range is ignored; and what a
+failed download leaves behind (no empty partial file) and says (the bytes really written)."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -121,3 +123,52 @@ def test_pull_gives_up_when_range_is_ignored_and_every_body_stops_short(hub: Fak
     assert len(gets) <= 7, len(gets)  # the first try and the retries, no more
     assert not any(p.stat().st_size > 400_000 for p in store_dir("partial"))
     assert store_dir("blobs") == []
+
+
+def test_a_refused_download_leaves_no_empty_partial_file(hub: FakeHub) -> None:
+    hub.fault(REPO, FILE, "refuse", status=403)
+    r = invoke("pull", REPO)
+    assert r.exit_code == 5, r.stderr
+    assert f"the Hub refused access to {REPO}/{FILE} (HTTP 403)" in r.stderr
+    assert store_dir("partial") == []
+
+
+class _DiskFillsAfter:
+    """``os`` for transfer.py, whose ``write`` fails with ENOSPC once ``room`` bytes are written."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+    def write(self, fd: int, data) -> int:  # noqa: ANN001
+        if len(data) > self.room:
+            if self.room:
+                n = os.write(fd, bytes(data[: self.room]))
+                self.room = 0
+                return n
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return os.write(fd, data)
+
+
+def test_a_full_disk_reports_the_bytes_really_written(hub: FakeHub, monkeypatch) -> None:
+    from localinfer.store.sources import transfer
+
+    monkeypatch.setattr(transfer, "os", _DiskFillsAfter(1_000_000))
+    r = invoke("pull", REPO)
+    assert r.exit_code == 6, r.stderr
+    assert f"the disk filled up while downloading {FILE}: 1.0 MB of 1.5 MB written to " in r.stderr, r.stderr
+    (part,) = store_dir("partial")
+    assert part.stat().st_size == 1_000_000  # kept: the next pull resumes it
+
+
+def test_a_disk_full_before_the_first_byte_says_so_and_leaves_nothing(hub: FakeHub, monkeypatch) -> None:
+    from localinfer.store.sources import transfer
+
+    monkeypatch.setattr(transfer, "os", _DiskFillsAfter(0))
+    r = invoke("pull", REPO)
+    assert r.exit_code == 6, r.stderr
+    assert f"the disk is full: not a byte of {FILE} could be written in " in r.stderr, r.stderr
+    assert "0 bytes" not in r.stderr and store_dir("partial") == []

@@ -77,6 +77,7 @@ def fetch(
     fd = open_in_store(dest, os.O_RDWR)  # a link planted in partial/ is replaced, never written through
     hasher: _Hasher | None = None
     have = 0
+    complete = False
     try:
         have = os.lseek(fd, 0, os.SEEK_END)
         if size is not None and have > size:
@@ -151,19 +152,46 @@ def fetch(
                 )
             sink.note(f"{what}: {reason}; resuming at byte {have}")
             time.sleep(min(0.25 * 2 ** max(failures - 1, 0), 4.0))
-        return hasher.hexdigest()
+        digest = hasher.hexdigest()
+        complete = True
+        return digest
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise ResourceError(
-                f"the disk filled up while downloading {what} ({have} bytes written to {dest})",
-                hint="free some space and run the same command again: it resumes where it stopped",
-            ) from None
+            raise _disk_full(what, fd, dest, size) from None
         raise
     finally:
         if hasher is not None:
             hasher.close()
+        if not complete:
+            _drop_if_empty(fd, dest)
         os.close(fd)
         sink.finish()
+
+
+def _disk_full(what: str, fd: int, dest: Path, size: int | None) -> ResourceError:
+    """The message counts what is on disk (the bytes of this attempt included), not what we had before it."""
+    from localinfer.store.fsutil import human_size
+
+    written = os.fstat(fd).st_size
+    if not written:
+        return ResourceError(
+            f"the disk is full: not a byte of {what} could be written in {dest.parent}",
+            hint="free some space and run the same command again",
+        )
+    of = f" of {human_size(size)}" if size else ""
+    return ResourceError(
+        f"the disk filled up while downloading {what}: {human_size(written)}{of} written to {dest}",
+        hint="free some space and run the same command again: it resumes where it stopped",
+    )
+
+
+def _drop_if_empty(fd: int, dest: Path) -> None:
+    """A failed download that wrote nothing leaves no partial file: there is nothing to resume."""
+    try:
+        if os.fstat(fd).st_size == 0:
+            dest.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _start_over(fd: int, hasher: _Hasher, sink: ProgressSink) -> int:
