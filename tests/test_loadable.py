@@ -92,6 +92,20 @@ def test_pull_of_a_file_with_a_norm_stored_as_f16_installs_nothing(f16_norm_gguf
 
 
 @pytest.mark.slow
+def test_a_bpe_vocabulary_declared_as_spm_is_refused(tmp_path, smollm2_layout) -> None:
+    """Found by the fuzz test below: with tokenizer.ggml.model = llama, the first byte a prompt needs
+    that has no <0xNN> token throws std::out_of_range out of llama_tokenize (a chat template's
+    newline is enough); the probe tokenizes a text that holds every byte value."""
+    from ggufmutate import T_STRING
+
+    layout = smollm2_layout.copy()
+    layout.set_scalar("tokenizer.ggml.model", T_STRING, "llama")
+    path = write_layout(layout, tmp_path / "spm.gguf", sparse=True)  # the weights do not matter here
+    proc = run_cli("run", "-m", str(path), "-p", "hi", "-n", "1", timeout=180)
+    assert_aborted_refusal(proc, "spm.gguf", "unordered_map::at")
+
+
+@pytest.mark.slow
 def test_serve_refuses_the_file_before_it_starts(dup_gguf) -> None:
     pytest.importorskip("uvicorn")
     proc = run_cli("serve", "-m", str(dup_gguf), "--port", "0", timeout=180)

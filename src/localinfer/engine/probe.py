@@ -3,7 +3,8 @@
 A header can pass every check we make and still make llama.cpp abort (``GGML_ASSERT``, an uncaught
 C++ exception: SIGABRT ends the interpreter, no exception to catch). So a file is first loaded in a
 child process (``python -m localinfer.engine.probe FILE``): the vocabulary, the weights (mapped), a
-small context and one decode, on one thread. :func:`probe_file` runs it and says what happened; the
+small context and one decode, on one thread; and a text that holds every byte value tokenized,
+and every token of the vocabulary rendered. :func:`probe_file` runs it and says what happened; the
 store remembers the verdict by the file's sha256 (``store.loadable``). Only the child imports
 llama_cpp: importing this module costs nothing.
 """
@@ -21,8 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROBE_CTX = 256  # tokens: llama.cpp pads any smaller context up to 256 anyway
-PROBE_PROMPT = "Hello"
+PROBE_DECODE = 4  # tokens of the probe text evaluated (one decode): the ops, not the text, matter
+
+
+def _probe_text() -> str:
+    """Text whose UTF-8 holds every byte value a string can (NUL to 0xF4: ASCII, each lead byte of
+    2-, 3- and 4-byte characters, every continuation byte), so tokenizing it reaches each byte-
+    fallback token a vocabulary might lack, plus words, digits, white space and a newline."""
+    chars = [chr(c) for c in range(0x100)]  # 0x00-0x7F, and C2/C3 with every continuation byte
+    chars += [chr(lead << 6) for lead in range(0x04, 0x20)]  # leads C4-DF
+    chars += [chr(0xD000 if c == 0xD800 else c) for c in range(0x800, 0x10000, 0x1000)]  # leads E0-EF
+    chars += [chr(c) for c in (0x10000, 0x40000, 0x80000, 0xC0000, 0x100000)]  # leads F0-F4
+    return "Hello, world! 1234\n\t  café 日本語 🙂 " + "".join(chars)
 REFUSED_EXIT = 3  # the child's status when llama.cpp refused the file cleanly (its reason on stdout)
+BROKEN_EXIT = 5  # the child's own Python failed: says nothing about the file
 STDERR_TAIL = 64 * 1024  # bytes of the child's stderr read back: its last words are at the end
 BASE_TIMEOUT_S = 120.0
 TIMEOUT_BYTES_PER_S = 20e6  # one decode reads every weight once: allow for a slow disk
@@ -84,6 +97,8 @@ def probe_file(path: str | os.PathLike[str], *, timeout: float | None = None) ->
     report = _report(proc.stdout)
     if proc.returncode == 0 and report.get("ok") is True:
         return ProbeResult("ok", seconds=seconds)
+    if proc.returncode == BROKEN_EXIT and isinstance(report.get("message"), str):
+        return ProbeResult("failed", f"the test process failed: {report['message']}", seconds=seconds)
     if proc.returncode == REFUSED_EXIT and isinstance(report.get("message"), str):
         hint = report.get("hint")
         return ProbeResult("refused", report["message"], str(report.get("error")), hint if isinstance(hint, str) else None, seconds)
@@ -155,12 +170,20 @@ def _child(path: str) -> int:
     options = LoadOptions(n_ctx=PROBE_CTX, n_threads=1, n_threads_batch=1, n_gpu_layers=0, use_mmap=True, verbose=True)
     try:
         with Model(path, options) as model:
-            prompt = model.tokenize(PROBE_PROMPT, add_special=True)[:8] or [0]
-            for _step in model.generate(prompt, SamplingOptions(temperature=0.0), GenerationStats(), max_tokens=1):
+            # what any run may do: tokenize any text (special tokens too), show any token, decode
+            text = _probe_text()
+            prompt = model.tokenize(text, add_special=True)
+            model.tokenize(model.bos_text + text + model.eos_text, add_special=False, parse_special=True)
+            for token in range(model.n_vocab):
+                model._piece(token, special=True)
+            for _step in model.generate(prompt[:PROBE_DECODE] or [0], SamplingOptions(temperature=0.0), GenerationStats(), max_tokens=1):
                 pass
     except LocalInferError as exc:
         sys.stdout.write(json.dumps({"error": type(exc).__name__, "message": str(exc), "hint": exc.hint}) + "\n")
         return REFUSED_EXIT
+    except Exception as exc:  # noqa: BLE001 - a bug of ours must not be blamed on the file
+        sys.stdout.write(json.dumps({"message": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return BROKEN_EXIT
     sys.stdout.write(json.dumps({"ok": True}) + "\n")
     return 0
 
