@@ -186,6 +186,29 @@ def test_an_entry_installed_unprobed_is_probed_at_first_use_and_keeps_the_verdic
     assert probes.calls == 1
 
 
+@pytest.mark.parametrize(
+    ("result", "error", "remembered"),
+    [
+        (("refused", "not enough memory to load m.gguf", "ResourceError"), "ResourceError", False),
+        (("timeout", "llama.cpp did not finish loading it within 120 s", None), "ModelLoadError", False),
+        (("failed", "the test process failed: ImportError: x", None), "ModelLoadError", False),
+        (("refused", "m.gguf is not a usable model: bad", "InvalidModelError"), "InvalidModelError", True),
+    ],
+)
+def test_only_verdicts_about_the_file_are_remembered(tmp_path, monkeypatch, result, error, remembered) -> None:
+    from localinfer import errors
+    from localinfer.engine import probe
+    from localinfer.store import resolve_model
+
+    kind, message, cls = result
+    monkeypatch.setattr(probe, "probe_file", lambda path: probe.ProbeResult(kind, message, cls))
+    path = write_gguf(tmp_path / "m.gguf")
+    with pytest.raises(getattr(errors, error)):
+        resolve_model(str(path))
+    verdicts = models_dir() / "loadable.json"
+    assert (verdicts.exists() and len(json.loads(verdicts.read_text())) == 1) is remembered
+
+
 # ---- the child's last words ---------------------------------------------------------------------
 
 
@@ -263,13 +286,14 @@ print(json.dumps(counts))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~120 of the mutants reach the probe (a child each): ~2 min on a quiet 2-core box
 def test_fuzzed_header_mutants_never_abort_the_process(smollm2_path, tmp_path) -> None:
     """The mutants the header checks refuse cost milliseconds; the rest are probed (one child each)
     and, when proven, loaded and run in this driver's own process, which must never die."""
     tests_dir = str(Path(__file__).resolve().parent)
     proc = subprocess.run(
         [sys.executable, "-c", _DRIVER, tests_dir, str(smollm2_path), str(tmp_path), str(FUZZ_SEEDS)],
-        capture_output=True, text=True, timeout=1500,
+        capture_output=True, text=True, timeout=1700,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]  # 134: an abort; the last "seed N" line names it
     counts = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -31,7 +31,7 @@ _ABORT_HINT = (
     "llama.cpp cannot use this file (it would have ended the command); get it from another source, "
     "or convert it again with current llama.cpp tools"
 )
-_REMEMBERED = ("ok", "aborted", "refused")  # a timeout or a failure to start says nothing about the file
+_FILE_ERRORS = ("InvalidModelError", "ChecksumError", "TemplateRefusedError")  # refusals that are the file's
 
 
 def probe_enabled() -> bool:
@@ -113,9 +113,9 @@ def ensure_in_place(store: Store, path: Path, info: GGUFInfo, progress: Progress
 
     engine = engine_version()
     verdict = _read_verdicts(store).get(key)
-    if not (isinstance(verdict, dict) and verdict.get("engine") == engine and verdict.get("kind") in _REMEMBERED):
+    if not (isinstance(verdict, dict) and verdict.get("engine") == engine and _lasting(verdict)):
         verdict = _verdict(probe_file(path))
-        if verdict["kind"] in _REMEMBERED:
+        if _lasting(verdict):
             _remember(store, key, {**verdict, "engine": engine})
     if verdict["kind"] != "ok":
         raise refusal(path, verdict)
@@ -137,6 +137,12 @@ def refusal(path: Path, verdict: dict[str, Any], label: str | None = None) -> Lo
         f"{label}: could not test-load it in a child process: {message}",
         hint=f"run the command again; {PROBE_ENV}=0 skips this test (a file that crashes llama.cpp then ends the command)",
     )
+
+
+def _lasting(verdict: dict[str, Any]) -> bool:
+    """A verdict about the file itself (not memory this time, nor a child that could not run)."""
+    kind = verdict.get("kind")
+    return kind in ("ok", "aborted") or (kind == "refused" and verdict.get("error") in _FILE_ERRORS)
 
 
 def _verdict(result: ProbeResult) -> dict[str, Any]:
