@@ -49,6 +49,13 @@ def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 
     return proc
 
 
+@pytest.fixture
+def unprobed(monkeypatch):
+    """No test load in a child process (store.loadable): for tests of the store's own mechanics on
+    synthetic GGUFs that llama.cpp cannot load (the probe has its tests in test_loadable.py)."""
+    monkeypatch.setenv("LOCALINFER_PROBE", "0")
+
+
 @pytest.fixture(scope="session")
 def smollm2_path():
     from models import smollm2_path as locate

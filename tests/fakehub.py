@@ -19,9 +19,11 @@ A hostile Hub: ``claim`` (the listing announces ``sha256=`` / ``size=`` of any J
 object with ``no_lfs=True``), ``etag`` (the ``ETag`` and ``X-Linked-Etag`` headers carry ``value=``),
 ``location`` (the file redirects to ``value=``, any URL).
 
-Per repo: ``gated=True`` (401 without a token, 403 with a wrong one), ``redirect_cdn=True``, and
-``HubRepo.info_override`` (fields of the repo info replaced as given, e.g. ``{"sha": "../x"}``). Every
-request is logged in ``FakeHub.log``.
+Per repo: ``gated=True`` (401 without a token, 403 with a wrong one), ``redirect_cdn=True``,
+``HubRepo.info_override`` (fields of the repo info replaced as given, e.g. ``{"sha": "../x"}``), and
+``HubRepo.info_raw`` (the listing answered with these exact bytes and headers, e.g. a gzip bomb from
+:func:`gzip_bomb`). Per file, ``refuse`` answers every GET with ``status=`` (403 unless given; HEAD
+is answered as usual). Every request is logged in ``FakeHub.log``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import os
 import re
 import secrets
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,6 +67,7 @@ class HubRepo:
     redirect_cdn: bool = False
     tags: dict[str, str] = field(default_factory=dict)
     info_override: dict[str, Any] = field(default_factory=dict)
+    info_raw: tuple[bytes, dict[str, str]] | None = None
 
 
 class FakeHub:
@@ -242,6 +246,18 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo_or_404(repo_id)
         if repo is None or not self._revision_ok(repo, rev):
             return
+        if repo.info_raw is not None:
+            body, headers = repo.info_raw
+            self.send_response(200)
+            for k, v in {"Content-Type": "application/json", "Content-Length": str(len(body)), **headers}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.close_connection = True  # a client that refuses the body midway resets the connection
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return
         blobs = query.get("blobs", ["false"])[0].lower() == "true"
         siblings = []
         for f in repo.files.values():
@@ -332,6 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
             nth = 0
         if self.command == "GET" and "error_once" in faults and nth == 1:
             return self._error(503, None, "Service Unavailable")
+        if self.command == "GET" and isinstance(faults.get("refuse"), dict):
+            return self._error(int(faults["refuse"].get("status", 403)), None, "Refused")
         start, end = 0, f.size - 1
         status = 200
         rng = self.headers.get("Range")
@@ -421,6 +439,58 @@ class _Handler(BaseHTTPRequestHandler):
                     ahead = sent / rate - (time.monotonic() - t0)
                     if ahead > 0:
                         time.sleep(ahead)
+
+
+def gzip_bomb(head: bytes, n_fill: int, tail: bytes) -> bytes:
+    """A gzip member that inflates to ``head``, ``n_fill`` spaces, ``tail`` (ASCII; ``head`` ends in a
+    space), written by hand in ~n_fill/160 bytes: one fixed-Huffman block of back-references
+    (length 258, distance 1), so a bomb of 1 GB costs no compression time to make."""
+    import zlib
+
+    assert head.endswith(b" ") and all(b < 144 for b in head + tail)
+    bits: list[int] = [1, 1, 0]  # BFINAL, BTYPE=01 (fixed Huffman), LSB first
+
+    def code(value: int, n: int) -> None:  # Huffman codes go in most significant bit first
+        bits.extend((value >> i) & 1 for i in range(n - 1, -1, -1))
+
+    def literal(byte: int) -> None:
+        code(0x30 + byte, 8)
+
+    def repeat() -> None:  # length 258 (code 285, no extra bits), distance 1 (code 0)
+        code(0b11000101, 8)
+        code(0, 5)
+
+    def packed() -> bytes:
+        padded = bits + [0] * (-len(bits) % 8)
+        return bytes(sum(padded[i + j] << j for j in range(8)) for i in range(0, len(padded), 8))
+
+    units, rest = divmod(n_fill, 258)
+    for b in head:
+        literal(b)
+    repeat()  # 3 + 8 * len(head) + 13 bits: byte-aligned, so 8 more units are 13 whole bytes
+    assert len(bits) % 8 == 0 and units >= 9
+    prefix = packed()
+    bits.clear()
+    for _ in range(8):
+        repeat()
+    period = packed()
+    groups, left = divmod(units - 1, 8)
+    bits.clear()
+    for _ in range(left):
+        repeat()
+    for _ in range(rest):
+        literal(0x20)
+    for b in tail:
+        literal(b)
+    code(0, 7)  # end of block
+    deflate = prefix + period * groups + packed()
+    crc, chunk, todo = zlib.crc32(head), b" " * (1 << 20), n_fill
+    while todo:
+        crc = zlib.crc32(chunk[: min(todo, len(chunk))], crc)
+        todo -= min(todo, len(chunk))
+    crc = zlib.crc32(tail, crc)
+    size = (len(head) + n_fill + len(tail)) & 0xFFFFFFFF
+    return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + deflate + struct.pack("<II", crc, size)
 
 
 # ---- fixtures ---------------------------------------------------------------------------------

@@ -18,6 +18,9 @@ from fakehub import FakeHub, fake_hub, hub_env  # noqa: F401 - fixtures
 from ggufsynth import gguf_bytes, hostile_gguf_bytes, write_gguf
 from localinfer.cli.main import build_app
 
+# synthetic GGUFs that llama.cpp cannot load: the store's mechanics, without the probe (conftest)
+pytestmark = pytest.mark.usefixtures("unprobed")
+
 REPO = "acme/Tiny-GGUF"
 SPLIT_REPO = "acme/Big-GGUF"
 

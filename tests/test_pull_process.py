@@ -19,6 +19,9 @@ from fakehub import FakeHub, fake_hub, hub_env, smollm2_file  # noqa: F401 - fix
 from ggufsynth import gguf_bytes
 from localinfer.cli.main import build_app
 
+# synthetic GGUFs that llama.cpp cannot load: the store's mechanics, without the probe (conftest)
+pytestmark = pytest.mark.usefixtures("unprobed")
+
 REPO = "acme/Slow-GGUF"
 FILE = "slow-Q4_K_M.gguf"
 SMOLLM2_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"

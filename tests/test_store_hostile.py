@@ -21,6 +21,9 @@ from fakehub import FakeHub, fake_hub, hub_env  # noqa: F401 - fixtures
 from ggufsynth import gguf_bytes
 from localinfer.cli.main import build_app
 
+# synthetic GGUFs that llama.cpp cannot load: the store's mechanics, without the probe (conftest)
+pytestmark = pytest.mark.usefixtures("unprobed")
+
 REPO = "acme/Tiny-GGUF"
 FILE = "tiny-Q4_K_M.gguf"
 SPLIT = "acme/Big-GGUF"

@@ -15,6 +15,9 @@ from localinfer.errors import ChecksumError, InvalidModelError, ModelNotFoundErr
 from localinfer.store import ResolvedModel, resolve_model
 from localinfer.store.manifest import Store
 
+# synthetic GGUFs that llama.cpp cannot load: the store's mechanics, without the probe (conftest)
+pytestmark = pytest.mark.usefixtures("unprobed")
+
 SMOLLM2_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GEMMA_SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 

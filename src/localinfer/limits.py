@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import IO, Any
 
 from localinfer.errors import UsageError
@@ -13,10 +14,17 @@ from localinfer.errors import UsageError
 CHAT_FILE_MAX_BYTES = 16 << 20  # a saved conversation: far beyond any context window's text
 BATCH_INPUT_MAX_BYTES = 1 << 30  # a whole batch file or stdin
 BATCH_LINE_MAX_BYTES = 4 << 20  # one request: ~1M tokens of text, beyond any context window
+CHAT_LINE_MAX_BYTES = BATCH_LINE_MAX_BYTES  # one piped chat turn
+# Piped text is read up to this many bytes per token of the context: real text is 3 to 6 (code and
+# CJK included), so more than that cannot fit, and is refused before it is all read and tokenized.
+PIPED_BYTES_PER_TOKEN = 32
+PIPED_DEFAULT_CTX = 4096  # the context when --ctx-size is not given (DEFAULT_CTX_CEILING)
+PIPED_REMOTE_MAX_BYTES = 32 << 20  # to a server (--endpoint), whose context we do not know
+_CHUNK = 1 << 20
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):g} MiB"
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / 1024:g} KiB"
 
 
 def read_limited(stream: IO[bytes], limit: int, what: str) -> bytes:
@@ -107,3 +115,78 @@ def require_utf8(text: str, what: str) -> None:
             f"{what} is not valid UTF-8 (byte 0x{bad.hex()} at character {exc.start + 1})",
             hint="pass UTF-8 text (iconv -t UTF-8 converts other encodings)",
         ) from None
+
+
+def piped_limit(n_ctx: int | None) -> int:
+    """The most bytes of piped text worth reading for a context of ``n_ctx`` tokens."""
+    return (n_ctx or PIPED_DEFAULT_CTX) * PIPED_BYTES_PER_TOKEN
+
+
+def _not_utf8(what: str, offset: int, byte: int) -> UsageError:
+    return UsageError(
+        f"{what} is not valid UTF-8 (byte 0x{byte:02x} at byte offset {offset})",
+        hint="pass UTF-8 text (iconv -t UTF-8 converts other encodings)",
+    )
+
+
+def read_text(
+    stream: IO[bytes], limit: int, what: str, *, keep_tail: bool = False, why: str = "", too_big: type[Exception] = UsageError
+) -> str:
+    """The UTF-8 text of ``stream``, read in chunks and checked as it comes (a UsageError names the
+    first bad byte's offset). Beyond ``limit`` bytes: ``too_big`` having read ``limit + 1``, or with
+    ``keep_tail``, the last ``limit`` bytes of it all (read to the end, never more than ``limit``
+    held). ``why`` says where the limit comes from, for the message."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    tail: list[bytes] = []
+    held = seen = 0
+    while True:
+        chunk = stream.read(_CHUNK if keep_tail else min(_CHUNK, limit + 1 - held))
+        if not chunk:
+            break
+        pending = len(decoder.getstate()[0])
+        try:
+            decoder.decode(chunk)
+        except UnicodeDecodeError as exc:
+            data = exc.object
+            raise _not_utf8(what, seen - pending + exc.start, data[exc.start]) from None
+        seen += len(chunk)
+        tail.append(chunk)
+        held += len(chunk)
+        if held > limit and not keep_tail:
+            raise too_big(
+                f"{what} is larger than {_mib(limit)}{why}; not reading the rest",
+                hint="shorten it, give a larger --ctx-size, or --on-overflow truncate to keep its end",
+            )
+        while keep_tail and held - len(tail[0]) >= limit:
+            held -= len(tail.pop(0))
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise _not_utf8(what, seen - len(decoder.getstate()[0]), decoder.getstate()[0][0]) from None
+    data = b"".join(tail)[-limit:] if keep_tail else b"".join(tail)
+    if keep_tail and seen > limit:  # the cut may fall inside a character: start at the next one
+        while data and 0x80 <= data[0] < 0xC0:
+            data = data[1:]
+    return data.decode("utf-8")
+
+
+def utf8_lines(stream: IO[bytes], what: str, max_bytes: int = CHAT_LINE_MAX_BYTES) -> Iterator[str]:
+    """The lines of ``stream`` (newline kept), each checked as UTF-8 and bounded, read as they come:
+    a bad or overlong line is a UsageError naming it."""
+    number = 0
+    while True:
+        line = stream.readline(max_bytes + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            raise UsageError(
+                f"line {number} of {what} is longer than {_mib(max_bytes)}; not reading the rest",
+                hint="split it, or check that it is the input you meant",
+            )
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(f"line {number} of {what}", exc.start, line[exc.start]) from None

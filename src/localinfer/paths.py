@@ -1,8 +1,8 @@
 """Where localinfer keeps its files, resolved when called (never at import time).
 
-``LOCALINFER_HOME`` puts everything under one folder (tests use it); otherwise the platform's
-data and config dirs (platformdirs): ``~/.local/share/localinfer`` and ``~/.config/localinfer``
-on Linux. A data dir that cannot hold our files (a file in the way, read-only) is a usage error
+``LOCALINFER_HOME`` puts everything under one folder (tests use it; a relative path is refused);
+otherwise the platform's data and config dirs (platformdirs): ``~/.local/share/localinfer`` and
+``~/.config/localinfer`` on Linux. A data dir that cannot hold our files (a file in the way, read-only) is a usage error
 with a hint, raised by :func:`data_dir` before any command reaches the store.
 """
 
@@ -26,6 +26,7 @@ def data_dir() -> Path:
     """
     path = _raw_data_dir()
     if _checking.get():
+        _refuse_relative_home()
         problem = data_dir_problem(path)
         if problem:
             from localinfer.errors import UsageError
@@ -38,15 +39,36 @@ def data_dir() -> Path:
 def _raw_data_dir() -> Path:
     home = os.environ.get("LOCALINFER_HOME")
     if home:
-        return Path(home).expanduser()
+        return Path(home).expanduser().absolute()  # a relative one is refused by data_dir()
     import platformdirs
 
     return Path(platformdirs.user_data_dir("localinfer", appauthor=False))
 
 
+def _relative_home() -> str | None:
+    """LOCALINFER_HOME when it is a relative path: it would name another store in every working
+    directory, each command silently using (or creating) its own, so it is refused rather than
+    resolved (README, "Where files live")."""
+    home = os.environ.get("LOCALINFER_HOME")
+    return home if home and not Path(home).expanduser().is_absolute() else None
+
+
+def _refuse_relative_home() -> None:
+    home = _relative_home()
+    if home:
+        from localinfer.errors import UsageError
+
+        raise UsageError(
+            f"LOCALINFER_HOME={home} is a relative path: it would mean another folder in each working directory",
+            hint=f"set it to an absolute path, such as LOCALINFER_HOME={Path(home).expanduser().absolute()}",
+        )
+
+
 def data_dir_problem(path: Path | None = None) -> str | None:
     """Why the data dir (``path``) cannot hold our files, or None when it can: a file in the way, or
     a folder we cannot write (a read-only mount, no permission). Two or three stats, no writes."""
+    if _relative_home() and (path is None or path == _raw_data_dir()):
+        return f"LOCALINFER_HOME={_relative_home()} is a relative path (another folder in each working directory)"
     probe = _raw_data_dir() if path is None else path
     while not probe.is_dir():  # the folder, else the nearest parent it would be created in
         if probe.exists() or probe.is_symlink():
@@ -75,7 +97,7 @@ def config_dir() -> Path:
     """User overrides such as an extra ``models.toml``."""
     home = os.environ.get("LOCALINFER_HOME")
     if home:
-        return Path(home).expanduser() / "config"
+        return Path(home).expanduser().absolute() / "config"  # a relative one: refused by data_dir()
     import platformdirs
 
     return Path(platformdirs.user_config_dir("localinfer", appauthor=False))

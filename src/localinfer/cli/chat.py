@@ -7,6 +7,7 @@ flags and picks the input loop (cli.chat_repl).
 
 import io
 import sys
+from collections.abc import Iterator
 from typing import TextIO
 
 import typer
@@ -73,10 +74,15 @@ def register(app: typer.Typer) -> None:
     app.command(name="chat")(chat)
 
 
-def _stdin_lines() -> TextIO:
+def _stdin_lines() -> Iterator[str] | TextIO:
+    """Piped turns, each checked as UTF-8 and bounded (limits.utf8_lines): a bad line ends the
+    session with exit 2, naming the line and byte."""
     if sys.stdin is None:
         return io.StringIO("")
     try:
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+        raw = sys.stdin.buffer
     except AttributeError:
         return sys.stdin
+    from localinfer.limits import utf8_lines
+
+    return utf8_lines(raw, "the input on stdin")

@@ -10,18 +10,36 @@ from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 
-def read_piped_stdin() -> str | None:
-    """Text piped on stdin, or None when stdin is a terminal or absent (never waits for a TTY)."""
+def read_piped_stdin(n_ctx: int | None = None, *, keep_tail: bool = False, remote: bool = False) -> str | None:
+    """Text piped on stdin, or None when stdin is a terminal or absent (never waits for a TTY).
+
+    Checked like every input: not UTF-8 is a usage error naming the byte; more than a context of
+    ``n_ctx`` tokens can hold (limits.piped_limit) is refused before it is all read and tokenized,
+    or with ``keep_tail`` (--on-overflow truncate) only its end is kept."""
+    from localinfer import limits
+
     stream = sys.stdin
     if stream is None:
         return None
     try:
         if stream.isatty():
             return None
-        data = stream.buffer.read()
-    except (OSError, ValueError):
+        raw = stream.buffer
+    except (OSError, ValueError, AttributeError):
         return None
-    return data.decode("utf-8", errors="replace") if data else None
+    from localinfer.errors import ContextOverflowError, UsageError
+
+    if remote:
+        limit, why, too_big = limits.PIPED_REMOTE_MAX_BYTES, "", UsageError
+    else:  # more than the context can hold: the same refusal (exit 6) as a prompt found too long
+        limit, too_big = limits.piped_limit(n_ctx), ContextOverflowError
+        tokens = n_ctx or limits.PIPED_DEFAULT_CTX
+        why = f", more than a {tokens}-token context can hold (at {limits.PIPED_BYTES_PER_TOKEN} bytes a token)"
+    try:
+        text = limits.read_text(raw, limit, "the input on stdin", keep_tail=keep_tail, why=why, too_big=too_big)
+    except (OSError, ValueError):  # unreadable or closed: as if nothing was piped
+        return None
+    return text or None
 
 
 def _write_stdout(text: str) -> None:
@@ -55,7 +73,7 @@ def run(
         from localinfer.cli import remote
 
         return remote.run(
-            endpoint, text=lambda: _prompt_text(prompt_words, prompt), model=model,
+            endpoint, text=lambda: _prompt_text(prompt_words, prompt, remote=True), model=model,
             system=system, sampling=sampling, max_tokens=max_tokens, stop=stop or (), ignore_eos=ignore_eos, raw=raw,
             json_out=json_out, quiet=quiet, verbose=verbose, no_log=no_log,
         )  # fmt: skip
@@ -68,7 +86,7 @@ def run(
         from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model, touch
 
-        text = _prompt_text(prompt_words, prompt)
+        text = _prompt_text(prompt_words, prompt, n_ctx=load_opts.n_ctx, keep_tail=on_overflow.value == "truncate")
         say = (lambda msg: None) if quiet else warn
 
         resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
@@ -108,14 +126,15 @@ def run(
 _until_exit: list = []
 
 
-def _prompt_text(prompt_words: list[str] | None, prompt: str | None) -> str:
-    """The prompt from the arguments or --prompt, after any piped stdin (as context)."""
+def _prompt_text(prompt_words: list[str] | None, prompt: str | None, **stdin: Any) -> str:
+    """The prompt from the arguments or --prompt, after any piped stdin (as context; ``stdin``:
+    how much of it to read, see read_piped_stdin)."""
     from localinfer import generate
     from localinfer.errors import UsageError
 
     if prompt_words and prompt:
         raise UsageError("give the prompt either as an argument or with --prompt, not both")
-    return generate.combine_stdin_and_prompt(read_piped_stdin(), prompt or " ".join(prompt_words or []) or None)
+    return generate.combine_stdin_and_prompt(read_piped_stdin(**stdin), prompt or " ".join(prompt_words or []) or None)
 
 
 def _stream(llm: Any, request: Any, *, json_out: bool, quiet: bool, verbose: bool) -> Any:

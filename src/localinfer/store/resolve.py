@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from localinfer.errors import ChecksumError, ModelNotFoundError
 from localinfer.store.install import hub_offline, install_from_package, read_local_file, resolve_entry
+from localinfer.store.loadable import ensure_in_place
 from localinfer.store.manifest import Store
 from localinfer.store.names import ModelSpec, parse_spec
 from localinfer.store.types import ProgressSink, ResolvedModel
 
 
-def _resolve_path(spec: ModelSpec, store: Store) -> ResolvedModel:
+def _resolve_path(spec: ModelSpec, store: Store, progress: ProgressSink | None) -> ResolvedModel:
     path, info = read_local_file(spec)
+    digest = ensure_in_place(store, path.resolve(), info, progress)  # llama.cpp tried on it once, in a child
     return ResolvedModel(
         name=spec.raw,
         path=path,
-        sha256=store.cached_digest(path.resolve()),
+        sha256=digest,
         source="local",
         chat_format=None,
         info=info,
@@ -43,7 +45,7 @@ def resolve_model(
 
     parsed = parse_spec(spec) if spec is not None else None
     if parsed is not None and parsed.kind == "path":  # a file needs no registry (nor a readable one)
-        return _resolve_path(parsed, Store())
+        return _resolve_path(parsed, Store(), progress)
     registry = load_registry()
     if parsed is None:
         parsed = parse_spec(registry.default)

@@ -122,13 +122,10 @@ def list_repo(repo: str, revision: str | None) -> RepoListing:
     Every value used later (names, digests, sizes, the commit) is checked here, before any download:
     one malformed value refuses the whole listing. Other files are left out: their names are never used.
     """
-    from huggingface_hub import HfApi
-
     from localinfer.store.names import validate_hub_filename
 
-    api = HfApi(endpoint=endpoint(), token=token() or False)
     with hub_errors(repo):
-        info = api.model_info(repo, revision=revision, files_metadata=True, timeout=_timeout())
+        info = _model_info(repo, revision)
         siblings = list(info.siblings or [])
     commit = _checked(repo, "commit id", info.sha, is_commit) if info.sha is not None else revision or "main"
     files: dict[str, RemoteFile] = {}
@@ -146,6 +143,61 @@ def list_repo(repo: str, revision: str | None) -> RepoListing:
             _checked(repo, f"size for {name}", size, is_size)
         files[name] = RemoteFile(name, size, sha)
     return RepoListing(repo=repo, commit=str(commit), files=files)
+
+
+LISTING_MAX_BYTES = 16 << 20  # a listing, as sent and as inflated: ~50,000 files, far beyond any model repo
+
+
+def _model_info(repo: str, revision: str | None):  # noqa: ANN202 - huggingface_hub's ModelInfo
+    """``HfApi.model_info(files_metadata=True)``, reading at most LISTING_MAX_BYTES of the answer,
+    compressed or not (huggingface_hub reads and inflates it whole: a 1 MB gzip bomb took 2 GB)."""
+    import httpx2
+    from huggingface_hub.hf_api import ModelInfo
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    from localinfer.limits import loads
+
+    url = f"{endpoint()}/api/models/{repo}"
+    if revision is not None:
+        url += f"/revision/{quote(revision, safe='')}"
+    headers = {**build_hf_headers(token=token() or False), "Accept-Encoding": "gzip"}
+    with get_session().stream("GET", url, headers=headers, params={"blobs": True}, timeout=_timeout()) as resp:
+        body = _bounded_body(resp, repo)
+        if resp.status_code >= 400:  # huggingface_hub's errors, from the body we read (bounded)
+            kept = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-encoding", "content-length")}
+            hf_raise_for_status(httpx2.Response(resp.status_code, headers=kept, content=body, request=resp.request))
+    data = loads(body, f"the Hub's listing of {repo}")
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    return ModelInfo(**data)
+
+
+def _bounded_body(resp, repo: str) -> bytes:  # noqa: ANN001 - an httpx2 streaming response
+    """The body, inflated, or a NetworkError once it passes LISTING_MAX_BYTES sent or inflated."""
+    import zlib
+
+    encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
+    if encoding not in ("identity", "gzip", "x-gzip", "deflate"):
+        raise NetworkError(f"refusing the Hub's listing of {repo}: it is encoded as '{shown(encoding)}'", hint=REFUSED_HINT)
+    inflate = None if encoding == "identity" else zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
+    out, sent, limit = bytearray(), 0, LISTING_MAX_BYTES
+    too_big = NetworkError(f"refusing the Hub's listing of {repo}: it is larger than {limit >> 20} MiB", hint=REFUSED_HINT)
+    try:
+        for chunk in resp.iter_raw():
+            sent += len(chunk)
+            if sent > limit:
+                raise too_big
+            if inflate is None:
+                out += chunk
+                continue
+            out += inflate.decompress(chunk, limit + 1 - len(out))  # never more than the room left
+            if len(out) > limit or inflate.unconsumed_tail:
+                raise NetworkError(f"{too_big} once inflated", hint=REFUSED_HINT)
+        if inflate is not None:
+            out += inflate.flush()
+    except zlib.error as exc:
+        raise NetworkError(f"refusing the Hub's listing of {repo}: its {encoding} encoding is broken ({exc})", hint=REFUSED_HINT) from None
+    return bytes(out)
 
 
 def hf_cache_dir() -> Path:

@@ -38,7 +38,7 @@ BUFFERS = 16  # buffers in flight between the reader and the hashing thread (4 M
 PROGRESS_EVERY = 4 * 1024 * 1024  # report to the progress sink after this many bytes or PROGRESS_SECONDS
 PROGRESS_SECONDS = 0.1
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
-MAX_RETRIES = 5  # consecutive failed attempts (without a single new byte) before giving up
+MAX_RETRIES = 5  # consecutive failed attempts (none reaching further into the file) before giving up
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: str.isdigit() accepts '²', which int() refuses
 
 
@@ -77,6 +77,7 @@ def fetch(
     fd = open_in_store(dest, os.O_RDWR)  # a link planted in partial/ is replaced, never written through
     hasher: _Hasher | None = None
     have = 0
+    complete = False
     try:
         have = os.lseek(fd, 0, os.SEEK_END)
         if size is not None and have > size:
@@ -86,8 +87,11 @@ def fetch(
         opener = _opener()
         sink.start(label, size, have)
         failures = 0
+        # The furthest byte ever on disk: an attempt is progress only if it gets past it. A server
+        # that ignores Range makes us start over; counting its bytes as new would retry forever.
+        furthest = have
+        ignored_range = False
         while size is None or have < size:
-            before = have
             try:
                 resp = _open(opener, url, headers, auth, have, timeout)
             except Refused as exc:
@@ -96,7 +100,7 @@ def fetch(
                     if total == have or (total is None and size is not None and have >= size):
                         break  # complete: the sha256 decides
                     sink.note(f"{what}: the partial download is longer than the file on the server; starting over")
-                    have = before = _start_over(fd, hasher, sink)
+                    have = _start_over(fd, hasher, sink)
                     failures += 1
                     if failures > MAX_RETRIES:
                         raise
@@ -111,7 +115,8 @@ def fetch(
                     if have and resp.status == 200:
                         # Range ignored: the body is the whole file. Start over, cleanly.
                         sink.note(f"{what}: the server ignored the resume request, downloading from the start")
-                        have = before = _start_over(fd, hasher, sink)
+                        have = _start_over(fd, hasher, sink)
+                        ignored_range = True
                     elif have and _content_range_start(resp.headers.get("Content-Range")) != have:
                         raise NetworkError(
                             f"the server resumed {what} at the wrong byte (asked for {have})",
@@ -132,7 +137,14 @@ def fetch(
                     reason = f"the connection closed after {have} of {size} bytes"
             if reason is None:
                 continue
-            failures = 0 if have > before else failures + 1
+            failures = 0 if have > furthest else failures + 1
+            furthest = max(furthest, have)
+            if failures > MAX_RETRIES and ignored_range:
+                raise NetworkError(
+                    f"downloading {what} failed after {MAX_RETRIES} retries: the server ignores resume requests "
+                    f"and its answers stop short of the {size} bytes announced (at most {furthest}; {reason})",
+                    hint="try again later, or from another mirror (HF_ENDPOINT)",
+                )
             if failures > MAX_RETRIES:
                 raise NetworkError(
                     f"downloading {what} failed after {MAX_RETRIES} retries at {have} of {size} bytes ({reason})",
@@ -140,19 +152,46 @@ def fetch(
                 )
             sink.note(f"{what}: {reason}; resuming at byte {have}")
             time.sleep(min(0.25 * 2 ** max(failures - 1, 0), 4.0))
-        return hasher.hexdigest()
+        digest = hasher.hexdigest()
+        complete = True
+        return digest
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise ResourceError(
-                f"the disk filled up while downloading {what} ({have} bytes written to {dest})",
-                hint="free some space and run the same command again: it resumes where it stopped",
-            ) from None
+            raise _disk_full(what, fd, dest, size) from None
         raise
     finally:
         if hasher is not None:
             hasher.close()
+        if not complete:
+            _drop_if_empty(fd, dest)
         os.close(fd)
         sink.finish()
+
+
+def _disk_full(what: str, fd: int, dest: Path, size: int | None) -> ResourceError:
+    """The message counts what is on disk (the bytes of this attempt included), not what we had before it."""
+    from localinfer.store.fsutil import human_size
+
+    written = os.fstat(fd).st_size
+    if not written:
+        return ResourceError(
+            f"the disk is full: not a byte of {what} could be written in {dest.parent}",
+            hint="free some space and run the same command again",
+        )
+    of = f" of {human_size(size)}" if size else ""
+    return ResourceError(
+        f"the disk filled up while downloading {what}: {human_size(written)}{of} written to {dest}",
+        hint="free some space and run the same command again: it resumes where it stopped",
+    )
+
+
+def _drop_if_empty(fd: int, dest: Path) -> None:
+    """A failed download that wrote nothing leaves no partial file: there is nothing to resume."""
+    try:
+        if os.fstat(fd).st_size == 0:
+            dest.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _start_over(fd: int, hasher: _Hasher, sink: ProgressSink) -> int:
