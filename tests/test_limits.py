@@ -49,9 +49,13 @@ def test_chat_load_of_dev_zero_or_nested_brackets_is_an_error_and_the_chat_goes_
 
     nested = tmp_path / "nested.json"
     nested.write_text("[" * 200_000 + "]" * 200_000)
-    script = f"/load /dev/zero\n/load {nested}\n/set max_tokens 2\nhi\n"
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as fh:  # sparse: a regular file as endless as /dev/zero, within what is read
+        fh.truncate(1 << 30)
+    script = f"/load /dev/zero\n/load {huge}\n/load {nested}\n/set max_tokens 2\nhi\n"
     proc = run_cli("chat", "-m", str(smollm2_path), "-t", "1", input=script, timeout=120)
     err = proc.stderr.decode()
-    assert "/dev/zero is larger than 16 MiB" in err and "nested too deeply" in err
+    assert "cannot read /dev/zero: it is a device" in err  # not read at all (a FIFO would block)
+    assert f"{huge} is larger than 16 MiB" in err and "nested too deeply" in err
     assert "Set max_tokens = 2." in err and proc.stdout.strip() and "Traceback" not in err
     assert proc.returncode == 2
