@@ -129,3 +129,28 @@ def test_advice_puts_an_unusable_store_first():
     first, *rest = advice(facts)
     assert first["kind"] == "store_unusable" and "/m is not writable" in first["message"]
     assert all(a["kind"] != "low_disk" for a in rest)
+
+
+def test_doctor_on_a_60_column_terminal_wraps_at_word_boundaries(isolated_home):
+    # The terminal wrapped each long line wherever column 60 fell, mid-word (issue 31).
+    import os
+    import re
+    import sys
+
+    import pexpect
+
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "60", "LINES": "60", "LOCALINFER_FAKE_VRAM": "8GB"}
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", "doctor"], env=env, encoding="utf-8", dimensions=(60, 60))
+    child.expect(pexpect.EOF, timeout=120)
+    shown = child.before.replace("\r", "")
+    piped = run_cli("doctor", env={"LOCALINFER_FAKE_VRAM": "8GB"}, timeout=120).stdout.decode()
+    assert all(len(line) <= 60 or " " not in line.strip() for line in shown.splitlines()), shown
+    assert max(map(len, piped.splitlines())) > 60  # a pipe keeps one line per fact
+    # The same words, none split: only the line breaks (and a command's "\" continuations) differ.
+    def words(text: str) -> list[str]:  # free memory and disk change between the two runs
+        return re.sub(r"\d+(\.\d+)?\s+(GB|MB|kB|B)\b", "N", text).split()
+
+    assert words(shown.replace(" \\\n", " ")) == words(piped)
+    command = re.search(r"^ {6}(CMAKE_ARGS=.*?)(?=^\S|^  - )", shown, re.M | re.S)
+    if command:  # wrapped with continuations: still one command for the shell
+        assert all(line.endswith(" \\") for line in command.group(1).rstrip("\n").split("\n")[:-1])

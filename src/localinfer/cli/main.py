@@ -63,7 +63,20 @@ def build_app(only: str | None = None) -> typer.Typer:
     for module_name in _COMMAND_MODULES if only is None else (only,):
         module = importlib.import_module(f"localinfer.cli.{module_name}")
         module.register(app)
+    for info in app.registered_commands:
+        if info.short_help is None:
+            info.short_help = _summary(info.help or (info.callback.__doc__ if info.callback else None))
     return app
+
+
+def _summary(doc: str | None) -> str | None:
+    """A command's first clause (to its first "." or ";"), whole: Click would cut the help to the
+    width left at "..." in `localinfer --help`'s list of commands; given whole, it wraps it."""
+    if not doc:
+        return None
+    words = doc.strip().split("\n\n")[0].split()
+    end = next((i for i, w in enumerate(words) if w.endswith((".", ";"))), len(words) - 1)
+    return " ".join(words[: end + 1]).rstrip(";.")
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TextIO
 
-from localinfer.render.term import styled
+from localinfer.render.term import styled, terminal_width, wrap
 from localinfer.units import human_bytes
 from localinfer.units import human_duration as ms
 from localinfer.units import human_rate as tps
@@ -42,7 +42,8 @@ def dim(text: str, stream: TextIO) -> str:
 
 
 def print_dim(text: str, stream: TextIO) -> None:
-    stream.write(dim(text, stream) + "\n")
+    """``text`` dim on a terminal, wrapped at word boundaries to its width (as is on a pipe)."""
+    stream.write(dim(wrap(text, terminal_width(stream)), stream) + "\n")
     stream.flush()
 
 
