@@ -154,3 +154,26 @@ def test_doctor_on_a_60_column_terminal_wraps_at_word_boundaries(isolated_home):
     command = re.search(r"^ {6}(CMAKE_ARGS=.*?)(?=^\S|^  - )", shown, re.M | re.S)
     if command:  # wrapped with continuations: still one command for the shell
         assert all(line.endswith(" \\") for line in command.group(1).rstrip("\n").split("\n")[:-1])
+
+
+def test_a_model_that_fits_in_ram_is_comfortable_only_if_the_cores_decode_it_fast_enough():
+    # 32 GB on 2 cores was "~26B parameters ... comfortably": about 0.2 tokens a second (issue 31).
+    from localinfer.system.advice import COMFORTABLE_TPS, CPU_BYTES_PER_S_PER_CORE
+
+    two = _facts(memory={"total_bytes": 32 * 1000**3, "cgroup_room_bytes": None}, cpu={"physical_cores": 2, "logical_cores": 2})
+    fit = comfortable_model(two)
+    assert fit["where"] == "RAM" and fit["limited_by"] == "cores" and fit["cores"] == 2
+    assert fit["max_file_bytes"] == int(2 * CPU_BYTES_PER_S_PER_CORE / COMFORTABLE_TPS) == 1_000_000_000
+    (item,) = [a for a in advice(two) if a["kind"] == "model_size"]
+    assert "(~1.7B parameters at Q4_K_M)" in item["message"] and "5+ tokens/s on 2 cores" in item["message"]
+
+    many = _facts(memory={"total_bytes": 32 * 1000**3, "cgroup_room_bytes": None}, cpu={"physical_cores": 64, "logical_cores": 128})
+    fit = comfortable_model(many)  # 64 cores keep up with all that fits in RAM
+    assert fit["limited_by"] == "memory" and fit["max_file_bytes"] == int((32 * 1000**3 - 8 * 1000**3) / 1.2)
+    (item,) = [a for a in advice(many) if a["kind"] == "model_size"]
+    assert "(~33B parameters at Q4_K_M)" in item["message"] and "memory bandwidth" in item["message"]
+
+    gpu = {"type": "gpu", "total_bytes": 24 << 30, "free_bytes": 23 << 30}
+    on_gpu = _facts(llama_cpp={"gpu_offload": True, "devices": [gpu], "backends": ["CUDA", "CPU"], "amx": False},
+                    cpu={"physical_cores": 2, "logical_cores": 2})  # fmt: skip
+    assert comfortable_model(on_gpu)["limited_by"] == "memory"  # the GPU decodes, not the 2 cores
