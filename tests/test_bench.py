@@ -275,3 +275,17 @@ def test_the_table_at_80_and_60_columns_drops_columns_and_cuts_no_cell(monkeypat
     assert note.startswith(f"not shown at {columns} columns: raw t/s, params, backend")
     shown = lines[1]
     assert "raw t/s" not in shown and "params" not in shown and "model" in shown and "t/s" in shown
+
+
+def test_bench_help_says_what_quiet_and_verbose_do_in_bench():
+    # They read as run's ("only the answer", "a full stats table"): bench has neither (issue 31).
+    from typer.testing import CliRunner
+
+    from localinfer.cli.main import build_app
+
+    res = CliRunner().invoke(build_app(), ["bench", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    text = " ".join(res.stdout.split())
+    assert "No progress lines on stderr; only the results on stdout." in text
+    assert "Show llama.cpp's log while models load and run." in text
+    assert "only the answer" not in text and "full stats table" not in text

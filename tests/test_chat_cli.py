@@ -143,6 +143,8 @@ def test_repl_save_clear_load_system_show_stats(smollm2_path, tmp_path):
         shown = repl.command("/show", r"stop +none")
         assert re.search(r"system prompt +'You are terse\.'", shown) and re.search(r"max_tokens +8", shown)
         assert re.search(r"context +512 tokens", shown)
+        # one truth about the size: the parameter count, not llama.cpp's "256M" class beside it
+        assert re.search(r"description +llama Q4_1\r?\n", shown) and re.search(r"parameters +135 M", shown), shown
         stats = repl.command("/stats", r"dropped to fit +0 messages")
         assert re.search(r"turns +3", stats) and "reused from the KV cache" in stats
         repl.command("/load " + str(tmp_path / "nope.json"), r"Error: cannot read")

@@ -6,6 +6,7 @@ clean. No Rich here: the REPL prints a line per turn and must not pay Rich's imp
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, TextIO
 
 from localinfer.render.term import styled, terminal_width, wrap
@@ -75,6 +76,15 @@ def banner(conv: Conversation) -> str:
     )
 
 
+def _description(desc: str) -> str:
+    """llama.cpp's "llama 256M Q4_1" without its size class, a guess from the layer count that
+    contradicted the parameter count beside it (135 M): the architecture and the file type."""
+    words = desc.split()
+    if len(words) >= 3 and re.fullmatch(r"(\d+(\.\d+)?|\?)[KMBT]", words[1]):
+        del words[1]
+    return " ".join(words)
+
+
 def table(rows: list[tuple[str, str]]) -> list[str]:
     width = max(len(k) for k, _ in rows)
     return [f"  {k:<{width}}  {v}" for k, v in rows]
@@ -89,7 +99,7 @@ def show_lines(conv: Conversation) -> list[str]:
         ("model", lm.name),
         ("file", str(m.path)),
         ("source", resolved.source if resolved is not None else "-"),
-        ("description", m.description),
+        ("description", _description(m.description)),
         ("parameters", f"{m.n_params / 1e6:.0f} M" if m.n_params < 1e9 else f"{m.n_params / 1e9:.2f} B"),
         ("size", human_bytes(m.size_bytes)),
         ("chat format", "GGUF chat template" if t is not None and t.source == "gguf" else (t.source if t else "-")),
