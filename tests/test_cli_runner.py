@@ -117,3 +117,23 @@ def test_help_at_80_and_60_columns_wraps_each_summary_whole():
         for name, summary in summaries.items():  # every word of every summary, in order
             entry = re.search(rf"^  {name} +(.*?)(?=^  \S|\Z)", listing, re.M | re.S)
             assert entry and " ".join(entry.group(1).split()).replace("- ", "-") == summary, (name, listing)
+
+
+def test_the_listing_app_prints_the_same_help_as_the_whole_app():
+    # `localinfer --help` builds a listing app (its commands take no parameters: Typer would turn ~190
+    # options into Click ones just to list the command names). What it prints must not change.
+    import os
+
+    from conftest import run_cli, run_python
+
+    env = {**os.environ, "COLUMNS": "80"}
+    code = ("import sys; from localinfer.cli.main import build_app; "
+            "build_app(listing=sys.argv[1] == 'listing')(['--help'], prog_name='localinfer')")  # fmt: skip
+    whole = run_python(code, "whole", env=env).stdout
+    assert "Commands:" in whole and "doctor" in whole
+    assert run_python(code, "listing", env=env).stdout == whole
+    assert run_cli("--help", env={"COLUMNS": "80"}).stdout.decode() == whole  # `localinfer --help` lists
+    from typer.main import get_command
+
+    whole_params = sum(len(c.params) for c in get_command(build_app()).commands.values())
+    assert whole_params > 150 and all(not c.params for c in get_command(build_app(listing=True)).commands.values())
