@@ -249,11 +249,19 @@ def test_retry_regenerates_and_clear_empties_the_cache(smollm2_path):
         r2 = conv.retry(lambda _t: None)
         assert r2.text == r1.text  # greedy: the same answer again
         assert len(conv.history) == 2 and conv.history[1]["content"] == r2.text
-        assert r2.stats.cached_tokens == r2.stats.prompt_tokens - 1  # the prompt came from the cache
+        # Greedy, so promised the same: evaluated as the first answer was (from the same position, in
+        # the same batches). Evaluating only the last token, all else cached, gave other logits and,
+        # on near-ties, another answer (issue 31).
+        assert (r2.stats.cached_tokens, r2.stats.evaluated_tokens) == (r1.stats.cached_tokens, r1.stats.evaluated_tokens)
         conv.set("temperature", "1.5")
         conv.set("seed", "9")
         r3 = conv.retry(lambda _t: None)
         assert len(conv.history) == 2 and conv.history[1]["content"] == r3.text
+        assert r3.stats.cached_tokens == r1.stats.cached_tokens  # a fixed seed promises the same too
+        assert conv.retry(lambda _t: None).text == r3.text
+        conv.set("seed", "random")
+        r5 = conv.retry(lambda _t: None)
+        assert r5.stats.cached_tokens == r5.stats.prompt_tokens - 1  # no promise: the prompt comes from the cache
         conv.clear()
         assert conv.history == [] and conv.model.cached_tokens == [] and conv.system == "You are terse."
         with pytest.raises(UsageError):
@@ -297,6 +305,21 @@ def test_save_and_load_round_trip(smollm2_path, tmp_path):
         with pytest.raises(UsageError, match="cannot save"):
             conv.save(tmp_path / "no-such-dir" / "x.json")
         assert len(conv.history) == 6
+    finally:
+        conv.close()
+
+
+@pytest.mark.slow
+def test_a_greedy_retry_of_a_later_turn_replays_its_evaluation(smollm2_path):
+    conv = _conv(smollm2_path, system="You are terse.", max_tokens=12)
+    try:
+        conv.ask("Name a color.", lambda _t: None)
+        r1 = conv.ask("And a fruit?", lambda _t: None)
+        assert r1.stats.cached_tokens > 0  # the first turn came from the cache
+        r2 = conv.retry(lambda _t: None)
+        assert r2.text == r1.text and (r2.stats.cached_tokens, r2.stats.evaluated_tokens) == (
+            r1.stats.cached_tokens, r1.stats.evaluated_tokens)  # fmt: skip
+        assert len(conv.history) == 4 and conv.history[3]["content"] == r2.text
     finally:
         conv.close()
 

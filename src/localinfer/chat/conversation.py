@@ -79,6 +79,8 @@ class Conversation:
         self.last: Result | None = None
         self.totals = Totals()
         self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
+        self._replay: tuple[str, list[int], int] | None = None  # the same, and how many came from the cache
+        self._replaying = False  # set by retry for the next _answer
         self._load_s = load_s  # reported with the first turn after a (re)load
 
     # -- what the model sees ---------------------------------------------------------------------
@@ -188,9 +190,17 @@ class Conversation:
         """Answer the history's last (user) message."""
         from localinfer import generate
 
+        replay, self._replaying = self._replay if self._replaying else None, False
         try:
             prompt, full = self._fit()
-            tokens = self._splice(prompt, full)
+            if replay is not None and replay[0] == prompt.text:
+                # /retry: the very tokens of the first answer's prompt, evaluated from where it began,
+                # in the same batches. Evaluating only the last token (all the rest is cached) gives
+                # other logits (another batch shape), and greedy decoding another answer on near-ties.
+                tokens = list(replay[1])
+                self.model.keep_prefix(replay[2])
+            else:
+                tokens = self._splice(prompt, full)
         except BaseException:
             self.history.pop()
             raise
@@ -211,6 +221,7 @@ class Conversation:
             self.history.pop()
             raise
         self._keep_answer(result.text, result.finish_reason)
+        self._replay = (prompt.text, list(tokens), result.stats.cached_tokens)
         self.last = result
         self.totals.add(result)
         return result
@@ -237,9 +248,14 @@ class Conversation:
                 self.history.append(answer)
             raise UsageError("nothing to retry: ask something first")
         user, n = self.history[-1], len(self.history)
+        # Greedy or seeded, the retry is promised to give the same answer: replay the first one's
+        # evaluation. Otherwise a new answer is wanted anyway, and the cached prompt is reused.
+        sampling = self.settings.sampling
+        self._replaying = answer is not None and (sampling.greedy or sampling.seed is not None)
         try:
             result = self._answer(write)
         except BaseException:
+            self._replaying = False
             if answer is not None:
                 self.history.extend([user, answer])
             raise
@@ -253,7 +269,7 @@ class Conversation:
         self.history = []
         self.start = 0
         self.last = None
-        self._anchor = None
+        self._anchor = self._replay = None
         self.model.reset()
 
     def set_system(self, text: str | None) -> None:
@@ -268,7 +284,7 @@ class Conversation:
             raise no_template_error(loaded.name)
         old, self.loaded = self.loaded, loaded
         self.start = 0  # a new context size: fit again from the whole history
-        self._anchor = None
+        self._anchor = self._replay = None
         self._load_s = load_s
         if old is not loaded:
             old.close()
@@ -337,6 +353,7 @@ class Conversation:
         self.history = messages
         self.start = 0
         self.last = None
+        self._replay = None
         return len(messages) + (1 if system else 0)
 
 
