@@ -196,6 +196,8 @@ def test_summary_percentiles_and_lines():
     assert "300 prompt, 450 completion" in body and "150.0 tok/s (decode 200.0 tok/s) at parallel 4" in body
     assert "p50 5.00 s, p95 9.00 s" in body
     assert progress_line(s, 10) == "batch: 10/10 requests (1 error), 150.0 tok/s, ETA 0.00 s"
+    few = batchjob.BatchSummary(requests=3, completed=3, completion_tokens=30, wall_s=1.0, parallel=16, latencies=[1.0] * 3)
+    assert "at parallel 3 · " in summary_lines(few)[1]  # what ran at once, not the --parallel asked for
     assert batchjob.BatchSummary().latency(0.5) is None
 
 

@@ -197,7 +197,7 @@ def test_per_request_options_and_errors(smollm2_path):
     assert results["seed-a"].text == results["seed-b"].text  # own sampler chain and seed per sequence
     assert results[None].to_json() == {"id": None, "line": 4, "error": "not valid JSON: x"}
     long = results["long"].to_json()
-    assert long["line"] == 5 and "exceed the context window (512 tokens)" in long["error"]
+    assert long["line"] == 5 and "tokens) exceeds the context window (512 tokens)" in long["error"]  # no max_tokens: one subject
     assert results["stop"].finish_reason == "stop" and "5" not in results["stop"].text and "4" in results["stop"].text
 
 

@@ -247,3 +247,45 @@ def test_bench_on_a_terminal_with_no_color_shows_plain_progress(smollm2_path, is
     assert child.exitstatus == 0, out
     assert b"bench: tg4: repetition 1/1" in out  # progress lines on the terminal's stderr
     assert b"\x1b[" not in out and "pp8".encode() in out and "±".encode() in out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_the_table_at_80_and_60_columns_drops_columns_and_cuts_no_cell(monkeypatch, columns):
+    # Rich squeezed every column to fit: "smollm2:1…", "302.12 ± 0…", the test column "…" (issue 31).
+    from localinfer.render.bench import cell, columns as table_columns, print_table
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("NO_COLOR", "1")
+    rows = [dict(model="smollm2:135m", model_size=98_362_432, quant="Q4_1", model_n_params=134_515_008, backend="CPU",
+                 n_gpu_layers=0, n_threads=2, n_batch=2048, test=test, avg_ts=ts, stddev_ts=0.53, raw_avg_ts=ts * 1.1)
+            for test, ts in (("pp512", 302.12), ("tg128", 41.5), ("pp512 @ d4096", 120.5))]  # fmt: skip
+    out = _Terminal()
+    print_table(rows, table_columns(rows, None), out)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert "…" not in text and max(map(len, lines)) <= columns, text
+    for r in rows:  # what a bench is for, whole on every row
+        assert re.search(rf"smollm2:135m\s+.*{re.escape(r['test'])}\s+.*{re.escape(cell(r, '_tps'))}", text), text
+    note = next(line for line in lines if line.startswith("not shown at"))
+    assert note.startswith(f"not shown at {columns} columns: raw t/s, params, backend")
+    shown = lines[1]
+    assert "raw t/s" not in shown and "params" not in shown and "model" in shown and "t/s" in shown
+
+
+def test_bench_help_says_what_quiet_and_verbose_do_in_bench():
+    # They read as run's ("only the answer", "a full stats table"): bench has neither (issue 31).
+    from typer.testing import CliRunner
+
+    from localinfer.cli.main import build_app
+
+    res = CliRunner().invoke(build_app(), ["bench", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    text = " ".join(res.stdout.split())
+    assert "No progress lines on stderr; only the results on stdout." in text
+    assert "Show llama.cpp's log while models load and run." in text
+    assert "only the answer" not in text and "full stats table" not in text

@@ -143,6 +143,8 @@ def test_repl_save_clear_load_system_show_stats(smollm2_path, tmp_path):
         shown = repl.command("/show", r"stop +none")
         assert re.search(r"system prompt +'You are terse\.'", shown) and re.search(r"max_tokens +8", shown)
         assert re.search(r"context +512 tokens", shown)
+        # one truth about the size: the parameter count, not llama.cpp's "256M" class beside it
+        assert re.search(r"description +llama Q4_1\r?\n", shown) and re.search(r"parameters +135 M", shown), shown
         stats = repl.command("/stats", r"dropped to fit +0 messages")
         assert re.search(r"turns +3", stats) and "reused from the KV cache" in stats
         repl.command("/load " + str(tmp_path / "nope.json"), r"Error: cannot read")
@@ -257,3 +259,32 @@ def test_repl_multiline_input_paste_block_and_alt_enter(smollm2_path, tmp_path):
         assert repl.finish() == 0
     finally:
         repl.child.close(force=True)
+
+
+@pytest.mark.slow
+def test_repl_on_a_60_column_terminal_wraps_at_word_boundaries(smollm2_path):
+    # The banner, /help and /show were single long lines the terminal broke mid-word (issue 31).
+    import pexpect
+
+    from localinfer.render.chat import HELP
+
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "COLUMNS": "60", "NO_COLOR": "1"}
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", "chat", "-m", str(smollm2_path), "-t", "1"],
+                          env=env, encoding="utf-8", dimensions=(50, 60), timeout=120)  # fmt: skip
+    try:
+        child.expect("Ctrl-D to quit")
+        banner = ANSI.sub("", child.before + child.after).replace("\r", "")
+        child.expect_exact(">>>")  # at 60 columns prompt_toolkit moves the cursor instead of the space
+        child.sendline("/help")
+        child.expect(r"clears the line\.")
+        shown = ANSI.sub("", child.before + child.after).replace("\r", "")
+        child.expect_exact(">>>")
+        child.sendcontrol("d")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    lines = (banner + shown[shown.index("Commands:") :]).splitlines()
+    assert all(len(line) <= 60 or " " not in line.strip() for line in lines), lines  # a long path stays whole
+    assert shown[shown.index("Commands:") :].split() == HELP.split()  # every word, whole and in order
+    assert "/retry               regenerate the last answer" in shown
+    assert "  /clear               start a new conversation (same system\n                       prompt;" in shown

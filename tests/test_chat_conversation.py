@@ -4,6 +4,10 @@ trimming to the context window, interruption, retry, /clear and model switching.
 from __future__ import annotations
 
 import json
+import os
+import stat
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -245,11 +249,19 @@ def test_retry_regenerates_and_clear_empties_the_cache(smollm2_path):
         r2 = conv.retry(lambda _t: None)
         assert r2.text == r1.text  # greedy: the same answer again
         assert len(conv.history) == 2 and conv.history[1]["content"] == r2.text
-        assert r2.stats.cached_tokens == r2.stats.prompt_tokens - 1  # the prompt came from the cache
+        # Greedy, so promised the same: evaluated as the first answer was (from the same position, in
+        # the same batches). Evaluating only the last token, all else cached, gave other logits and,
+        # on near-ties, another answer (issue 31).
+        assert (r2.stats.cached_tokens, r2.stats.evaluated_tokens) == (r1.stats.cached_tokens, r1.stats.evaluated_tokens)
         conv.set("temperature", "1.5")
         conv.set("seed", "9")
         r3 = conv.retry(lambda _t: None)
         assert len(conv.history) == 2 and conv.history[1]["content"] == r3.text
+        assert r3.stats.cached_tokens == r1.stats.cached_tokens  # a fixed seed promises the same too
+        assert conv.retry(lambda _t: None).text == r3.text
+        conv.set("seed", "random")
+        r5 = conv.retry(lambda _t: None)
+        assert r5.stats.cached_tokens == r5.stats.prompt_tokens - 1  # no promise: the prompt comes from the cache
         conv.clear()
         assert conv.history == [] and conv.model.cached_tokens == [] and conv.system == "You are terse."
         with pytest.raises(UsageError):
@@ -295,6 +307,122 @@ def test_save_and_load_round_trip(smollm2_path, tmp_path):
         assert len(conv.history) == 6
     finally:
         conv.close()
+
+
+@pytest.mark.slow
+def test_a_greedy_retry_of_a_later_turn_replays_its_evaluation(smollm2_path):
+    conv = _conv(smollm2_path, system="You are terse.", max_tokens=12)
+    try:
+        conv.ask("Name a color.", lambda _t: None)
+        r1 = conv.ask("And a fruit?", lambda _t: None)
+        assert r1.stats.cached_tokens > 0  # the first turn came from the cache
+        r2 = conv.retry(lambda _t: None)
+        assert r2.text == r1.text and (r2.stats.cached_tokens, r2.stats.evaluated_tokens) == (
+            r1.stats.cached_tokens, r1.stats.evaluated_tokens)  # fmt: skip
+        assert len(conv.history) == 4 and conv.history[3]["content"] == r2.text
+    finally:
+        conv.close()
+
+
+@pytest.mark.slow
+def test_a_long_loaded_conversation_is_fitted_in_log_n_renders_keeping_the_same_turns(smollm2_path, tmp_path):
+    notes: list[str] = []
+    conv = _conv(smollm2_path, n_ctx=512, max_tokens=4, notes=notes)
+    try:
+        messages = [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(2000)]
+        (tmp_path / "long.json").write_text(json.dumps({"messages": messages}))
+        assert conv.load(tmp_path / "long.json") == 2000
+        conv.history.append({"role": "user", "content": "And now?"})
+        # What dropping the oldest turns one by one keeps: the first user message from which the prompt
+        # fits. Found here from the end (each step renders a short context) so the test stays cheap.
+        budget = conv.n_ctx - conv.reserve()
+        users = [i for i, m in enumerate(conv.history) if m["role"] == "user"]
+        expected = users[-1]
+        for i in reversed(users[:-1]):
+            if len(conv._tokenize(conv._render(conv.context_messages(i)))) > budget:
+                break
+            expected = i
+        conv.history.pop()
+
+        renders: list[int] = []
+        real_render = conv._render
+
+        def counting_render(msgs):
+            renders.append(len(msgs))
+            assert len(renders) <= 20, "fitting renders once per dropped turn"
+            return real_render(msgs)
+
+        conv._render = counting_render  # type: ignore[method-assign]
+        conv.ask("And now?", lambda _t: None)
+        assert conv.start == expected and conv.totals.dropped_turns == expected > 1900
+        assert len(renders) <= 2 + 11  # first and last candidate, then bisection of ~1000 starts
+        assert notes == [notes[0]] and f"dropped the {expected} oldest messages" in notes[0]
+        renders.clear()
+        conv.ask("Again?", lambda _t: None)  # the next turn starts where the last one fitted
+        assert conv.start >= expected and len(renders) <= 2 + 11
+    finally:
+        conv.close()
+
+
+def _device_node(tmp_path):
+    """A character device to save onto: a copy of /dev/full in tmp as root (so a regression cannot
+    replace the real one), /dev/full itself otherwise (a user cannot replace /dev entries anyway)."""
+    if os.geteuid() != 0:
+        return Path("/dev/full")
+    node = tmp_path / "full"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+    except OSError:
+        pytest.skip("cannot make a device node here")
+    return node
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+def test_save_and_load_take_only_regular_files(smollm2_path, tmp_path):
+    conv = _conv(smollm2_path, max_tokens=4)
+    try:
+        conv.ask("Hello!", lambda _t: None)
+        fifo, real, link = tmp_path / "fifo", tmp_path / "real.json", tmp_path / "link.json"
+        os.mkfifo(fifo)
+        real.write_text("keep me")
+        link.symlink_to(real)
+        device = _device_node(tmp_path)
+        for target, kind in ((fifo, "a FIFO"), (link, "a symbolic link"), (device, "a device"), (tmp_path, "a directory")):
+            before = os.lstat(target)
+            with pytest.raises(UsageError) as info:
+                conv.save(target)
+            assert str(info.value) == f"cannot save to {target}: it is {kind}; chat files are regular files"
+            after = os.lstat(target)
+            assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+        assert real.read_text() == "keep me" and not list(tmp_path.glob(".*.tmp*"))
+
+        for target, kind in ((fifo, "a FIFO"), (Path("/dev/null"), "a device"), (tmp_path, "a directory")):
+            result: list[BaseException] = []
+            reader = threading.Thread(target=lambda t=target: result.append(_raised(conv.load, t)), daemon=True)
+            reader.start()
+            reader.join(60)  # only a guard against hanging the suite: the refusal comes without waiting
+            if reader.is_alive():
+                with open(fifo, "wb"):  # let the blocked open return
+                    pass
+                pytest.fail(f"/load {target} blocked")
+            assert isinstance(result[0], UsageError)
+            assert str(result[0]) == f"cannot read {target}: it is {kind}; chat files are regular files"
+        assert len(conv.history) == 2  # nothing was loaded
+
+        # A link to a regular file is read through; the file it names is what /save writes.
+        conv.save(real)
+        assert conv.load(link) == 2
+    finally:
+        conv.close()
+
+
+def _raised(fn, *args) -> BaseException | None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        return exc
+    return None
 
 
 @pytest.mark.slow

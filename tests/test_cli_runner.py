@@ -97,3 +97,43 @@ def test_run_in_one_process_keeps_only_its_last_model(smollm2_path):
     assert CliRunner().invoke(build_app(), args).exit_code == 0
     gc.collect()
     assert first() is None and len(run_cmd._until_exit) == 1
+
+
+def test_help_at_80_and_60_columns_wraps_each_summary_whole():
+    # Click cut every command's summary to the width left, with "..." (issue 31).
+    import re
+
+    from conftest import run_cli
+
+    app = build_app()
+    summaries = {c.name: c.short_help for c in app.registered_commands}
+    assert all(summaries.values()) and all("..." not in s for s in summaries.values())
+    for columns in (80, 60):
+        proc = run_cli("--help", env={"COLUMNS": str(columns)})
+        out = proc.stdout.decode()
+        assert proc.returncode == 0, out
+        listing = out[out.index("Commands:") :]
+        assert "..." not in listing and max(map(len, listing.splitlines())) <= columns, listing
+        for name, summary in summaries.items():  # every word of every summary, in order
+            entry = re.search(rf"^  {name} +(.*?)(?=^  \S|\Z)", listing, re.M | re.S)
+            assert entry and " ".join(entry.group(1).split()).replace("- ", "-") == summary, (name, listing)
+
+
+def test_the_listing_app_prints_the_same_help_as_the_whole_app():
+    # `localinfer --help` builds a listing app (its commands take no parameters: Typer would turn ~190
+    # options into Click ones just to list the command names). What it prints must not change.
+    import os
+
+    from conftest import run_cli, run_python
+
+    env = {**os.environ, "COLUMNS": "80"}
+    code = ("import sys; from localinfer.cli.main import build_app; "
+            "build_app(listing=sys.argv[1] == 'listing')(['--help'], prog_name='localinfer')")  # fmt: skip
+    whole = run_python(code, "whole", env=env).stdout
+    assert "Commands:" in whole and "doctor" in whole
+    assert run_python(code, "listing", env=env).stdout == whole
+    assert run_cli("--help", env={"COLUMNS": "80"}).stdout.decode() == whole  # `localinfer --help` lists
+    from typer.main import get_command
+
+    whole_params = sum(len(c.params) for c in get_command(build_app()).commands.values())
+    assert whole_params > 150 and all(not c.params for c in get_command(build_app(listing=True)).commands.values())

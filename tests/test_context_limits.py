@@ -72,3 +72,16 @@ def test_more_threads_than_cpus_is_a_note(smollm2_path):
     plan = plan_load(info, LoadOptions(n_threads=(os.cpu_count() or 1) * 32), budget=big)
     assert any("more than this machine's" in n for n in plan.notes)
     assert not any("threads" in n for n in plan_load(info, LoadOptions(n_threads=1), budget=big).notes)
+
+
+def test_the_overflow_message_agrees_with_its_subject_and_names_the_trained_context():
+    from localinfer.generate import _overflow_error
+
+    alone = _overflow_error(53542, None, 4096, 8192)
+    assert str(alone) == "the prompt (53542 tokens) exceeds the context window (4096 tokens)"
+    both = _overflow_error(3000, 2000, 4096, 8192)
+    assert str(both) == "the prompt (3000 tokens) + --max-tokens (2000) exceed the context window (4096 tokens)"
+    assert "raise --ctx-size (this model was trained on 8192)" in both.hint
+    # Beyond what the model was trained on, a larger --ctx-size is no advice; the trained size is still said.
+    assert alone.hint == ("this model was trained on 8192 tokens, fewer than that needs: shorten the prompt, "
+                          "or pass --on-overflow truncate to keep the end of the prompt")  # fmt: skip

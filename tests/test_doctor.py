@@ -129,3 +129,51 @@ def test_advice_puts_an_unusable_store_first():
     first, *rest = advice(facts)
     assert first["kind"] == "store_unusable" and "/m is not writable" in first["message"]
     assert all(a["kind"] != "low_disk" for a in rest)
+
+
+def test_doctor_on_a_60_column_terminal_wraps_at_word_boundaries(isolated_home):
+    # The terminal wrapped each long line wherever column 60 fell, mid-word (issue 31).
+    import os
+    import re
+    import sys
+
+    import pexpect
+
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "60", "LINES": "60", "LOCALINFER_FAKE_VRAM": "8GB"}
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", "doctor"], env=env, encoding="utf-8", dimensions=(60, 60))
+    child.expect(pexpect.EOF, timeout=120)
+    shown = child.before.replace("\r", "")
+    piped = run_cli("doctor", env={"LOCALINFER_FAKE_VRAM": "8GB"}, timeout=120).stdout.decode()
+    assert all(len(line) <= 60 or " " not in line.strip() for line in shown.splitlines()), shown
+    assert max(map(len, piped.splitlines())) > 60  # a pipe keeps one line per fact
+    # The same words, none split: only the line breaks (and a command's "\" continuations) differ.
+    def words(text: str) -> list[str]:  # free memory and disk change between the two runs
+        return re.sub(r"\d+(\.\d+)?\s+(GB|MB|kB|B)\b", "N", text).split()
+
+    assert words(shown.replace(" \\\n", " ")) == words(piped)
+    command = re.search(r"^ {6}(CMAKE_ARGS=.*?)(?=^\S|^  - )", shown, re.M | re.S)
+    if command:  # wrapped with continuations: still one command for the shell
+        assert all(line.endswith(" \\") for line in command.group(1).rstrip("\n").split("\n")[:-1])
+
+
+def test_a_model_that_fits_in_ram_is_comfortable_only_if_the_cores_decode_it_fast_enough():
+    # 32 GB on 2 cores was "~26B parameters ... comfortably": about 0.2 tokens a second (issue 31).
+    from localinfer.system.advice import COMFORTABLE_TPS, CPU_BYTES_PER_S_PER_CORE
+
+    two = _facts(memory={"total_bytes": 32 * 1000**3, "cgroup_room_bytes": None}, cpu={"physical_cores": 2, "logical_cores": 2})
+    fit = comfortable_model(two)
+    assert fit["where"] == "RAM" and fit["limited_by"] == "cores" and fit["cores"] == 2
+    assert fit["max_file_bytes"] == int(2 * CPU_BYTES_PER_S_PER_CORE / COMFORTABLE_TPS) == 1_000_000_000
+    (item,) = [a for a in advice(two) if a["kind"] == "model_size"]
+    assert "(~1.7B parameters at Q4_K_M)" in item["message"] and "5+ tokens/s on 2 cores" in item["message"]
+
+    many = _facts(memory={"total_bytes": 32 * 1000**3, "cgroup_room_bytes": None}, cpu={"physical_cores": 64, "logical_cores": 128})
+    fit = comfortable_model(many)  # 64 cores keep up with all that fits in RAM
+    assert fit["limited_by"] == "memory" and fit["max_file_bytes"] == int((32 * 1000**3 - 8 * 1000**3) / 1.2)
+    (item,) = [a for a in advice(many) if a["kind"] == "model_size"]
+    assert "(~33B parameters at Q4_K_M)" in item["message"] and "memory bandwidth" in item["message"]
+
+    gpu = {"type": "gpu", "total_bytes": 24 << 30, "free_bytes": 23 << 30}
+    on_gpu = _facts(llama_cpp={"gpu_offload": True, "devices": [gpu], "backends": ["CUDA", "CPU"], "amx": False},
+                    cpu={"physical_cores": 2, "logical_cores": 2})  # fmt: skip
+    assert comfortable_model(on_gpu)["limited_by"] == "memory"  # the GPU decodes, not the 2 cores

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from conftest import run_python
@@ -64,7 +63,10 @@ def test_ignore_eos_generates_exactly_n_tokens_and_stats_add_up(model):
     prompt = model.tokenize("Once upon a time")
     _, stats = run(model, prompt, SamplingOptions(seed=1), max_tokens=32, ignore_eos=True)
     assert stats.completion_tokens == 32 and stats.finish_reason == "length"
-    assert stats.decode_tps and stats.decode_tps > 1 and stats.prefill_tps and stats.prefill_tps > 1
+    # The rates are what the counts over the measured times say (no floor: a busy machine is slow).
+    assert stats.prefill_s > 0 and stats.prefill_tps == pytest.approx(len(prompt) / stats.prefill_s)
+    assert stats.decode_s > 0 and stats.decode_tps == pytest.approx(31 / stats.decode_s)
+    assert 0 < stats.decode_calls_s <= stats.decode_s
     assert stats.first_token_s and stats.first_token_s >= stats.prefill_s
     assert stats.context_used == len(prompt) + 31  # the last sampled token is never evaluated
 
@@ -196,10 +198,9 @@ def test_a_template_without_bounds_is_stopped_quickly_with_one_line(template, wh
     from localinfer.engine.templates import ChatTemplate, TemplateRefusedError
     from localinfer.errors import ExitCode, exit_code_for
 
-    t0 = time.perf_counter()
+    # The message names the bound that stopped it: without that bound the render would run for hours.
     with pytest.raises(TemplateRefusedError, match=why) as caught:
         ChatTemplate(source="gguf", template=template).render([{"role": "user", "content": "hi"}])
-    assert time.perf_counter() - t0 < 10
     assert exit_code_for(caught.value) == ExitCode.BAD_MODEL and "\n" not in str(caught.value)
 
 

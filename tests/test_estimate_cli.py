@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 from conftest import run_cli
@@ -18,11 +17,9 @@ def _json_run(*args: str, env: dict | None = None) -> dict:
 
 def test_an_absurd_context_is_refused_before_any_allocation():
     # Beyond the trained size it is a usage error (issue 21); within it, the memory estimate refuses.
-    t0 = time.monotonic()
     proc = run_cli("run", "-c", "10000000", "-p", "hi", timeout=120)
     err = proc.stderr.decode()
-    assert proc.returncode == 2, err
-    assert time.monotonic() - t0 < 30  # refused up front (loading would allocate 230 GB first)
+    assert proc.returncode == 2, err  # refused up front by the pre-flight (loading would allocate 230 GB first)
     assert "--ctx-size 10000000 is beyond the 8192 tokens smollm2:135m was trained on" in err and "--force" in err
     assert "could not allocate" not in err and "Traceback" not in err and proc.stdout == b""
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import sys
-import time
 
 import pytest
 
@@ -64,10 +64,13 @@ def test_gpus_from_nvidia_smi(tmp_path, monkeypatch):
 def test_a_hanging_nvidia_smi_is_given_up_on(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "_nvml_gpus", lambda: None)
     monkeypatch.setattr(hardware, "NVIDIA_SMI_TIMEOUT_S", 0.5)
-    _fake_smi(tmp_path, monkeypatch, "exec sleep 30\n")
-    t0 = time.monotonic()
+    # It would write "finished" after 30 s; given up on, it is killed first (no bound on our time).
+    done, pid = tmp_path / "finished", tmp_path / "sleep.pid"
+    _fake_smi(tmp_path, monkeypatch, f"sleep 30 & echo $! > '{pid}'; wait $!; touch '{done}'\n")
     assert hardware._nvidia_smi_gpus(timeout=0.5) == []
-    assert time.monotonic() - t0 < 5
+    assert not done.exists()
+    if pid.exists() and pid.read_text().strip():  # the orphaned sleep (if the script got that far)
+        os.kill(int(pid.read_text()), signal.SIGTERM)
 
 
 def test_fake_vram_replaces_the_gpus(monkeypatch):

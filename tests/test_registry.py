@@ -34,6 +34,9 @@ def test_unknown_name_suggests_close_names(tmp_path):
     with pytest.raises(ModelNotFoundError) as err:
         reg.get("qwen2.5:99b")
     assert "qwen2.5:0.5b" in err.value.hint
+    with pytest.raises(ModelNotFoundError) as err:  # a tag cut short: the closest first, not the first in order
+        reg.get("smollm2:135")
+    assert err.value.hint.startswith("did you mean smollm2:135m, ") and "smollm2:1.7b" in err.value.hint
 
 
 @pytest.mark.parametrize("bad", ["../etc", "a/b", "/abs", "x" * 300, "", "Upper:1b", "a:..", "a..b"])

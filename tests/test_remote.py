@@ -199,10 +199,9 @@ def test_run_server_down_and_slow_server():
     assert res.exit_code == 5 and "cannot connect to http://127.0.0.1:9/v1" in res.stderr and "is the server running" in res.stderr
     with StubServer() as stub:
         stub.plan.append("hang")
-        t0 = time.monotonic()
         res = cli("run", "--endpoint", stub.url, "-m", "x", "-p", "hi", "--timeout", "0.5")
+        # The stub never answers: only our own --timeout can have ended the request.
         assert res.exit_code == 5 and "sent nothing for 0.5 s" in res.stderr and "--timeout" in res.stderr
-        assert time.monotonic() - t0 < 5
 
 
 def test_api_key_is_sent(stub, monkeypatch):

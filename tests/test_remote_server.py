@@ -154,10 +154,10 @@ def test_load_test_agrees_with_the_server(llama_server):
     assert r["total_output_tokens"] == 6 * 8 == server["predicted_n"] == delta["llamacpp:tokens_predicted_total"]
     assert r["total_input_tokens"] == server["prompt_n"] + server["cache_n"]
     assert r["total_input_tokens"] == delta["llamacpp:prompt_tokens_total"] + delta["llamacpp:prompt_tokens_cached_total"]
-    # TTFT on the client = the server's prompt processing + at most a decode step it waited for + HTTP:
-    # tolerance 150 ms + 2 median ITL (a 2-core machine shared with the server)
-    gap = r["mean_ttft_ms"] - server["mean_prompt_ms"]
-    assert 0 <= gap <= 150 + 2 * r["median_itl_ms"], (r["mean_ttft_ms"], server["mean_prompt_ms"])
+    # TTFT on the client includes the server's prompt processing and comes before the request's end
+    # (no bound in ms: a busy machine stretches both; which chunk TTFT is taken at is pinned with
+    # scripted times in test_remote.test_stream_state_measures_and_refuses_malformed_events).
+    assert server["mean_prompt_ms"] <= r["mean_ttft_ms"] < r["mean_e2el_ms"], (r["mean_ttft_ms"], server)
 
 
 def test_load_test_against_localinfer_serve(localinfer_serve):

@@ -329,7 +329,31 @@ def test_help_and_missing_packages():
     code = "import sys; sys.modules['uvicorn'] = None; from localinfer.cli.main import main; main()"
     proc = subprocess.run([sys.executable, "-c", code, "serve"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert "pip install 'localinfer[serve]'" in proc.stderr and "Traceback" not in proc.stderr
+    # The hint is a command this copy's user can run: from this checkout, its path (not an index name).
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    expected = "pip install " + ("-e " if _editable() else "") + f"'{root}[serve]'"
+    assert f"hint: {expected}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _editable() -> bool:
+    import importlib.metadata
+
+    return '"editable": true' in (importlib.metadata.distribution("localinfer").read_text("direct_url.json") or "")
+
+
+def test_the_serve_hint_names_the_index_package_when_not_installed_from_a_checkout(monkeypatch):
+    import importlib.metadata
+
+    from localinfer.extras import pip_install
+
+    class FromIndex:
+        def read_text(self, name):
+            return None  # pip writes direct_url.json only for a URL or a path
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: FromIndex())
+    assert pip_install("serve") == "pip install 'localinfer[serve]'"
 
 
 def test_the_cli_does_not_import_the_server_stack():

@@ -510,8 +510,8 @@ def test_a_sliding_window_model_reuses_a_prefix_longer_than_its_window(gemma_pat
 
 
 def test_ctrl_c_when_idle_exits_0_at_once(smollm2_path, tmp_path):
-    with ServeProcess(smollm2_path, "-np", "1", "-c", "128", "--no-log", home=tmp_path) as s:
-        t0 = time.monotonic()
+    # "At once": with nothing running it does not sit out the drain, here longer than the wait allows.
+    with ServeProcess(smollm2_path, "-np", "1", "-c", "128", "--no-log", "--drain-timeout", "3600", home=tmp_path) as s:
         s.proc.send_signal(signal.SIGINT)
-        assert s.proc.wait(30) == 0, s.stderr
-    assert time.monotonic() - t0 < 10 and "Traceback" not in s.stderr
+        assert s.proc.wait(120) == 0, s.stderr
+    assert "stopping:" not in s.stderr and "Traceback" not in s.stderr

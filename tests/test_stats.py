@@ -255,3 +255,30 @@ def test_stats_at_80_columns_keeps_model_names_and_dates_whole(isolated_home):
     assert long_name in out and "…" not in out
     assert all(day in out for day in ("2025-03-01", "2025-03-02", "2025-03-03"))
     assert re.search(r"reqs\s+failed\s+in\s+out\s+TTFT ms\s+tok/s", out)
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_stats_too_wide_for_the_terminal_drops_columns_and_cuts_no_cell(isolated_home, columns):
+    # A server's URL in the model column and millions of tokens: the token columns were cut ("1.…").
+    import os
+
+    import pexpect
+
+    label = "gpt-4o @ http://127.0.0.1:8080/v1"
+    _seed(_sample() + [
+        UsageRecord(command="run", model="smollm2:135m", prompt_tokens=1_234_567, completion_tokens=7_654_321,
+                    ttft_ms=100.0, decode_tps=50.0, ts=_ts("2025-03-01")),
+        UsageRecord(command="run", model="gpt-4o", endpoint="http://127.0.0.1:8080/v1", prompt_tokens=20,
+                    completion_tokens=15, ttft_ms=20000.0, decode_tps=1040.0, ts=_ts("2025-03-02")),
+    ])  # fmt: skip
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": str(columns), "LINES": "60"}
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", "stats"], env=env, encoding="utf-8",
+                          dimensions=(60, columns))  # fmt: skip
+    child.expect(pexpect.EOF, timeout=60)
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).replace("\r", "")
+    assert "…" not in out and max(map(len, out.splitlines())) <= columns, out
+    per_model = out[out.index("Per model") : out.index("Tokens per day")]
+    assert re.search(r"model\s+reqs\s+in\s+out", per_model), per_model
+    assert re.search(r"smollm2:135m\s+1\s+1\.2M\s+7\.7M", per_model) and label in per_model, per_model
+    assert re.search(r"2025-03-01\s+3\s+1\.2M\s+7\.7M", out), out
+    assert f"{label}  1040.0" in out  # the chart keeps the names and figures whole too

@@ -15,6 +15,12 @@ def suggest(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [by_lower[f] for f in found]
 
 
+def rank(word: str, choices: Iterable[str]) -> list[str]:
+    """All of ``choices``, closest to ``word`` first (ties in their given order)."""
+    key = word.lower()
+    return sorted(choices, key=lambda c: -difflib.SequenceMatcher(None, key, c.lower()).ratio())
+
+
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str | None:
     """'did you mean X, Y?' or None."""
     close = suggest(word, choices)

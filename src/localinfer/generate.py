@@ -205,8 +205,11 @@ def _overflow_error(
         hint += "lower --max-tokens, "
     if need <= n_train:
         hint += f"raise --ctx-size (this model was trained on {n_train}), "
+    elif n_train:
+        hint = f"this model was trained on {n_train} tokens, fewer than that needs: " + hint
     hint += "or pass --on-overflow truncate to keep the end of the prompt"
-    return ContextOverflowError(f"{wanted} exceed {_window(n_ctx, asked)}", hint=hint)
+    verb = "exceed" if max_tokens else "exceeds"
+    return ContextOverflowError(f"{wanted} {verb} {_window(n_ctx, asked)}", hint=hint)
 
 
 def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tuple[str, ...], int]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,8 @@ class Conversation:
         self.last: Result | None = None
         self.totals = Totals()
         self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
+        self._replay: tuple[str, list[int], int] | None = None  # the same, and how many came from the cache
+        self._replaying = False  # set by retry for the next _answer
         self._load_s = load_s  # reported with the first turn after a (re)load
 
     # -- what the model sees ---------------------------------------------------------------------
@@ -112,43 +115,47 @@ class Conversation:
         return self.model.tokenize(prompt.text, add_special=prompt.add_special, parse_special=True)
 
     def _fit(self) -> tuple[ChatPrompt, list[int]]:
-        """Render the context, dropping the oldest turns until prompt + reserve fit (system prompt kept)."""
+        """Render the context, dropping the oldest turns until prompt + reserve fit (system prompt kept).
+
+        The kept context starts at the first candidate (the current start, then each later user
+        message) whose prompt fits. Dropping turns from the front never makes the prompt longer, so
+        that candidate is found by bisection: O(log n) renders, not one per dropped turn (a /load of
+        thousands of messages would otherwise render and tokenize them quadratically).
+        """
         budget = self.n_ctx - self.reserve()
-        start, first_len = self.start, None
-        while True:
-            prompt = self._render(self.context_messages(start))
-            tokens = self._tokenize(prompt)
-            first_len = len(tokens) if first_len is None else first_len
-            if len(tokens) <= budget:
-                break
-            nxt = self._next_turn(start)
-            if nxt is None:
-                what = "your message" + (" and the system prompt" if self.system else "")
+        starts = [self.start] + [i for i in range(self.start + 1, len(self.history)) if self.history[i]["role"] == "user"]
+        tried: dict[int, tuple[ChatPrompt, list[int]]] = {}
+
+        def fits(k: int) -> bool:
+            if k not in tried:
+                prompt = self._render(self.context_messages(starts[k]))
+                tried[k] = (prompt, self._tokenize(prompt))
+            return len(tried[k][1]) <= budget
+
+        k = 0
+        if not fits(0):
+            last = len(starts) - 1
+            if last == 0 or not fits(last):
+                what, verb = ("your message and the system prompt", "leave") if self.system else ("your message", "leaves")
                 raise ContextOverflowError(
-                    f"{what} ({len(tokens)} tokens) leave no room for an answer in the {self.n_ctx}-token context",
+                    f"{what} ({len(tried[last][1])} tokens) {verb} no room for an answer in the {self.n_ctx}-token context",
                     hint="shorten the message, lower max_tokens, or restart chat with a larger --ctx-size",
                 )
-            start = nxt
-        if start != self.start:
-            dropped = start - self.start
+            lo, k = 0, last  # starts[lo] does not fit, starts[k] does
+            while k - lo > 1:
+                mid = (lo + k) // 2
+                lo, k = (lo, mid) if fits(mid) else (mid, k)
+        prompt, tokens = tried[k]
+        if k:
+            dropped = starts[k] - self.start
             self.totals.dropped_turns += dropped
             kept = "; the system prompt is kept" if self.system else ""
             self.notify(
                 f"context full: dropped the {dropped} oldest message{'s' if dropped != 1 else ''} "
-                f"({first_len - len(tokens)} tokens) to fit the {self.n_ctx}-token context{kept}"
+                f"({len(tried[0][1]) - len(tokens)} tokens) to fit the {self.n_ctx}-token context{kept}"
             )
-            self.start = start
+            self.start = starts[k]
         return prompt, tokens
-
-    def _next_turn(self, start: int) -> int | None:
-        """Where the context starts once the turn at ``start`` is dropped: the next user message.
-
-        None when only the new message (the last one, never dropped) would be left to drop.
-        """
-        for i in range(start + 1, len(self.history)):
-            if self.history[i]["role"] == "user":
-                return i
-        return None
 
     def _splice(self, prompt: ChatPrompt, full: list[int]) -> list[int]:
         """The cached tokens + the tokens of the new text, when they line up (see the module docstring)."""
@@ -182,9 +189,17 @@ class Conversation:
         """Answer the history's last (user) message."""
         from localinfer import generate
 
+        replay, self._replaying = self._replay if self._replaying else None, False
         try:
             prompt, full = self._fit()
-            tokens = self._splice(prompt, full)
+            if replay is not None and replay[0] == prompt.text:
+                # /retry: the very tokens of the first answer's prompt, evaluated from where it began,
+                # in the same batches. Evaluating only the last token (all the rest is cached) gives
+                # other logits (another batch shape), and greedy decoding another answer on near-ties.
+                tokens = list(replay[1])
+                self.model.keep_prefix(replay[2])
+            else:
+                tokens = self._splice(prompt, full)
         except BaseException:
             self.history.pop()
             raise
@@ -205,6 +220,7 @@ class Conversation:
             self.history.pop()
             raise
         self._keep_answer(result.text, result.finish_reason)
+        self._replay = (prompt.text, list(tokens), result.stats.cached_tokens)
         self.last = result
         self.totals.add(result)
         return result
@@ -231,9 +247,14 @@ class Conversation:
                 self.history.append(answer)
             raise UsageError("nothing to retry: ask something first")
         user, n = self.history[-1], len(self.history)
+        # Greedy or seeded, the retry is promised to give the same answer: replay the first one's
+        # evaluation. Otherwise a new answer is wanted anyway, and the cached prompt is reused.
+        sampling = self.settings.sampling
+        self._replaying = answer is not None and (sampling.greedy or sampling.seed is not None)
         try:
             result = self._answer(write)
         except BaseException:
+            self._replaying = False
             if answer is not None:
                 self.history.extend([user, answer])
             raise
@@ -247,7 +268,7 @@ class Conversation:
         self.history = []
         self.start = 0
         self.last = None
-        self._anchor = None
+        self._anchor = self._replay = None
         self.model.reset()
 
     def set_system(self, text: str | None) -> None:
@@ -262,7 +283,7 @@ class Conversation:
             raise no_template_error(loaded.name)
         old, self.loaded = self.loaded, loaded
         self.start = 0  # a new context size: fit again from the whole history
-        self._anchor = None
+        self._anchor = self._replay = None
         self._load_s = load_s
         if old is not loaded:
             old.close()
@@ -284,6 +305,7 @@ class Conversation:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the whole conversation (dropped turns included) as JSON; returns the path written."""
         target = Path(path).expanduser()
+        _refuse_unless_regular(target, "save to", follow=False)  # os.replace would replace a FIFO, device or link
         text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
         tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
         try:
@@ -304,7 +326,14 @@ class Conversation:
 
         source = Path(path).expanduser()
         try:
-            with open(source, "rb") as fh:
+            # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+            fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                _refuse_unless_regular(source, "read", mode=os.fstat(fd).st_mode)
+            except BaseException:
+                os.close(fd)
+                raise
+            with open(fd, "rb") as fh:
                 data = loads(read_limited(fh, CHAT_FILE_MAX_BYTES, str(source)).decode("utf-8"), str(source))
         except OSError as exc:
             raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
@@ -323,7 +352,25 @@ class Conversation:
         self.history = messages
         self.start = 0
         self.last = None
+        self._replay = None
         return len(messages) + (1 if system else 0)
+
+
+def _refuse_unless_regular(path: Path, verb: str, *, follow: bool = True, mode: int | None = None) -> None:
+    """Chat files are regular files: a FIFO would block, a device or a link would be replaced."""
+    if mode is None:
+        try:
+            mode = (path.stat() if follow else path.lstat()).st_mode
+        except FileNotFoundError:
+            return  # a new file
+        except OSError:
+            return  # the write itself says why
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")  # fmt: skip
+    raise UsageError(f"cannot {verb} {path}: it is {kind}; chat files are regular files")
 
 
 def parse_messages(data: Any, where: str = "the conversation") -> tuple[list[dict[str, Any]], set[int]]:

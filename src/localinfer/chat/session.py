@@ -71,8 +71,9 @@ class ChatSession:
             print_dim(text, self.err)
 
     def tell(self, text: str) -> None:
-        self.info.write(text + "\n")
-        self.info.flush()
+        from localinfer.render.term import write_wrapped
+
+        write_wrapped(self.info, text)
 
     def _write(self, text: str) -> None:
         self.out.write(text)

@@ -18,8 +18,10 @@ def _human(n: float | None) -> str:
     return h(n)
 
 
-def render(report: dict[str, Any]) -> str:
-    """The report as aligned plain text."""
+def render(report: dict[str, Any], width: int | None = None) -> str:
+    """The report as aligned plain text; lines wrapped at word boundaries to ``width`` if given."""
+    from localinfer.render.term import wrap, wrap_command
+
     rows: list[tuple[str, str]] = []
     osi, cpu, mem, llama = report["os"], report["cpu"], report["memory"], report["llama_cpp"]
     rows.append(("OS", f"{osi['system']} {osi['release']} ({osi['machine']})"))
@@ -60,14 +62,14 @@ def render(report: dict[str, Any]) -> str:
             rows.append(("device", f"{d['name']} ({kind}): {d['description']} · {_human(d['total_bytes'])}{free}"))
     v = report["versions"]
     rows.append(("versions", " · ".join(f"{k} {val}" for k, val in v.items() if val)))
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {val}" for k, val in rows]
+    key_width = max(len(k) for k, _ in rows)
+    lines = [wrap(f"{k:<{key_width}}  {val}", width) for k, val in rows]
     lines.append("")
     lines.append("Advice:")
     for item in report["advice"]:
-        lines.append(f"  - {item['message']}")
+        lines.append(wrap(f"  - {item['message']}", width))
         if item.get("command"):
-            lines.append(f"      {item['command']}")
+            lines.append(wrap_command(item["command"], width, 6))
     return "\n".join(lines)
 
 
@@ -89,7 +91,9 @@ def doctor(
             import json
             sys.stdout.write(json.dumps(data, indent=2) + "\n")
         else:
-            sys.stdout.write(render(data) + "\n")
+            from localinfer.render.term import terminal_width
+
+            sys.stdout.write(render(data, terminal_width(sys.stdout)) + "\n")
         sys.stdout.flush()
 
 

@@ -7,8 +7,9 @@ modules import nothing heavy at import time, so `localinfer --help` stays fast.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import typer
@@ -37,9 +38,15 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-def build_app(only: str | None = None) -> typer.Typer:
+def build_app(only: str | None = None, *, listing: bool = False) -> typer.Typer:
     """The app with every command; ``only``: with that command module's alone (``localinfer run``
-    needs no other: building all of them costs ~10 ms of its way to the first token)."""
+    needs no other: building all of them costs ~10 ms of its way to the first token).
+
+    ``listing``: for `localinfer --help`, which lists the commands and their summaries only. Typer
+    turns every parameter of every command into a Click option before it prints that list (190 of
+    them, about half of what --help costs beyond importing Typer); a listing app's commands keep
+    their names, summaries and help but take no parameters.
+    """
     import typer
 
     app = typer.Typer(
@@ -63,7 +70,32 @@ def build_app(only: str | None = None) -> typer.Typer:
     for module_name in _COMMAND_MODULES if only is None else (only,):
         module = importlib.import_module(f"localinfer.cli.{module_name}")
         module.register(app)
+    for info in app.registered_commands:
+        if info.short_help is None:
+            info.short_help = _summary(info.help or (info.callback.__doc__ if info.callback else None))
+        if listing and info.callback is not None:
+            info.callback = _listed(info.callback)
     return app
+
+
+def _listed(callback: Any) -> Any:
+    """A stand-in with ``callback``'s name and help and no parameters (see build_app's ``listing``)."""
+
+    def listed() -> None:
+        raise AssertionError("a listing app only prints help")  # pragma: no cover
+
+    listed.__name__, listed.__doc__ = callback.__name__, callback.__doc__
+    return listed
+
+
+def _summary(doc: str | None) -> str | None:
+    """A command's first clause (to its first "." or ";"), whole: Click would cut the help to the
+    width left at "..." in `localinfer --help`'s list of commands; given whole, it wraps it."""
+    if not doc:
+        return None
+    words = doc.strip().split("\n\n")[0].split()
+    end = next((i for i, w in enumerate(words) if w.endswith((".", ";"))), len(words) - 1)
+    return " ".join(words[: end + 1]).rstrip(";.")
 
 
 def main() -> None:
@@ -75,7 +107,10 @@ def main() -> None:
         # `localinfer run` builds only its own command: building every one costs ~10 ms of its way
         # to the first token.
         only = "run" if sys.argv[1:2] == ["run"] else None
-        app = build_app(only)
+        # `localinfer`, `localinfer --help`: only the list of commands (not while completing, which
+        # runs with no arguments too and needs every command's options)
+        listing = sys.argv[1:] in ([], ["-h"], ["--help"]) and "_LOCALINFER_COMPLETE" not in os.environ
+        app = build_app(only, listing=listing)
         if only is None and len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
             _check_command(sys.argv[1], [c.name or c.callback.__name__ for c in app.registered_commands if c.callback])
         app(prog_name="localinfer")

@@ -78,10 +78,11 @@ def _import_server():
         from localinfer.serve import server
     except ImportError as exc:
         from localinfer.errors import LocalInferError
+        from localinfer.extras import pip_install
 
         raise LocalInferError(
             f"`localinfer serve` needs {exc.name or 'its server packages'}, which is not installed",
-            hint="pip install 'localinfer[serve]'",
+            hint=pip_install("serve"),
         ) from None
     return server
 

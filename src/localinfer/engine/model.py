@@ -242,6 +242,17 @@ class Model:
         llama_cpp.llama_memory_clear(self._mem, True)
         self._tokens = []
 
+    def keep_prefix(self, n: int) -> int:
+        """Keep only the first ``n`` cached tokens; returns how many are kept (0 where the cache
+        cannot drop a suffix). A chat /retry uses it to evaluate its prompt as the first answer did."""
+        if n < len(self._tokens):
+            if n <= 0 or not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+                # Some caches (e.g. sliding-window attention) cannot drop a suffix: start over.
+                self.reset()
+            else:
+                del self._tokens[n:]
+        return len(self._tokens)
+
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Keep the longest cached prefix of ``prompt`` (at least one token is left to evaluate)."""
         n = 0
@@ -249,14 +260,7 @@ class Model:
         cached = self._tokens
         while n < limit and cached[n] == prompt[n]:
             n += 1
-        if n < len(self._tokens):
-            if n == 0 or not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
-                # Some caches (e.g. sliding-window attention) cannot drop a suffix: start over.
-                self.reset()
-                n = 0
-            else:
-                del self._tokens[n:]
-        return n
+        return self.keep_prefix(n)
 
     def _decode(self, tokens: Sequence[int]) -> None:
         """Evaluate ``tokens`` on sequence 0, in batches of at most n_batch."""

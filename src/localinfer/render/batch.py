@@ -109,9 +109,11 @@ def summary_lines(summary: BatchSummary, model: str | None = None) -> list[str]:
     if s.done:
         tps = s.tokens_per_s
         decode = f" (decode {s.decode_tps:.1f} tok/s)" if s.decode_tps else ""
+        # at most one sequence per request ran at once: 3 requests at --parallel 16 ran 3 at a time
+        used = min(s.parallel, s.done) if s.parallel else s.done
         lines.append(
             f"tokens: {s.prompt_tokens} prompt, {s.completion_tokens} completion · wall {_duration(s.wall_s)} · "
-            f"{'-' if tps is None else f'{tps:.1f}'} tok/s{decode} at parallel {s.parallel} · "
+            f"{'-' if tps is None else f'{tps:.1f}'} tok/s{decode} at parallel {used} · "
             f"latency p50 {_duration(s.latency(0.5))}, p95 {_duration(s.latency(0.95))}"
         )
     return lines

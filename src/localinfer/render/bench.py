@@ -133,9 +133,18 @@ def csv_text(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
 
 
 
+# Dropped first when a terminal is too narrow for the whole table (-o md / csv / json keep them all).
+NARROW_DROP = ("raw t/s", "params", "backend", "size", "quant", "threads", "n_batch", "ngl",
+               "API/M tok", "cost/request", "latency p50/p95 ms")  # fmt: skip
+
+
 def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], stream: TextIO | None = None, title: str | None = None) -> None:
-    """A Rich table; plain (no ANSI) when the stream is not a terminal or NO_COLOR is set."""
+    """A Rich table; plain (no ANSI) when the stream is not a terminal or NO_COLOR is set.
+
+    On a terminal too narrow for it, columns are dropped (and named under the table), never cut.
+    """
     from localinfer.render.term import console as make_console
+    from localinfer.render.term import fit_table, print_whole
     from rich.table import Table
 
     stream = stream or sys.stdout
@@ -147,12 +156,21 @@ def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], str
         force_terminal=tty and not os.environ.get("NO_COLOR"),
         width=None if tty else 400,
     )
-    table = Table(title=title, title_justify="left")
-    for header, key in cols:
-        table.add_column(header, justify="right" if key in _NUMERIC else "left", no_wrap=True)
-    for r in rows:
-        table.add_row(*(cell(r, k) for _, k in cols))
-    console.print(table)
+
+    def build(dropped: Sequence[str]) -> Table:
+        kept = [(h, k) for h, k in cols if h not in dropped]
+        table = Table(title=title, title_justify="left")
+        for header, key in kept:
+            table.add_column(header, justify="right" if key in _NUMERIC else "left", no_wrap=True)
+        for r in rows:
+            table.add_row(*(cell(r, k) for _, k in kept))
+        if dropped:
+            table.caption = f"not shown at {console.width} columns: {', '.join(dropped)} (-o md shows all)"
+            table.caption_justify = "left"
+        return table
+
+    table, _ = fit_table(console, build, NARROW_DROP)
+    print_whole(console, table)
 
 
 class Writer:

@@ -6,9 +6,10 @@ clean. No Rich here: the REPL prints a line per turn and must not pay Rich's imp
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, TextIO
 
-from localinfer.render.term import styled
+from localinfer.render.term import styled, terminal_width, wrap
 from localinfer.units import human_bytes
 from localinfer.units import human_duration as ms
 from localinfer.units import human_rate as tps
@@ -42,7 +43,8 @@ def dim(text: str, stream: TextIO) -> str:
 
 
 def print_dim(text: str, stream: TextIO) -> None:
-    stream.write(dim(text, stream) + "\n")
+    """``text`` dim on a terminal, wrapped at word boundaries to its width (as is on a pipe)."""
+    stream.write(dim(wrap(text, terminal_width(stream)), stream) + "\n")
     stream.flush()
 
 
@@ -74,6 +76,15 @@ def banner(conv: Conversation) -> str:
     )
 
 
+def _description(desc: str) -> str:
+    """llama.cpp's "llama 256M Q4_1" without its size class, a guess from the layer count that
+    contradicted the parameter count beside it (135 M): the architecture and the file type."""
+    words = desc.split()
+    if len(words) >= 3 and re.fullmatch(r"(\d+(\.\d+)?|\?)[KMBT]", words[1]):
+        del words[1]
+    return " ".join(words)
+
+
 def table(rows: list[tuple[str, str]]) -> list[str]:
     width = max(len(k) for k, _ in rows)
     return [f"  {k:<{width}}  {v}" for k, v in rows]
@@ -88,7 +99,7 @@ def show_lines(conv: Conversation) -> list[str]:
         ("model", lm.name),
         ("file", str(m.path)),
         ("source", resolved.source if resolved is not None else "-"),
-        ("description", m.description),
+        ("description", _description(m.description)),
         ("parameters", f"{m.n_params / 1e6:.0f} M" if m.n_params < 1e9 else f"{m.n_params / 1e9:.2f} B"),
         ("size", human_bytes(m.size_bytes)),
         ("chat format", "GGUF chat template" if t is not None and t.source == "gguf" else (t.source if t else "-")),

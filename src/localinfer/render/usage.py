@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from localinfer.usage.cost import format_money
 from localinfer.render.term import is_tty
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 _BLOCKS = " ▏▎▍▌▋▊▉█"
 BAR_WIDTH = 30
+# Dropped first when a terminal is too narrow for the table (`stats --json` has everything).
+MODEL_DROP = ("API cost", "cost/M out", "prefill tok/s p50", "failed", "TTFT ms", "TTFT p50 / p95 ms", "tok/s",
+              "decode tok/s p50 / p95")  # fmt: skip
+DAY_DROP = ("", "TTFT ms", "TTFT p50 ms", "tok/s", "decode tok/s p50")
 
 
 def bar(value: float | None, top: float, width: int = BAR_WIDTH) -> str:
@@ -63,7 +71,7 @@ def _box(tty: bool, compact: bool) -> Any:
 
 
 def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
-    from rich.table import Table
+    from rich.table import Table  # noqa: F811 - the runtime import of the name typed above
 
     stream = stream or sys.stdout
     console = _console(stream)
@@ -82,25 +90,19 @@ def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
     api = "cost" in totals and totals["cost"].get("api_total") is not None
 
     # At 80 columns the full table does not fit: fewer, shorter columns (p50s only, failures beside
-    # the requests), never a squeezed model name or date. Not a terminal: plain text, no box drawing.
+    # the requests); still too wide (long names, a server's URL), columns are dropped, never cut.
+    # Not a terminal: plain text, no box drawing.
+    from localinfer.render.term import fit_table, print_whole
+
     tty = is_tty(stream)
     compact = console.width < 120
     box = _box(tty, compact)
     names = [model_label(m) for m in summary["models"]]
-    per_model = Table(title="Per model", title_justify="left", box=box)
-    per_model.add_column("model", no_wrap=True, min_width=max(map(len, names), default=5))
     headers = (
         ("reqs", "failed", "in", "out", "TTFT ms", "tok/s") if compact
         else ("requests", "failed", "tokens in", "tokens out", "TTFT p50 / p95 ms", "decode tok/s p50 / p95", "prefill tok/s p50")
     )  # fmt: skip
-    for header in headers:
-        per_model.add_column(header, justify="right", no_wrap=True, min_width=len(header))
-    if priced:
-        per_model.add_column("cost", justify="right", no_wrap=True)
-        if not compact:
-            per_model.add_column("cost/M out", justify="right", no_wrap=True)
-    if api:
-        per_model.add_column("API cost", justify="right", no_wrap=True)
+    rows = []
     for name, m in zip(names, summary["models"]):
         if compact:
             row = [name, str(m["requests"]), str(m["failed"]), count(m["tokens_in"]), count(m["tokens_out"]),
@@ -117,32 +119,51 @@ def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
                 row.append(format_money(m["cost"]["per_million_tokens_out"]))
         if api:
             row.append(format_money(m["cost"]["api_total"]))
-        per_model.add_row(*row)
-    console.print(per_model)
+        rows.append(row)
+    all_headers = ("model", *headers, *(("cost",) if priced else ()), *(("cost/M out",) if priced and not compact else ()),
+                   *(("API cost",) if api else ()))  # fmt: skip
+
+    def per_model(dropped: Sequence[str]) -> Table:
+        table = Table(title="Per model", title_justify="left", box=box, pad_edge=False)
+        keep = [i for i, h in enumerate(all_headers) if h not in dropped]
+        for i in keep:
+            table.add_column(all_headers[i], justify="left" if i == 0 else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*(row[i] for i in keep))
+        return table
+
+    print_whole(console, fit_table(console, per_model, MODEL_DROP)[0])
 
     days = summary["days"]
     top = max((d["tokens_in"] + d["tokens_out"]) for d in days) if days else 0
-    per_day = Table(title="Tokens per day (in + out)", title_justify="left", box=box)
     day_headers = ("day", "reqs", "in", "out", "TTFT ms", "tok/s", "") if compact else (
         "day", "requests", "tokens in", "tokens out", "TTFT p50 ms", "decode tok/s p50", "")
-    for header in day_headers:
-        per_day.add_column(header, justify="left" if header in ("day", "") else "right", no_wrap=True,
-                           min_width=10 if header == "day" else len(header), overflow="crop")  # fmt: skip
-    for d in days:
-        per_day.add_row(
-            d["day"], str(d["requests"]), count(d["tokens_in"]), count(d["tokens_out"]),
-            _num(d["ttft_ms_p50"]), _num(d["decode_tps_p50"], "{:.1f}"),
-            bar(d["tokens_in"] + d["tokens_out"], top, BAR_WIDTH // 2 if compact else BAR_WIDTH),
-        )
-    console.print(per_day)
+
+    def per_day(dropped: Sequence[str]) -> Table:
+        table = Table(title="Tokens per day (in + out)", title_justify="left", box=box, pad_edge=False)
+        keep = [i for i, h in enumerate(day_headers) if h not in dropped]
+        for i in keep:
+            table.add_column(day_headers[i], justify="left" if day_headers[i] in ("day", "") else "right", no_wrap=True)
+        for d in days:
+            cells = (d["day"], str(d["requests"]), count(d["tokens_in"]), count(d["tokens_out"]),
+                     _num(d["ttft_ms_p50"]), _num(d["decode_tps_p50"], "{:.1f}"),
+                     bar(d["tokens_in"] + d["tokens_out"], top, BAR_WIDTH // 2 if compact else BAR_WIDTH))  # fmt: skip
+            table.add_row(*(cells[i] for i in keep))
+        return table
+
+    print_whole(console, fit_table(console, per_day, DAY_DROP)[0])
 
     rated = [m for m in summary["models"] if m["decode_tps_p50"] is not None]
     if rated:
         fastest = max(m["decode_tps_p50"] for m in rated)
+        labels = [(model_label(m), f"{m['decode_tps_p50']:.1f}", m["decode_tps_p50"]) for m in rated]
+        # the bars take what the names and figures leave (the names and figures are never cut)
+        room = console.width - max(len(n) for n, _, _ in labels) - max(len(v) for _, v, _ in labels) - 6
         chart = Table(title="Decode tok/s per model (median)", title_justify="left", show_header=False, box=None)
         chart.add_column(no_wrap=True)
         chart.add_column(justify="right", no_wrap=True)
-        chart.add_column(no_wrap=True)
-        for m in sorted(rated, key=lambda m: -m["decode_tps_p50"]):
-            chart.add_row(model_label(m), f"{m['decode_tps_p50']:.1f}", bar(m["decode_tps_p50"], fastest))
-        console.print(chart)
+        if room >= 5:
+            chart.add_column(no_wrap=True)
+        for name, value, tps in sorted(labels, key=lambda x: -x[2]):
+            chart.add_row(name, value, *((bar(tps, fastest, min(BAR_WIDTH, room)),) if room >= 5 else ()))
+        print_whole(console, chart)

@@ -71,9 +71,9 @@ class Registry:
         try:
             return self.entries[name]
         except KeyError:
-            from localinfer.fuzzy import did_you_mean
+            from localinfer.fuzzy import did_you_mean, rank
 
-            family = sorted(n for n in self.entries if n.split(":")[0] == name.split(":")[0])
+            family = rank(name, sorted(n for n in self.entries if n.split(":")[0] == name.split(":")[0]))
             hint = (f"did you mean {', '.join(family)}?" if family else did_you_mean(name, self.entries)) or (
                 "run 'localinfer list --available' to see known names, or give a path to a .gguf file"
             )

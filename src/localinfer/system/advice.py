@@ -14,6 +14,11 @@ GiB = 1 << 30
 Q4_K_M_BYTES_PER_PARAM = 0.6  # ~4.85 bits per weight
 OVERHEAD = 1.2  # KV cache (4096 tokens) and compute buffers on top of the file, for typical models
 LOW_DISK = 10 * 1000**3
+# On the CPU, decode reads every weight once per token, and a core gets through about 2.5 GB of
+# Q4 weights a second (SmolLM2's 98 MB at 50 tok/s on 2 cores: benchmarks/results/
+# bench-vs-llama-bench-2026-11-29.txt). "Comfortable" is at least 5 tokens a second.
+CPU_BYTES_PER_S_PER_CORE = 2.5e9
+COMFORTABLE_TPS = 5
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-cache-dir llama-cpp-python=={version}'
 _BUILD_FLAGS = {"nvidia": "-DGGML_CUDA=on", "apple": "-DGGML_METAL=on"}
@@ -61,10 +66,19 @@ def comfortable_model(report: dict[str, Any]) -> dict[str, Any]:
         budget = total - max(2 * 1000**3, total // 4)  # leave the OS and other programs their share
         where = "RAM"
     size = max(0, int(budget / OVERHEAD))
+    limited_by = "memory"
+    cpu = report.get("cpu") or {}
+    cores = cpu.get("physical_cores") or cpu.get("logical_cores")
+    if where == "RAM" and cores:  # what fits in RAM may still answer at a word every few seconds
+        by_speed = int(cores * CPU_BYTES_PER_S_PER_CORE / COMFORTABLE_TPS)
+        if by_speed < size:
+            size, limited_by = by_speed, "cores"
     out: dict[str, Any] = {
         "max_file_bytes": size,
         "max_params_q4_k_m": int(size / Q4_K_M_BYTES_PER_PARAM),
         "where": where,
+        "limited_by": limited_by,
+        "cores": cores if where == "RAM" else None,
         "context": 4096,
         "gpu_max_file_bytes_after_rebuild": None,
     }
@@ -135,13 +149,17 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
             "command": AMX_REBUILD_COMMAND,
         })
     fit = comfortable_model(report)
+    params = fit["max_params_q4_k_m"] / 1e9
+    billions = f"{params:.1f}".removesuffix(".0") if params < 10 else f"{params:.0f}"
     out.append({
         "kind": "model_size",
         "message": f"largest model that runs comfortably here: about {_human(fit['max_file_bytes'])} of GGUF "
-        f"(~{fit['max_params_q4_k_m'] / 1e9:.0f}B parameters at Q4_K_M) with a {fit['context']}-token context, "
-        f"in {fit['where']}"
+        f"(~{billions}B parameters at Q4_K_M) with a {fit['context']}-token context, in {fit['where']}"
+        + (f", at {COMFORTABLE_TPS}+ tokens/s on {fit['cores']} cores (decode reads every weight once per token, "
+           f"about {CPU_BYTES_PER_S_PER_CORE / 1e9:g} GB/s a core); larger ones fit in RAM but answer slower"
+           if fit["limited_by"] == "cores" else "")
         + ("; on the CPU, decode speed is about memory bandwidth / file size, so smaller models answer faster"
-           if fit["where"] == "RAM" else "")
+           if fit["where"] == "RAM" and fit["limited_by"] != "cores" else "")
         + (f"; with a GPU build, up to about {_human(fit['gpu_max_file_bytes_after_rebuild'])} would run on the GPU"
            if fit["gpu_max_file_bytes_after_rebuild"] else ""),
     })
