@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine.types import SamplingOptions
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
 
 OnText = Callable[[str], None]
 Note = Callable[[str], None]
+Items = Sequence["BatchRequest | InputError"]
+ToRequest = Callable[["BatchRequest"], "Request"]
 
 
 class Backend:
@@ -43,31 +44,18 @@ class Backend:
         """Whether a prompt goes through a chat template (a server formats chats itself)."""
         return True
 
-    def request(
-        self,
-        prompt: str | Messages,
-        *,
-        system: str | None = None,
-        raw: bool = False,
-        max_tokens: int | None = None,
-        default_max_tokens: int | None = None,
-        sampling: SamplingOptions = SamplingOptions(),
-        stop: Sequence[str] = (),
-        on_overflow: str = "error",
-        ignore_eos: bool = False,
-    ) -> Request:
+    def request(self, prompt: str | Messages, *, raw: bool = False, **fields: Any) -> Request:
         """The request for a prompt (a string: a user message through the chat template, plain
-        completion with ``raw`` or where the model has none) or a conversation (a list of messages)."""
+        completion with ``raw`` or where the model has none) or a conversation (a list of messages);
+        ``fields``: the rest of ``request.build``'s (system, sampling, max_tokens, stop...)."""
         from localinfer import request as rq
 
         plain = raw or not self.can_chat
         if not isinstance(prompt, str) and plain:
             raise UsageError(f"{self.name} has no chat template to format messages with", hint="pass a string")
-        return rq.build(
-            prompt if isinstance(prompt, str) else None, messages=None if isinstance(prompt, str) else prompt,
-            system=system, raw=plain, max_tokens=max_tokens, default_max_tokens=default_max_tokens,
-            sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
-        )  # fmt: skip
+        if isinstance(prompt, str):
+            return rq.build(prompt, raw=plain, **fields)
+        return rq.build(messages=prompt, **fields)
 
     def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
         """Answer one request, handing each piece of text to ``on_text`` as it comes."""
@@ -77,14 +65,7 @@ class Backend:
         """An object the next :meth:`run_batch` fills with aggregate figures (``decode_tps``), or None."""
         return None
 
-    def run_batch(
-        self,
-        items: Sequence[BatchRequest | InputError],
-        to_request: Callable[[BatchRequest], Request],
-        parallel: int,
-        *,
-        stats: Any = None,
-    ) -> Iterator[BatchResult]:
+    def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
         """Answer ``items`` up to ``parallel`` at a time: one result per item in completion order,
         errors included (a line that is not a request, a prompt that does not fit)."""
         raise NotImplementedError

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from localinfer.backends import Backend, OnText
+from localinfer.backends import Backend, Items, OnText, ToRequest
 from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
 
 if TYPE_CHECKING:
@@ -60,14 +60,7 @@ class LocalBackend(Backend):
 
         return BatchStats()
 
-    def run_batch(
-        self,
-        items: Sequence[BatchRequest | InputError],
-        to_request: Callable[[BatchRequest], Request],
-        parallel: int,
-        *,
-        stats: Any = None,
-    ) -> Iterator[BatchResult]:
+    def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
         """One context of ``parallel`` sequences (loaded with ``batch.job.batch_load_options``): a
         prompt is built when a sequence is free for it, checked against one sequence's context."""
         from localinfer.answer import Answer

@@ -8,14 +8,14 @@ that outgrows the server's context is the server's error (exit 6 when it says so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from localinfer.backends import Backend, OnText
+from localinfer.backends import Backend, Items, OnText, ToRequest
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
-    from localinfer.batch.io import BatchRequest, InputError
+    from localinfer.batch.io import BatchRequest
     from localinfer.answer import BatchResult
     from localinfer.remote.client import Client, Outcome
     from localinfer.request import Request
@@ -52,11 +52,9 @@ class RemoteBackend(Backend):
     def body(self, request: Request) -> dict[str, Any]:
         from localinfer.remote.client import request_body
 
-        if request.raw_text is not None:
-            return request_body(self.name, prompt=request.raw_text, sampling=request.sampling,
-                                max_tokens=request.max_tokens, stop=request.stop, ignore_eos=request.ignore_eos)  # fmt: skip
-        return request_body(self.name, messages=request.messages, sampling=request.sampling,
-                            max_tokens=request.max_tokens, stop=request.stop, ignore_eos=request.ignore_eos)  # fmt: skip
+        text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
+        return request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
+                            ignore_eos=request.ignore_eos, **text)  # fmt: skip
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
         from localinfer.answer import Answer
@@ -72,14 +70,7 @@ class RemoteBackend(Backend):
             raise
         return self._answer(outcome, request)
 
-    def run_batch(
-        self,
-        items: Sequence[BatchRequest | InputError],
-        to_request: Callable[[BatchRequest], Request],
-        parallel: int,
-        *,
-        stats: Any = None,
-    ) -> Iterator[BatchResult]:
+    def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
         """Up to ``parallel`` requests in flight, on threads; results come back to the calling thread
         (which alone writes output, so ``batch.io``'s resumable-output guarantees hold)."""
         import threading

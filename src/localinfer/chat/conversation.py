@@ -104,12 +104,17 @@ class Conversation:
         return loaded
 
     @property
+    def _engine_here(self) -> bool:
+        """Whether the model is loaded here: then the prompt is fitted and spliced onto its cache."""
+        return getattr(self.backend, "loaded", None) is not None
+
+    @property
     def model(self):
         return self.loaded.model
 
     @property
     def n_ctx(self) -> int:
-        return self.model.n_ctx if self.endpoint is None else 0  # a server's is its own, unknown here
+        return self.model.n_ctx if self._engine_here else 0  # a server's is its own, unknown here
 
     def context_messages(self, start: int | None = None) -> list[dict[str, Any]]:
         """The messages rendered for the model: the system prompt, then history[start:] (role and content)."""
@@ -208,7 +213,7 @@ class Conversation:
         s = self.settings
         prompt = None
         try:
-            if self.endpoint is None:  # fit the context, reuse the cache
+            if self._engine_here:  # fit the context, reuse the cache
                 fitted, full = self._fit()
                 tokens = self._splice(fitted, full)
                 prompt = (tokens, fitted.stop, 0)

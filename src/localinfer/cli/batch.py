@@ -140,7 +140,7 @@ def batch(
                                offline=offline, on_note=say, pool=parallel or 1, retries=retries)  # fmt: skip
         assert parallel is not None
         try:
-            if endpoint is None:
+            if getattr(backend, "loaded", None) is not None:  # a template the sandbox refuses fails the job now
                 batchjob.check_template(backend.loaded)
             if not backend.can_chat and not raw and any(isinstance(i, batchio.BatchRequest) and i.prompt is not None for i in pending):
                 say(f"{backend.name} has no chat template; running prompts as plain completion (pass --raw to silence this)")
