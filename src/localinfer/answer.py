@@ -27,6 +27,19 @@ def _timing(timings: dict[str, Any] | None, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+class _Either:
+    """A figure read from the engine's stats (an answer made here), else from the server's outcome."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __get__(self, answer: Answer | None, owner: type) -> Any:
+        if answer is None:
+            return self
+        source = answer.stats if answer.stats is not None else answer.outcome
+        return None if source is None else getattr(source, self.key)
+
+
 @dataclass
 class Answer:
     """What one request produced and measured (see README, "Metrics")."""
@@ -52,9 +65,12 @@ class Answer:
                    backend=backend, sampling_seed=seed)  # fmt: skip
 
     # -- the figures, wherever they came from ------------------------------------------------------
-    @property
-    def finish_reason(self) -> str | None:
-        return self.stats.finish_reason if self.stats is not None else (self.outcome.finish_reason if self.outcome else None)
+    finish_reason = _Either("finish_reason")
+    prompt_tokens = _Either("prompt_tokens")
+    cached_tokens = _Either("cached_tokens")
+    completion_tokens = _Either("completion_tokens")
+    decode_s = _Either("decode_s")  # from the first token to the last (on a server: as the client saw it)
+    decode_tps = _Either("decode_tps")  # tokens after the first over decode_s
 
     def interrupted(self) -> None:
         """Mark the answer as cut short by Ctrl-C."""
@@ -64,24 +80,12 @@ class Answer:
             self.outcome.finish_reason = "interrupted"
 
     @property
-    def prompt_tokens(self) -> int | None:
-        return self.stats.prompt_tokens if self.stats is not None else (self.outcome.prompt_tokens if self.outcome else None)
-
-    @property
     def prompt_eval_tokens(self) -> int | None:
         """Prompt tokens evaluated now (not cached): the engine's count, or llama-server's ``timings.prompt_n``."""
         if self.stats is not None:
             return self.stats.evaluated_tokens
         n = _timing(self.server_timings, "prompt_n")
         return None if n is None else int(n)
-
-    @property
-    def cached_tokens(self) -> int | None:
-        return self.stats.cached_tokens if self.stats is not None else (self.outcome.cached_tokens if self.outcome else None)
-
-    @property
-    def completion_tokens(self) -> int | None:
-        return self.stats.completion_tokens if self.stats is not None else (self.outcome.completion_tokens if self.outcome else None)
 
     @property
     def total_tokens(self) -> int | None:
@@ -105,14 +109,6 @@ class Answer:
             return self.stats.prefill_tps
         n, s = self.prompt_eval_tokens, self.prefill_s
         return n / s if n and s else None
-
-    @property
-    def decode_s(self) -> float | None:
-        return self.stats.decode_s if self.stats is not None else (self.outcome.decode_s if self.outcome else None)
-
-    @property
-    def decode_tps(self) -> float | None:
-        return self.stats.decode_tps if self.stats is not None else (self.outcome.decode_tps if self.outcome else None)
 
     @property
     def seed(self) -> int | None:
