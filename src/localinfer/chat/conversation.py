@@ -208,7 +208,7 @@ class Conversation:
 
     def _answer(self, write: Write) -> Result:
         """Answer the history's last (user) message."""
-        from localinfer.request import Request
+        from localinfer import request as rq
 
         s = self.settings
         prompt = None
@@ -218,8 +218,9 @@ class Conversation:
                 tokens = self._splice(fitted, full)
                 prompt = (tokens, fitted.stop, 0)
                 self._anchor = (fitted.text, list(tokens))
-            request = Request(messages=() if prompt else tuple(self.context_messages()), max_tokens=s.max_tokens,
-                              stop=s.stop, sampling=s.sampling)  # fmt: skip
+            # here the prompt is already tokens; a backend without an engine gets the conversation
+            request = rq.build(messages=() if prompt else self.context_messages(), max_tokens=s.max_tokens,
+                               stop=s.stop, sampling=s.sampling)  # fmt: skip
         except BaseException:
             self.history.pop()
             raise
