@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
+from fakebackend import fake_backend  # noqa: F401 - fixture
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[=>]")
 STATS = re.compile(
@@ -207,13 +208,25 @@ def test_piped_stdin_each_line_is_a_turn(smollm2_path):
     assert bad.returncode == 2 and b"unknown command /frobnicate" in bad.stderr
 
 
-def test_piped_chat_goes_on_after_a_bad_line_and_exits_with_its_code(smollm2_path):
+def test_piped_chat_goes_on_after_a_bad_line_and_exits_with_its_code(smollm2_path, fake_backend):  # noqa: F811
     # As in the REPL, a failed command is an error message; the later lines still run.
+    fake_backend.enqueue(["Hello", " there", " friend"])
     script = "/model nosuch-model:1b\n/set max_tokens 2\nhi\n"
-    proc = run_cli("chat", "-m", str(smollm2_path), "-t", "1", "--offline", input=script)
+    proc = _invoke("chat", "-m", str(smollm2_path), "-t", "1", "--offline", "--no-log", input=script)
     assert b"nosuch-model" in proc.stderr and b"Set max_tokens = 2." in proc.stderr
     assert [int(s[0]) for s in STATS_B.findall(proc.stderr)] == [2] and proc.stdout.strip()
     assert proc.returncode == 3  # the failure is still reported to the script
+    assert fake_backend.requests[0].messages[-1] == {"role": "user", "content": "hi"}
+
+
+def _invoke(*args: str, input: str):
+    """The command in this process (CliRunner), its outcome shaped as run_cli's."""
+    import types
+
+    from localinfer.cli.main import build_app
+
+    res = CliRunner().invoke(build_app(), list(args), input=input)
+    return types.SimpleNamespace(returncode=res.exit_code, stdout=res.stdout_bytes, stderr=res.stderr_bytes)
 
 
 @pytest.mark.slow

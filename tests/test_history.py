@@ -13,6 +13,8 @@ from localinfer.usage import history, recorder
 from localinfer.errors import ContextOverflowError, UsageError
 from localinfer.usage.history import UsageRecord
 
+from fakebackend import fake_backend  # noqa: F401 - fixture
+
 
 def test_append_then_load_round_trips_every_field(isolated_home):
     rec = UsageRecord(
@@ -59,28 +61,25 @@ def test_no_log_switches(monkeypatch):
     assert history.logging_enabled() is True
 
 
-class _Stats:
-    prompt_tokens, cached_tokens, completion_tokens = 12, 2, 5
-    evaluated_tokens = 10
-    prefill_tps, decode_tps, finish_reason = 100.0, 20.0, "stop"
+def _Result():
+    from localinfer.answer import Answer
+    from localinfer.engine.types import GenerationStats
 
-
-class _Result:
-    model, text, stats = "m", "the answer", _Stats()
-    ttft_s, load_s, total_s = 0.1, 0.5, 0.3
+    stats = GenerationStats(prompt_tokens=12, cached_tokens=2, completion_tokens=5, finish_reason="stop")
+    return Answer("the answer", "m", stats, load_s=0.5, ttft_s=0.1, total_s=0.3)
 
 
 def test_text_is_kept_only_when_the_user_opts_in(monkeypatch):
     monkeypatch.delenv("LOCALINFER_LOG_TEXT", raising=False)
-    rec = history.record_from_result("run", _Result(), None, prompt_text="secret prompt")
+    rec = recorder.record_of("run", _Result(), None, prompt_text="secret prompt")
     assert rec.prompt_text is None and rec.answer_text is None
     monkeypatch.setenv("LOCALINFER_LOG_TEXT", "1")
-    rec = history.record_from_result("run", _Result(), None, prompt_text="secret prompt")
+    rec = recorder.record_of("run", _Result(), None, prompt_text="secret prompt")
     assert rec.prompt_text == "secret prompt" and rec.answer_text == "the answer"
 
 
-def test_record_from_result_converts_units():
-    rec = history.record_from_result("run", _Result(), None)
+def test_record_of_converts_units():
+    rec = recorder.record_of("run", _Result(), None)
     assert (rec.prompt_tokens, rec.prompt_eval_tokens, rec.cached_tokens, rec.completion_tokens) == (12, 10, 2, 5)
     assert rec.ttft_ms == pytest.approx(100.0) and rec.total_ms == pytest.approx(300.0) and rec.load_ms == pytest.approx(500.0)
     assert rec.finish_reason == "stop" and rec.exit_status == 0
@@ -257,13 +256,14 @@ def test_request_log_respects_no_log(isolated_home):
     assert history.load_records() == []
 
 
-@pytest.mark.slow
-def test_batch_command_records_every_request(smollm2_path, isolated_home):
-    from conftest import run_cli
+def test_batch_command_records_every_request(smollm2_path, isolated_home, fake_backend):  # noqa: F811
+    from typer.testing import CliRunner
 
-    proc = run_cli("batch", "-", "-m", str(smollm2_path), "-n", "3", "-t", "1", "--parallel", "2", "-q",
-                   "--format", "jsonl", input='{"prompt": "Hi"}\n{"prompt": "Hello"}\nnot json\n')
-    assert proc.returncode == 0, proc.stderr.decode()
+    from localinfer.cli.main import build_app
+
+    proc = CliRunner().invoke(build_app(), ["batch", "-", "-m", str(smollm2_path), "-n", "3", "-t", "1", "--parallel", "2",
+                              "-q", "--format", "jsonl"], input='{"prompt": "Hi"}\n{"prompt": "Hello"}\nnot json\n')  # fmt: skip
+    assert proc.exit_code == 0, proc.stderr
     rows = history.load_records(command="batch")
     assert sorted(r.exit_status for r in rows) == [0, 0, 1]
     assert sum(r.completion_tokens for r in rows) == 6

@@ -11,6 +11,7 @@ import sqlite3
 import time
 
 import pytest
+from fakebackend import fake_backend  # noqa: F401 - fixture
 from stubserver import StubServer
 from typer.testing import CliRunner
 
@@ -368,3 +369,26 @@ def test_run_ctrl_c_keeps_the_partial_answer_and_exits_130():
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and first == b"t0 "
     assert (first + out).endswith(b"\n") and b"finish interrupted" in err and b"Error: interrupted" in err
+
+
+def test_run_raw_sends_the_system_prompt_as_run_raw_does_here(stub):
+    # One request builder: --raw --system was the text alone on a server, "{system}\n\n{text}" here.
+    res = cli("run", "--endpoint", stub.url, "--raw", "-s", "You are terse.", "-p", "Once", "-n", "2")
+    assert res.exit_code == 0, res.output
+    body = stub.bodies[-1]
+    assert body["prompt"] == "You are terse.\n\nOnce" and "messages" not in body and body["max_tokens"] == 2
+
+
+def test_batch_json_lines_have_the_same_keys_here_and_on_a_server(stub, tmp_path, fake_backend, smollm2_path):  # noqa: F811
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text('{"id": "a", "prompt": "Hi"}\n', encoding="utf-8")
+    remote = cli("batch", str(reqs), "--endpoint", stub.url, "-n", "2", "-q")
+    local = cli("batch", str(reqs), "-m", str(smollm2_path), "-n", "2", "-q", "--no-log")
+    assert remote.exit_code == 0 and local.exit_code == 0, remote.output + local.output
+    there, here = json.loads(remote.stdout), json.loads(local.stdout)
+
+    def shape(obj):
+        return {k: sorted(v) if isinstance(v, dict) else None for k, v in obj.items()}
+
+    assert shape(there) == shape(here) and there["id"] == here["id"] == "a"
+    assert here["usage"]["completion_tokens"] == there["usage"]["completion_tokens"] == 2

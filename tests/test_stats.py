@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
+from fakebackend import fake_backend  # noqa: F401 - fixture
 from localinfer.usage import history
 from localinfer.usage import stats as usage
 from localinfer.cli.main import build_app
@@ -185,19 +186,26 @@ def test_failed_run_is_recorded_with_its_exit_status(smollm2_path, isolated_home
     assert rec.exit_status == 6 and rec.finish_reason == "error" and rec.model == str(smollm2_path)
 
 
-@pytest.mark.slow
-def test_no_log_flag_and_env_write_nothing(smollm2_path, isolated_home):
-    assert run_cli("run", "--no-log", "-q", "-m", str(smollm2_path), "-n", "2", "-t", "1", "-p", "Hi").returncode == 0
-    proc = run_cli("run", "-q", "-m", str(smollm2_path), "-n", "2", "-t", "1", "-p", "Hi", env={"LOCALINFER_NO_LOG": "1"})
+def test_no_log_flag_and_env_write_nothing(smollm2_path, isolated_home, fake_backend):  # noqa: F811
+    assert _invoke("run", "--no-log", "-q", "-m", str(smollm2_path), "-n", "2", "-t", "1", "-p", "Hi").returncode == 0
+    proc = _invoke("run", "-q", "-m", str(smollm2_path), "-n", "2", "-t", "1", "-p", "Hi", env={"LOCALINFER_NO_LOG": "1"})
     assert proc.returncode == 0
     assert history.load_records() == []
+    assert len(fake_backend.requests) == 2  # both answered
 
 
-@pytest.mark.slow
-def test_run_with_a_broken_history_still_answers(smollm2_path, isolated_home):
+def _invoke(*args: str, env: dict | None = None):
+    """The command in this process (CliRunner, on the fake backend), its outcome shaped as run_cli's."""
+    import types
+
+    res = CliRunner().invoke(build_app(), list(args), env=env)
+    return types.SimpleNamespace(returncode=res.exit_code, stdout=res.stdout_bytes, stderr=res.stderr_bytes)
+
+
+def test_run_with_a_broken_history_still_answers(smollm2_path, isolated_home, fake_backend):  # noqa: F811
     isolated_home.mkdir(parents=True, exist_ok=True)
     (isolated_home / "history.db").write_bytes(b"not sqlite" * 500)
-    proc = run_cli("run", "-m", str(smollm2_path), "-n", "4", "--seed", "1", "-t", "1", "-p", "Hi")
+    proc = _invoke("run", "-m", str(smollm2_path), "-n", "4", "--seed", "1", "-t", "1", "-p", "Hi")
     assert proc.returncode == 0
     assert proc.stdout.strip()
     assert b"warning: could not record this request in the usage history" in proc.stderr

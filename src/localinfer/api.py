@@ -10,37 +10,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from localinfer.answer import Answer
+from localinfer.backends.local import LocalBackend
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
-    from localinfer.generate import LoadedModel, Request, Result
+    from localinfer.request import Request
     from localinfer.store import ResolvedModel
 
-
-@dataclass(frozen=True)
-class Stats:
-    """What one answer measured (README, "Metrics"); None where nothing was measured."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    ttft_ms: float | None
-    prefill_tokens_per_s: float | None
-    decode_tokens_per_s: float | None
-    load_ms: float | None
-    total_ms: float
-    finish_reason: str | None
-
-    @classmethod
-    def of(cls, result: Result) -> Stats:
-        s = result.stats
-        return cls(
-            prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens,
-            ttft_ms=None if result.ttft_s is None else result.ttft_s * 1000, prefill_tokens_per_s=s.prefill_tps,
-            decode_tokens_per_s=s.decode_tps, load_ms=result.load_s * 1000 if result.load_s else None,
-            total_ms=result.total_s * 1000, finish_reason=s.finish_reason,
-        )  # fmt: skip
+# What one answer measured (README, "Metrics"): the one answer record, None where nothing was measured.
+Stats = Result = Answer
 
 
 @dataclass(frozen=True)
@@ -86,7 +66,7 @@ class Stream:
                 yield Chunk(text)
         finally:
             pieces.close()
-        yield Chunk("", Stats.of(self.result), self.result)
+        yield Chunk("", self.result, self.result)
 
     def __iter__(self) -> Iterator[Chunk]:
         return self._chunks
@@ -98,23 +78,15 @@ class Stream:
         self._chunks.close()
 
 
-class Model:
-    """A model loaded for answering (``localinfer.load``). Close it, or use it as a context manager,
-    to free its memory at once."""
-
-    def __init__(self, loaded: LoadedModel, load_s: float) -> None:
-        self.loaded = loaded
-        self.load_s = load_s
-
-    @property
-    def name(self) -> str:
-        return self.loaded.name
+class Model(LocalBackend):
+    """A model loaded for answering (``localinfer.load``): the engine's backend, with the library's
+    conveniences. Close it, or use it as a context manager, to free its memory at once."""
 
     @property
     def has_chat_template(self) -> bool:
-        return self.loaded.template is not None
+        return self.can_chat
 
-    def request(
+    def request(  # type: ignore[override]  # the backend's, with the sampler's settings one by one
         self,
         prompt: str | Messages,
         *,
@@ -135,29 +107,14 @@ class Model:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
         ``sampling``: all the sampler's settings at once, instead of one by one."""
-        from localinfer.generate import Request, messages_for
-
-        from localinfer.limits import require_utf8
-
-        for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
-            if isinstance(text, str):
-                require_utf8(text, what)
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
             sampling = SamplingOptions(**{k: v for k, v in given.items() if v is not None})
-        common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
-                                      on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
-        if not isinstance(prompt, str):
-            if raw or self.loaded.template is None:
-                raise UsageError(f"{self.name} has no chat template to format messages with", hint="pass a string")
-            return Request(messages=tuple(prompt), **common)
-        if raw or self.loaded.template is None:
-            # A base model never chooses to stop a plain completion: without a limit it writes until
-            # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
-            common["default_max_tokens"] = DEFAULT_COMPLETION_TOKENS
-            return Request(raw_text=f"{system}\n\n{prompt}" if system else prompt, **common)
-        return Request(messages=messages_for(prompt, system), **common)
+        # A base model never chooses to stop a plain completion: without a limit it writes until
+        # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
+        return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
+                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""
@@ -176,7 +133,7 @@ class Model:
         for last in self.stream(prompt, **options):
             pass
         assert last.result is not None and last.stats is not None
-        return Response(last.result.text, last.result.finish_reason, last.stats, last.result)
+        return Response(last.result.text, last.result.finish_reason, last.result, last.result)
 
     def chat(self, messages: Messages, **options: Any) -> Response:
         """The assistant's reply to a conversation (a list of ``{"role", "content"}``)."""
@@ -184,14 +141,8 @@ class Model:
             raise UsageError("chat() takes a list of messages", hint="use generate() for a string")
         return self.generate(messages, **options)
 
-    def close(self) -> None:
-        self.loaded.close()
-
     def __enter__(self) -> Model:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def load(
@@ -215,13 +166,6 @@ def load(
 def load_resolved(
     resolved: ResolvedModel, options: LoadOptions, *, force: bool = False, on_note: Callable[[str], None] | None = None
 ) -> Model:
-    import time
-
     from localinfer.generate import load as load_model
 
-    t0 = time.perf_counter()
-    loaded = load_model(resolved, options, force=force)
-    model = Model(loaded, time.perf_counter() - t0)
-    for note in loaded.plan.notes if loaded.plan and on_note else ():
-        on_note(note)  # type: ignore[misc]
-    return model
+    return Model(load_model(resolved, options, force=force, on_note=on_note))

@@ -10,13 +10,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 import dataclasses
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+from localinfer.answer import Answer
+from localinfer.engine.types import GenerationStats, LoadOptions
 from localinfer.errors import ContextOverflowError, UsageError
-from localinfer.units import json_ms as _ms
-from localinfer.units import json_number as _round
+from localinfer.request import Request, messages_for  # noqa: F401 - the request the engine takes
 
 if TYPE_CHECKING:
     from localinfer.engine.model import Model
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from localinfer.store import ResolvedModel
 
 Warn = Callable[[str], None]
+Result = Answer  # what a generation gives: the one answer record (localinfer.answer)
 
 
 def peak_rss_bytes() -> int:
@@ -52,6 +53,7 @@ class LoadedModel:
     resolved: ResolvedModel | None = None
     plan: LoadPlan | None = None  # the pre-flight's context size, GPU layers and memory estimate
     buffers: BufferReport | None = None  # what llama.cpp reported allocating
+    load_s: float = 0.0  # pre-flight and load, as :func:`load` timed them
 
     def close(self) -> None:
         self.model.close()
@@ -63,12 +65,27 @@ def load(
     *,
     force: bool = False,
     budget: MemoryBudget | None = None,
+    on_note: Warn | None = None,
 ) -> LoadedModel:
-    """Pre-flight, load the model and pick its chat format (the GGUF's template, else the registry's).
+    """Pre-flight, load the model and pick its chat format (the GGUF's template, else the registry's):
+    the one loader, for every command and the library API. Timed (``load_s``); the pre-flight's notes
+    (a context made smaller to fit...) go to ``on_note``; the store's "last used" is updated.
 
     The pre-flight (localinfer.system.preflight.plan_load) sizes the context and the GPU layers and raises
     ResourceError when the memory estimate exceeds what is available, unless ``force``.
     """
+    from localinfer.store import touch
+
+    t0 = time.perf_counter()
+    loaded = _load(resolved, options, force=force, budget=budget)
+    loaded.load_s = time.perf_counter() - t0
+    for note in loaded.plan.notes if loaded.plan and on_note else ():
+        on_note(note)  # type: ignore[misc]
+    touch(resolved.name)  # `list`'s "last used"
+    return loaded
+
+
+def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget: MemoryBudget | None) -> LoadedModel:
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
     from localinfer.system.estimate import parse_buffer_report
@@ -92,94 +109,6 @@ def load(
         note = f"the context is {model.n_ctx} tokens: llama.cpp rounded {plan.n_ctx} up to a multiple of 256"
         plan = dataclasses.replace(plan, notes=(*plan.notes, note))
     return LoadedModel(name=resolved.name, model=model, template=template, resolved=resolved, plan=plan, buffers=buffers)
-
-
-@dataclass(frozen=True)
-class Request:
-    """One completion: a conversation (chat) or a plain text (raw)."""
-
-    messages: tuple[dict[str, Any], ...] = ()
-    raw_text: str | None = None  # set for plain completion
-    max_tokens: int | None = None  # None: until end of generation or the context is full
-    default_max_tokens: int | None = None  # the limit when max_tokens is None; the prompt may use its room
-    stop: tuple[str, ...] = ()
-    sampling: SamplingOptions = SamplingOptions()
-    on_overflow: str = "error"  # error | truncate
-    ignore_eos: bool = False
-
-
-@dataclass
-class Result:
-    """What a request produced and measured (see README, "Metrics")."""
-
-    text: str
-    model: str
-    stats: GenerationStats
-    load_s: float
-    ttft_s: float | None
-    total_s: float
-    peak_rss: int
-    mode: str  # chat | raw
-    warnings: list[str] = field(default_factory=list)
-    plan: LoadPlan | None = None  # how the model was loaded (context source, GPU layers, estimate)
-    buffers: BufferReport | None = None  # llama.cpp's reported buffer sizes
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.stats.finish_reason
-
-    @property
-    def gpu_layers(self) -> int | None:
-        """Layers llama.cpp offloaded to a GPU (what it reported; 0 on a CPU-only build)."""
-        if self.buffers is not None and self.buffers.offloaded is not None:
-            return self.buffers.offloaded
-        if self.plan is None:
-            return None
-        return self.plan.n_gpu_layers if self.plan.budget.gpu_offload else 0
-
-    def to_json(self) -> dict[str, Any]:
-        s = self.stats
-        return {
-            "model": self.model,
-            "text": self.text,
-            "finish_reason": s.finish_reason,
-            "mode": self.mode,
-            "usage": {
-                "prompt_tokens": s.prompt_tokens,
-                "prompt_eval_tokens": s.evaluated_tokens,
-                "cached_tokens": s.cached_tokens,
-                "completion_tokens": s.completion_tokens,
-                "total_tokens": s.prompt_tokens + s.completion_tokens,
-                "truncated_prompt_tokens": s.truncated_tokens,
-            },
-            "timings": {
-                "load_ms": _ms(self.load_s),
-                "ttft_ms": _ms(self.ttft_s),
-                "prefill_ms": _ms(s.prefill_s),
-                "prefill_tokens_per_s": _round(s.prefill_tps),
-                "decode_ms": _ms(s.decode_s),
-                "decode_tokens_per_s": _round(s.decode_tps),
-                "total_ms": _ms(self.total_s),
-            },
-            "context": {
-                "n_ctx": s.n_ctx,
-                "used": s.context_used,
-                "n_ctx_train": self.plan.n_ctx_train if self.plan else None,
-                "source": self.plan.ctx_source if self.plan else None,
-            },
-            "offload": {
-                "gpu_layers": self.gpu_layers,
-                "layers": self.plan.n_offloadable if self.plan else None,
-                "gpu_offload_supported": self.plan.budget.gpu_offload if self.plan else None,
-                "devices": self.buffers.by_device("model") if self.buffers else {},
-            },
-            "memory": {
-                "peak_rss_bytes": self.peak_rss,
-                "estimate": self.plan.estimate.to_json() if self.plan and self.plan.estimate else None,
-                "llama_cpp": self.buffers.to_json() if self.buffers and self.buffers.buffers else None,
-            },
-            "seed": s.extra.get("seed"),
-        }
 
 
 def _window(n_ctx: int, asked: int | None) -> str:
@@ -212,15 +141,17 @@ def _overflow_error(
     return ContextOverflowError(f"{wanted} {verb} {_window(n_ctx, asked)}", hint=hint)
 
 
-def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tuple[str, ...], int]:
-    """Tokens to evaluate, stop strings from the format, and tokens dropped to fit the context."""
+def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = None) -> tuple[list[int], tuple[str, ...], int]:
+    """Tokens to evaluate, stop strings from the format, and tokens dropped to fit the context
+    (``n_ctx``: one sequence's, where several share the model's; default the model's)."""
     model = loaded.model
-    asked = loaded.plan.n_ctx if loaded.plan else None
-    budget = model.n_ctx - (request.max_tokens if request.max_tokens else 1)
+    asked = loaded.plan.n_ctx if loaded.plan and n_ctx is None else None  # what --ctx-size asked of the model's
+    n_ctx = n_ctx or model.n_ctx
+    budget = n_ctx - (request.max_tokens if request.max_tokens else 1)
     if request.on_overflow == "truncate" and not request.max_tokens:
-        budget = model.n_ctx - max(1, min(512, model.n_ctx // 4))  # leave room for an answer
+        budget = n_ctx - max(1, min(512, n_ctx // 4))  # leave room for an answer
     if budget <= 0:
-        raise _overflow_error(0, request.max_tokens, model.n_ctx, model.n_ctx_train, asked)
+        raise _overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
     def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
         if request.raw_text is not None:
@@ -237,7 +168,7 @@ def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tupl
     if len(tokens) <= budget:
         return tokens, stops, 0
     if request.on_overflow != "truncate":
-        raise _overflow_error(len(tokens), request.max_tokens, model.n_ctx, model.n_ctx_train, asked)
+        raise _overflow_error(len(tokens), request.max_tokens, n_ctx, model.n_ctx_train, asked)
     # Keep the end of the user's text (the system prompt and template stay whole).
     original = request.raw_text if request.raw_text is not None else str(request.messages[-1].get("content", ""))
     text_tokens = model.tokenize(original, add_special=False, parse_special=False)
@@ -251,7 +182,7 @@ def build_prompt(loaded: LoadedModel, request: Request) -> tuple[list[int], tupl
             break
         tokens, stops = render(model.detokenize(text_tokens[dropped:]))
     raise ContextOverflowError(
-        f"even truncated, the prompt does not fit the context window ({model.n_ctx} tokens)",
+        f"even truncated, the prompt does not fit the context window ({n_ctx} tokens)",
         hint="shorten the system prompt or raise --ctx-size",
     )
 
@@ -277,8 +208,7 @@ class Generation:
         stats = GenerationStats()
         tokens, stops, dropped = prompt if prompt is not None else build_prompt(loaded, request)
         stats.truncated_tokens = dropped
-        mode = "raw" if request.raw_text is not None else "chat"
-        self.result = Result("", loaded.name, stats, load_s, None, 0.0, 0, mode, plan=loaded.plan, buffers=loaded.buffers)
+        self.result = Answer("", loaded.name, stats, load_s, mode=request.mode, plan=loaded.plan, buffers=loaded.buffers)
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
             stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
@@ -307,10 +237,10 @@ def generate(
     *,
     load_s: float = 0.0,
     prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None,
-) -> Result:
+) -> Answer:
     """Stream one answer through ``write`` and return what was measured (``Generation``). If ``write``
     or the user interrupts, the stats stay correct for what was produced; a KeyboardInterrupt
-    carries the partial Result as ``partial_result``."""
+    carries the partial Answer as ``partial_answer``."""
     gen = Generation(loaded, request, load_s=load_s, prompt=prompt)
     pieces = iter(gen)
     try:
@@ -318,20 +248,11 @@ def generate(
             write(text)
     except KeyboardInterrupt as exc:
         pieces.close()
-        exc.partial_result = gen.result  # type: ignore[attr-defined]  # chat keeps an interrupted answer
+        exc.partial_answer = gen.result  # type: ignore[attr-defined]  # chat keeps an interrupted answer
         raise
     finally:
         pieces.close()
     return gen.result
-
-
-def messages_for(prompt: str, system: str | None, history: Sequence[dict[str, Any]] = ()) -> tuple[dict[str, Any], ...]:
-    out: list[dict[str, Any]] = []
-    if system:
-        out.append({"role": "system", "content": system})
-    out.extend(history)
-    out.append({"role": "user", "content": prompt})
-    return tuple(out)
 
 
 def combine_stdin_and_prompt(stdin_text: str | None, prompt: str | None) -> str:

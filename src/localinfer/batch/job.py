@@ -2,9 +2,8 @@
 
 Core API (plain values; `bench --parallel` uses it too)::
 
-    from localinfer.batch import job as batchjob
-
     from localinfer import generate
+    from localinfer.batch import job as batchjob
     from localinfer.engine.batch import BatchStats
 
     items = batchjob.parse_input(text, fmt="auto")          # -> [BatchRequest | InputError, ...]
@@ -19,12 +18,11 @@ Core API (plain values; `bench --parallel` uses it too)::
 ``run_batch`` yields one :class:`BatchResult` per item, in completion order (``result.index`` is the
 item's position), errors included (``result.error``; never raised, except for model-wide failures).
 :func:`execute` adds what the command needs around it: output order, the error policy, progress and
-the summary. Input parsing and resumable output live in :mod:`localinfer.batch.io`.
+the summary, for any backend (the engine here, or a server with ``--endpoint``). Input parsing and resumable output live in :mod:`localinfer.batch.io`.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import time
@@ -32,14 +30,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from localinfer.answer import BatchResult
 from localinfer.batch.io import BatchRequest, InputError, OutputOrder, id_key, parse_input  # noqa: F401 - re-exported API
-from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
-from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
-from localinfer.units import json_ms as _ms
+from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
+    from localinfer.backends import Backend
     from localinfer.engine.batch import BatchStats
-    from localinfer.generate import LoadedModel, Request
+    from localinfer.generate import LoadedModel
+    from localinfer.request import Request
     from localinfer.store import ResolvedModel
 
 Warn = Callable[[str], None]
@@ -57,81 +57,19 @@ class BatchDefaults:
     on_overflow: str = "error"  # error | truncate
 
 
-@dataclass
-class BatchResult:
-    """One request's outcome: an answer, or an error saying which input line and why."""
-
-    index: int  # position in the items given to run_batch
-    id: Any
-    line: int
-    text: str = ""
-    stats: GenerationStats | None = None
-    total_s: float = 0.0  # taken up (prompt built) -> last token
-    error: str | None = None
-    exc: LocalInferError | None = None  # the error as an exception (for --on-error abort)
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.stats.finish_reason if self.stats else None
-
-    def to_json(self) -> dict[str, Any]:
-        if self.error is not None:
-            return {"id": self.id, "line": self.line, "error": self.error}
-        s = self.stats or GenerationStats()
-        return {
-            "id": self.id,
-            "text": self.text,
-            "finish_reason": s.finish_reason,
-            "usage": {
-                "prompt_tokens": s.prompt_tokens,
-                "completion_tokens": s.completion_tokens,
-                "total_tokens": s.prompt_tokens + s.completion_tokens,
-                "truncated_prompt_tokens": s.truncated_tokens,
-            },
-            "timings": {
-                "ttft_ms": _ms(s.first_token_s),
-                "prefill_ms": _ms(s.prefill_s),
-                "decode_ms": _ms(s.decode_s),
-                "decode_tokens_per_s": None if s.decode_tps is None else round(s.decode_tps, 3),
-                "total_ms": _ms(self.total_s),
-            },
-            "seed": s.extra.get("seed"),
-        }
-
-
-class _SequenceView:
-    """The model as one sequence sees it: ``generate.build_prompt`` checks prompts against ``n_ctx``."""
-
-    def __init__(self, model: Any, n_ctx: int) -> None:
-        self._model = model
-        self.n_ctx = n_ctx
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-
-def _request(item: BatchRequest, defaults: BatchDefaults, loaded: LoadedModel) -> Request:
-    from localinfer import generate
+def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) -> Request:
+    """The request a batch line makes, with the command's defaults where the line is silent."""
+    from localinfer import request as rq
 
     sampling = item.sampling_over(defaults.sampling)
-    if item.messages is not None:
-        if loaded.template is None:
-            raise UsageError(f"{loaded.name} has no chat template, so it cannot take 'messages' (use 'prompt')")
-        messages: tuple = item.messages
-        raw_text = None
-    elif defaults.raw or loaded.template is None:
-        messages, raw_text = (), (f"{defaults.system}\n\n{item.prompt}" if defaults.system else item.prompt)
-    else:
-        messages, raw_text = generate.messages_for(item.prompt or "", defaults.system), None
-    return generate.Request(
-        messages=messages,
-        raw_text=raw_text,
+    if item.messages is not None and not backend.can_chat:
+        raise UsageError(f"{backend.name} has no chat template, so it cannot take 'messages' (use 'prompt')")
+    return rq.build(
+        item.prompt, messages=item.messages, system=defaults.system, raw=defaults.raw or not backend.can_chat,
         max_tokens=item.max_tokens if item.max_tokens is not None else defaults.max_tokens,
         stop=item.stop if item.stop is not None else defaults.stop,
-        sampling=sampling,
-        on_overflow=defaults.on_overflow,
-        ignore_eos=item.ignore_eos,
-    )
+        sampling=sampling, on_overflow=defaults.on_overflow, ignore_eos=item.ignore_eos,
+    )  # fmt: skip
 
 
 def check_template(loaded: LoadedModel) -> None:
@@ -166,52 +104,10 @@ def run_batch(
     template cannot render, becomes an error result; :class:`InputError` items come back as error
     results in turn. ``stats``, when given, collects the engine's aggregate figures.
     """
-    from localinfer.engine.batch import BatchDecoder, SeqJob
-    from localinfer.engine.templates import TemplateRefusedError
-    from localinfer.generate import LoadedModel as _Loaded, build_prompt
+    from localinfer.backends.local import LocalBackend
 
-    outbox: collections.deque[BatchResult] = collections.deque()
-    started: dict[int, tuple[BatchRequest, float, int]] = {}
-    decoder = BatchDecoder(loaded.model, parallel)
-    view = _Loaded(loaded.name, _SequenceView(loaded.model, decoder.n_ctx_seq), loaded.template)  # type: ignore[arg-type]
-
-    def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
-        return BatchResult(index, item.id, item.line, error=reason, exc=exc)
-
-    def jobs() -> Iterator[SeqJob]:
-        for index, item in enumerate(items):
-            if isinstance(item, InputError):
-                outbox.append(failed(index, item, item.reason, UsageError(f"line {item.line}: {item.reason}")))
-                continue
-            t0 = time.perf_counter()
-            try:
-                request = _request(item, defaults, loaded)
-                tokens, stops, dropped = build_prompt(view, request)  # type: ignore[arg-type]
-            except (UsageError, ContextOverflowError, TemplateRefusedError) as exc:
-                reason = str(exc) + (f" ({exc.hint})" if isinstance(exc, ContextOverflowError) and exc.hint else "")
-                exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
-                outbox.append(failed(index, item, reason, exc))
-                continue
-            started[index] = (item, t0, dropped)
-            stop = tuple(dict.fromkeys((*request.stop, *stops)))
-            yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos)
-
-    try:
-        if stats is not None:
-            decoder.stats = stats
-        for res in decoder.run(jobs()):
-            while outbox:
-                yield outbox.popleft()
-            item, t0, dropped = started.pop(res.key)
-            if res.error is not None:
-                yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
-                continue
-            res.stats.truncated_tokens = dropped
-            yield BatchResult(res.key, item.id, item.line, res.text, res.stats, total_s=res.t_end - t0)
-        while outbox:
-            yield outbox.popleft()
-    finally:
-        decoder.close()
+    backend = LocalBackend(loaded)
+    return backend.run_batch(items, lambda item: to_request(item, defaults, backend), parallel, stats=stats)
 
 
 # -- sizing ---------------------------------------------------------------------------------------
@@ -325,7 +221,7 @@ Progress = Callable[[BatchSummary, int], None]  # (summary so far, total pending
 
 def execute(
     items: Sequence[BatchRequest | InputError],
-    loaded: LoadedModel,
+    backend: Backend,
     parallel: int,
     defaults: BatchDefaults,
     write: Callable[[dict[str, Any]], None],
@@ -335,28 +231,33 @@ def execute(
     progress: Progress | None = None,
     summary: BatchSummary | None = None,
 ) -> BatchSummary:
-    """Run ``items`` and hand each output record to ``write`` (completion order, or input order).
+    """Run ``items`` on ``backend`` and hand each output record to ``write`` (completion order, or
+    input order), here or on a server alike.
 
-    ``on_error="abort"`` raises the first request's error (after writing what finished before it).
+    ``on_error="abort"`` raises the first request's error (after writing what finished before it);
+    a failure every request would meet (a refused key) raises whatever ``on_error`` says.
     ``summary`` is filled in as results come, so it is right even if this raises or is interrupted.
     """
-    from localinfer.engine.batch import BatchStats
-
     summary = summary or BatchSummary()
     summary.parallel = parallel
-    stats = BatchStats()
+    stats = backend.batch_stats()
     order: OutputOrder[BatchResult] = OutputOrder(keep_order)
     t0 = time.perf_counter()
-    results = run_batch(items, loaded, parallel, defaults, stats=stats)
+    results = backend.run_batch(items, lambda item: to_request(item, defaults, backend), parallel, stats=stats)
+
+    def settle() -> None:
+        summary.wall_s = time.perf_counter() - t0
+        if stats is not None:
+            summary.decode_tps = stats.decode_tps
+
     try:
         for result in results:
-            if result.error is not None and on_error == "abort":
+            if result.error is not None and (result.fatal or on_error == "abort"):
                 raise result.exc or UsageError(result.error)
             for r in order.release(result.index, result):
                 write(r.to_json())
                 _account(summary, r)
-            summary.wall_s = time.perf_counter() - t0
-            summary.decode_tps = stats.decode_tps
+            settle()
             if progress is not None:
                 progress(summary, len(items))
     except KeyboardInterrupt:
@@ -364,20 +265,18 @@ def execute(
         raise
     finally:
         results.close()  # now, not when the traceback lets go of it: the model may be closed next
-        summary.wall_s = time.perf_counter() - t0
-        summary.decode_tps = stats.decode_tps
+        settle()
     return summary
 
 
 def _account(summary: BatchSummary, r: BatchResult) -> None:
-    if r.error is not None:
+    if r.answer is None:
         summary.errors += 1
         return
     summary.completed += 1
-    if r.stats is not None:
-        summary.prompt_tokens += r.stats.prompt_tokens
-        summary.completion_tokens += r.stats.completion_tokens
-    summary.latencies.append(r.total_s)
+    summary.prompt_tokens += r.answer.prompt_tokens or 0
+    summary.completion_tokens += r.answer.completion_tokens or 0
+    summary.latencies.append(r.answer.total_s)
 
 
 def check_items(items: Iterable[BatchRequest | InputError], on_error: str) -> None:

@@ -1,7 +1,9 @@
-"""A chat over one loaded model: system prompt, history, settings, cache-friendly prompts, trimming.
+"""A chat over one backend: system prompt, history, settings, cache-friendly prompts, trimming.
 
-The core of `localinfer chat` (the command is cli/chat.py, its input loop cli/chat_repl.py, the
-settings chat_settings.py); plain values in and out.
+The core of `localinfer chat` (the command is cli/chat.py, its session cli/chat_session.py, its input
+loop cli/chat_repl.py, the settings chat/settings.py); plain values in and out. With a model here the
+prompt is fitted to the context and spliced onto the KV cache (below); a server (``--endpoint``)
+keeps its own cache and context, so each turn sends it the whole conversation.
 
 KV-cache reuse. The engine keeps the longest common token prefix of a new prompt with what its KV
 cache holds, so turn N+1 only pays for its new tokens if its prompt starts with the exact tokens of
@@ -32,8 +34,12 @@ from localinfer.chat.settings import ChatSettings, Totals
 from localinfer.errors import ContextOverflowError, UsageError
 
 if TYPE_CHECKING:
+    from localinfer.answer import Answer
+    from localinfer.backends import Backend
     from localinfer.engine.templates import ChatPrompt
-    from localinfer.generate import LoadedModel, Result
+    from localinfer.generate import LoadedModel
+
+    Result = Answer
 
 Write = Callable[[str], None]
 Notify = Callable[[str], None]
@@ -43,53 +49,74 @@ Notify = Callable[[str], None]
 # -- the conversation ------------------------------------------------------------------------------
 
 
-def has_chat_format(loaded: LoadedModel) -> bool:
-    return loaded.template is not None
+def _chat_backend(model: Backend | LoadedModel, load_s: float | None) -> Backend:
+    """``model`` as a backend that can chat (a LoadedModel is the engine's); ``load_s``: the load
+    time to report with its first answer, when the caller timed it."""
+    from localinfer.backends import Backend, no_template_error
+    from localinfer.backends.local import LocalBackend
 
-
-def no_template_error(name: str) -> UsageError:
-    """The one-line refusal for a model that cannot chat (no template, no chat_format)."""
-    return UsageError(
-        f"{name} has no chat template and models.toml names no chat_format for it, so it cannot chat in "
-        f"a format it was trained on; for plain completion use: localinfer run --raw -m {name}"
-    )
+    backend = model if isinstance(model, Backend) else LocalBackend(model)
+    if not backend.can_chat:
+        raise no_template_error(backend.name)
+    if load_s is not None and isinstance(backend, LocalBackend):
+        backend.load_s = load_s
+    return backend
 
 
 class Conversation:
-    """A system prompt, the message history and settings over one LoadedModel (which it owns)."""
+    """A system prompt, the message history and settings over one backend (which it owns)."""
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        model: Backend | LoadedModel,
         *,
         system: str | None = None,
         settings: ChatSettings = ChatSettings(),
         notify: Notify | None = None,
-        load_s: float = 0.0,
+        load_s: float | None = None,
     ) -> None:
-        if not has_chat_format(loaded):
-            raise no_template_error(loaded.name)
-        self.loaded = loaded
+        self.backend = _chat_backend(model, load_s)
         self.system = system or None
         self.settings = settings
         self.notify: Notify = notify or (lambda _msg: None)
         self.history: list[dict[str, Any]] = []  # user/assistant (and loaded) messages, never the system prompt
         self.start = 0  # history[start:] is what the model sees; older turns were dropped to fit
         self.last: Result | None = None
-        self.totals = Totals()
+        self.totals = Totals()  # the engine's figures, summed (a server's answers are kept in ``answers``)
+        self.answers: list[Result] = []  # a server's answers, for /stats (its counts may be unknown)
         self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
         self._replay: tuple[str, list[int], int] | None = None  # the same, and how many came from the cache
         self._replaying = False  # set by retry for the next _answer
-        self._load_s = load_s  # reported with the first turn after a (re)load
 
     # -- what the model sees ---------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def endpoint(self) -> str | None:
+        """The server that answers (``--endpoint``); None: a model loaded here."""
+        return self.backend.endpoint
+
+    @property
+    def loaded(self) -> LoadedModel:
+        loaded = getattr(self.backend, "loaded", None)
+        if loaded is None:
+            raise UsageError("this chat runs on a server: there is no local model")
+        return loaded
+
+    @property
+    def _engine_here(self) -> bool:
+        """Whether the model is loaded here: then the prompt is fitted and spliced onto its cache."""
+        return getattr(self.backend, "loaded", None) is not None
+
     @property
     def model(self):
         return self.loaded.model
 
     @property
     def n_ctx(self) -> int:
-        return self.model.n_ctx
+        return self.model.n_ctx if self._engine_here else 0  # a server's is its own, unknown here
 
     def context_messages(self, start: int | None = None) -> list[dict[str, Any]]:
         """The messages rendered for the model: the system prompt, then history[start:] (role and content)."""
@@ -187,42 +214,51 @@ class Conversation:
 
     def _answer(self, write: Write) -> Result:
         """Answer the history's last (user) message."""
-        from localinfer import generate
+        from localinfer import request as rq
 
+        s = self.settings
+        prompt = None
         replay, self._replaying = self._replay if self._replaying else None, False
         try:
-            prompt, full = self._fit()
-            if replay is not None and replay[0] == prompt.text:
-                # /retry: the very tokens of the first answer's prompt, evaluated from where it began,
-                # in the same batches. Evaluating only the last token (all the rest is cached) gives
-                # other logits (another batch shape), and greedy decoding another answer on near-ties.
-                tokens = list(replay[1])
-                self.model.keep_prefix(replay[2])
-            else:
-                tokens = self._splice(prompt, full)
+            if self._engine_here:  # fit the context, reuse the cache
+                fitted, full = self._fit()
+                if replay is not None and replay[0] == fitted.text:
+                    # /retry: the very tokens of the first answer's prompt, evaluated from where it
+                    # began, in the same batches. Evaluating only the last token (all the rest is
+                    # cached) gives other logits (another batch shape), and greedy decoding another
+                    # answer on near-ties.
+                    tokens = list(replay[1])
+                    self.model.keep_prefix(replay[2])
+                else:
+                    tokens = self._splice(fitted, full)
+                prompt = (tokens, fitted.stop, 0)
+                self._anchor = (fitted.text, list(tokens))
+            # here the prompt is already tokens; a backend without an engine gets the conversation
+            request = rq.build(messages=() if prompt else self.context_messages(), max_tokens=s.max_tokens,
+                               stop=s.stop, sampling=s.sampling)  # fmt: skip
         except BaseException:
             self.history.pop()
             raise
-        request = generate.Request(
-            max_tokens=self.settings.max_tokens, stop=self.settings.stop, sampling=self.settings.sampling
-        )
-        load_s, self._load_s = self._load_s, 0.0
-        self._anchor = (prompt.text, list(tokens))
+        answer: Any = self.backend.answer  # here, with the prompt already built
         try:
-            result = generate.generate(self.loaded, request, write, load_s=load_s, prompt=(tokens, prompt.stop, 0))
+            result = answer(request, write, prompt=prompt) if prompt else answer(request, write)
         except KeyboardInterrupt as exc:
-            result = getattr(exc, "partial_result", None)
+            result = getattr(exc, "partial_answer", None)
             if result is None:
                 self.history.pop()
                 raise
-            result.stats.finish_reason = "interrupted"
+            result.interrupted()
         except BaseException:
             self.history.pop()
             raise
         self._keep_answer(result.text, result.finish_reason)
-        self._replay = (prompt.text, list(tokens), result.stats.cached_tokens)
+        if prompt is not None and self._anchor is not None and result.stats is not None:
+            self._replay = (self._anchor[0], list(prompt[0]), result.stats.cached_tokens)
         self.last = result
-        self.totals.add(result)
+        if result.stats is not None:
+            self.totals.add(result)
+        else:
+            self.answers.append(result)
         return result
 
     def _keep_answer(self, text: str, finish_reason: str | None) -> None:
@@ -269,7 +305,7 @@ class Conversation:
         self.start = 0
         self.last = None
         self._anchor = self._replay = None
-        self.model.reset()
+        self.backend.reset()
 
     def set_system(self, text: str | None) -> None:
         self.system = text or None
@@ -277,26 +313,24 @@ class Conversation:
     def set(self, key: str, value: str) -> None:
         self.settings = self.settings.with_value(key, value)
 
-    def switch_model(self, loaded: LoadedModel, *, load_s: float = 0.0) -> None:
+    def switch_model(self, model: Backend | LoadedModel, *, load_s: float | None = None) -> None:
         """Chat on with another model, keeping the conversation; the old one is closed."""
-        if not has_chat_format(loaded):
-            raise no_template_error(loaded.name)
-        old, self.loaded = self.loaded, loaded
+        backend = _chat_backend(model, load_s)
+        old, self.backend = self.backend, backend
         self.start = 0  # a new context size: fit again from the whole history
         self._anchor = self._replay = None
-        self._load_s = load_s
-        if old is not loaded:
-            old.close()
+        if old is not backend and getattr(old, "loaded", None) is not getattr(backend, "loaded", None):
+            old.close()  # (a server's backends share their connections: ``RemoteBackend.switch``)
 
     def close(self) -> None:
-        self.loaded.close()
+        self.backend.close()
 
     # -- files -------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """The conversation as an OpenAI-style chat request body (``model`` and ``messages``)."""
         messages = self.context_messages(0)
         offset = 1 if self.system else 0
-        data: dict[str, Any] = {"model": self.loaded.name, "messages": messages}
+        data: dict[str, Any] = {"model": self.name, "messages": messages}
         interrupted = [i + offset for i, m in enumerate(self.history) if m.get("interrupted")]
         if interrupted:
             data["interrupted"] = interrupted  # indexes into messages of answers cut short by Ctrl-C

@@ -79,12 +79,9 @@ def batch(
     with handle_errors():
         from localinfer.batch import io as batchio
         from localinfer.batch import job as batchjob
-        from localinfer import generate
         from localinfer.errors import UsageError
         from localinfer.render.batch import make_progress, print_summary
         from localinfer.render.stats import warn
-        from localinfer.render.progress import make_progress as transfer_progress
-        from localinfer.store import resolve_model, touch
 
         say = (lambda msg: None) if quiet else warn
         if resume and output is None:
@@ -104,58 +101,53 @@ def batch(
             if not quiet:
                 print_summary(summary)
             return
-        if endpoint:  # the pending requests to an OpenAI-compatible server: cli/remote.py, nothing loaded here
-            from localinfer.cli import remote
+        from localinfer.cli.backend import open_backend
+
+        def load_opts(resolved):
+            nonlocal parallel
+            ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
+            if parallel is None:
+                parallel = _default_parallel(len(pending), resolved, ctx_per_seq, base)
+            return batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq)
+
+        if endpoint:  # a server's own slots decide its concurrency
+            from localinfer.remote.batch import DEFAULT_PARALLEL
+
+            parallel = parallel or DEFAULT_PARALLEL
+        # a wrong URL or key, like a model that will not load, writes nothing: the output is opened after
+        backend = open_backend(endpoint=endpoint, model=model, load_options=load_opts,
+                               offline=offline, on_note=say, pool=parallel or 1, retries=retries)  # fmt: skip
+        assert parallel is not None
+        try:
+            if getattr(backend, "loaded", None) is not None:  # a template the sandbox refuses fails the job now
+                batchjob.check_template(backend.loaded)
+            if not backend.can_chat and not raw and any(isinstance(i, batchio.BatchRequest) and i.prompt is not None for i in pending):
+                say(f"{backend.name} has no chat template; running prompts as plain completion (pass --raw to silence this)")
+            if system and endpoint is None and any(isinstance(i, batchio.BatchRequest) and i.messages is not None for i in pending):
+                say("--system applies to 'prompt' requests; 'messages' requests are used as given")
 
             defaults = batchjob.BatchDefaults(
                 sampling=sampling,
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
             )
-            return remote.batch(
-                endpoint, retries=retries, model=model, pending=pending, summary=summary,
-                output=output, resume=resume, parallel=parallel, defaults=defaults, on_error=on_error.value,
-                keep_order=keep_order, quiet=quiet, no_log=no_log,
-            )  # fmt: skip
+            sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
+            show = None if quiet else make_progress(len(pending))
+            from localinfer.usage.recorder import RequestLog
 
-        resolved = resolve_model(model, offline=offline, pull_progress=transfer_progress())
-        ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
-        if parallel is None:
-            parallel = _default_parallel(len(pending), resolved, ctx_per_seq, base)
-        loaded = generate.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
-        batchjob.check_template(loaded)
-        touch(resolved.name)  # `list`'s "last used"
-        for note in loaded.plan.notes if loaded.plan else ():
-            say(note)
-        if loaded.template is None and not raw and any(isinstance(i, batchio.BatchRequest) and i.prompt is not None for i in pending):
-            say(f"{resolved.name} has no chat template; running prompts as plain completion (pass --raw to silence this)")
-        if system and any(isinstance(i, batchio.BatchRequest) and i.messages is not None for i in pending):
-            say("--system applies to 'prompt' requests; 'messages' requests are used as given")
-
-        defaults = batchjob.BatchDefaults(
-            sampling=sampling,
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            system=system,
-            raw=raw,
-            on_overflow=on_overflow.value,
-        )
-        sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
-        show = None if quiet else make_progress(len(pending))
-        from localinfer.usage.recorder import RequestLog
-
-        log = RequestLog("batch", resolved, no_log=no_log, extra={"parallel": parallel}, warn=warn)
-        try:
-            batchjob.execute(
-                pending, loaded, parallel, defaults, log.wrap(sink),
-                on_error=on_error.value, keep_order=keep_order, progress=show, summary=summary,
-            )
+            log = RequestLog("batch", backend, no_log=no_log, extra={"parallel": parallel}, warn=warn)
+            try:
+                batchjob.execute(
+                    pending, backend, parallel, defaults, log.wrap(sink),
+                    on_error=on_error.value, keep_order=keep_order, progress=show, summary=summary,
+                )
+            finally:
+                sink.close()
+                log.flush()
+                if show is not None:
+                    show.close()
+                    print_summary(summary, backend.name if endpoint is None else f"{backend.name} @ {backend.endpoint}")
         finally:
-            sink.close()
-            log.flush()
-            if show is not None:
-                show.close()
-                print_summary(summary, resolved.name)
-            loaded.close()
+            backend.close()
 
 
 def _default_parallel(n_pending: int, resolved, ctx_per_seq: int, base) -> int:

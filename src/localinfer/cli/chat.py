@@ -1,8 +1,8 @@
 """`localinfer chat`: a conversation with a model. A REPL (prompt_toolkit) on a terminal; when stdin or
 stdout is not a terminal, each input line is a user turn and only the answers go to stdout.
 
-The session's logic (slash commands, turns) is localinfer.chat.session; this module translates the
-flags and picks the input loop (cli.chat_repl).
+The session (slash commands, turns, what is printed) is cli.chat_session, the same on a model here and
+on a server (--endpoint); this module translates the flags and picks the input loop (cli.chat_repl).
 """
 
 import io
@@ -32,17 +32,10 @@ def chat(
     endpoint: o.Server = o.SERVER,
 ) -> None:
     """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn."""
-    if endpoint:  # the same session over an OpenAI-compatible server: cli/remote.py, nothing loaded here
-        from localinfer.cli import remote
-
-        return remote.chat(
-            endpoint, model=model, system=system, sampling=sampling,
-            max_tokens=max_tokens, stop=stop or (), quiet=quiet, verbose=verbose, no_log=no_log, lines=_stdin_lines,
-        )  # fmt: skip
     with handle_errors():
-        from localinfer.chat.session import ChatSession
         from localinfer.chat.settings import ChatSettings
         from localinfer.cli.chat_repl import run_lines, run_repl
+        from localinfer.cli.chat_session import ChatSession
 
         settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
         from localinfer.render.term import is_tty
@@ -56,6 +49,7 @@ def chat(
             verbose=verbose,
             no_log=no_log,
             interactive=interactive,
+            endpoint=endpoint,  # a server: nothing is loaded here
         )
         session.open(model, system, settings)
         failed = 0

@@ -9,7 +9,7 @@ from localinfer.chat.session import block_open, unwrap_block
 from localinfer.cli.common import debug_enabled, print_error
 
 if TYPE_CHECKING:
-    from localinfer.chat.session import ChatSession
+    from localinfer.cli.chat_session import ChatSession
 
 
 def run_lines(session: ChatSession, lines: Any) -> int:

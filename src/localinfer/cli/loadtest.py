@@ -70,14 +70,14 @@ def _run(ep: Endpoint, model: str | None, spec: Any, *, output: str,
          report: Path | None, sweep: bool, no_log: bool, quiet: bool) -> None:  # fmt: skip
     import json
 
-    from localinfer.cli.remote import connect
+    from localinfer.backends import connect
     from localinfer.remote import benchmark as bm
     from localinfer.render.loadtest import result_lines
     from localinfer.render.stats import warn
     from localinfer.usage import history
 
     say = (lambda _m: None) if quiet else warn
-    client = connect(ep, pool=1)
+    client = connect(ep, pool=1).client  # the load test drives the server's API itself
     results: list[dict[str, Any]] = []
     try:
         name = client.pick_model(model)

@@ -81,7 +81,7 @@ OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; als
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and a full stats table.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line, no warnings; only the answer.")]
 
-# --endpoint: the same command against an OpenAI-compatible server (localinfer.cli.remote)
+# --endpoint: the same command against an OpenAI-compatible server (localinfer.backends.remote)
 _SERVER = "Server (--endpoint)"
 EndpointOpt = Annotated[
     Optional[str],

@@ -69,58 +69,55 @@ def run(
     endpoint: o.Server = o.SERVER,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
-    if endpoint:  # the same request to an OpenAI-compatible server: cli/remote.py, nothing loaded here
-        from localinfer.cli import remote
-
-        return remote.run(
-            endpoint, text=lambda: _prompt_text(prompt_words, prompt, remote=True), model=model,
-            system=system, sampling=sampling, max_tokens=max_tokens, stop=stop or (), ignore_eos=ignore_eos, raw=raw,
-            json_out=json_out, quiet=quiet, verbose=verbose, no_log=no_log,
-        )  # fmt: skip
     from localinfer.render.stats import warn as warn_line
     from localinfer.usage.recorder import recording
 
     with handle_errors(), recording("run", no_log=no_log, warn=warn_line) as rec:
-        from localinfer.api import load_resolved
-        from localinfer.render.stats import print_summary, warn
-        from localinfer.render.progress import make_progress
-        from localinfer.store import resolve_model, touch
+        from localinfer.api import DEFAULT_COMPLETION_TOKENS
+        from localinfer.cli.backend import open_backend
+        from localinfer.render.stats import warn
 
-        text = _prompt_text(prompt_words, prompt, n_ctx=load_opts.n_ctx, keep_tail=on_overflow.value == "truncate")
+        # checked before anything is loaded or sent; read no further than the context can hold
+        bound = {"remote": True} if endpoint else {"n_ctx": load_opts.n_ctx, "keep_tail": on_overflow.value == "truncate"}
+        text = _prompt_text(prompt_words, prompt, **bound)
+        rec.prompt_text = text
         say = (lambda msg: None) if quiet else warn
 
-        resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
-        rec.model, rec.prompt_text = resolved, text
-        llm = load_resolved(resolved, load_opts, force=force, on_note=say)
+        def on_model(named: Any) -> None:
+            rec.model = named
+
+        backend = open_backend(endpoint=endpoint, model=model, load_options=lambda _resolved: load_opts,
+                               offline=offline, force=force, on_note=say, on_model=on_model)  # fmt: skip
         # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last
         # run's: a process running the command again (CliRunner) frees the one before.
-        _until_exit[:] = [llm]
-        if not raw and not llm.has_chat_template:
-            say(f"{resolved.name} has no chat template; running plain completion (pass --raw to silence this)")
+        _until_exit[:] = [backend]
+        try:
+            if not raw and not backend.can_chat:
+                say(f"{backend.name} has no chat template; running plain completion (pass --raw to silence this)")
 
-        request = llm.request(
-            text, system=system, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()),
-            on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
-        )  # fmt: skip
-        result = _stream(llm, request, json_out=json_out, quiet=quiet, verbose=verbose)
-        rec.result = result
-        if json_out:
-            import json
+            request = backend.request(
+                text, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
+                stop=tuple(stop or ()), on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
+            )  # fmt: skip
+            result = _stream(backend, request, json_out=json_out, quiet=quiet, verbose=verbose)
+            rec.result = result
+            if json_out:
+                import json
 
-            sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
-            sys.stdout.flush()
-        else:
-            if result.text and not result.text.endswith("\n"):
+                _write_stdout(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+            elif result.text and not result.text.endswith("\n"):
                 _write_stdout("\n")
-        if request.raw_text is not None and max_tokens is None and result.finish_reason == "length":
-            n = request.default_max_tokens
-            if n is not None and result.stats.completion_tokens >= n:
-                say(f"plain completion stopped at its default limit of {n} tokens; -n sets another")
-        if result.stats.truncated_tokens:
-            say(f"the prompt was truncated: its first {result.stats.truncated_tokens} tokens were dropped to fit the context")
-        if not quiet:
-            print_summary(result, verbose=verbose)
-        touch(resolved.name)  # `list`'s "last used"
+            if request.raw_text is not None and max_tokens is None and result.finish_reason == "length":
+                n = request.default_max_tokens
+                if n is not None and (result.completion_tokens or 0) >= n:
+                    say(f"plain completion stopped at its default limit of {n} tokens; -n sets another")
+            if result.truncated_tokens:
+                say(f"the prompt was truncated: its first {result.truncated_tokens} tokens were dropped to fit the context")
+            if not quiet:
+                _print_summary(result, verbose)
+        finally:
+            if backend.endpoint is not None:  # a server's connections (a model here stays: see above)
+                backend.close()
 
 
 _until_exit: list = []
@@ -137,29 +134,26 @@ def _prompt_text(prompt_words: list[str] | None, prompt: str | None, **stdin: An
     return generate.combine_stdin_and_prompt(read_piped_stdin(**stdin), prompt or " ".join(prompt_words or []) or None)
 
 
-def _stream(llm: Any, request: Any, *, json_out: bool, quiet: bool, verbose: bool) -> Any:
-    """Stream the answer to stdout (unless ``json_out``); its Result. On Ctrl-C, the answer so far
-    ends its line and its stats are shown before the interruption is reported."""
-    result = None
-    stream = llm.stream_request(request)
-    try:
-        for chunk in stream:
-            if chunk.result is not None:
-                result = chunk.result
-            elif not json_out:
-                _write_stdout(chunk.text)
-    except KeyboardInterrupt:
-        stream.close()  # the engine settles its stats for what was generated
-        partial = stream.result
-        if partial.text and not json_out:
-            _write_stdout("\n")
-        if not quiet:
-            from localinfer.render.stats import print_summary
+def _print_summary(answer: Any, verbose: bool) -> None:
+    if answer.backend is not None:  # a server's answer: what it did not report reads "unknown"
+        from localinfer.render.remote import print_summary
+    else:
+        from localinfer.render.stats import print_summary
+    print_summary(answer, verbose=verbose)
 
-            print_summary(partial, verbose=verbose)
+
+def _stream(backend: Any, request: Any, *, json_out: bool, quiet: bool, verbose: bool) -> Any:
+    """Stream the answer to stdout (unless ``json_out``); its Answer. On Ctrl-C, the answer so far
+    ends its line and its stats are shown before the interruption is reported."""
+    try:
+        return backend.answer(request, None if json_out else _write_stdout)
+    except KeyboardInterrupt as exc:
+        partial = getattr(exc, "partial_answer", None)  # the engine settled its stats for what was generated
+        if partial is not None and partial.text and not json_out:
+            _write_stdout("\n")
+        if partial is not None and not quiet:
+            _print_summary(partial, verbose)
         raise
-    assert result is not None
-    return result
 
 
 def register(app: typer.Typer) -> None:

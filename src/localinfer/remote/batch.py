@@ -1,4 +1,5 @@
-"""`batch --endpoint`: the requests of a batch file sent to a server, up to ``parallel`` at a time.
+"""`batch --endpoint`'s sending (``backends.remote.RemoteBackend.run_batch``): up to ``parallel``
+requests at a time, on threads.
 
 Each request is retried with backoff when the server is busy (429/503, honouring Retry-After), a
 gateway times out, or the connection fails or breaks mid-answer; after the last try it becomes an
@@ -9,24 +10,21 @@ thread writes output, so the resumable-output guarantees of ``batch.io`` hold as
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from localinfer.batch.io import BatchRequest, InputError, OutputOrder
+from localinfer.batch.io import BatchRequest, InputError
 from localinfer.remote.connection import RemoteError
-from localinfer.usage.recorder import RequestLog
 
 if TYPE_CHECKING:
-    from localinfer.batch.job import BatchDefaults, BatchSummary, Progress
-    from localinfer.remote.client import Client, Outcome
+    from localinfer.answer import Answer
+    from localinfer.remote.client import Outcome
 
-Write = Callable[[dict[str, Any]], None]
+Done = tuple[int, "BatchRequest | InputError", "Answer | None", "Exception | None"]
 DEFAULT_PARALLEL = 4  # a server's own slots decide its concurrency; 4 keeps a small one busy
 
 
@@ -62,59 +60,12 @@ def with_retries(send: Callable[[], Outcome], policy: RetryPolicy, stop: threadi
             attempt += 1
 
 
-def request_body(item: BatchRequest, model: str, defaults: BatchDefaults) -> dict[str, Any]:
-    """The request a batch line makes, with the command's defaults where the line is silent."""
-    from localinfer.generate import messages_for
-    from localinfer.remote import client
+class Workers:
+    """``parallel`` threads taking the next item and putting ``(index, item, answer, error)`` on a queue
+    (an InputError item comes back with neither)."""
 
-    sampling = item.sampling_over(defaults.sampling)
-    common: dict[str, Any] = {
-        "sampling": sampling,
-        "max_tokens": item.max_tokens if item.max_tokens is not None else defaults.max_tokens,
-        "stop": item.stop if item.stop is not None else defaults.stop,
-        "ignore_eos": item.ignore_eos,
-    }
-    if item.messages is not None:
-        return client.request_body(model, messages=item.messages, **common)
-    if defaults.raw:
-        text = f"{defaults.system}\n\n{item.prompt}" if defaults.system else item.prompt
-        return client.request_body(model, prompt=text, **common)
-    return client.request_body(model, messages=messages_for(item.prompt or "", defaults.system), **common)
-
-
-@dataclass
-class _Done:
-    index: int
-    item: BatchRequest | InputError
-    outcome: Outcome | None = None
-    error: Exception | None = None
-
-
-def _record(done: _Done) -> dict[str, Any]:
-    from localinfer.remote.results import batch_record
-
-    if done.outcome is not None:
-        return batch_record(done.item.id, done.outcome)
-    reason = done.item.reason if isinstance(done.item, InputError) else str(done.error)
-    return {"id": done.item.id, "line": done.item.line, "error": reason}
-
-
-def _account(summary: BatchSummary, done: _Done) -> None:
-    if done.outcome is None:
-        summary.errors += 1
-        return
-    o = done.outcome
-    summary.completed += 1
-    summary.prompt_tokens += o.prompt_tokens or 0
-    summary.completion_tokens += o.completion_tokens or 0
-    summary.latencies.append(o.total_s)
-
-
-class _Workers:
-    """``parallel`` threads taking the next item and putting its outcome on a queue."""
-
-    def __init__(self, items: Sequence[BatchRequest | InputError], send: Callable[[BatchRequest], Outcome], parallel: int) -> None:
-        self.done: queue.Queue[_Done] = queue.Queue()
+    def __init__(self, items: Sequence[BatchRequest | InputError], send: Callable[[BatchRequest], Answer], parallel: int) -> None:
+        self.done: queue.Queue[Done] = queue.Queue()
         self.stop = threading.Event()
         self._next = iter(enumerate(items))
         self._lock = threading.Lock()
@@ -131,85 +82,16 @@ class _Workers:
                 return
             index, item = nxt
             if isinstance(item, InputError):
-                self.done.put(_Done(index, item))
+                self.done.put((index, item, None, None))
                 continue
             try:
-                self.done.put(_Done(index, item, outcome=self._send(item)))
+                self.done.put((index, item, self._send(item), None))
             except Exception as exc:  # noqa: BLE001 - reported by the writer, per request
-                self.done.put(_Done(index, item, error=exc))
+                self.done.put((index, item, None, exc))
 
-    def next(self) -> _Done:
+    def next(self) -> Done:
         while True:  # a timeout, so that Ctrl-C reaches the main thread at once
             try:
                 return self.done.get(timeout=0.2)
             except queue.Empty:
                 continue
-
-
-def execute(
-    items: Sequence[BatchRequest | InputError],
-    client: Client,
-    model: str,
-    parallel: int,
-    defaults: BatchDefaults,
-    write: Write,
-    *,
-    on_error: str = "skip",
-    keep_order: bool = False,
-    progress: Progress | None = None,
-    summary: BatchSummary,
-    policy: RetryPolicy = RetryPolicy(),
-) -> BatchSummary:
-    """Send ``items`` to the server and hand each output record to ``write`` (as local
-    ``batch.job.execute`` does: completion or input order, error records, abort, progress)."""
-    summary.parallel = parallel
-    workers: _Workers | None = None
-    stop = threading.Event()
-
-    def send(item: BatchRequest) -> Outcome:
-        body = request_body(item, model, defaults)
-        return with_retries(lambda: client.stream(body), policy, stop)
-
-    order: OutputOrder[_Done] = OutputOrder(keep_order)
-    t0 = time.perf_counter()
-    try:
-        workers = _Workers(items, send, parallel)
-        for _ in range(len(items)):
-            done = workers.next()
-            if done.error is not None and (getattr(done.error, "fatal", False) or on_error == "abort"):
-                raise done.error
-            for r in order.release(done.index, done):
-                write(_record(r))
-                _account(summary, r)
-            summary.wall_s = time.perf_counter() - t0
-            if progress is not None:
-                progress(summary, len(items))
-    except KeyboardInterrupt:
-        summary.interrupted = True
-        raise
-    finally:
-        stop.set()
-        if workers is not None:
-            workers.stop.set()
-        summary.wall_s = time.perf_counter() - t0
-    return summary
-
-
-class RemoteRequestLog(RequestLog):
-    """The job's history rows (one per output record), each marked with the server that answered."""
-
-    def __init__(self, command: str, model: str, endpoint: str, **kw: Any) -> None:
-        super().__init__(command, _Named(model), **kw)  # type: ignore[arg-type]
-        self.endpoint = endpoint
-
-    def _write(self) -> None:
-        self._pending = [dataclasses.replace(r, endpoint=self.endpoint) for r in self._pending]
-        super()._write()
-
-
-@dataclass(frozen=True)
-class _Named:
-    """A model known only by its name on the server (RequestLog wants a name and a sha256)."""
-
-    name: str
-    sha256: None = None

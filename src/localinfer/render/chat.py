@@ -15,8 +15,8 @@ from localinfer.units import human_duration as ms
 from localinfer.units import human_rate as tps
 
 if TYPE_CHECKING:
+    from localinfer.answer import Answer as Result
     from localinfer.chat.conversation import Conversation
-    from localinfer.generate import Result
 
 HELP = '''Commands:
   /help                this list (also /?)
@@ -52,6 +52,10 @@ def print_dim(text: str, stream: TextIO) -> None:
 def turn_line(result: Result) -> str:
     """One line per answer: tokens, TTFT, decode rate, prompt evaluated vs cached, context used."""
     s = result.stats
+    if s is None:  # a server's answer: what it reported
+        from localinfer.render.remote import turn_line as remote_line
+
+        return remote_line(result)
     parts = [
         f"{s.completion_tokens} tokens",
         f"TTFT {ms(result.ttft_s)}",
@@ -65,9 +69,8 @@ def turn_line(result: Result) -> str:
 
 
 def banner(conv: Conversation) -> str:
-    endpoint = getattr(conv, "endpoint", None)  # chat --endpoint: the server holds the context
-    if endpoint:
-        return f"{conv.loaded.name} @ {endpoint} · /help for commands, /exit or Ctrl-D to quit"
+    if conv.endpoint:  # chat --endpoint: the server holds the context
+        return f"{conv.name} @ {conv.endpoint} · /help for commands, /exit or Ctrl-D to quit"
     t = conv.loaded.template
     fmt = "the model's chat template" if t is not None and t.source == "gguf" else (t.source if t else "-")
     return (
@@ -90,8 +93,20 @@ def table(rows: list[tuple[str, str]]) -> list[str]:
     return [f"  {k:<{width}}  {v}" for k, v in rows]
 
 
+def switched_line(conv: Conversation) -> str:
+    """After `/model NAME`."""
+    if conv.endpoint:
+        return f"Switched to {conv.name} on {conv.endpoint}; {len(conv.history)} messages kept."
+    return f"Switched to {conv.name} (context {conv.n_ctx} tokens); {len(conv.history)} messages kept."
+
+
 def show_lines(conv: Conversation) -> list[str]:
     """`/show`: the model, where it came from, the context, the system prompt and the settings."""
+    if conv.endpoint:
+        rows = [("model", conv.name), ("endpoint", conv.endpoint),
+                ("system prompt", repr(conv.system) if conv.system else "(none)"),
+                ("messages", str(len(conv.history)))]  # fmt: skip
+        return ["Model:", *table(rows), "Settings:", *table(conv.settings.items())]
     lm, m = conv.loaded, conv.model
     resolved = lm.resolved
     t = lm.template
@@ -118,6 +133,8 @@ def show_lines(conv: Conversation) -> list[str]:
 
 def stats_lines(conv: Conversation) -> list[str]:
     """`/stats`: the last turn in detail, then the whole session."""
+    if conv.endpoint:
+        return _remote_stats_lines(conv)
     out: list[str] = []
     r = conv.last
     if r is None:
@@ -156,3 +173,26 @@ def stats_lines(conv: Conversation) -> list[str]:
         ]
     )
     return out
+
+
+def _remote_stats_lines(conv: Conversation) -> list[str]:
+    """`/stats` on a server: the client's measurements and what the server reported ("unknown" where
+    it said nothing), summed over the session's answers."""
+    from localinfer.render.remote import rows as answer_rows
+
+    r = conv.last
+    out = ["Last turn: none yet"] if r is None else ["Last turn:", *table(answer_rows(r)[3:])]
+    rs = conv.answers
+    prompt = [a.prompt_tokens for a in rs]
+    done = [a.completion_tokens for a in rs]
+    ttfts = [a.ttft_s for a in rs if a.ttft_s is not None]
+    decode_n = sum((a.completion_tokens or 1) - 1 for a in rs if a.decode_tps)
+    decode_s = sum(a.decode_s or 0.0 for a in rs if a.decode_tps)
+    return out + ["Session:", *table([
+        ("turns", str(len(rs))),
+        ("prompt tokens", "unknown" if None in prompt else str(sum(p or 0 for p in prompt))),
+        ("completion tokens", "unknown" if None in done else str(sum(d or 0 for d in done))),
+        ("mean TTFT", ms(sum(ttfts) / len(ttfts) if ttfts else None)),
+        ("decode", tps(decode_n / decode_s) if decode_s > 0 else "unknown"),
+        ("time answering", ms(sum(a.total_s for a in rs))),
+    ])]  # fmt: skip

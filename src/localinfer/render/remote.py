@@ -11,7 +11,7 @@ from localinfer.units import human_duration as _ms
 from localinfer.units import human_rate
 
 if TYPE_CHECKING:
-    from localinfer.remote.results import RemoteResult
+    from localinfer.answer import Answer
 
 UNKNOWN = "unknown"
 
@@ -24,56 +24,52 @@ def _tps(value: float | None) -> str:
     return UNKNOWN if value is None else human_rate(value)
 
 
-def _prompt(r: RemoteResult) -> str:
-    o = r.outcome
-    if o.prompt_tokens is None:
+def _prompt(r: Answer) -> str:
+    if r.prompt_tokens is None:
         return f"prompt {UNKNOWN}"
-    cached = "" if o.cached_tokens is None else f", {o.cached_tokens} cached"
-    return f"prompt {o.prompt_tokens} tokens{cached}"
+    cached = "" if r.cached_tokens is None else f", {r.cached_tokens} cached"
+    return f"prompt {r.prompt_tokens} tokens{cached}"
 
 
-def summary_line(r: RemoteResult) -> str:
-    o = r.outcome
+def summary_line(r: Answer) -> str:
     return " · ".join([
-        f"{r.model} @ {r.endpoint}",
-        f"{_n(o.completion_tokens)} tokens",
-        f"TTFT {_ms(o.ttft_s)}",
+        f"{r.model} @ {r.backend}",
+        f"{_n(r.completion_tokens)} tokens",
+        f"TTFT {_ms(r.ttft_s)}",
         _prompt(r),
-        f"decode {_tps(o.decode_tps)}",
-        f"total {_ms(o.total_s)}",
-        f"finish {o.finish_reason or '-'}",
+        f"decode {_tps(r.decode_tps)}",
+        f"total {_ms(r.total_s)}",
+        f"finish {r.finish_reason or '-'}",
     ])  # fmt: skip
 
 
-def turn_line(r: RemoteResult) -> str:
+def turn_line(r: Answer) -> str:
     """`chat`'s dim line after an answer."""
-    o = r.outcome
-    parts = [f"{_n(o.completion_tokens)} tokens", f"TTFT {_ms(o.ttft_s)}", f"decode {_tps(o.decode_tps)}", _prompt(r)]
-    if o.finish_reason in ("length", "interrupted"):
-        parts.append(o.finish_reason)
+    parts = [f"{_n(r.completion_tokens)} tokens", f"TTFT {_ms(r.ttft_s)}", f"decode {_tps(r.decode_tps)}", _prompt(r)]
+    if r.finish_reason in ("length", "interrupted"):
+        parts.append(r.finish_reason)
     return " · ".join(parts)
 
 
-def rows(r: RemoteResult) -> list[tuple[str, str]]:
+def rows(r: Answer) -> list[tuple[str, str]]:
     """The --verbose table (and chat's /stats): client measurements, then what the server said."""
-    o = r.outcome
     prefill = UNKNOWN if r.prefill_s is None else f"{_ms(r.prefill_s)} · {_tps(r.prefill_tps)} (the server's timings)"
     return [
         ("model", r.model),
-        ("endpoint", r.endpoint),
+        ("endpoint", r.backend),
         ("mode", r.mode),
-        ("finish reason", o.finish_reason or "-"),
-        ("TTFT", f"{_ms(o.ttft_s)} (request sent -> first text received)"),
-        ("prompt tokens", _n(o.prompt_tokens) + ("" if o.cached_tokens is None else f" ({o.cached_tokens} cached)")),
+        ("finish reason", r.finish_reason or "-"),
+        ("TTFT", f"{_ms(r.ttft_s)} (request sent -> first text received)"),
+        ("prompt tokens", _n(r.prompt_tokens) + ("" if r.cached_tokens is None else f" ({r.cached_tokens} cached)")),
         ("prefill", prefill),
-        ("completion tokens", _n(o.completion_tokens)),
-        ("decode", f"{_ms(o.decode_s)} · {_tps(o.decode_tps)} (tokens after the first, timed here)"),
-        ("end to end", _ms(o.total_s)),
+        ("completion tokens", _n(r.completion_tokens)),
+        ("decode", f"{_ms(r.decode_s)} · {_tps(r.decode_tps)} (tokens after the first, timed here)"),
+        ("end to end", _ms(r.total_s)),
         ("seed", "-" if r.seed is None else str(r.seed)),
     ]
 
 
-def print_summary(r: RemoteResult, *, verbose: bool = False, stream: TextIO | None = None) -> None:
+def print_summary(r: Answer, *, verbose: bool = False, stream: TextIO | None = None) -> None:
     stream = stream or sys.stderr
     if verbose:
         table = rows(r)

@@ -75,16 +75,6 @@ class Ticket:
         self.cancelled.set()
 
 
-class _SequenceView:
-    """The model as one sequence sees it: ``build_prompt`` checks prompts against its ``n_ctx``."""
-
-    def __init__(self, model: object, n_ctx: int) -> None:
-        self._model, self.n_ctx = model, n_ctx
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._model, name)
-
-
 class Engine:
     """Owns ``loaded`` (a context of ``parallel`` sequences) and the thread that decodes for everyone."""
 
@@ -94,13 +84,10 @@ class Engine:
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
         request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``)."""
-        from localinfer.generate import LoadedModel as _Loaded
-
         self.loaded = loaded
         self.parallel = parallel
         self.max_queue = max_queue
         self.n_ctx_seq = loaded.model.n_ctx_seq
-        self._view = _Loaded(loaded.name, _SequenceView(loaded.model, self.n_ctx_seq), loaded.template)  # type: ignore[arg-type]
         self._on_finish = on_finish
         self._on_step = on_step
         self._queue: queue.Queue[Ticket | None] = queue.Queue()
@@ -114,8 +101,9 @@ class Engine:
     def prepare(self, request: CompletionRequest) -> Prepared:
         """Render and tokenize the prompt (any thread: the template and the tokenizer are thread-safe);
         a prompt that does not fit one sequence's context with ``max_tokens`` is a 400."""
+        from localinfer import request as rq
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import Request, build_prompt
+        from localinfer.generate import build_prompt
 
         model = self.loaded.model
         if isinstance(request.prompt, tuple):
@@ -125,9 +113,10 @@ class Engine:
             return self._checked(Prepared(request, list(request.prompt), ()))
         if request.kind == "chat" and self.loaded.template is None:
             raise ApiError(400, f"{self.loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
-        req = Request(messages=request.messages, raw_text=request.prompt)  # max_tokens: checked below
         try:
-            tokens, stops, _ = build_prompt(self._view, req)  # type: ignore[arg-type]
+            chat = request.kind == "chat"  # max_tokens: checked below
+            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat)
+            tokens, stops, _ = build_prompt(self.loaded, req, n_ctx=self.n_ctx_seq)
         except ContextOverflowError as exc:
             raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded") from None
         except (UsageError, TemplateRefusedError) as exc:

@@ -27,16 +27,17 @@ class UsageWriter:
     def add(self, ticket: Ticket, outcome: Outcome) -> None:
         """Any thread (the engine's): one request, as ``run`` records one (its text only with
         LOCALINFER_LOG_TEXT=1)."""
-        from localinfer.generate import Result, peak_rss_bytes
-        from localinfer.usage.history import record_from_result
+        from localinfer.answer import Answer
+        from localinfer.generate import peak_rss_bytes
+        from localinfer.usage.recorder import record_of
 
         request = ticket.prepared.request
         mode = "chat" if request.kind == "chat" else "raw"
-        result = Result(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode)
+        result = Answer(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode)
         extra = {"endpoint": "chat" if request.kind == "chat" else "completions", "stream": request.stream,
                  "parallel": self.parallel, "queue_ms": round(outcome.queue_s * 1000.0, 3)}  # fmt: skip
         prompt = "\n".join(m["content"] for m in request.messages) if request.kind == "chat" else request.prompt
-        self._queue.put(record_from_result(
+        self._queue.put(record_of(
             "serve", result, self.resolved, exit_status=0 if outcome.error is None else 1,
             prompt_text=prompt if isinstance(prompt, str) else None, extra=extra,
         ))  # fmt: skip

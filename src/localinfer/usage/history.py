@@ -22,8 +22,6 @@ from localinfer import paths
 if TYPE_CHECKING:
     import sqlite3
 
-    from localinfer.generate import Result
-    from localinfer.store import ResolvedModel
 
 DB_NAME = "history.db"
 SCHEMA_VERSION = 2  # 2: the endpoint column (NULL: a local request)
@@ -183,56 +181,6 @@ def _insert(path: Path, rows: list[tuple]) -> None:
             raise
     finally:
         conn.close()
-
-
-def record_from_result(
-    command: str,
-    result: Result | None,
-    resolved: ResolvedModel | None,
-    *,
-    exit_status: int = 0,
-    prompt_text: str | None = None,
-    finish_reason: str | None = None,
-    extra: dict[str, Any] | None = None,
-) -> UsageRecord:
-    """A record for one request from the core's Result (None: it failed before producing one)."""
-    keep_text = text_logging_enabled()
-    name = result.model if result is not None else (resolved.name if resolved is not None else None)
-    sha = resolved.sha256 if resolved is not None else None
-    if result is None:
-        return UsageRecord(
-            command=command,
-            model=name,
-            model_sha256=sha,
-            finish_reason=finish_reason,
-            exit_status=exit_status,
-            prompt_text=prompt_text if keep_text else None,
-            extra=extra,
-        )
-    s = result.stats
-    return UsageRecord(
-        command=command,
-        model=name,
-        model_sha256=sha,
-        prompt_tokens=s.prompt_tokens,
-        prompt_eval_tokens=s.evaluated_tokens,
-        cached_tokens=s.cached_tokens,
-        completion_tokens=s.completion_tokens,
-        ttft_ms=_ms(result.ttft_s),
-        prefill_tps=s.prefill_tps,
-        decode_tps=s.decode_tps,
-        load_ms=_ms(result.load_s) if result.load_s else None,
-        total_ms=_ms(result.total_s),
-        finish_reason=finish_reason or s.finish_reason,
-        exit_status=exit_status,
-        prompt_text=prompt_text if keep_text else None,
-        answer_text=result.text if keep_text else None,
-        extra=extra,
-    )
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000.0
 
 
 def exit_status_of(exc: BaseException | None) -> int:

@@ -1,6 +1,7 @@
-"""Recording requests as commands run: one (``recording``: run, bench) or many (``RequestLog``: batch).
+"""Recording requests as commands run: one (``recording``: run), many (``RequestLog``: batch), or
+one answer at a time (``record_of``: chat, serve) — every answer's row is made by ``record_of``.
 
-Both write through ``usage.history`` and never break the command: a failure is one call of the
+All write through ``usage.history`` and never break the command: a failure is one call of the
 ``warn`` the command passes (render's warning line in the CLI; None: nothing shown).
 """
 
@@ -11,20 +12,79 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localinfer.usage.history import (
     UsageRecord,
     append,
     exit_status_of,
     logging_enabled,
-    record_from_result,
     text_logging_enabled,
 )
 
 if TYPE_CHECKING:
-    from localinfer.generate import Result
-    from localinfer.store import ResolvedModel
+    from localinfer.answer import Answer
+
+
+class Named(Protocol):
+    """The model a request went to: a ResolvedModel, a Backend, a ModelId (``endpoint`` optional)."""
+
+    name: str
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class ModelId:
+    """A model known by its name alone (on a server, before it answered)."""
+
+    name: str
+    sha256: str | None = None
+    endpoint: str | None = None
+
+
+def record_of(
+    command: str,
+    answer: Answer | None,
+    model: Named | None,
+    *,
+    exit_status: int = 0,
+    finish_reason: str | None = None,
+    prompt_text: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> UsageRecord:
+    """The usage-history row of one request (``answer`` None: it failed before answering). A count
+    nobody reported is stored as 0 and named in ``extra["unknown"]`` (the columns are NOT NULL)."""
+    keep = text_logging_enabled()
+    prompt = prompt_text if keep else None
+    sha, endpoint = getattr(model, "sha256", None), getattr(model, "endpoint", None)
+    if answer is None:
+        return UsageRecord(command=command, model=model.name if model is not None else None, model_sha256=sha,
+                           endpoint=endpoint, exit_status=exit_status, finish_reason=finish_reason, prompt_text=prompt,
+                           extra=extra)  # fmt: skip
+    unknown = [k for k in ("prompt_tokens", "completion_tokens") if getattr(answer, k) is None]
+    if unknown:
+        extra = {**(extra or {}), "unknown": unknown}
+    evaluated = answer.prompt_eval_tokens
+    return UsageRecord(
+        command=command,
+        model=answer.model,
+        model_sha256=sha,
+        endpoint=answer.backend,
+        prompt_tokens=answer.prompt_tokens or 0,
+        prompt_eval_tokens=evaluated if evaluated is not None else (answer.prompt_tokens or 0),
+        cached_tokens=answer.cached_tokens or 0,
+        completion_tokens=answer.completion_tokens or 0,
+        ttft_ms=None if answer.ttft_s is None else answer.ttft_s * 1000.0,
+        prefill_tps=answer.prefill_tps,
+        decode_tps=answer.decode_tps,
+        load_ms=answer.load_ms,
+        total_ms=answer.total_s * 1000.0,
+        finish_reason=finish_reason or answer.finish_reason,
+        exit_status=exit_status,
+        prompt_text=prompt,
+        answer_text=answer.text if keep else None,
+        extra=extra,
+    )
 
 Warn = Callable[[str], None]
 
@@ -35,8 +95,8 @@ class Recorder:
 
     command: str
     enabled: bool
-    model: ResolvedModel | None = None  # set once a model is involved: only then is anything recorded
-    result: Result | None = None
+    model: Named | None = None  # set once a model is involved: only then is anything recorded
+    result: Answer | None = None
     prompt_text: str | None = None
     extra: dict[str, Any] | None = None
 
@@ -61,18 +121,8 @@ def recording(command: str, *, no_log: bool = False, warn: Warn | None = None) -
             if exc_seen is not None and rec.result is None:
                 reason = "interrupted" if isinstance(exc_seen, KeyboardInterrupt) else "error"
             try:
-                append(
-                    record_from_result(
-                        command,
-                        rec.result,
-                        rec.model,
-                        exit_status=status,
-                        prompt_text=rec.prompt_text,
-                        finish_reason=reason,
-                        extra=rec.extra,
-                    ),
-                    warn=warn,
-                )
+                append(record_of(command, rec.result, rec.model, exit_status=status, prompt_text=rec.prompt_text,
+                                 finish_reason=reason, extra=rec.extra), warn=warn)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - never let the history break the command
                 if warn is not None:
                     warn(f"could not record this request in the usage history: {exc}")
@@ -86,9 +136,10 @@ class RequestLog:
     exception is on its way out; ``wrap(write)`` passes each output record on and logs it.
     """
 
-    def __init__(self, command: str, model: ResolvedModel, *, no_log: bool = False, extra: dict[str, Any] | None = None,
+    def __init__(self, command: str, model: Named, *, no_log: bool = False, extra: dict[str, Any] | None = None,
                  flush_every: int = 64, flush_s: float = 5.0, warn: Warn | None = None) -> None:
         self.command, self.model, self.extra, self.warn = command, model, extra, warn
+        self.endpoint: str | None = getattr(model, "endpoint", None)  # the server that answers, if any
         self.enabled = logging_enabled(no_log)
         self.flush_every, self.flush_s = flush_every, flush_s
         self._pending: list[UsageRecord] = []
@@ -118,7 +169,8 @@ class RequestLog:
         sha = self.model.sha256
         if d.get("error") is not None:
             extra = {**(self.extra or {}), "error": d["error"] if text_logging_enabled() else True}
-            return UsageRecord(command=self.command, model=self.model.name, model_sha256=sha, exit_status=1, finish_reason="error", extra=extra)
+            return UsageRecord(command=self.command, model=self.model.name, model_sha256=sha, exit_status=1,
+                               finish_reason="error", extra=extra, endpoint=self.endpoint)  # fmt: skip
         usage, t = d.get("usage") or {}, d.get("timings") or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         prefill_ms = t.get("prefill_ms")
@@ -136,6 +188,7 @@ class RequestLog:
             finish_reason=d.get("finish_reason"),
             answer_text=d.get("text") if text_logging_enabled() else None,
             extra=self.extra,
+            endpoint=self.endpoint,
         )
 
     def _write(self) -> None:
@@ -155,7 +208,7 @@ class RequestLog:
                     command=self.command, model=self.model.name, model_sha256=self.model.sha256,
                     exit_status=exit_status_of(exc),
                     finish_reason="interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
-                    extra={**(self.extra or {}), "job": True},
+                    extra={**(self.extra or {}), "job": True}, endpoint=self.endpoint,
                 )
             )
         try:

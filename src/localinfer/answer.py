@@ -1,0 +1,263 @@
+"""One answer, whoever gave it: the text, why it ended, its counts and timings, the model and the
+backend; with one JSON shape for `run --json` and one for a batch output line (:class:`BatchResult`:
+an answer, or the error of one input line). Its usage-history row: ``usage.recorder.record_of``.
+
+Where the figures come from: the engine's ``GenerationStats`` (``stats``, an answer made here) or
+what a server reported (``outcome``, with ``--endpoint``). A figure nobody measured is None
+(null in JSON, "unknown" on screen), never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from localinfer.units import json_ms as _ms
+from localinfer.units import json_number as _round
+
+if TYPE_CHECKING:
+    from localinfer.engine.types import GenerationStats
+    from localinfer.remote.client import Outcome
+    from localinfer.system.estimate import BufferReport
+    from localinfer.system.preflight import LoadPlan
+
+
+def _timing(timings: dict[str, Any] | None, key: str) -> float | None:
+    value = (timings or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class _Either:
+    """A figure read from the engine's stats (an answer made here), else from the server's outcome."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __get__(self, answer: Answer | None, owner: type) -> Any:
+        if answer is None:
+            return self
+        source = answer.stats if answer.stats is not None else answer.outcome
+        return None if source is None else getattr(source, self.key)
+
+
+@dataclass
+class Answer:
+    """What one request produced and measured (see README, "Metrics")."""
+
+    text: str
+    model: str
+    stats: GenerationStats | None = None  # the engine's figures: an answer made here
+    load_s: float | None = None  # None: nothing was loaded for it (a server's answer)
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    peak_rss: int = 0
+    mode: str = "chat"  # chat | raw
+    warnings: list[str] = field(default_factory=list)
+    plan: LoadPlan | None = None  # how the model was loaded (context source, GPU layers, estimate)
+    buffers: BufferReport | None = None  # llama.cpp's reported buffer sizes
+    outcome: Outcome | None = None  # what a server sent and the client timed (``--endpoint``)
+    backend: str | None = None  # the server that answered (Endpoint.display, no credentials); None: here
+    sampling_seed: int | None = None  # the seed asked of a server (the engine reports its own)
+
+    @classmethod
+    def of_outcome(cls, outcome: Outcome, model: str, backend: str, mode: str = "chat", seed: int | None = None) -> Answer:
+        return cls(outcome.text, model, ttft_s=outcome.ttft_s, total_s=outcome.total_s, mode=mode, outcome=outcome,
+                   backend=backend, sampling_seed=seed)  # fmt: skip
+
+    # -- the figures, wherever they came from ------------------------------------------------------
+    finish_reason = _Either("finish_reason")
+    prompt_tokens = _Either("prompt_tokens")
+    cached_tokens = _Either("cached_tokens")
+    completion_tokens = _Either("completion_tokens")
+    decode_s = _Either("decode_s")  # from the first token to the last (on a server: as the client saw it)
+    decode_tps = _Either("decode_tps")  # tokens after the first over decode_s
+
+    def interrupted(self) -> None:
+        """Mark the answer as cut short by Ctrl-C."""
+        if self.stats is not None:
+            self.stats.finish_reason = "interrupted"
+        if self.outcome is not None:
+            self.outcome.finish_reason = "interrupted"
+
+    @property
+    def prompt_eval_tokens(self) -> int | None:
+        """Prompt tokens evaluated now (not cached): the engine's count, or llama-server's ``timings.prompt_n``."""
+        if self.stats is not None:
+            return self.stats.evaluated_tokens
+        n = _timing(self.server_timings, "prompt_n")
+        return None if n is None else int(n)
+
+    @property
+    def total_tokens(self) -> int | None:
+        p, c = self.prompt_tokens, self.completion_tokens
+        return None if p is None or c is None else p + c
+
+    @property
+    def truncated_tokens(self) -> int | None:
+        return self.stats.truncated_tokens if self.stats is not None else None
+
+    @property
+    def prefill_s(self) -> float | None:
+        if self.stats is not None:
+            return self.stats.prefill_s
+        ms = _timing(self.server_timings, "prompt_ms")
+        return None if ms is None else ms / 1000.0
+
+    @property
+    def prefill_tps(self) -> float | None:
+        if self.stats is not None:
+            return self.stats.prefill_tps
+        n, s = self.prompt_eval_tokens, self.prefill_s
+        return n / s if n and s else None
+
+    @property
+    def seed(self) -> int | None:
+        return self.stats.extra.get("seed") if self.stats is not None else self.sampling_seed
+
+    @property
+    def server_timings(self) -> dict[str, Any] | None:
+        return self.outcome.server_timings if self.outcome is not None else None
+
+    @property
+    def gpu_layers(self) -> int | None:
+        """Layers llama.cpp offloaded to a GPU (what it reported; 0 on a CPU-only build)."""
+        if self.buffers is not None and self.buffers.offloaded is not None:
+            return self.buffers.offloaded
+        if self.plan is None:
+            return None
+        return self.plan.n_gpu_layers if self.plan.budget.gpu_offload else 0
+
+    # -- the library API's names (``localinfer.api``: Chunk.stats, Response.stats) ------------------
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.ttft_s is None else self.ttft_s * 1000
+
+    @property
+    def load_ms(self) -> float | None:
+        return self.load_s * 1000 if self.load_s else None
+
+    @property
+    def total_ms(self) -> float:
+        return self.total_s * 1000
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.prefill_tps
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return self.decode_tps
+
+    # -- the JSON shapes -------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """``run --json``'s object: the same keys here and from a server (null where unknown); an answer
+        made here adds how the model was loaded, a server's its endpoint and its own timings."""
+        out: dict[str, Any] = {"model": self.model}
+        if self.backend is not None:
+            out["endpoint"] = self.backend
+        out.update({
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "mode": self.mode,
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "prompt_eval_tokens": self.prompt_eval_tokens,
+                "cached_tokens": self.cached_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens,
+                "truncated_prompt_tokens": self.truncated_tokens,
+            },
+            "timings": {
+                "load_ms": _ms(self.load_s),
+                "ttft_ms": _ms(self.ttft_s),
+                "prefill_ms": _ms(self.prefill_s),
+                "prefill_tokens_per_s": _round(self.prefill_tps),
+                "decode_ms": _ms(self.decode_s),
+                "decode_tokens_per_s": _round(self.decode_tps),
+                "total_ms": _ms(self.total_s),
+            },
+        })  # fmt: skip
+        if self.stats is not None:
+            out.update(self._load_json(self.stats))
+        else:
+            out["server_timings"] = self.server_timings
+        out["seed"] = self.seed
+        return out
+
+    def _load_json(self, s: GenerationStats) -> dict[str, Any]:
+        plan, buffers = self.plan, self.buffers
+        return {
+            "context": {
+                "n_ctx": s.n_ctx,
+                "used": s.context_used,
+                "n_ctx_train": plan.n_ctx_train if plan else None,
+                "source": plan.ctx_source if plan else None,
+            },
+            "offload": {
+                "gpu_layers": self.gpu_layers,
+                "layers": plan.n_offloadable if plan else None,
+                "gpu_offload_supported": plan.budget.gpu_offload if plan else None,
+                "devices": buffers.by_device("model") if buffers else {},
+            },
+            "memory": {
+                "peak_rss_bytes": self.peak_rss,
+                "estimate": plan.estimate.to_json() if plan and plan.estimate else None,
+                "llama_cpp": buffers.to_json() if buffers and buffers.buffers else None,
+            },
+        }
+
+    def batch_json(self, rid: Any) -> dict[str, Any]:
+        """A batch output line (the same keys here and from a server)."""
+        return {
+            "id": rid,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens,
+                "truncated_prompt_tokens": self.truncated_tokens,
+            },
+            "timings": {
+                "ttft_ms": _ms(self.ttft_s),
+                "prefill_ms": _ms(self.prefill_s),
+                "decode_ms": _ms(self.decode_s),
+                "decode_tokens_per_s": _round(self.decode_tps),
+                "total_ms": _ms(self.total_s),
+            },
+            "seed": self.seed,
+        }
+
+
+@dataclass
+class BatchResult:
+    """One request's outcome: an answer, or an error saying which input line and why."""
+
+    index: int  # position in the items given to run_batch
+    id: Any
+    line: int
+    answer: Answer | None = None
+    error: str | None = None
+    exc: BaseException | None = None  # the error as an exception (for --on-error abort)
+
+    @property
+    def text(self) -> str:
+        return self.answer.text if self.answer is not None else ""
+
+    @property
+    def stats(self) -> GenerationStats | None:
+        return self.answer.stats if self.answer is not None else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.answer.finish_reason if self.answer is not None else None
+
+    @property
+    def fatal(self) -> bool:
+        """A failure every request would meet (a refused key): the job stops at once."""
+        return bool(getattr(self.exc, "fatal", False))
+
+    def to_json(self) -> dict[str, Any]:
+        if self.answer is None:
+            return {"id": self.id, "line": self.line, "error": self.error}
+        return self.answer.batch_json(self.id)

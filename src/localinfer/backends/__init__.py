@@ -1,0 +1,123 @@
+"""A model that answers requests, wherever it runs: :class:`Backend`, with two implementations — the
+engine here (``backends.local``: one sequence, or many at once for batch) and an OpenAI-compatible
+server (``backends.remote``, ``--endpoint``). `run`, `chat` and `batch` are written once against this
+interface; ``--endpoint`` only chooses which backend is made.
+
+A backend is made by :func:`load` or :func:`connect`; it builds its requests (:meth:`Backend.request`: one builder for every command), answers them
+one at a time (:meth:`Backend.answer`) or many at once (:meth:`Backend.run_batch`), and gives one
+answer record (``localinfer.answer.Answer``) whichever it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from localinfer.errors import UsageError
+
+if TYPE_CHECKING:
+    from localinfer.answer import Answer
+    from localinfer.batch.io import BatchRequest, InputError
+    from localinfer.answer import BatchResult
+    from localinfer.backends.local import LocalBackend
+    from localinfer.backends.remote import RemoteBackend
+    from localinfer.engine.types import LoadOptions
+    from localinfer.remote.connection import Endpoint
+    from localinfer.request import Messages, Request
+    from localinfer.store import ResolvedModel
+
+OnText = Callable[[str], None]
+Note = Callable[[str], None]
+Items = Sequence["BatchRequest | InputError"]
+ToRequest = Callable[["BatchRequest"], "Request"]
+
+
+class Backend:
+    """A model that answers requests (see the module docstring). A KeyboardInterrupt out of
+    :meth:`answer` carries what was answered so far as ``partial_answer`` (an Answer, or None)."""
+
+    name: str  # the model's name (here: the registry's or the file's; on a server: its id)
+    endpoint: str | None = None  # the server that answers (no credentials); None: this machine
+    sha256: str | None = None  # the weights' digest, where known (the usage history keeps it)
+
+    @property
+    def can_chat(self) -> bool:
+        """Whether a prompt goes through a chat template (a server formats chats itself)."""
+        return True
+
+    def request(self, prompt: str | Messages, *, raw: bool = False, **fields: Any) -> Request:
+        """The request for a prompt (a string: a user message through the chat template, plain
+        completion with ``raw`` or where the model has none) or a conversation (a list of messages);
+        ``fields``: the rest of ``request.build``'s (system, sampling, max_tokens, stop...)."""
+        from localinfer import request as rq
+
+        plain = raw or not self.can_chat
+        if not isinstance(prompt, str) and plain:
+            raise UsageError(f"{self.name} has no chat template to format messages with", hint="pass a string")
+        if isinstance(prompt, str):
+            return rq.build(prompt, raw=plain, **fields)
+        return rq.build(messages=prompt, **fields)
+
+    def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
+        """Answer one request, handing each piece of text to ``on_text`` as it comes."""
+        raise NotImplementedError
+
+    def batch_stats(self) -> Any:
+        """An object the next :meth:`run_batch` fills with aggregate figures (``decode_tps``), or None."""
+        return None
+
+    def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
+        """Answer ``items`` up to ``parallel`` at a time: one result per item in completion order,
+        errors included (a line that is not a request, a prompt that does not fit)."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget what earlier requests left behind (chat's /clear): the KV cache here."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(
+    resolved: ResolvedModel,
+    options: LoadOptions,
+    *,
+    force: bool = False,
+    on_note: Note | None = None,
+    chat_only: bool = False,
+) -> LocalBackend:
+    """The engine here: pre-flight and load ``resolved`` (``generate.load``, the one loader).
+    ``chat_only``: refuse a model that cannot chat, before loading it when the GGUF says so."""
+    from localinfer.backends.local import LocalBackend
+    from localinfer.generate import load as load_model
+
+    if chat_only and not (resolved.info.chat_template or resolved.chat_format):
+        raise no_template_error(resolved.name)  # before spending time loading it
+    loaded = load_model(resolved, options, force=force, on_note=on_note)
+    if chat_only and loaded.template is None:
+        loaded.close()
+        raise no_template_error(resolved.name)
+    return LocalBackend(loaded)
+
+
+def connect(ep: Endpoint, *, pool: int = 1, retries: int = 4) -> RemoteBackend:
+    """A server (``--endpoint``, checked by its option group: a bad URL failed before anything was
+    sent); :meth:`RemoteBackend.choose` then names its model."""
+    from localinfer.backends.remote import RemoteBackend
+    from localinfer.remote.client import Client
+
+    return RemoteBackend(Client(ep, pool=pool), retries=retries)
+
+
+def no_template_error(name: str) -> UsageError:
+    """The one-line refusal for a model that cannot chat (no template, no chat_format)."""
+    return UsageError(
+        f"{name} has no chat template and models.toml names no chat_format for it, so it cannot chat in "
+        f"a format it was trained on; for plain completion use: localinfer run --raw -m {name}"
+    )

@@ -1,0 +1,122 @@
+"""The engine here as a :class:`~localinfer.backends.Backend`: one sequence per answer (``generate``),
+or many decoded together (``engine.batch.BatchDecoder``) for batch."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from localinfer.backends import Backend, Items, OnText, ToRequest
+from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
+
+if TYPE_CHECKING:
+    from localinfer.answer import Answer
+    from localinfer.batch.io import BatchRequest, InputError
+    from localinfer.answer import BatchResult
+    from localinfer.engine.batch import BatchStats, SeqJob
+    from localinfer.generate import LoadedModel
+    from localinfer.request import Request
+
+
+def _ignore(_text: str) -> None:
+    pass
+
+
+class LocalBackend(Backend):
+    """A model loaded here (which it owns: ``close`` frees it). Its load time is reported with the
+    first answer after the load."""
+
+    endpoint = None
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.load_s = loaded.load_s
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.loaded.name
+
+    @property
+    def sha256(self) -> str | None:  # type: ignore[override]
+        return self.loaded.resolved.sha256 if self.loaded.resolved is not None else None
+
+    @property
+    def can_chat(self) -> bool:
+        return self.loaded.template is not None
+
+    def answer(self, request: Request, on_text: OnText | None = None, *,
+               prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None) -> Answer:  # fmt: skip
+        """``prompt``: tokens, stops and dropped count already built (chat splices its turns onto
+        the cached tokens); else built from ``request`` (``generate.build_prompt``)."""
+        from localinfer.generate import generate
+
+        load_s, self.load_s = self.load_s, 0.0  # the load is counted once, in the first answer
+        return generate(self.loaded, request, on_text or _ignore, load_s=load_s, prompt=prompt)
+
+    def batch_stats(self) -> BatchStats:
+        from localinfer.engine.batch import BatchStats
+
+        return BatchStats()
+
+    def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
+        """One context of ``parallel`` sequences (loaded with ``batch.job.batch_load_options``): a
+        prompt is built when a sequence is free for it, checked against one sequence's context."""
+        from localinfer.answer import Answer
+        from localinfer.batch.io import InputError
+        from localinfer.answer import BatchResult
+        from localinfer.engine.batch import BatchDecoder, SeqJob
+        from localinfer.engine.templates import TemplateRefusedError
+        from localinfer.generate import build_prompt
+
+        loaded = self.loaded
+        outbox: collections.deque[BatchResult] = collections.deque()
+        started: dict[int, tuple[BatchRequest, float, int, str]] = {}
+        decoder = BatchDecoder(loaded.model, parallel)
+
+        def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
+            return BatchResult(index, item.id, item.line, error=reason, exc=exc)
+
+        def jobs() -> Iterator[SeqJob]:
+            for index, item in enumerate(items):
+                if isinstance(item, InputError):
+                    outbox.append(failed(index, item, item.reason, UsageError(f"line {item.line}: {item.reason}")))
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    request = to_request(item)
+                    tokens, stops, dropped = build_prompt(loaded, request, n_ctx=decoder.n_ctx_seq)
+                except (UsageError, ContextOverflowError, TemplateRefusedError) as exc:
+                    reason = str(exc) + (f" ({exc.hint})" if isinstance(exc, ContextOverflowError) and exc.hint else "")
+                    exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
+                    outbox.append(failed(index, item, reason, exc))
+                    continue
+                started[index] = (item, t0, dropped, request.mode)
+                stop = tuple(dict.fromkeys((*request.stop, *stops)))
+                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos)
+
+        try:
+            if stats is not None:
+                decoder.stats = stats
+            for res in decoder.run(jobs()):
+                while outbox:
+                    yield outbox.popleft()
+                item, t0, dropped, mode = started.pop(res.key)
+                if res.error is not None:
+                    yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
+                    continue
+                res.stats.truncated_tokens = dropped
+                # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode)
+                yield BatchResult(res.key, item.id, item.line, answer)
+            while outbox:
+                yield outbox.popleft()
+        finally:
+            decoder.close()
+
+    def reset(self) -> None:
+        self.loaded.model.reset()
+
+    def close(self) -> None:
+        self.loaded.close()

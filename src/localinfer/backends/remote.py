@@ -1,0 +1,104 @@
+"""An OpenAI-compatible server as a :class:`~localinfer.backends.Backend` (``--endpoint``): each
+request is one streamed HTTP request (``remote.client``); a batch runs ``parallel`` of them at a
+time, each retried with backoff when the server is busy or the connection breaks (``remote.batch``).
+
+The server keeps its own cache and context: a conversation is sent whole each turn, and a prompt
+that outgrows the server's context is the server's error (exit 6 when it says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from localinfer.backends import Backend, Items, OnText, ToRequest
+
+if TYPE_CHECKING:
+    from localinfer.answer import Answer
+    from localinfer.batch.io import BatchRequest
+    from localinfer.answer import BatchResult
+    from localinfer.remote.client import Client, Outcome
+    from localinfer.request import Request
+
+
+class RemoteBackend(Backend):
+    """A model on the server behind ``client`` (which it owns: ``close`` closes the connections)."""
+
+    sha256 = None
+
+    def __init__(self, client: Client, name: str = "", *, retries: int = 4) -> None:
+        self.client, self.name, self.retries = client, name, retries
+        self._owner = True  # closes the connections (handed on by ``switch``)
+
+    @property
+    def endpoint(self) -> str:  # type: ignore[override]
+        return self.client.ep.display
+
+    def choose(self, name: str | None) -> RemoteBackend:
+        """Answer with ``name`` (``-m``), or the server's first model (``/v1/models``)."""
+        self.name = self.client.pick_model(name)
+        return self
+
+    def switch(self, name: str) -> RemoteBackend:
+        """The same server, another of its models (chat's /model); the connections are shared."""
+        other = RemoteBackend(self.client, retries=self.retries).choose(name)
+        self._owner = False
+        return other
+
+    def request(self, prompt: Any, **fields: Any) -> Request:  # type: ignore[override]
+        fields.pop("default_max_tokens", None)  # the server applies its own limit
+        return super().request(prompt, **fields)
+
+    def body(self, request: Request) -> dict[str, Any]:
+        from localinfer.remote.client import request_body
+
+        text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
+        return request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
+                            ignore_eos=request.ignore_eos, **text)  # fmt: skip
+
+    def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
+        from localinfer.answer import Answer
+
+        return Answer.of_outcome(outcome, self.name, self.endpoint, request.mode, request.sampling.seed if seed else None)
+
+    def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
+        try:
+            outcome = self.client.stream(self.body(request), on_text=on_text)
+        except KeyboardInterrupt as exc:
+            partial = getattr(exc, "partial_outcome", None)
+            exc.partial_answer = None if partial is None else self._answer(partial, request)  # type: ignore[attr-defined]
+            raise
+        return self._answer(outcome, request)
+
+    def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
+        """Up to ``parallel`` requests in flight, on threads; results come back to the calling thread
+        (which alone writes output, so ``batch.io``'s resumable-output guarantees hold)."""
+        import threading
+
+        from localinfer.answer import BatchResult
+        from localinfer.remote.batch import RetryPolicy, Workers, with_retries
+
+        policy, stop = RetryPolicy(retries=self.retries), threading.Event()
+
+        def send(item: BatchRequest) -> Answer:
+            request = to_request(item)
+            body = self.body(request)
+            # a batch line's record carries no seed: the server's sampling is its own
+            return self._answer(with_retries(lambda: self.client.stream(body), policy, stop), request, seed=False)
+
+        workers = Workers(items, send, parallel)
+        try:
+            for _ in range(len(items)):
+                index, item, answer, error = workers.next()
+                if answer is not None:
+                    yield BatchResult(index, item.id, item.line, answer)
+                else:
+                    reason = getattr(item, "reason", None) if error is None else str(error)
+                    yield BatchResult(index, item.id, item.line, error=reason, exc=error)
+        finally:
+            stop.set()
+            workers.stop.set()
+
+    def close(self) -> None:
+        if self._owner:
+            self.client.close()

@@ -1,0 +1,75 @@
+"""One request, whoever asks (the API, `run`, `chat`, a batch line, serve) and whoever answers (the
+engine here, or a server with ``--endpoint``).
+
+A new capability of a request (response_format, tools, logprobs, chat_template_kwargs) is one more
+field of :class:`Request`, one more argument of :func:`build`, and what each backend does with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localinfer.engine.types import SamplingOptions
+
+Messages = Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion: a conversation (chat) or a plain text (raw)."""
+
+    messages: tuple[dict[str, Any], ...] = ()
+    raw_text: str | None = None  # set for plain completion
+    max_tokens: int | None = None  # None: until end of generation or the context is full
+    default_max_tokens: int | None = None  # the limit when max_tokens is None; the prompt may use its room
+    stop: tuple[str, ...] = ()
+    sampling: SamplingOptions = SamplingOptions()
+    on_overflow: str = "error"  # error | truncate
+    ignore_eos: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "raw" if self.raw_text is not None else "chat"
+
+
+def messages_for(prompt: str, system: str | None, history: Messages = ()) -> tuple[dict[str, Any], ...]:
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": system})
+    out.extend(history)
+    out.append({"role": "user", "content": prompt})
+    return tuple(out)
+
+
+def build(
+    prompt: str | None = None,
+    *,
+    messages: Messages | None = None,
+    system: str | None = None,
+    raw: bool = False,
+    max_tokens: int | None = None,
+    default_max_tokens: int | None = None,
+    sampling: SamplingOptions = SamplingOptions(),
+    stop: Sequence[str] = (),
+    on_overflow: str = "error",
+    ignore_eos: bool = False,
+) -> Request:
+    """``messages`` are used as given (``system`` is for a prompt); a ``prompt`` becomes a user
+    message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
+    model without a chat template), the text after the system prompt and a blank line.
+    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error."""
+    from localinfer.limits import require_utf8
+
+    for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
+        if isinstance(text, str):
+            require_utf8(text, what)
+    common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
+                                  on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+    if messages is not None:
+        return Request(messages=tuple(messages), **common)
+    text = prompt or ""
+    if raw:
+        return Request(raw_text=f"{system}\n\n{text}" if system else text, default_max_tokens=default_max_tokens, **common)
+    return Request(messages=messages_for(text, system), **common)
