@@ -45,7 +45,7 @@ def resolve_model(
 
     parsed = parse_spec(spec) if spec is not None else None
     if parsed is not None and parsed.kind == "path":  # a file needs no registry (nor a readable one)
-        return _resolve_path(parsed, Store(), pull_progress)  # hashing a new in-place file shows there too
+        return _resolve_path(parsed, Store(), None)  # checking a file stays silent, as for installed ones
     registry = load_registry()
     if parsed is None:
         parsed = parse_spec(registry.default)
