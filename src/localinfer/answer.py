@@ -17,9 +17,52 @@ from localinfer.units import json_number as _round
 
 if TYPE_CHECKING:
     from localinfer.engine.types import GenerationStats
-    from localinfer.remote.client import Outcome
     from localinfer.system.estimate import BufferReport
     from localinfer.system.preflight import LoadPlan
+
+
+# What a server sent, as the client timed it (``remote.client``); here, so that the answer reads it
+# without the answer's package depending on the client's.
+@dataclass
+class Outcome:
+    """One answer as the client saw it (times from ``time.perf_counter()``)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None  # from the server's usage; None: not reported
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    server_timings: dict[str, Any] | None = None  # llama-server's (and our serve's) timings object
+    t_start: float = 0.0  # the request was handed to the connection
+    t_first: float | None = None  # first chunk with text
+    t_last: float | None = None  # last chunk with text
+    t_end: float = 0.0  # the stream ended
+    itl: list[float] = field(default_factory=list)  # seconds between successive text chunks
+    chunks: int = 0  # chunks carrying text
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.t_first is None else self.t_first - self.t_start
+
+    @property
+    def total_s(self) -> float:
+        return self.t_end - self.t_start
+
+    @property
+    def decode_s(self) -> float | None:
+        """First text chunk to the last: what the tokens after the first took."""
+        if self.t_first is None or self.t_last is None:
+            return None
+        return self.t_last - self.t_first
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens after the first (the server's count) over the client's decode time."""
+        n, d = self.completion_tokens, self.decode_s
+        if n is None or n < 2 or not d or d <= 0:
+            return None
+        return (n - 1) / d
 
 
 def _timing(timings: dict[str, Any] | None, key: str) -> float | None:

@@ -7,6 +7,7 @@ field of :class:`Request`, one more argument of :func:`build`, and what each bac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,3 +74,39 @@ def build(
     if raw:
         return Request(raw_text=f"{system}\n\n{text}" if system else text, default_max_tokens=default_max_tokens, **common)
     return Request(messages=messages_for(text, system), **common)
+
+
+# A batch line's request, as batch.io parses it; here, below both the batch job and the backends
+# that run it, so that neither imports the other's package.
+@dataclass(frozen=True)
+class BatchRequest:
+    """One request. ``None`` options take the command's defaults."""
+
+    id: Any  # str or int, as given (a line number for text input)
+    line: int
+    prompt: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+    ignore_eos: bool = False  # not settable from the input; for benchmarks
+    sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
+
+    def sampling_over(self, base: SamplingOptions) -> SamplingOptions:
+        """``base`` (the command's settings) with what this line sets."""
+        given = dict(self.sampling)
+        if self.temperature is not None:
+            given["temperature"] = self.temperature
+        if self.seed is not None:
+            given["seed"] = self.seed
+        return dataclasses.replace(base, **given) if given else base
+
+
+@dataclass(frozen=True)
+class InputError:
+    """A line that is not a valid request; ``id`` is None when it could not be read."""
+
+    line: int
+    reason: str
+    id: Any = None

@@ -17,7 +17,7 @@ from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
-    from localinfer.batch.io import BatchRequest, InputError
+    from localinfer.request import BatchRequest, InputError
     from localinfer.answer import BatchResult
     from localinfer.backends.local import LocalBackend
     from localinfer.backends.remote import RemoteBackend

@@ -13,7 +13,7 @@ from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
-    from localinfer.batch.io import BatchRequest, InputError
+    from localinfer.request import BatchRequest, InputError
     from localinfer.answer import BatchResult
     from localinfer.engine.batch import BatchStats, SeqJob
     from localinfer.generate import LoadedModel
@@ -64,7 +64,7 @@ class LocalBackend(Backend):
         """One context of ``parallel`` sequences (loaded with ``batch.job.batch_load_options``): a
         prompt is built when a sequence is free for it, checked against one sequence's context."""
         from localinfer.answer import Answer
-        from localinfer.batch.io import InputError
+        from localinfer.request import InputError
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError

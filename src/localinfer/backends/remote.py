@@ -15,7 +15,7 @@ from localinfer.backends import Backend, Items, OnText, ToRequest
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
-    from localinfer.batch.io import BatchRequest
+    from localinfer.request import BatchRequest
     from localinfer.answer import BatchResult
     from localinfer.remote.client import Client, Outcome
     from localinfer.request import Request

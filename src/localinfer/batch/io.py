@@ -12,55 +12,19 @@ error records (those requests are tried again) and returns the ids already answe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
 from localinfer import rules
-from localinfer.engine.types import SamplingOptions
 from localinfer.errors import UsageError
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
+from localinfer.request import BatchRequest, InputError  # noqa: F401 - the lines' types, re-exported
 from localinfer.rules import SAMPLING_FIELDS
 
 # A line takes serve's sampling fields, checked by the same rules (localinfer.rules).
 _FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop")
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """One request. ``None`` options take the command's defaults."""
-
-    id: Any  # str or int, as given (a line number for text input)
-    line: int
-    prompt: str | None = None
-    messages: tuple[dict[str, Any], ...] | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] | None = None
-    ignore_eos: bool = False  # not settable from the input; for benchmarks
-    sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
-
-    def sampling_over(self, base: SamplingOptions) -> SamplingOptions:
-        """``base`` (the command's settings) with what this line sets."""
-        given = dict(self.sampling)
-        if self.temperature is not None:
-            given["temperature"] = self.temperature
-        if self.seed is not None:
-            given["seed"] = self.seed
-        return dataclasses.replace(base, **given) if given else base
-
-
-@dataclass(frozen=True)
-class InputError:
-    """A line that is not a valid request; ``id`` is None when it could not be read."""
-
-    line: int
-    reason: str
-    id: Any = None
 
 
 def detect_format(text: str, name: str | None = None) -> str:

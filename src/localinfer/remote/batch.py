@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localinfer.batch.io import BatchRequest, InputError
+from localinfer.request import BatchRequest, InputError
 from localinfer.remote.connection import RemoteError
 
 if TYPE_CHECKING:

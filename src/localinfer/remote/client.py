@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine import defaults as llama_defaults
@@ -22,54 +21,13 @@ from localinfer.remote.connection import (
     status_error,
     transport_error,
 )
+from localinfer.answer import Outcome  # noqa: F401 - what the client returns, re-exported
 from localinfer.remote.sse import SSEDecoder, choice_text, parse_event
 
 if TYPE_CHECKING:
     from localinfer.engine.types import SamplingOptions
 
 OnText = Callable[[str], None]
-
-
-@dataclass
-class Outcome:
-    """One answer as the client saw it (times from ``time.perf_counter()``)."""
-
-    text: str = ""
-    finish_reason: str | None = None
-    model: str | None = None
-    prompt_tokens: int | None = None  # from the server's usage; None: not reported
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    server_timings: dict[str, Any] | None = None  # llama-server's (and our serve's) timings object
-    t_start: float = 0.0  # the request was handed to the connection
-    t_first: float | None = None  # first chunk with text
-    t_last: float | None = None  # last chunk with text
-    t_end: float = 0.0  # the stream ended
-    itl: list[float] = field(default_factory=list)  # seconds between successive text chunks
-    chunks: int = 0  # chunks carrying text
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.t_first is None else self.t_first - self.t_start
-
-    @property
-    def total_s(self) -> float:
-        return self.t_end - self.t_start
-
-    @property
-    def decode_s(self) -> float | None:
-        """First text chunk to the last: what the tokens after the first took."""
-        if self.t_first is None or self.t_last is None:
-            return None
-        return self.t_last - self.t_first
-
-    @property
-    def decode_tps(self) -> float | None:
-        """Tokens after the first (the server's count) over the client's decode time."""
-        n, d = self.completion_tokens, self.decode_s
-        if n is None or n < 2 or not d or d <= 0:
-            return None
-        return (n - 1) / d
 
 
 def _int_or_none(value: Any) -> int | None:
