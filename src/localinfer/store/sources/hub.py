@@ -161,11 +161,19 @@ def _model_info(repo: str, revision: str | None):  # noqa: ANN202 - huggingface_
     if revision is not None:
         url += f"/revision/{quote(revision, safe='')}"
     headers = {**build_hf_headers(token=token() or False), "Accept-Encoding": "gzip"}
-    with get_session().stream("GET", url, headers=headers, params={"blobs": True}, timeout=_timeout()) as resp:
-        body = _bounded_body(resp, repo)
-        if resp.status_code >= 400:  # huggingface_hub's errors, from the body we read (bounded)
-            kept = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-encoding", "content-length")}
-            hf_raise_for_status(httpx2.Response(resp.status_code, headers=kept, content=body, request=resp.request))
+    for attempt in (1, 2):
+        try:
+            with get_session().stream("GET", url, headers=headers, params={"blobs": True}, timeout=_timeout()) as resp:
+                body = _bounded_body(resp, repo)
+                if resp.status_code >= 400:  # huggingface_hub's errors, from the body we read (bounded)
+                    kept = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-encoding", "content-length")}
+                    hf_raise_for_status(httpx2.Response(resp.status_code, headers=kept, content=body, request=resp.request))
+            break
+        except httpx2.RemoteProtocolError:
+            # A kept-alive connection the server has since closed (huggingface_hub's session is shared
+            # by the process): one more try, on a new connection, as huggingface_hub's own calls do.
+            if attempt == 2:
+                raise
     data = loads(body, f"the Hub's listing of {repo}")
     if not isinstance(data, dict):
         raise ValueError("not an object")
