@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import re
 import sqlite3
@@ -153,7 +154,8 @@ def test_run_records_its_request_and_stats_reads_it(smollm2_path, isolated_home)
     out = json.loads(proc.stdout)
     (rec,) = history.load_records()
     assert rec.command == "run" and rec.exit_status == 0
-    assert rec.model == str(smollm2_path) and rec.model_sha256 is None  # a plain file: no verified digest
+    # a file used in place is hashed once, on first use (the load probe's verdict is keyed by it)
+    assert rec.model == str(smollm2_path) and rec.model_sha256 == hashlib.sha256(smollm2_path.read_bytes()).hexdigest()
     assert rec.prompt_tokens == out["usage"]["prompt_tokens"]
     assert rec.completion_tokens == out["usage"]["completion_tokens"]
     assert rec.ttft_ms == pytest.approx(out["timings"]["ttft_ms"], abs=0.01)
