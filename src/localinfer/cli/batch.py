@@ -1,7 +1,6 @@
 """`localinfer batch`: a file of requests in, one JSON result per request out, several at a time."""
 
 
-import enum
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,15 +11,8 @@ from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 
-class OnError(str, enum.Enum):
-    skip = "skip"
-    abort = "abort"
-
-
-class InputFormat(str, enum.Enum):
-    auto = "auto"
-    jsonl = "jsonl"
-    text = "text"
+OnError = o.choices("OnError", "skip", "abort")
+InputFormat = o.choices("InputFormat", "auto", "jsonl", "text")
 
 
 _JOB = "Batch job"

@@ -5,7 +5,6 @@ The results table (or JSON/CSV/Markdown) is the command's output, on stdout; pro
 
 
 import dataclasses
-import enum
 import sys
 from typing import Annotated, Optional
 
@@ -18,12 +17,7 @@ from localinfer.cli.common import handle_errors
 _BENCH = "Tests"
 
 
-class OutputFormat(str, enum.Enum):
-    table = "table"
-    json = "json"
-    jsonl = "jsonl"
-    csv = "csv"
-    md = "md"
+OutputFormat = o.choices("OutputFormat", "table", "json", "jsonl", "csv", "md")
 
 
 ListOpt = Optional[list[str]]

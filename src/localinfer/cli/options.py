@@ -91,11 +91,12 @@ ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFE
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds to wait for the server's next bytes before failing. [default: 600]", rich_help_panel=_SERVER, show_default=False)]
 
 
-class Overflow(str, enum.Enum):
-    """--on-overflow: what to do with a prompt that does not fit the context."""
+def choices(name: str, *values: str) -> Any:
+    """A flag's fixed set of values, as the str Enum Typer shows and checks (``Choice.x.value``)."""
+    return enum.Enum(name, [(v, v) for v in values], type=str, module=__name__)
 
-    error = "error"
-    truncate = "truncate"
+
+Overflow = choices("Overflow", "error", "truncate")  # --on-overflow: a prompt that does not fit the context
 
 
 def parse_gpu_layers(value: str) -> int:

@@ -1,7 +1,6 @@
 """`localinfer stats`: what the usage history says - tokens, requests, TTFT and tok/s, per model and per day."""
 
 
-import enum
 import sys
 from typing import Annotated, Optional
 
@@ -11,12 +10,7 @@ from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 
-class Command(str, enum.Enum):
-    run = "run"
-    chat = "chat"
-    batch = "batch"
-    bench = "bench"
-    serve = "serve"
+Command = o.choices("Command", "run", "chat", "batch", "bench", "serve")
 
 
 @o.grouped
