@@ -103,12 +103,17 @@ class Server:
 
 
 def servers(args: argparse.Namespace) -> list[Server]:
+    from localinfer.engine.backend import cpu_repack_enabled
+
     model, t, ctx, np_ = str(args.model), str(args.threads), args.ctx, args.parallel
+    # llama-server repacks weights exactly when our engine does (never on AMX CPUs, where llama.cpp's
+    # AMX kernels die on the first batch: README, "Known problem: AMX crash")
+    repack = ["--repack"] if cpu_repack_enabled(None) else ["--no-repack"]
     out = [
         Server("localinfer", [sys.executable, "-m", "localinfer", "serve", "-m", model, "--port", str(free_port()), "-np", str(np_),
                               "-c", str(ctx), "-t", t, "--no-log", "--offline"]),
         Server("llama-server", [str(NATIVE_BIN / "llama-server"), "-m", model, "--port", str(free_port()), "-np", str(np_),
-                                "-c", str(ctx * np_), "-t", t, "--no-kv-unified", "--no-webui"]),
+                                "-c", str(ctx * np_), "-t", t, "--no-kv-unified", "--no-webui", *repack]),
     ]
     if args.llama_cpp_python:
         eog = {"0": -100, "2": -100}  # SmolLM2's <|endoftext|> and <|im_end|>: no ignore_eos there
