@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from localinfer.answer import Answer
 from localinfer.engine.types import GenerationStats, LoadOptions
 from localinfer.errors import ContextOverflowError, UsageError
-from localinfer.request import Request, messages_for  # noqa: F401 - the request the engine takes
+from localinfer.request import Request
 
 if TYPE_CHECKING:
     from localinfer.engine.model import Model

@@ -48,7 +48,7 @@ def serve(
         from localinfer.render.stats import warn
         from localinfer.serve.config import ServeConfig
         from localinfer.render.progress import make_progress
-        from localinfer.store import resolve_model, touch
+        from localinfer.store import resolve_model
 
         server = _import_server()
         from localinfer.serve.guard import check_allowed_host, check_origin
@@ -67,7 +67,6 @@ def serve(
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:
             warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
-        touch(resolved.name)  # `list`'s "last used"
         options = batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq)
         server.serve(config, resolved, options, force=force, alias=alias)
 
