@@ -13,7 +13,8 @@ import pytest
 
 from localinfer.chat.settings import ChatSettings
 from localinfer.chat.session import block_open, split_command, unwrap_block
-from localinfer.chat.conversation import Conversation, parse_messages
+from localinfer.chat.conversation import Conversation
+from localinfer.chat.files import parse_messages
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import ContextOverflowError, UsageError
 
