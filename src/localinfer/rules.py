@@ -253,3 +253,51 @@ def int_digits_limit() -> int:
     """The most digits Python converts (4300 unless changed): JSON with longer integers is refused."""
     get = getattr(sys, "get_int_max_str_digits", None)
     return get() if get else 4300
+
+
+# -- structured output ---------------------------------------------------------------------------------
+_NAMED = re.compile(r"'([A-Za-z_][\w.]*)' (.+)", re.DOTALL)
+
+
+def response_format(field: str, value: Any) -> Any:
+    """OpenAI's ``response_format`` (text, json_object, json_schema) as a ``structured.Format`` or
+    None (text); a schema we cannot enforce is refused naming the keyword and where it is."""
+    from localinfer import structured
+
+    if value is not None and not isinstance(value, dict):
+        raise RuleError(field, f"must be an object, not {shown(value)}", "invalid_type")
+    extra = sorted(set(value or ()) - {"type", "json_schema", "schema"})  # schema: llama-server's variant
+    spec = (value or {}).get("json_schema")
+    if not extra and isinstance(spec, dict):
+        extra = [f"json_schema.{k}" for k in sorted(set(spec) - {"name", "description", "schema", "strict"})]
+    if extra:
+        raise RuleError(field, f"has an unknown field '{extra[0]}'", "unknown_parameter")
+    return _format(field, structured.from_response_format, value)
+
+
+def json_schema(field: str, value: Any) -> Any:
+    """llama-server's ``json_schema``: a schema object, as a ``structured.Format``."""
+    from localinfer import structured
+
+    if not isinstance(value, (dict, bool)):
+        raise RuleError(field, f"must be a JSON schema (an object), not {shown(value)}", "invalid_type")
+    return _format(field, structured.from_schema, value)
+
+
+def grammar(field: str, value: Any) -> Any:
+    """llama-server's ``grammar``: GBNF text, as a ``structured.Format``."""
+    from localinfer import structured
+
+    return _format(field, structured.from_grammar, text(field, value))
+
+
+def _format(field: str, parse: Callable[[Any], Any], value: Any) -> Any:
+    from localinfer.structured import FormatError
+
+    try:
+        return parse(value)
+    except FormatError as exc:  # "'response_format.type' must be ..." keeps its name; a schema's place is said
+        named = _NAMED.fullmatch(str(exc))
+        if named and (named.group(1) == field or named.group(1).startswith(field + ".")):
+            raise RuleError(named.group(1), named.group(2)) from None
+        raise RuleError(field, f"cannot be enforced: {exc}", "invalid_schema") from None

@@ -153,6 +153,7 @@ class Engine:
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=on_text, cancel=threading.Event(), cache_prompt=r.cache_prompt,
+            constraint=r.response_format,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end)
         self._queue.put(ticket)
