@@ -103,6 +103,7 @@ class BatchRequest:
     stop: tuple[str, ...] | None = None
     ignore_eos: bool = False  # not settable from the input; for benchmarks
     sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
+    response_format: Any = None  # a structured.Format; None: the command's; False: free text
 
     def sampling_over(self, base: SamplingOptions) -> SamplingOptions:
         """``base`` (the command's settings) with what this line sets."""
