@@ -233,7 +233,7 @@ class Conversation:
                 self._anchor = (fitted.text, list(tokens))
             # here the prompt is already tokens; a backend without an engine gets the conversation
             request = rq.build(messages=() if prompt else self.context_messages(), max_tokens=s.max_tokens,
-                               stop=s.stop, sampling=s.sampling)  # fmt: skip
+                               stop=s.stop, sampling=s.sampling, response_format=s.response_format)  # fmt: skip
         except BaseException:
             self.history.pop()
             raise

@@ -24,7 +24,8 @@ HELP = '''Commands:
   /clear               start a new conversation (same system prompt; empties the KV cache)
   /system [TEXT]       show or set the system prompt (/system "" removes it)
   /set [KEY VALUE]     show or change a setting: temperature, top_p, top_k, min_p, repeat_penalty,
-                       repeat_last_n, seed (N or random), max_tokens (N or none), stop (TEXT or none)
+                       repeat_last_n, seed (N or random), max_tokens (N or none), stop (TEXT or none),
+                       format (json, schema FILE, grammar FILE or off: each answer is that JSON)
   /show                the model, the context and the current settings
   /stats               the last turn in detail and the session's totals
   /retry               regenerate the last answer
