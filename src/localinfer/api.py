@@ -103,10 +103,15 @@ class Model(LocalBackend):
         on_overflow: str = "error",
         ignore_eos: bool = False,
         sampling: SamplingOptions | None = None,
+        response_format: Any = None,
+        json_schema: Any = None,
+        grammar: str | None = None,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
-        ``sampling``: all the sampler's settings at once, instead of one by one."""
+        ``sampling``: all the sampler's settings at once, instead of one by one. The answer is JSON
+        with ``response_format`` ("json", OpenAI's object, or a structured.Format) or ``json_schema``
+        (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -114,7 +119,8 @@ class Model(LocalBackend):
         # A base model never chooses to stop a plain completion: without a limit it writes until
         # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
-                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
+                               response_format=response_format, json_schema=json_schema, grammar=grammar)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""

@@ -212,6 +212,7 @@ class Generation:
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
             stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
+            constraint=request.response_format,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:

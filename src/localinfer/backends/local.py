@@ -94,7 +94,8 @@ class LocalBackend(Backend):
                     continue
                 started[index] = (item, t0, dropped, request.mode)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
-                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos)
+                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
+                             constraint=request.response_format)  # fmt: skip
 
         try:
             if stats is not None:
