@@ -99,8 +99,14 @@ class Engine:
 
     # -- what the HTTP side calls --------------------------------------------------------------------
     def prepare(self, request: CompletionRequest) -> Prepared:
-        """Render and tokenize the prompt (any thread: the template and the tokenizer are thread-safe);
-        a prompt that does not fit one sequence's context with ``max_tokens`` is a 400."""
+        """Render and tokenize the prompt and compile the format (any thread: the template, the
+        tokenizer and the compiler are thread-safe); a prompt that does not fit one sequence's context
+        with ``max_tokens``, or a format that does not compile, is a 400."""
+        prepared = self._prepare(request)
+        self._compiled(request)
+        return prepared
+
+    def _prepare(self, request: CompletionRequest) -> Prepared:
         from localinfer import request as rq
         from localinfer.engine.templates import TemplateRefusedError
         from localinfer.generate import build_prompt
@@ -122,6 +128,20 @@ class Engine:
         except (UsageError, TemplateRefusedError) as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
         return self._checked(Prepared(request, tokens, stops))
+
+    def _compiled(self, request: CompletionRequest) -> None:
+        """Compile the request's format here, off the engine thread (the engine finds it in the model's
+        cache): a grammar or schema that does not compile is a 400 before the request is queued."""
+        if request.response_format is None:
+            return
+        from localinfer.engine.constrain import compile_for
+        from localinfer.structured import FormatError
+
+        try:
+            compile_for(self.loaded.model, request.response_format)
+        except FormatError as exc:
+            raise ApiError(400, f"'{request.format_field}' cannot be enforced: {exc}", param=request.format_field,
+                           code="invalid_schema") from None  # fmt: skip
 
     def _checked(self, p: Prepared) -> Prepared:
         """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API)."""

@@ -60,6 +60,7 @@ class CompletionRequest:
     ignore_eos: bool = False
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
     response_format: Format | None = None  # the answer must be this JSON or grammar (None: free text)
+    format_field: str | None = None  # the field that asked for it (response_format | json_schema | grammar)
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -223,6 +224,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
         response_format=_FORMATS[formats[0][0]](*formats[0]) if formats else None,
+        format_field=formats[0][0] if formats else None,
     )
 
 
