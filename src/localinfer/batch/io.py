@@ -50,7 +50,7 @@ def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None) -
     if fmt == "auto":
         fmt = detect_format(raw[:65536].decode("utf-8", errors="replace"), name)
     if fmt not in ("jsonl", "text"):
-        raise UsageError(f"--format must be auto, jsonl or text, not {fmt!r}")
+        raise UsageError(f"--input-format must be auto, jsonl or text, not {fmt!r}")
     items: list[BatchRequest | InputError] = []
     for number, line_bytes in enumerate(lines, start=1):
         line_bytes = line_bytes.rstrip(b"\r")

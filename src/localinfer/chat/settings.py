@@ -109,7 +109,8 @@ def parse_format(value: str) -> Format | None:
     if kind in ("schema", "grammar") and arg:
         path = Path(arg).expanduser()
         try:
-            text = path.read_text(encoding="utf-8")
+            with open(path, "rb") as fh:  # read one byte past the bound: structured refuses what is larger
+                text = fh.read(structured.MAX_SCHEMA_BYTES + 1).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read the {kind} file {arg}: {getattr(exc, 'strerror', None) or exc}") from None
         if kind == "grammar":

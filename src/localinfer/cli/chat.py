@@ -23,6 +23,7 @@ def chat(
     sampling: o.Sampling = o.SAMPLING,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
+    response_format: o.ResponseFormat = o.FORMAT,
     load_opts: o.Load = o.LOAD,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
@@ -31,13 +32,14 @@ def chat(
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
 ) -> None:
-    """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn."""
+    """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn.
+    --json-schema, --grammar or --format json (or /set format) make every answer that JSON."""
     with handle_errors():
         from localinfer.chat.settings import ChatSettings
         from localinfer.cli.chat_repl import run_lines, run_repl
         from localinfer.cli.chat_session import ChatSession
 
-        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
+        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()), response_format=response_format)
         from localinfer.render.term import is_tty
 
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)

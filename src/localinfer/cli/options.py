@@ -295,7 +295,9 @@ def _response_format(
     if grammar_file is not None:
         return from_grammar(_read_text(grammar_file, "--grammar-file"))
     if response_format is not None and response_format != "json":
-        raise UsageError(f"--format takes json, not {response_format!r}", hint="use --json-schema for a schema")
+        batch_input = response_format in ("auto", "jsonl", "text")  # batch's input format was --format once
+        raise UsageError(f"--format takes json, not {response_format!r}",
+                         hint="batch's input format is --input-format" if batch_input else "use --json-schema for a schema")
     return pick(response_format, json_schema, grammar)
 
 
