@@ -166,6 +166,9 @@ def test_a_document_cut_by_max_tokens_finishes_with_length(client):
     assert choice.finish_reason == "length"
     with pytest.raises(json.JSONDecodeError):
         json.loads(choice.message.content)
+    cut = client.chat.completions.create(model="smollm2", messages=messages("classify"), response_format=rf("classify"),
+                                         temperature=0, max_tokens=MAX, stop=[","]).choices[0]  # fmt: skip
+    assert cut.finish_reason == "length" and "," not in cut.message.content, cut  # a stop string inside the document
     with pytest.raises(openai.LengthFinishReasonError):
         client.chat.completions.parse(model="smollm2", messages=messages("classify"), response_format=Person, max_tokens=4)
 

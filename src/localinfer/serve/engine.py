@@ -283,8 +283,11 @@ class Engine:
             return
         st = result.stats
         ttft = None if st.first_token_s is None else result.t_admit + st.first_token_s - ticket.t_arrival
+        finish = st.finish_reason
+        if finish == "stop" and st.document == "incomplete":  # a stop string inside the document cut it
+            finish = "length"  # never "stop" for a document that does not parse (clients trust it)
         self._end(ticket, Outcome(
-            result.text, st.finish_reason, st, queue_s=result.t_admit - ticket.t_arrival, ttft_s=ttft,
+            result.text, finish, st, queue_s=result.t_admit - ticket.t_arrival, ttft_s=ttft,
             total_s=result.t_end - ticket.t_arrival,
         ))  # fmt: skip
 
