@@ -88,8 +88,11 @@ class Compiler:
 
         grammar = grammar_of(fmt)
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
-        if matcher.is_error():
-            raise FormatError(f"cannot compile the {_what(fmt)}: {_one_line(matcher.get_error())}")
+        if matcher.is_error():  # its first line names the problem; the rest quotes the grammar
+            first = (matcher.get_error() or "").strip().splitlines() or ["unknown error"]
+            raise FormatError(f"cannot compile the {_what(fmt)}: {_one_line(first[0])}")
+        if not any(matcher.deep_copy().compute_bitmask()):  # not even the first token: nothing matches
+            raise FormatError(f"nothing can satisfy the {_what(fmt)}")
         return matcher
 
 
@@ -104,7 +107,7 @@ def _tokenizer(model: Any) -> Any:
     tokens = []
     for t in range(model.n_vocab):
         n = llama_cpp.llama_token_to_piece(vocab, t, buf, len(buf) - 1, 0, True)
-        piece = buf.raw[: max(n, 0)]
+        piece = ctypes.string_at(buf, max(n, 0))
         attr = llama_cpp.llama_vocab_get_attr(vocab, t)
         # llguidance's mark of a special token (it never matches grammar text)
         if attr & control or (attr & user and piece.startswith(b"<") and piece.endswith(b">")):
@@ -150,9 +153,6 @@ def compile_for(model: Any, fmt: Format) -> Compiled:
 
 
 # -- the sampler ------------------------------------------------------------------------------------
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-
-
 class ConstraintSampler:
     """One sequence's constraint as a native ``llama_sampler`` (its callbacks kept alive here).
 
@@ -186,20 +186,21 @@ class ConstraintSampler:
         return self.active and self.error is None and bool(self.matcher.is_accepting())
 
     def _apply(self, cur_p: Any) -> None:
-        if not self.active:
-            return
+        if not self.active or self.error is not None:
+            return  # a matcher in error would mask every token: the answer is reported incomplete instead
         try:
             arr = cur_p.contents
-            bits = self._bits
+            n, bits = arr.size, self._bits
             self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
-            data = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
-                                         (arr.size * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)  # fmt: skip
+            # the candidates as rows of (id, logit, p): 3 x 4 bytes, viewed in place
+            raw = (ctypes.c_char * (n * 12)).from_address(ctypes.cast(arr.data, ctypes.c_void_p).value)
+            rows = np.frombuffer(raw, dtype=np.float32).reshape(n, 3)
+            ids = rows[:, 0].view(np.int32)
             allowed = np.unpackbits(bits.view(np.uint8), bitorder="little").view(bool)
-            ids = data["id"]
             # first in the chain, the candidates are the whole vocabulary in id order
-            in_order = arr.size <= len(allowed) and ids[0] == 0 and ids[-1] == arr.size - 1
-            keep = allowed[: arr.size] if in_order else allowed[ids]
-            np.copyto(data["logit"], -np.inf, where=~keep)
+            in_order = n <= len(allowed) and ids[0] == 0 and ids[-1] == n - 1
+            keep = allowed[:n] if in_order else allowed[ids]
+            rows[:, 1] = np.where(keep, rows[:, 1], -np.inf)  # faster than copyto(where=) on a strided column
         except Exception as exc:  # an exception must not cross the C callback: record it
             self.error = f"constraint failed: {exc}"
 
