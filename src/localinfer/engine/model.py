@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from localinfer.engine.backend import ensure_backend, llama_cpp, stdout_to_stderr
 from localinfer.engine.load_errors import diagnose_load_failure
@@ -24,6 +24,9 @@ from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, SamplingOptions, Step
 from localinfer.errors import GenerationError, ResourceError
+
+if TYPE_CHECKING:
+    from localinfer.engine.logprobs import Logprobs
 
 
 class Model:
@@ -299,8 +302,10 @@ class Model:
         max_tokens: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        logprobs: int | None = None,
     ) -> Iterator[Step]:
-        """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer.
+        """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer; with ``logprobs``
+        (the top N), ``stats.logprobs`` gets every counted token's (engine.logprobs).
 
         ``stats`` is filled in as the stream goes, so a consumer that stops early still has
         correct figures. The last token sampled is not evaluated (nobody needs its logits).
@@ -322,10 +327,17 @@ class Model:
             stats.prefill_s = time.perf_counter() - t0
             chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx)
             stats.extra["seed"] = seed
+            lp = None
+            if logprobs is not None:
+                from localinfer.engine.logprobs import Logprobs
+
+                lp = Logprobs(self, logprobs)
             try:
-                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos)
+                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, lp)
             finally:
                 free_sampler(chain)
+                if lp is not None:
+                    stats.logprobs = lp.entries()
         except (KeyboardInterrupt, GeneratorExit):
             stats.finish_reason = stats.finish_reason or "interrupted"
             self._resync()
@@ -341,6 +353,7 @@ class Model:
         max_tokens: int | None,
         stop: Sequence[str],
         ignore_eos: bool,
+        lp: Logprobs | None = None,
     ) -> Iterator[Step]:
         # The per-token path: it runs with the CPU caches just flushed by llama_decode, so it touches
         # little - one dict lookup per token, the decoder and stop matcher only when a piece needs them.
@@ -371,6 +384,8 @@ class Model:
             n_gen += 1
             stats.completion_tokens = n_gen
             stats.decode_s = now - t_first
+            if lp is not None:  # before the next llama_decode overwrites the row
+                lp.add(-1, token)
             if text is None or held:
                 text = decoder.decode(raw)
                 held = bool(decoder.getstate()[0])
