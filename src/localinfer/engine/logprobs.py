@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+from typing import Any
 
 MAX_TOP = 20  # OpenAI's bound for top_logprobs (rules.py holds it for requests)
 Entry = dict[str, Any]
@@ -29,24 +26,25 @@ def token_text(raw: bytes) -> str:
 
 class Logprobs:
     """One sequence's log probabilities: ``add`` after each counted token (on the decoding thread,
-    before the next ``llama_decode`` overwrites the row), ``entries`` at the end."""
+    before the next ``llama_decode`` overwrites the row), ``entries`` at the end. Made by
+    ``Model.new_logprobs`` (``ctx``: its context; ``piece``: a token's bytes in the answer)."""
 
     __slots__ = ("_logits", "_ctx", "_n_vocab", "_top", "_buf", "_np", "_piece", "tokens", "chosen",
                  "top_ids", "top_lps", "_starts", "_size", "_sent", "_blocks")  # fmt: skip
 
-    def __init__(self, model: Model, top_n: int) -> None:
+    def __init__(self, ctx: Any, n_vocab: int, piece: Callable[[int], bytes], top_n: int) -> None:
         import numpy as np
 
         from localinfer.engine.backend import llama_cpp
 
         self._np = np
         self._logits = llama_cpp.llama_get_logits_ith
-        self._ctx = model._ctx
-        self._n_vocab = model.n_vocab
+        self._ctx = ctx
+        self._n_vocab = n_vocab
         self._top = max(0, min(int(top_n), MAX_TOP, self._n_vocab))
         self._buf = np.empty(self._n_vocab, dtype=np.float32)  # exp() works here: no array per token
         self._blocks = max(self._top, min(256, self._n_vocab // 4))  # see _top_ids
-        self._piece: Callable[[int], bytes] = model.piece
+        self._piece = piece
         self.tokens: list[int] = []
         self.chosen: list[float] = []
         self.top_ids: list[Any] = []
@@ -75,7 +73,7 @@ class Logprobs:
         self.chosen.append(float(row[token]) - lse)
         if top:
             self.top_ids.append(ids)
-            self.top_lps.append(vals - np.float32(lse))
+            self.top_lps.append(vals.astype(np.float64) - lse)  # as the chosen one: the same value twice
         self._starts.append(self._size)
         self._size += len(self._piece(token))
 

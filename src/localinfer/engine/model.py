@@ -212,6 +212,12 @@ class Model:
 
     free_sampler = staticmethod(free_sampler)
 
+    def new_logprobs(self, top_n: int) -> Logprobs:
+        """A reader of each sampled token's log probabilities and its ``top_n`` alternatives."""
+        from localinfer.engine.logprobs import Logprobs
+
+        return Logprobs(self._ctx, self.n_vocab, self.piece, top_n)
+
     def decode_batch(self, batch: Any) -> int:
         """``llama_decode`` on this model's context, finished (GPU backends run it asynchronously: see
         generate): 0 on success, 1 when the cache has no room."""
@@ -327,11 +333,7 @@ class Model:
             stats.prefill_s = time.perf_counter() - t0
             chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx)
             stats.extra["seed"] = seed
-            lp = None
-            if logprobs is not None:
-                from localinfer.engine.logprobs import Logprobs
-
-                lp = Logprobs(self, logprobs)
+            lp = self.new_logprobs(logprobs) if logprobs is not None else None
             try:
                 yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, lp)
             finally:

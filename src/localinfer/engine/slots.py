@@ -51,9 +51,7 @@ class Slot:
 
     def _track_logprobs(self, model: Model, job: SeqJob) -> None:
         """Read each token's log probabilities; ``on_logprobs`` streams them with their text."""
-        from localinfer.engine.logprobs import Logprobs
-
-        lp = self.logprobs = Logprobs(model, job.logprobs or 0)
+        lp = self.logprobs = model.new_logprobs(job.logprobs or 0)
         hand_on = job.on_logprobs
         if hand_on is None:
             return

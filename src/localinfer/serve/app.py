@@ -189,8 +189,8 @@ async def _complete(request: Request, kind: str) -> Response:
             assert state.hub is not None
             channel: Channel[Outcome] = Channel(state.hub)
             with_logprobs = req.stream and req.logprobs is not None
-            ticket = engine.submit(prepared, channel.push if req.stream and not with_logprobs else None, channel.close,
-                                   channel.push_logprobs if with_logprobs else None)  # fmt: skip
+            extra = {"on_logprobs": channel.push_logprobs} if with_logprobs else {}  # a stream's pieces with their entries
+            ticket = engine.submit(prepared, channel.push if req.stream and not with_logprobs else None, channel.close, **extra)
     except Overloaded:
         exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
                        type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip
