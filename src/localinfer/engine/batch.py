@@ -29,6 +29,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from localinfer.engine.backend import llama_cpp
+from localinfer.engine.logprobs import trim
 from localinfer.engine.model import Model
 from localinfer.engine.slots import Slot, SlotTable
 from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
@@ -396,7 +397,5 @@ class BatchDecoder:
         s.stats.context_used = s.pos
         text = "".join(s.pieces)
         if s.logprobs is not None:  # aligned with the text returned (a stop string's tokens cut)
-            from localinfer.engine.logprobs import trim
-
             s.stats.logprobs = trim(s.logprobs.entries(), text)
         return SeqResult(s.job.key, text, s.stats, t_admit=s.t_admit, t_end=t_end)

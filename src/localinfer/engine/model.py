@@ -15,18 +15,16 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from localinfer.engine.backend import ensure_backend, llama_cpp, stdout_to_stderr
 from localinfer.engine.load_errors import diagnose_load_failure
+from localinfer.engine.logprobs import Logprobs
 from localinfer.engine.params import context_params, model_params
 from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, SamplingOptions, Step
 from localinfer.errors import GenerationError, ResourceError
-
-if TYPE_CHECKING:
-    from localinfer.engine.logprobs import Logprobs
 
 
 class Model:
@@ -214,8 +212,6 @@ class Model:
 
     def new_logprobs(self, top_n: int) -> Logprobs:
         """A reader of each sampled token's log probabilities and its ``top_n`` alternatives."""
-        from localinfer.engine.logprobs import Logprobs
-
         return Logprobs(self._ctx, self.n_vocab, self.piece, top_n)
 
     def decode_batch(self, batch: Any) -> int:
@@ -310,8 +306,8 @@ class Model:
         ignore_eos: bool = False,
         logprobs: int | None = None,
     ) -> Iterator[Step]:
-        """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer; with ``logprobs``
-        (the top N), ``stats.logprobs`` gets every counted token's (engine.logprobs).
+        """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer (``logprobs``, the
+        top N: every counted token's in ``stats.logprobs``).
 
         ``stats`` is filled in as the stream goes, so a consumer that stops early still has
         correct figures. The last token sampled is not evaluated (nobody needs its logits).
