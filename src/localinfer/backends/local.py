@@ -95,7 +95,7 @@ class LocalBackend(Backend):
                 started[index] = (item, t0, dropped, request.mode)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
-                             constraint=request.response_format)  # fmt: skip
+                             constraint=request.response_format, logprobs=request.logprobs)  # fmt: skip
 
         try:
             if stats is not None:
@@ -109,7 +109,8 @@ class LocalBackend(Backend):
                     continue
                 res.stats.truncated_tokens = dropped
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode)
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
+                                logprobs=res.stats.logprobs)  # fmt: skip
                 yield BatchResult(res.key, item.id, item.line, answer)
             while outbox:
                 yield outbox.popleft()

@@ -1,10 +1,10 @@
 """The OpenAI request bodies we accept, checked field by field: a ``CompletionRequest`` or an
 ``ApiError`` that says which field is wrong and why (HTTP 400), never a 500.
 
-Fields this server does not honour yet (tools, logprobs, n > 1...) are refused by name rather than
-ignored, and so are unknown fields: a client never gets an answer to a different question than it
-asked. Structured output (``response_format``, llama-server's ``json_schema`` and ``grammar``) is
-checked here, so a schema we cannot enforce is a 400 naming its keyword before anything runs.
+Fields this server does not honour yet (tools, n > 1...) are refused by name rather than ignored,
+and so are unknown fields: a client never gets an answer to a different question than it asked.
+Structured output (``response_format``, llama-server's ``json_schema`` and ``grammar``) is checked
+here, so a schema we cannot enforce is a 400 naming its keyword before anything runs.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class CompletionRequest:
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
     response_format: Format | None = None  # the answer must be this JSON or grammar (None: free text)
     format_field: str | None = None  # the field that asked for it (response_format | json_schema | grammar)
+    logprobs: int | None = None  # None: off; N: each token's log probability and the top N
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -121,8 +122,6 @@ def _only(allowed: Callable[[Any], bool], what: str) -> Callable[[str, Any], Non
 
 _UNSUPPORTED = {
     "n": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
-    "logprobs": _only(lambda v: v in (None, False, 0), "(log probabilities)"),
-    "top_logprobs": _only(lambda v: v in (None, 0), "(log probabilities)"),
     "logit_bias": _only(lambda v: not v, "(biasing tokens)"),
     "tools": _only(lambda v: not v, "(tool calls)"),
     "tool_choice": _only(lambda v: v in (None, "none"), "(tool calls)"),
@@ -161,8 +160,9 @@ _FORMATS: dict[str, Callable[[str, Any], Any]] = {
     "json_schema": rules.json_schema,
     "grammar": rules.grammar,
 }
-_CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "modalities"}
-_TEXT_ONLY = {"n", "logprobs", "logit_bias", "echo", "suffix", "best_of"}
+_LOGPROBS = {"logprobs", "top_logprobs"}  # chat's pair; completions take logprobs: N (rules.logprobs_fields)
+_CHAT_ONLY = {"n", "logit_bias", "tools", "tool_choice", "modalities"}
+_TEXT_ONLY = {"n", "logit_bias", "echo", "suffix", "best_of"}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -194,7 +194,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
-        if name != main and name not in _COMMON and name not in unsupported and name not in _FORMATS:
+        if name != main and name not in _COMMON and name not in unsupported and name not in _LOGPROBS | _FORMATS.keys():
             raise _bad(name, f"unknown field '{name}'", "unknown_parameter")
     for name in unsupported & set(body):
         _UNSUPPORTED[name](name, body[name])
@@ -225,6 +225,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         cache_prompt=v.get("cache_prompt", True),
         response_format=_FORMATS[formats[0][0]](*formats[0]) if formats else None,
         format_field=formats[0][0] if formats else None,
+        logprobs=rules.logprobs_fields(body.get("logprobs"), body.get("top_logprobs"), legacy=kind == "text"),
     )
 
 
