@@ -17,6 +17,7 @@ from localinfer.errors import UsageError
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions, SamplingOptions
     from localinfer.remote.connection import Endpoint
+    from localinfer.resident.place import KeepAlive
     from localinfer.usage.cost import Pricing
 
 _SAMPLING = "Sampling"
@@ -99,13 +100,18 @@ def choices(name: str, *values: str) -> Any:
 Overflow = choices("Overflow", "error", "truncate")  # --on-overflow: a prompt that does not fit the context
 
 
-def parse_gpu_layers(value: str) -> int:
+def parse_gpu_layers(value: str, *, probe: bool = True) -> int:
     """auto | all | N -> LoadOptions.n_gpu_layers (-1 = all; auto = GPU_LAYERS_AUTO, which the
     pre-flight in generate.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
-    the engine alone reads any negative value as all)."""
+    the engine alone reads any negative value as all). ``probe=False``: auto stays GPU_LAYERS_AUTO
+    without asking llama.cpp (a resident server's pre-flight resolves it; the client imports no llama_cpp)."""
     v = value.strip().lower()
     if v == "all":
         return -1
+    if v == "auto" and not probe:
+        from localinfer.system.estimate import GPU_LAYERS_AUTO
+
+        return GPU_LAYERS_AUTO
     if v == "auto":
         from localinfer.engine.backend import supports_gpu_offload
         from localinfer.system.estimate import GPU_LAYERS_AUTO
@@ -215,6 +221,7 @@ def _load(
     rpc: RpcOpt = None,
     *,
     verbose: bool = False,
+    keep_alive: Any = None,
 ) -> "LoadOptions":
     from localinfer.engine.rpc import parse_endpoints
     from localinfer.engine.types import LoadOptions
@@ -222,7 +229,7 @@ def _load(
     return LoadOptions(
         n_ctx=ctx_size,
         n_threads=threads,
-        n_gpu_layers=parse_gpu_layers(gpu_layers),
+        n_gpu_layers=parse_gpu_layers(gpu_layers, probe=not _resident(keep_alive)),
         verbose=verbose,
         flash_attn=_choice("--flash-attn", flash_attn, ("auto", "on", "off")),
         cache_type_k=_choice("--cache-type-k", cache_type_k, _CACHE_TYPES),
@@ -267,10 +274,42 @@ def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: Ti
     return checked(endpoint, api_key, timeout)
 
 
+# --keep-alive: the model stays loaded in this user's resident server (localinfer.resident)
+_RESIDENT = "Keep the model loaded (resident server)"
+KeepAliveOpt = Annotated[
+    Optional[str],
+    typer.Option("--keep-alive", envvar="LOCALINFER_KEEP_ALIVE", metavar="DURATION", help="Keep the model loaded after the command, in this user's resident server, for this long idle (5m, 30s, 1h; 0: off, the default; -1: forever). See `localinfer ps`.", rich_help_panel=_RESIDENT),
+]
+MaxModelsOpt = Annotated[Optional[int], typer.Option("--max-models", envvar="LOCALINFER_MAX_MODELS", min=1, help="Models the resident server keeps loaded at once (the least recently used is unloaded). Default: what fits in memory.", rich_help_panel=_RESIDENT)]
+
+
+def _keep_alive(keep_alive: KeepAliveOpt = None, max_models: MaxModelsOpt = None, *, endpoint: Any = None) -> "KeepAlive | None":
+    from localinfer.resident.place import KeepAlive, parse_keep_alive
+
+    seconds = parse_keep_alive(keep_alive)
+    if seconds is None or endpoint:  # a server of one's own choosing answers; nothing stays loaded here
+        return None
+    return KeepAlive(seconds, max_models)
+
+
+def _resident(keep_alive: Any) -> bool:
+    """Whether --keep-alive is on: read by the load group as the flag's text or the group's value
+    (whichever the command's group order leaves in its arguments)."""
+    if keep_alive is None or not isinstance(keep_alive, str):
+        return keep_alive is not None
+    from localinfer.resident.place import parse_keep_alive
+
+    try:
+        return parse_keep_alive(keep_alive) is not None
+    except UsageError:
+        return False  # reported by the keep-alive group
+
+
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
 SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
+KEEP_ALIVE = OptionGroup(_keep_alive)  # -> resident.place.KeepAlive (None: off, or with --endpoint)
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
@@ -278,3 +317,4 @@ Load: TypeAlias = "LoadOptions | None"  # None with --endpoint
 Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint
 Server: TypeAlias = "Endpoint | None"  # None without --endpoint
+Keep: TypeAlias = "KeepAlive | None"  # None: off (the default), or with --endpoint

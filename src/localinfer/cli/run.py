@@ -67,6 +67,7 @@ def run(
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
+    keep_alive: o.Keep = o.KEEP_ALIVE,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr."""
     from localinfer.render.stats import warn as warn_line
@@ -87,7 +88,7 @@ def run(
             rec.model = named
 
         backend = open_backend(endpoint=endpoint, model=model, load_options=lambda _resolved: load_opts,
-                               offline=offline, force=force, on_note=say, on_model=on_model)  # fmt: skip
+                               offline=offline, force=force, on_note=say, on_model=on_model, keep_alive=keep_alive)  # fmt: skip
         # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last
         # run's: a process running the command again (CliRunner) frees the one before.
         _until_exit[:] = [backend]

@@ -1,0 +1,225 @@
+"""Find the resident server (or start it, once, under a lock) and talk to it over its Unix socket.
+
+The HTTP is the stdlib's (``http.client`` on an AF_UNIX socket) and the stream is read by our remote
+client's ``StreamState``: the same OpenAI protocol as ``--endpoint``, without importing httpx, so a
+command whose model is resident sends its request before ``--help`` would have printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from localinfer.errors import LocalInferError
+from localinfer.remote.client import OnText, Outcome, StreamState
+from localinfer.remote.connection import Endpoint, RemoteError, status_error
+from localinfer.resident.place import Place, private_folder
+
+START_TIMEOUT_S = 60.0  # a fresh interpreter importing the server's packages on a loaded machine
+_HOST = "localhost"  # what the Host header says: the serve app's guard answers localhost
+
+
+class NoServer(Exception):
+    """Nothing listens on the socket (no file, or a stale one left by a crashed server)."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__(_HOST, timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _alive(path: Path) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EINVAL):
+            return False
+        raise
+    finally:
+        sock.close()
+
+
+class UnixClient:
+    """Requests to the resident server: management calls (:meth:`call`) and streamed completions for
+    the model whose route is ``prefix`` (:meth:`stream`, as ``remote.client.Client.stream``).
+    Thread-safe: one connection per request in flight, idle ones kept for the next."""
+
+    def __init__(self, path: Path, *, timeout_s: float = 600.0, prefix: str = "") -> None:
+        self.path, self.timeout_s = path, timeout_s
+        self.ep = Endpoint(f"http://{_HOST}{prefix}/v1", None, timeout_s)
+        self._idle: list[_UnixConnection] = []
+        self._lock = threading.Lock()
+
+    def route(self, prefix: str) -> UnixClient:
+        """A client for one model's routes (``/m/ID/v1``), sharing nothing but the socket."""
+        return UnixClient(self.path, timeout_s=self.timeout_s, prefix=prefix)
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._idle:
+                conn.close()
+            self._idle.clear()
+
+    def _connection(self) -> _UnixConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _UnixConnection(str(self.path), self.timeout_s)
+
+    def _send(self, method: str, path: str, body: Any | None) -> tuple[_UnixConnection, http.client.HTTPResponse]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Accept": "text/event-stream, application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        conn = self._connection()
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            return conn, conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+                raise NoServer() from None
+            raise RemoteError(f"the resident server at {self.path} did not answer: {exc or type(exc).__name__}",
+                              retryable=True) from None  # fmt: skip
+
+    def _done(self, conn: _UnixConnection, response: http.client.HTTPResponse) -> None:
+        if response.will_close:
+            conn.close()
+            return
+        with self._lock:
+            self._idle.append(conn)
+
+    def call(self, method: str, path: str, body: Any | None = None) -> tuple[int, Any]:
+        """One JSON request and its JSON answer (status, body)."""
+        conn, r = self._send(method, path, body)
+        try:
+            data = r.read()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise RemoteError(f"the resident server at {self.path} broke the connection: {exc}", retryable=True) from None
+        self._done(conn, r)
+        try:
+            return r.status, json.loads(data) if data else None
+        except ValueError:
+            raise RemoteError(f"the resident server sent a body that is not JSON ({r.status})") from None
+
+    # -- what RemoteBackend calls -------------------------------------------------------------------
+    def models(self) -> list[str]:
+        status, body = self.call("GET", self.ep.url("models")[len(f"http://{_HOST}"):])
+        if status != 200:
+            raise status_error(status, json.dumps(body).encode(), {}, self.ep, "the model list")
+        return [m["id"] for m in body.get("data", ())]
+
+    def pick_model(self, name: str | None) -> str:
+        return name or self.models()[0]
+
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None) -> Outcome:
+        path = self.ep.url("chat/completions" if "messages" in body else "completions")[len(f"http://{_HOST}"):]
+        t0 = time.perf_counter()
+        state = StreamState(self.ep.display, t0, on_text)
+        try:
+            conn, r = self._send("POST", path, body)
+        except NoServer:
+            raise RemoteError(f"the resident server at {self.path} is gone", retryable=True) from None
+        try:
+            if r.status != 200:
+                raise status_error(r.status, r.read(), r.headers, self.ep)
+            if r.headers.get("content-type", "").startswith("application/json"):
+                state.whole(json.loads(r.read()), time.perf_counter())
+            else:
+                while line := r.readline():
+                    state.line(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), time.perf_counter())
+        except KeyboardInterrupt as exc:
+            conn.close()
+            exc.partial_outcome = state.interrupted(time.perf_counter())  # type: ignore[attr-defined]
+            raise
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise RemoteError(f"the connection to the resident server broke during the answer: {exc or type(exc).__name__}",
+                              retryable=True) from None  # fmt: skip
+        except BaseException:
+            conn.close()
+            raise
+        self._done(conn, r)
+        return state.finish(time.perf_counter())
+
+
+# -- finding or starting the server -------------------------------------------------------------------
+def find(place: Place) -> UnixClient | None:
+    """The running server's client, or None when none runs (never starts one: ``ps``, ``stop``)."""
+    try:
+        return UnixClient(place.socket) if _alive(place.socket) else None
+    except OSError:
+        return None
+
+
+def find_or_start(place: Place, *, max_models: int | None = None, timeout_s: float = START_TIMEOUT_S) -> UnixClient:
+    """The server's client, starting the server first when none runs. Two commands starting at once
+    start one: the starter holds ``place.lock`` (flock) until the new server accepts connections.
+    OSError: the folder or socket cannot be made (the caller then runs locally)."""
+    import fcntl
+
+    if _alive(place.socket):
+        return UnixClient(place.socket)
+    private_folder(place.folder)
+    private_folder(place.socket.parent)
+    with open(place.lock, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _alive(place.socket):  # another command started it while we waited
+            return UnixClient(place.socket)
+        with contextlib.suppress(FileNotFoundError):
+            place.socket.unlink()  # stale: its server is gone
+        child = _spawn(place, max_models)
+        deadline = time.monotonic() + timeout_s
+        while not _alive(place.socket):
+            if child.poll() is not None:
+                raise LocalInferError(f"the resident server exited at start (status {child.returncode}): {_log_tail(place.log)}",
+                                      hint=f"see {place.log}")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise LocalInferError(f"the resident server did not start within {timeout_s:g} s", hint=f"see {place.log}")
+            time.sleep(0.01)
+    return UnixClient(place.socket)
+
+
+def _spawn(place: Place, max_models: int | None) -> subprocess.Popen:
+    """The server, detached (its own session, no terminal), its output appended to its log."""
+    args = [sys.executable, "-m", "localinfer.resident.server", "--socket", str(place.socket), "--lock", str(place.lock)]
+    if max_models:
+        args += ["--max-models", str(max_models)]
+    fd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, close_fds=True)
+    finally:
+        os.close(fd)
+
+
+def _log_tail(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no log"
+
