@@ -109,7 +109,7 @@ def parse_gpu_layers(value: str, *, probe: bool = True) -> int:
     if v == "all":
         return -1
     if v == "auto" and not probe:
-        from localinfer.system.estimate import GPU_LAYERS_AUTO
+        from localinfer.engine.types import GPU_LAYERS_AUTO  # not system.estimate: heavy for a client
 
         return GPU_LAYERS_AUTO
     if v == "auto":

@@ -1,6 +1,6 @@
 """Find the resident server (or start it, once, under a lock) and talk to it over its Unix socket.
 
-The HTTP is the stdlib's (``http.client`` on an AF_UNIX socket) and the stream is read by our remote
+The HTTP is a few lines of HTTP/1.1 on an AF_UNIX socket and the stream is read by our remote
 client's ``StreamState``: the same OpenAI protocol as ``--endpoint``, without importing httpx, so a
 command whose model is resident sends its request before ``--help`` would have printed.
 """
@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import http.client
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from localinfer.errors import LocalInferError
@@ -33,22 +32,6 @@ class NoServer(Exception):
     """Nothing listens on the socket (no file, or a stale one left by a crashed server)."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__(_HOST, timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 def _alive(path: Path) -> bool:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -62,65 +45,108 @@ def _alive(path: Path) -> bool:
         sock.close()
 
 
+class _Headers(dict):
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+
+class _Response:
+    """One HTTP/1.1 response read off the socket: status, headers, then the body (sized or chunked)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.file = sock, sock.makefile("rb")
+        status_line = self.file.readline(65536)
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection without answering")
+        self.status = int(status_line.split(b" ", 2)[1])
+        self.headers = _Headers()
+        while (line := self.file.readline(65536)) not in (b"\r\n", b"\n", b""):
+            key, _, value = line.decode("latin-1").partition(":")
+            self.headers[key.strip().lower()] = value.strip()
+        self.chunked = self.headers.get("transfer-encoding", "").lower() == "chunked"
+        self.left = int(self.headers["content-length"]) if "content-length" in self.headers else None
+
+    def lines(self) -> Iterator[bytes]:
+        """The body's lines as they arrive (SSE), to its end."""
+        if not self.chunked:
+            while self.left is None or self.left > 0:
+                line = self.file.readline(1 << 20 if self.left is None else min(self.left, 1 << 20))
+                if not line:
+                    break
+                if self.left is not None:
+                    self.left -= len(line)
+                yield line
+            return
+        carry = b""
+        while True:
+            size = int(self.file.readline(1024).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.file.readline(1024)
+                break
+            data = self.file.read(size + 2)
+            if len(data) < size + 2:
+                raise ConnectionResetError("the stream was cut in the middle of a chunk")
+            *complete, carry = (carry + data[:-2]).split(b"\n")
+            for line in complete:
+                yield line + b"\n"
+        if carry:
+            yield carry
+
+    def read(self) -> bytes:
+        return b"".join(self.lines())
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
 class UnixClient:
     """Requests to the resident server: management calls (:meth:`call`) and streamed completions for
     the model whose route is ``prefix`` (:meth:`stream`, as ``remote.client.Client.stream``).
-    Thread-safe: one connection per request in flight, idle ones kept for the next."""
+    One connection per request (a Unix socket connects in microseconds): thread-safe as it is."""
 
     def __init__(self, path: Path, *, timeout_s: float = 600.0, prefix: str = "") -> None:
-        self.path, self.timeout_s = path, timeout_s
+        self.path, self.timeout_s, self.prefix = path, timeout_s, prefix
         self.ep = Endpoint(f"http://{_HOST}{prefix}/v1", None, timeout_s)
-        self._idle: list[_UnixConnection] = []
-        self._lock = threading.Lock()
 
     def route(self, prefix: str) -> UnixClient:
-        """A client for one model's routes (``/m/ID/v1``), sharing nothing but the socket."""
+        """A client for one model's routes (``/m/ID/v1``)."""
         return UnixClient(self.path, timeout_s=self.timeout_s, prefix=prefix)
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._idle:
-                conn.close()
-            self._idle.clear()
+        pass
 
-    def _connection(self) -> _UnixConnection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return _UnixConnection(str(self.path), self.timeout_s)
-
-    def _send(self, method: str, path: str, body: Any | None) -> tuple[_UnixConnection, http.client.HTTPResponse]:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "text/event-stream, application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        conn = self._connection()
+    def _send(self, method: str, path: str, body: Any | None) -> _Response:
+        data = b"" if body is None else json.dumps(body).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {_HOST}\r\nAccept: text/event-stream, application/json\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
         try:
-            conn.request(method, path, body=data, headers=headers)
-            return conn, conn.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
-                raise NoServer() from None
+            sock.connect(str(self.path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise NoServer() from None
+        except OSError:
+            sock.close()
+            raise
+        try:
+            sock.sendall(head.encode("latin-1") + data)
+            return _Response(sock)
+        except (OSError, ValueError, IndexError) as exc:
+            sock.close()
             raise RemoteError(f"the resident server at {self.path} did not answer: {exc or type(exc).__name__}",
                               retryable=True) from None  # fmt: skip
 
-    def _done(self, conn: _UnixConnection, response: http.client.HTTPResponse) -> None:
-        if response.will_close:
-            conn.close()
-            return
-        with self._lock:
-            self._idle.append(conn)
-
     def call(self, method: str, path: str, body: Any | None = None) -> tuple[int, Any]:
         """One JSON request and its JSON answer (status, body)."""
-        conn, r = self._send(method, path, body)
+        r = self._send(method, path, body)
         try:
             data = r.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
+        except (OSError, ValueError) as exc:
             raise RemoteError(f"the resident server at {self.path} broke the connection: {exc}", retryable=True) from None
-        self._done(conn, r)
+        finally:
+            r.close()
         try:
             return r.status, json.loads(data) if data else None
         except ValueError:
@@ -128,7 +154,7 @@ class UnixClient:
 
     # -- what RemoteBackend calls -------------------------------------------------------------------
     def models(self) -> list[str]:
-        status, body = self.call("GET", self.ep.url("models")[len(f"http://{_HOST}"):])
+        status, body = self.call("GET", f"{self.prefix}/v1/models")
         if status != 200:
             raise status_error(status, json.dumps(body).encode(), {}, self.ep, "the model list")
         return [m["id"] for m in body.get("data", ())]
@@ -137,11 +163,11 @@ class UnixClient:
         return name or self.models()[0]
 
     def stream(self, body: dict[str, Any], on_text: OnText | None = None) -> Outcome:
-        path = self.ep.url("chat/completions" if "messages" in body else "completions")[len(f"http://{_HOST}"):]
+        path = f"{self.prefix}/v1/" + ("chat/completions" if "messages" in body else "completions")
         t0 = time.perf_counter()
         state = StreamState(self.ep.display, t0, on_text)
         try:
-            conn, r = self._send("POST", path, body)
+            r = self._send("POST", path, body)
         except NoServer:
             raise RemoteError(f"the resident server at {self.path} is gone", retryable=True) from None
         try:
@@ -150,20 +176,16 @@ class UnixClient:
             if r.headers.get("content-type", "").startswith("application/json"):
                 state.whole(json.loads(r.read()), time.perf_counter())
             else:
-                while line := r.readline():
+                for line in r.lines():
                     state.line(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), time.perf_counter())
         except KeyboardInterrupt as exc:
-            conn.close()
             exc.partial_outcome = state.interrupted(time.perf_counter())  # type: ignore[attr-defined]
             raise
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
+        except (OSError, ValueError) as exc:
             raise RemoteError(f"the connection to the resident server broke during the answer: {exc or type(exc).__name__}",
                               retryable=True) from None  # fmt: skip
-        except BaseException:
-            conn.close()
-            raise
-        self._done(conn, r)
+        finally:
+            r.close()
         return state.finish(time.perf_counter())
 
 

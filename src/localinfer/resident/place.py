@@ -3,13 +3,11 @@ how long a model stays loaded (``--keep-alive``), resolved when called."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
 import socket
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +77,9 @@ def place(data_dir: Path) -> Place:
     folder = data_dir / "resident"
     sock = folder / "socket"
     if len(os.fsencode(sock)) > SUN_PATH_MAX:  # a deep data dir: the socket in a private folder of /tmp
+        import hashlib
+        import tempfile
+
         digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]
         sock = Path(tempfile.gettempdir()) / f"localinfer-{os.getuid()}" / f"{digest}.sock"
     return Place(folder, sock, folder / "lock", folder / "server.log")
