@@ -106,6 +106,8 @@ def test_a_resident_run_answers_as_a_local_run_and_ps_stop_manage_it(home, smoll
 
     history = run_cli("stats", "--json", env={"LOCALINFER_HOME": str(home)})
     assert history.returncode == 0, history.stderr
+    (row,) = json.loads(history.stdout)["models"]  # one row with the local run's: this machine, these weights
+    assert row["endpoint"] is None and row["sha256"] and row["requests"] == 3 and row["tokens_out"] == 24
 
     gone = run_cli("stop", "--all", env={"LOCALINFER_HOME": str(home)})
     assert gone.returncode == 0, gone.stderr
@@ -212,3 +214,21 @@ def test_the_client_path_imports_no_llama_cpp_jinja2_rich_tables_or_httpx(home, 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip(), "it answered"
     assert proc.stderr.strip().endswith("[]"), proc.stderr
+
+
+def test_several_models_on_demand_stop_one_and_max_models_unloads_the_least_recent(home, smollm2_path, tmp_path):
+    other = tmp_path / "other.gguf"
+    os.link(smollm2_path, other)  # another file of the same bytes: another model to the server
+    a, b = str(smollm2_path.resolve()), str(other.resolve())
+    assert ka(home, "-m", a, *GREEDY, PROMPT).returncode == 0
+    assert ka(home, "-m", b, *GREEDY, PROMPT).returncode == 0
+    assert {m["path"] for m in ps_json(home)["models"]} == {a, b}
+    stopped = run_cli("stop", a, env={"LOCALINFER_HOME": str(home)})
+    assert stopped.returncode == 0 and b"unloaded" in stopped.stderr, stopped.stderr
+    assert [m["path"] for m in ps_json(home)["models"]] == [b]
+    missing = run_cli("stop", "no-such-model", env={"LOCALINFER_HOME": str(home)})
+    assert missing.returncode == 3 and b"not resident" in missing.stderr
+    again = ka(home, "-m", a, "--max-models", "1", *GREEDY, PROMPT)
+    assert again.returncode == 0, again.stderr
+    assert b"to keep at most 1 model(s) loaded" in again.stderr
+    assert [m["path"] for m in ps_json(home)["models"]] == [a]
