@@ -83,7 +83,7 @@ def test_a_resident_run_answers_as_a_local_run_and_ps_stop_manage_it(home, smoll
     first = ka(home, "-m", m, *GREEDY, PROMPT)
     assert first.returncode == 0, first.stderr
     assert first.stdout.decode().strip() == json.loads(local.stdout)["text"].strip()
-    assert b"load 0 (resident)" in first.stderr
+    assert b"load 0 (resident)" not in first.stderr and b" load " in first.stderr, "the first call loaded it: its load time"
     (pid,) = server_pids(home)
     sock = place(home).socket
     assert sock.stat().st_mode & 0o777 == 0o600 and place(home).folder.stat().st_mode & 0o777 == 0o700
@@ -94,6 +94,7 @@ def test_a_resident_run_answers_as_a_local_run_and_ps_stop_manage_it(home, smoll
     assert answer["text"] == json.loads(local.stdout)["text"]
     assert set(answer) == set(json.loads(local.stdout)), "the same --json keys as a local run"
     assert answer["timings"]["load_ms"] == 0 and answer["usage"]["completion_tokens"] == 8
+    assert b"load 0 (resident)" in again.stderr
     assert server_pids(home) == [pid], "the second command found the first one's server"
 
     state = ps_json(home)
@@ -232,3 +233,14 @@ def test_several_models_on_demand_stop_one_and_max_models_unloads_the_least_rece
     assert again.returncode == 0, again.stderr
     assert b"to keep at most 1 model(s) loaded" in again.stderr
     assert [m["path"] for m in ps_json(home)["models"]] == [a]
+
+
+def test_a_model_that_does_not_fit_is_refused_with_the_preflights_figures_as_a_local_run_is(home, smollm2_path):
+    env = {"LOCALINFER_HOME": str(home), "LOCALINFER_FAKE_RAM": "20MB"}  # the server inherits it from its starter
+    local = run_cli("run", "-m", str(smollm2_path), *GREEDY, PROMPT, env=env)
+    resident = run_cli("run", "-m", str(smollm2_path), *GREEDY, "--keep-alive", "60s", PROMPT, env=env)
+    assert local.returncode == resident.returncode == 6, resident.stderr
+    first_line = [ln for ln in local.stderr.decode().splitlines() if ln.startswith("Error")][0]
+    assert first_line in resident.stderr.decode(), resident.stderr  # the same refusal, word for word
+    assert "MB" in first_line or "GB" in first_line, first_line  # with the pre-flight's figures
+    assert wait_until(lambda: not server_pids(home), 10), "nothing loaded: the server exits"

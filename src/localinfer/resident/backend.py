@@ -64,8 +64,9 @@ class ResidentBackend(RemoteBackend):
         )  # fmt: skip
         if seed and request.sampling.seed is not None:
             stats.extra["seed"] = request.sampling.seed
-        return Answer(outcome.text, self.name, stats, load_s=0.0, ttft_s=outcome.ttft_s, total_s=outcome.total_s,
-                      peak_rss=int(self.info.get("rss") or 0), mode=request.mode, resident=True)  # fmt: skip
+        load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident
+        return Answer(outcome.text, self.name, stats, load_s=load_s, ttft_s=outcome.ttft_s, total_s=outcome.total_s,
+                      peak_rss=int(self.info.get("rss") or 0), mode=request.mode, resident=not load_s)  # fmt: skip
 
     def answer(self, request: Request, on_text: Any = None) -> Answer:
         try:
@@ -140,7 +141,7 @@ def _ask(where: Place, body: dict[str, Any], max_models: int | None, tell: Note)
 
     for attempt in range(3):
         try:
-            server = rc.find_or_start(where, max_models=max_models)
+            server = rc.find_or_start(where, max_models=max_models, preload=body)
             status, info = server.call("POST", "/resident/load", body)
         except OSError as exc:
             tell(f"cannot use a resident server in {where.folder} ({exc.strerror or exc}): running locally")

@@ -198,10 +198,12 @@ def find(place: Place) -> UnixClient | None:
         return None
 
 
-def find_or_start(place: Place, *, max_models: int | None = None, timeout_s: float = START_TIMEOUT_S) -> UnixClient:
+def find_or_start(place: Place, *, max_models: int | None = None, preload: dict[str, Any] | None = None,
+                  timeout_s: float = START_TIMEOUT_S) -> UnixClient:
     """The server's client, starting the server first when none runs. Two commands starting at once
     start one: the starter holds ``place.lock`` (flock) until the new server accepts connections.
-    OSError: the folder or socket cannot be made (the caller then runs locally)."""
+    ``preload``: the load request a new server starts on at once (its model loads while the server
+    imports the rest). OSError: the folder or socket cannot be made (the caller then runs locally)."""
     import fcntl
 
     if _alive(place.socket):
@@ -214,7 +216,7 @@ def find_or_start(place: Place, *, max_models: int | None = None, timeout_s: flo
             return UnixClient(place.socket)
         with contextlib.suppress(FileNotFoundError):
             place.socket.unlink()  # stale: its server is gone
-        child = _spawn(place, max_models)
+        child = _spawn(place, max_models, preload)
         deadline = time.monotonic() + timeout_s
         while not _alive(place.socket):
             if child.poll() is not None:
@@ -226,16 +228,25 @@ def find_or_start(place: Place, *, max_models: int | None = None, timeout_s: flo
     return UnixClient(place.socket)
 
 
-def _spawn(place: Place, max_models: int | None) -> subprocess.Popen:
-    """The server, detached (its own session, no terminal), its output appended to its log."""
+def _spawn(place: Place, max_models: int | None, preload: dict[str, Any] | None) -> subprocess.Popen:
+    """The server, detached (its own session, no terminal), its output appended to its log; the
+    first request on its stdin (not its command line, which other users can read)."""
     args = [sys.executable, "-m", "localinfer.resident.server", "--socket", str(place.socket), "--lock", str(place.lock)]
     if max_models:
         args += ["--max-models", str(max_models)]
+    if preload is not None:
+        args.append("--preload")
     fd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, close_fds=True)
+        child = subprocess.Popen(args, stdin=subprocess.PIPE if preload is not None else subprocess.DEVNULL, stdout=fd,
+                                 stderr=fd, start_new_session=True, close_fds=True)  # fmt: skip
     finally:
         os.close(fd)
+    if child.stdin is not None:
+        with contextlib.suppress(OSError):
+            child.stdin.write(json.dumps(preload).encode())
+        child.stdin.close()
+    return child
 
 
 def _log_tail(log: Path) -> str:

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from localinfer.resident import pool
 from localinfer.resident.pool import Loaded, Want
 
@@ -46,6 +44,7 @@ class Slot:
     engine: Any
     size_bytes: int
     path: str
+    fresh_load_s: float | None = None  # set when loaded, told to the request that loaded it
 
 
 class Resident:
@@ -61,6 +60,7 @@ class Resident:
         self.exiting = False
         self.on_exit: Callable[[], None] = lambda: None
         self._resolved: dict[str | None, tuple[Any, Any]] = {}  # spec -> (ResolvedModel, its file's identity)
+        self.preload: Preload | None = None
 
     # -- HTTP ------------------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -110,19 +110,28 @@ class Resident:
         if self.exiting:
             return 503, _error("the resident server is stopping", "stopping")
         try:
-            spec = body.get("spec")
-            resolved = await asyncio.to_thread(self._resolve, spec)
-            asked = body.get("ctx_per_seq")
-            want = Want(key=os.fspath(resolved.path.resolve()), options=pool.load_fields(body["options"]),
-                        sequences=int(body.get("sequences", 1)), ctx_per_seq=int(asked or _default_ctx(resolved)))  # fmt: skip
-            keep = float(body.get("keep_alive", 300))
-            keep = math.inf if keep < 0 else keep
-            if body.get("max_models"):
+            if body.get("max_models"):  # the latest command's limit holds from its own load on
                 self.max_models = int(body["max_models"])
-            async with self.lock:
-                slot, notes = await self._ensure(want, resolved, default_ctx=asked is None, force=bool(body.get("force")))
-                slot.info.keep_alive = keep
-                slot.info.last_used = time.monotonic()
+            pre, self.preload = self.preload, None
+            if pre is not None and pre.body != body:
+                asyncio.ensure_future(asyncio.to_thread(pre.discard))
+                pre = None
+            if pre is not None:  # the model this server was started for, loading since it started
+                await asyncio.to_thread(pre.done.wait)
+            if pre is not None and pre.error is None:
+                resolved, want, loaded = pre.result
+                async with self.lock:
+                    slot, notes = self._start(model_id(want.key), want, resolved.name, loaded), []
+            else:
+                resolved = await asyncio.to_thread(self._resolve, body.get("spec"))
+                want = _want(body, resolved)
+                async with self.lock:
+                    slot, notes = await self._ensure(want, resolved, default_ctx=body.get("ctx_per_seq") is None,
+                                                     force=bool(body.get("force")))  # fmt: skip
+            keep = float(body.get("keep_alive", 300))
+            slot.info.keep_alive = math.inf if keep < 0 else keep
+            slot.info.last_used = time.monotonic()
+            load_s, slot.fresh_load_s = slot.fresh_load_s or 0.0, None
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the command as its own error
             from localinfer.errors import LocalInferError
 
@@ -131,7 +140,7 @@ class Resident:
             return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
         loaded = slot.engine.loaded
         return 200, {"id": slot.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
-                     "notes": notes, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid()}  # fmt: skip
+                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid()}  # fmt: skip
 
     def _resolve(self, spec: str | None) -> Any:
         """The model ``spec`` names, as installed (never pulled here: the command pulls, with its
@@ -193,7 +202,7 @@ class Resident:
                       keep_alive=300.0, last_used=time.monotonic())  # fmt: skip
         buffers = loaded.buffers
         size = buffers.total() if buffers is not None and buffers.buffers else os.path.getsize(want.key)
-        slot = Slot(ident, info, create_app(state), engine, size, want.key)
+        slot = Slot(ident, info, create_app(state), engine, size, want.key, fresh_load_s=loaded.load_s)
         self.slots[ident] = slot
         self.say(f"loaded {name} in {loaded.load_s:.1f} s: {want.sequences} sequence(s) x {engine.n_ctx_seq} tokens")
         return slot
@@ -237,9 +246,45 @@ class Resident:
                     slot = self.slots[model_id(info.key)]
                     if slot.engine.running == 0 and slot.engine.queued == 0:
                         await self._unload(slot, f"idle for {info.keep_alive:g} s")
-                if not self.slots and not self.busy and time.monotonic() - self.empty_since >= EMPTY_GRACE_S:
+                idle = not self.slots and not self.busy and self.preload is None
+                if idle and time.monotonic() - self.empty_since >= EMPTY_GRACE_S:
                     self.exiting = True
                     self.on_exit()
+
+
+def _want(body: dict[str, Any], resolved: Any) -> Want:
+    """What a load request needs, for the model it resolved to."""
+    asked = body.get("ctx_per_seq")
+    return Want(key=os.fspath(resolved.path.resolve()), options=pool.load_fields(body["options"]),
+                sequences=int(body.get("sequences", 1)), ctx_per_seq=int(asked or _default_ctx(resolved)))  # fmt: skip
+
+
+class Preload:
+    """The first request's model, loaded on a thread from the server's start (the command hands it
+    the request on stdin): llama.cpp loads while uvicorn and Starlette are imported."""
+
+    def __init__(self, body: dict[str, Any], resident: Resident) -> None:
+        self.body, self.resident = body, resident
+        self.done = threading.Event()
+        self.result: tuple[Any, Want, Any] | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, name="localinfer-preload", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            resolved = self.resident._resolve(self.body.get("spec"))
+            want = _want(self.body, resolved)
+            loaded = _load_model(resolved, want, default_ctx=self.body.get("ctx_per_seq") is None, force=bool(self.body.get("force")))
+            self.result = (resolved, want, loaded)
+        except BaseException as exc:  # the request that asked for it gets the error (loading again)
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def discard(self) -> None:
+        self.done.wait()
+        if self.result is not None:
+            self.result[2].close()
 
 
 def _default_ctx(resolved: Any) -> int:
@@ -304,27 +349,28 @@ def bind(path: Path) -> socket.socket:
     return sock
 
 
-class _Server(uvicorn.Server):
+def _server(config: Any, resident: Resident) -> Any:
     """uvicorn with the reaper started beside it, and signals that stop it cleanly (exit 0)."""
+    import uvicorn
 
-    def __init__(self, config: uvicorn.Config, resident: Resident) -> None:
-        super().__init__(config)
-        self.resident = resident
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            resident.empty_since = time.monotonic()  # the grace runs from now, not from before the imports
+            self._reaper = asyncio.ensure_future(resident.reap())
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self._reaper = asyncio.ensure_future(self.resident.reap())
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            import signal
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        import signal
+            previous = {sig: signal.signal(sig, lambda *_: setattr(self, "should_exit", True)) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
-        previous = {sig: signal.signal(sig, lambda *_: setattr(self, "should_exit", True)) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    return Server(config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--lock", required=True, type=Path)
     parser.add_argument("--max-models", type=int, default=None)
+    parser.add_argument("--preload", action="store_true", help="read the first load request on stdin and start loading it")
     args = parser.parse_args(argv)
 
     def say(message: str) -> None:
@@ -341,9 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     sock = bind(args.socket)
     mine = os.stat(args.socket).st_ino
     resident = Resident(max_models=args.max_models, say=say)
+    if args.preload:
+        with contextlib.suppress(ValueError):
+            resident.preload = Preload(json.loads(sys.stdin.read()), resident)
+    import uvicorn  # after the socket is bound and the model loading: commands wait on both
+
     config = uvicorn.Config(resident, lifespan="off", ws="none", log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
-    server = _Server(config, resident)
+    server = _server(config, resident)
 
     def leave() -> None:
         _unlink_if(args.socket, mine, args.lock)  # new commands start a new server from now on
