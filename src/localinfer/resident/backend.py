@@ -66,7 +66,8 @@ class ResidentBackend(RemoteBackend):
             stats.extra["seed"] = request.sampling.seed
         load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident
         return Answer(outcome.text, self.name, stats, load_s=load_s, ttft_s=outcome.ttft_s, total_s=outcome.total_s,
-                      peak_rss=int(self.info.get("rss") or 0), mode=request.mode, resident=not load_s)  # fmt: skip
+                      peak_rss=int(self.info.get("rss") or 0), mode=request.mode, resident=not load_s,
+                      logprobs=getattr(outcome, "logprobs", None))  # fmt: skip
 
     def answer(self, request: Request, on_text: Any = None) -> Answer:
         try:
