@@ -102,6 +102,7 @@ class Answer:
     outcome: Outcome | None = None  # what a server sent and the client timed (``--endpoint``)
     backend: str | None = None  # the server that answered (Endpoint.display, no credentials); None: here
     sampling_seed: int | None = None  # the seed asked of a server (the engine reports its own)
+    resident: bool = False  # answered by this user's resident server (--keep-alive): nothing loaded for it
     # asked for (Request.logprobs): one entry per answer token, in OpenAI's content shape
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}
     logprobs: list[dict[str, Any]] | None = None

@@ -67,6 +67,7 @@ def batch(
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
+    keep_alive: o.Keep = o.KEEP_ALIVE,
     retries: Annotated[int, typer.Option("--retries", min=0, help="With --endpoint: tries after the first when the server is busy (429/503) or the connection fails.", rich_help_panel=o._SERVER)] = 4,
 ) -> None:
     """Run many requests through one model, several sequences at a time; one JSON result per line.
@@ -111,7 +112,7 @@ def batch(
             parallel = parallel or DEFAULT_PARALLEL
         # a wrong URL or key, like a model that will not load, writes nothing: the output is opened after
         backend = open_backend(endpoint=endpoint, model=model, load_options=load_opts,
-                               offline=offline, on_note=say, pool=parallel or 1, retries=retries)  # fmt: skip
+                               offline=offline, on_note=say, pool=parallel or 1, retries=retries, keep_alive=keep_alive)  # fmt: skip
         assert parallel is not None
         try:
             if getattr(backend, "loaded", None) is not None:  # a template the sandbox refuses fails the job now

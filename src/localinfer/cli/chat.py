@@ -31,6 +31,7 @@ def chat(
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
+    keep_alive: o.Keep = o.KEEP_ALIVE,
 ) -> None:
     """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn.
     --json-schema, --grammar or --format json (or /set format) make every answer that JSON."""
@@ -52,6 +53,7 @@ def chat(
             no_log=no_log,
             interactive=interactive,
             endpoint=endpoint,  # a server: nothing is loaded here
+            keep_alive=keep_alive,  # the model stays loaded in the resident server
         )
         session.open(model, system, settings)
         failed = 0

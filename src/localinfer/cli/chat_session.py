@@ -36,6 +36,7 @@ class ChatSession:
     no_log: bool
     interactive: bool
     endpoint: Endpoint | None = None  # a server to chat with (--endpoint), with its key and timeout
+    keep_alive: Any = None  # --keep-alive (resident.place.KeepAlive): the model stays loaded between chats
     conv: Conversation | None = None
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
@@ -70,7 +71,7 @@ class ChatSession:
         load_opts = self.load_opts
         return open_backend(endpoint=self.endpoint, model=name,
                             load_options=lambda _resolved: load_opts, offline=self.offline, force=self.force,
-                            on_note=self.say, chat_only=True)  # fmt: skip
+                            on_note=self.say, chat_only=True, keep_alive=self.keep_alive)  # fmt: skip
 
     def open(self, name: str | None, system: str | None, settings: Any) -> None:
         from localinfer.chat.conversation import Conversation

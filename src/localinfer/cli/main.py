@@ -24,6 +24,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "models",
     "batch",
     "serve",
+    "ps",
     "bench",
     "stats",
     "doctor",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions, SamplingOptions
     from localinfer.remote.connection import Endpoint
     from localinfer.structured import Format
+    from localinfer.resident.place import KeepAlive
     from localinfer.usage.cost import Pricing
 
 _SAMPLING = "Sampling"
@@ -107,13 +108,18 @@ def choices(name: str, *values: str) -> Any:
 Overflow = choices("Overflow", "error", "truncate")  # --on-overflow: a prompt that does not fit the context
 
 
-def parse_gpu_layers(value: str) -> int:
+def parse_gpu_layers(value: str, *, probe: bool = True) -> int:
     """auto | all | N -> LoadOptions.n_gpu_layers (-1 = all; auto = GPU_LAYERS_AUTO, which the
     pre-flight in generate.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
-    the engine alone reads any negative value as all)."""
+    the engine alone reads any negative value as all). ``probe=False``: auto stays GPU_LAYERS_AUTO
+    without asking llama.cpp (a resident server's pre-flight resolves it; the client imports no llama_cpp)."""
     v = value.strip().lower()
     if v == "all":
         return -1
+    if v == "auto" and not probe:
+        from localinfer.engine.types import GPU_LAYERS_AUTO  # not system.estimate: heavy for a client
+
+        return GPU_LAYERS_AUTO
     if v == "auto":
         from localinfer.engine.backend import supports_gpu_offload
         from localinfer.system.estimate import GPU_LAYERS_AUTO
@@ -223,6 +229,7 @@ def _load(
     rpc: RpcOpt = None,
     *,
     verbose: bool = False,
+    keep_alive: Any = None,
 ) -> "LoadOptions":
     from localinfer.engine.rpc import parse_endpoints
     from localinfer.engine.types import LoadOptions
@@ -230,7 +237,7 @@ def _load(
     return LoadOptions(
         n_ctx=ctx_size,
         n_threads=threads,
-        n_gpu_layers=parse_gpu_layers(gpu_layers),
+        n_gpu_layers=parse_gpu_layers(gpu_layers, probe=not _resident(keep_alive)),
         verbose=verbose,
         flash_attn=_choice("--flash-attn", flash_attn, ("auto", "on", "off")),
         cache_type_k=_choice("--cache-type-k", cache_type_k, _CACHE_TYPES),
@@ -321,6 +328,35 @@ def _read_text(path: Path, flag: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{flag}: {path} is not UTF-8 (byte {exc.start})") from None
+# --keep-alive: the model stays loaded in this user's resident server (localinfer.resident)
+_RESIDENT = "Keep the model loaded (resident server)"
+KeepAliveOpt = Annotated[
+    Optional[str],
+    typer.Option("--keep-alive", envvar="LOCALINFER_KEEP_ALIVE", metavar="DURATION", help="Keep the model loaded after the command, in this user's resident server, for this long idle (5m, 30s, 1h; 0: off, the default; -1: forever). See `localinfer ps`.", rich_help_panel=_RESIDENT),
+]
+MaxModelsOpt = Annotated[Optional[int], typer.Option("--max-models", envvar="LOCALINFER_MAX_MODELS", min=1, help="Models the resident server keeps loaded at once (the least recently used is unloaded). Default: what fits in memory.", rich_help_panel=_RESIDENT)]
+
+
+def _keep_alive(keep_alive: KeepAliveOpt = None, max_models: MaxModelsOpt = None, *, endpoint: Any = None) -> "KeepAlive | None":
+    from localinfer.resident.place import KeepAlive, parse_keep_alive
+
+    seconds = parse_keep_alive(keep_alive)
+    if seconds is None or endpoint:  # a server of one's own choosing answers; nothing stays loaded here
+        return None
+    return KeepAlive(seconds, max_models)
+
+
+def _resident(keep_alive: Any) -> bool:
+    """Whether --keep-alive is on: read by the load group as the flag's text or the group's value
+    (whichever the command's group order leaves in its arguments)."""
+    if keep_alive is None or not isinstance(keep_alive, str):
+        return keep_alive is not None
+    from localinfer.resident.place import parse_keep_alive
+
+    try:
+        return parse_keep_alive(keep_alive) is not None
+    except UsageError:
+        return False  # reported by the keep-alive group
 
 
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
@@ -328,6 +364,7 @@ SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
 SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
 FORMAT = OptionGroup(_response_format)  # -> structured.Format (None: free text)
+KEEP_ALIVE = OptionGroup(_keep_alive)  # -> resident.place.KeepAlive (None: off, or with --endpoint)
 LOGPROBS = OptionGroup(_logprobs)  # -> the top N of Request.logprobs (None: off); run --json and batch
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
@@ -337,4 +374,5 @@ Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint
 Server: TypeAlias = "Endpoint | None"  # None without --endpoint
 ResponseFormat: TypeAlias = "Format | None"  # None: free text
+Keep: TypeAlias = "KeepAlive | None"  # None: off (the default), or with --endpoint
 Logprobs: TypeAlias = "int | None"  # None: no log probabilities

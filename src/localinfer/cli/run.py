@@ -69,6 +69,7 @@ def run(
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
     response_format: o.ResponseFormat = o.FORMAT,
+    keep_alive: o.Keep = o.KEEP_ALIVE,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr. With --json-schema, --grammar
     or --format json, stdout is exactly the document (and a newline)."""
@@ -94,7 +95,7 @@ def run(
             rec.model = named
 
         backend = open_backend(endpoint=endpoint, model=model, load_options=lambda _resolved: load_opts,
-                               offline=offline, force=force, on_note=say, on_model=on_model)  # fmt: skip
+                               offline=offline, force=force, on_note=say, on_model=on_model, keep_alive=keep_alive)  # fmt: skip
         # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last
         # run's: a process running the command again (CliRunner) frees the one before.
         _until_exit[:] = [backend]

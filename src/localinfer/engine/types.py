@@ -41,6 +41,7 @@ class LoadOptions:
 
 
 DEFAULT_CTX_CEILING = 4096
+GPU_LAYERS_AUTO = -2  # LoadOptions.n_gpu_layers: resolved by the pre-flight (-1 = all)
 
 
 @dataclass(frozen=True)

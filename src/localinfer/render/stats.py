@@ -28,7 +28,7 @@ def summary_line(result: Result) -> str:
         f"prefill {_tps(s.prefill_tps)} ({s.evaluated_tokens} evaluated, {s.cached_tokens} cached)",
         f"decode {_tps(s.decode_tps)}",
         f"total {_ms(result.total_s)}",
-        f"load {_ms(result.load_s)}",
+        "load 0 (resident)" if getattr(result, "resident", False) else f"load {_ms(result.load_s)}",
         f"peak RSS {human_bytes(result.peak_rss)}",
         f"finish {s.finish_reason or '-'}",
     ]
