@@ -26,11 +26,13 @@ Stats = Result = Answer
 @dataclass(frozen=True)
 class Chunk:
     """A piece of a streamed answer. The last chunk of a stream has empty ``text`` and carries the
-    ``stats`` and the full ``result`` (``None`` on every other chunk)."""
+    ``stats`` and the full ``result`` (``None`` on every other chunk). A reasoning model's thinking
+    comes first, in chunks whose ``reasoning`` holds it (their ``text`` is empty)."""
 
     text: str
     stats: Stats | None = None
     result: Result | None = None
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class Response:
     finish_reason: str | None
     stats: Stats
     result: Result
+
+    @property
+    def reasoning(self) -> str | None:
+        """A reasoning model's thinking, apart from ``text`` (None: none)."""
+        return self.result.reasoning
 
 
 Messages = Sequence[dict[str, Any]]
@@ -60,10 +67,10 @@ class Stream:
         return self._gen.result
 
     def _run(self) -> Iterator[Chunk]:
-        pieces = iter(self._gen)
+        pieces = self._gen.parts()
         try:
-            for text in pieces:
-                yield Chunk(text)
+            for kind, text in pieces:
+                yield Chunk(text) if kind == "text" else Chunk("", reasoning=text)
         finally:
             pieces.close()
         yield Chunk("", self.result, self.result)
@@ -103,10 +110,14 @@ class Model(LocalBackend):
         on_overflow: str = "error",
         ignore_eos: bool = False,
         sampling: SamplingOptions | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        reasoning_format: str | None = None,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
-        ``sampling``: all the sampler's settings at once, instead of one by one."""
+        ``sampling``: all the sampler's settings at once, instead of one by one.
+        ``chat_template_kwargs``: the template's variables (``{"enable_thinking": False}``);
+        ``reasoning_format="none"``: a reasoning model's thinking stays in the text."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -114,7 +125,8 @@ class Model(LocalBackend):
         # A base model never chooses to stop a plain completion: without a limit it writes until
         # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
-                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
+                               chat_template_kwargs=chat_template_kwargs, reasoning_format=reasoning_format)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""

@@ -29,10 +29,21 @@ class Request:
     sampling: SamplingOptions = SamplingOptions()
     on_overflow: str = "error"  # error | truncate
     ignore_eos: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # variables for the chat template (enable_thinking...)
+    reasoning_format: str | None = None  # None/auto: thinking apart from the answer; "none": inline
 
     @property
     def mode(self) -> str:
         return "raw" if self.raw_text is not None else "chat"
+
+    @property
+    def template_variables(self) -> dict[str, Any]:
+        """What the chat template's render receives besides the messages."""
+        return dict(self.chat_template_kwargs or {})
+
+    @property
+    def splits_reasoning(self) -> bool:
+        return self.raw_text is None and self.reasoning_format != "none"
 
 
 def messages_for(prompt: str, system: str | None, history: Messages = ()) -> tuple[dict[str, Any], ...]:
@@ -56,18 +67,31 @@ def build(
     stop: Sequence[str] = (),
     on_overflow: str = "error",
     ignore_eos: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    reasoning_format: str | None = None,
 ) -> Request:
     """``messages`` are used as given (``system`` is for a prompt); a ``prompt`` becomes a user
     message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
     model without a chat template), the text after the system prompt and a blank line.
-    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error."""
+    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error.
+    ``chat_template_kwargs``: the template's variables (checked by ``rules.chat_template_kwargs``);
+    ``reasoning_format``: "none" keeps a reasoning model's thinking in the text."""
+    from localinfer import rules
+    from localinfer.errors import UsageError
     from localinfer.limits import require_utf8
 
+    try:
+        chat_template_kwargs = rules.chat_template_kwargs("chat_template_kwargs", chat_template_kwargs)
+        if reasoning_format is not None:
+            rules.reasoning_format("reasoning_format", reasoning_format)
+    except rules.RuleError as exc:
+        raise UsageError(str(exc)) from None
     for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
         if isinstance(text, str):
             require_utf8(text, what)
     common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
-                                  on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+                                  on_overflow=on_overflow, ignore_eos=ignore_eos,
+                                  chat_template_kwargs=chat_template_kwargs, reasoning_format=reasoning_format)  # fmt: skip
     if messages is not None:
         return Request(messages=tuple(messages), **common)
     text = prompt or ""

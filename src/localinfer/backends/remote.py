@@ -54,16 +54,17 @@ class RemoteBackend(Backend):
 
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
         return request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
-                            ignore_eos=request.ignore_eos, **text)  # fmt: skip
+                            ignore_eos=request.ignore_eos, chat_template_kwargs=request.chat_template_kwargs,
+                            reasoning_format=request.reasoning_format, **text)  # fmt: skip
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
         from localinfer.answer import Answer
 
         return Answer.of_outcome(outcome, self.name, self.endpoint, request.mode, request.sampling.seed if seed else None)
 
-    def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
+    def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None) -> Answer:
         try:
-            outcome = self.client.stream(self.body(request), on_text=on_text)
+            outcome = self.client.stream(self.body(request), on_text=on_text, on_reasoning=on_reasoning)
         except KeyboardInterrupt as exc:
             partial = getattr(exc, "partial_outcome", None)
             exc.partial_answer = None if partial is None else self._answer(partial, request)  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ Plain values, no heavy imports: the CLI and tests use them without loading anyth
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,11 @@ class ChatSettings:
     sampling: SamplingOptions = SamplingOptions()
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    template_vars: dict | None = None  # the chat template's variables (--chat-template-kwargs, /think)
+
+    def with_thinking(self, on: bool) -> ChatSettings:
+        """`/think on|off`: ``enable_thinking`` for the template (reasoning models that read it)."""
+        return replace(self, template_vars={**(self.template_vars or {}), "enable_thinking": on})
 
     def with_value(self, key: str, value: str) -> ChatSettings:
         """A copy with ``key`` set from the text ``value``; UsageError naming the valid values."""
@@ -85,6 +91,7 @@ class ChatSettings:
             ("seed", "random" if s.seed is None else str(s.seed)),
             ("max_tokens", "none (until the model stops or the context is full)" if self.max_tokens is None else str(self.max_tokens)),
             ("stop", ", ".join(repr(x) for x in self.stop) or "none"),
+            *([("template", json.dumps(self.template_vars))] if self.template_vars else []),
         ]
 
 

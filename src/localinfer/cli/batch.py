@@ -55,6 +55,7 @@ def batch(
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt for 'prompt' requests.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="'prompt' requests as plain completion: no chat template.")] = False,
     sampling: o.Sampling = o.SAMPLING,
+    template_vars: o.TemplateVars = o.TEMPLATE,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
@@ -121,6 +122,7 @@ def batch(
             defaults = batchjob.BatchDefaults(
                 sampling=sampling,
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
+                template_vars=template_vars,
             )
             sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
             show = None if quiet else make_progress(len(pending))

@@ -23,6 +23,7 @@ def chat(
     sampling: o.Sampling = o.SAMPLING,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
+    template_vars: o.TemplateVars = o.TEMPLATE,
     load_opts: o.Load = o.LOAD,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
@@ -37,7 +38,7 @@ def chat(
         from localinfer.cli.chat_repl import run_lines, run_repl
         from localinfer.cli.chat_session import ChatSession
 
-        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
+        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()), template_vars=template_vars)
         from localinfer.render.term import is_tty
 
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)

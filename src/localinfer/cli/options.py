@@ -267,10 +267,34 @@ def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: Ti
     return checked(endpoint, api_key, timeout)
 
 
+def _template_kwargs(text: Any) -> Any:
+    """--chat-template-kwargs: a JSON object (bad JSON, or not an object: exit 2 naming it)."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return rules.chat_template_kwargs_text("--chat-template-kwargs", text)
+    except rules.RuleError as exc:
+        raise typer.BadParameter(exc.problem) from None
+
+
+_TEMPLATE = "Chat template"
+
+
+def _template(
+    chat_template_kwargs: Annotated[Optional[dict], typer.Option("--chat-template-kwargs", metavar="JSON", parser=_template_kwargs, help='Variables for the chat template, as a JSON object: \'{"enable_thinking": false}\', \'{"reasoning_effort": "high"}\'.', rich_help_panel=_TEMPLATE)] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="Ask a reasoning model to think first, or not (enable_thinking, where its template reads it).", rich_help_panel=_TEMPLATE)] = None,
+) -> "dict[str, Any] | None":
+    out = dict(chat_template_kwargs or {})
+    if think is not None:
+        out["enable_thinking"] = think
+    return out or None
+
+
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
 SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
+TEMPLATE = OptionGroup(_template)  # -> the chat template's variables (None: none given)
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
@@ -278,3 +302,4 @@ Load: TypeAlias = "LoadOptions | None"  # None with --endpoint
 Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint
 Server: TypeAlias = "Endpoint | None"  # None without --endpoint
+TemplateVars: TypeAlias = "dict[str, Any] | None"  # --chat-template-kwargs, --think/--no-think

@@ -188,7 +188,8 @@ async def _complete(request: Request, kind: str) -> Response:
             prepared = await run_in_threadpool(engine.prepare, req)
             assert state.hub is not None
             channel: Channel[Outcome] = Channel(state.hub)
-            ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close)
+            ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close,
+                                   channel.push_reasoning if req.stream else None)  # fmt: skip
     except Overloaded:
         exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
                        type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip
@@ -259,6 +260,9 @@ class AnswerResponse:
             if self.gone:
                 return 499
             body = before + encode_basestring(text).encode() + after if text else b""
+            thought = self.channel.take_reasoning()
+            if thought:  # thinking comes before any answer text
+                body = answer.reasoning_chunk(thought) + body
             if end is not None:
                 self.ended = True
                 body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)

@@ -53,12 +53,17 @@ class Channel(Generic[T]):
     def __init__(self, hub: Hub) -> None:
         self._hub = hub
         self._pieces: collections.deque[str] = collections.deque()
+        self._thoughts: collections.deque[str] = collections.deque()  # a reasoning model's thinking
         self._end: T | None = None
         self.event = asyncio.Event()
 
     # engine thread
     def push(self, text: str) -> None:
         self._pieces.append(text)
+        self._hub.notify(self)
+
+    def push_reasoning(self, text: str) -> None:
+        self._thoughts.append(text)
         self._hub.notify(self)
 
     def close(self, end: T) -> None:
@@ -74,6 +79,11 @@ class Channel(Generic[T]):
         pieces = self._pieces
         text = pieces.popleft() if len(pieces) == 1 else "".join(pieces.popleft() for _ in range(len(pieces)))
         return text, end
+
+    def take_reasoning(self) -> str:
+        """Event loop, after ``get``: the thinking that came with it (it precedes the answer's text)."""
+        thoughts = self._thoughts
+        return "".join(thoughts.popleft() for _ in range(len(thoughts)))
 
     def wake(self) -> None:
         """Event loop: make a waiting ``get`` return (the client went away)."""

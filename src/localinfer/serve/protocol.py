@@ -54,6 +54,8 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's, llama-server's)
+    reasoning_format: str | None = None  # llama-server's: "none" keeps the thinking in content
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -147,6 +149,8 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
+    "chat_template_kwargs": rules.chat_template_kwargs,
+    "reasoning_format": rules.reasoning_format,
     **_IGNORED,
 }
 _CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "response_format", "modalities"}
@@ -208,6 +212,8 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
+        chat_template_kwargs=v.get("chat_template_kwargs"),
+        reasoning_format=v.get("reasoning_format"),
     )
 
 
