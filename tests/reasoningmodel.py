@@ -10,9 +10,21 @@ from pathlib import Path
 
 from ggufmutate import T_STRING, read_layout, write_layout
 
-# ChatML, as SmolLM2's own template, but past answers keep their thinking (so a few-shot history
-# steers the model to close it) and the generation prompt opens it, as DeepSeek-R1-Distill's does.
+# A few turns that show the model how an answer ends its thinking (SmolLM2 copies the pattern).
+FEW_SHOT = [
+    ("What is the capital of France?", "The user asks about France.", "Paris."),
+    ("What is the capital of Italy?", "The user asks about Italy.", "Rome."),
+    ("What is the capital of Spain?", "The user asks about Spain.", "Madrid."),
+]
+_SHOTS = "".join(
+    f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n<think>\n{t}\n</think>\n\n{a}<|im_end|>\n" for q, t, a in FEW_SHOT
+)
+
+# ChatML, as SmolLM2's own template, after the few-shot turns (written as text by the template, so
+# that `run -p` gets them too); past answers keep their thinking, and the generation prompt opens
+# it, as DeepSeek-R1-Distill's does.
 R1_CHATML = (
+    "{{ " + repr(_SHOTS) + " }}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' }}"
     "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
@@ -27,18 +39,8 @@ R1_CHATML = (
 QWEN3_CHATML = R1_CHATML.replace(
     "{{ '<|im_start|>assistant\\n<think>\\n' }}",
     "{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and not enable_thinking %}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}",
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}",
 )
-
-# A few turns that show the model how an answer ends its thinking (SmolLM2 copies the pattern).
-FEW_SHOT = [
-    {"role": "user", "content": "What is the capital of France?"},
-    {"role": "assistant", "reasoning_content": "The user asks about France.", "content": "Paris."},
-    {"role": "user", "content": "What is the capital of Italy?"},
-    {"role": "assistant", "reasoning_content": "The user asks about Italy.", "content": "Rome."},
-    {"role": "user", "content": "What is the capital of Spain?"},
-    {"role": "assistant", "reasoning_content": "The user asks about Spain.", "content": "Madrid."},
-]
 
 
 def with_template(source: Path, template: str, path: Path) -> Path:
