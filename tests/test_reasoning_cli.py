@@ -31,6 +31,7 @@ def test_run_prints_only_the_answer_on_stdout(thinker, smollm2_path):
     assert res.exit_code == 0, res.output
     assert res.stdout == "Hello!\n"
     assert "think" not in res.stdout and "greeting" not in res.stderr  # not a terminal: not shown
+    assert " · 8 tokens · 5 thinking (first after " in res.stderr  # the stats line counts them
 
 
 def test_run_on_a_terminal_shows_the_thinking_on_stderr_unless_hidden(thinker, smollm2_path, monkeypatch):
@@ -109,3 +110,13 @@ def test_batch_lines_carry_the_reasoning(thinker, smollm2_path, tmp_path):
     assert lines["a"]["usage"]["reasoning_tokens"] == 5
     assert lines["b"]["text"] == "No thinking here." and lines["b"]["reasoning"] is None
     assert all(r.chat_template_kwargs == {"enable_thinking": True} for r in thinker.requests)
+
+
+def test_the_usage_history_counts_the_reasoning_tokens(thinker, smollm2_path):
+    from localinfer.usage.history import load_records
+
+    thinker.enqueue(THINKING)
+    res = _invoke("run", "-q", "-m", str(smollm2_path), "-p", "hi")
+    assert res.exit_code == 0, res.output
+    (record,) = load_records()
+    assert record.completion_tokens == 8 and record.extra["reasoning_tokens"] == 5
