@@ -251,24 +251,15 @@ class Generation:
         gives text alone). TTFT is the first answer text; ``reasoning_ttft_s`` the first thinking."""
         from localinfer.reasoning import Thinking
 
-        result, pieces, thoughts, split = self.result, [], [], self._splitter
-        came: list[tuple[str, str]] = []  # what the splitter handed out for the last piece
-        thinking = None if split is None else Thinking(split, lambda t: came.append(("", t)), lambda t: came.append((t, "")))
+        result, pieces, thoughts = self.result, [], []
+        thinking = None if self._splitter is None else Thinking(self._splitter)
         try:
             for step in self._steps:
-                if not step.text:
-                    continue
-                if thinking is None:
-                    yield from self._hand("", step.text, pieces, thoughts)
-                    continue
-                thinking.feed(step.text)
-                for reasoning, text in came:
-                    yield from self._hand(reasoning, text, pieces, thoughts)
-                came.clear()
+                if step.text:
+                    split = ("", step.text) if thinking is None else thinking.feed(step.text)
+                    yield from self._hand(*split, pieces, thoughts)
             if thinking is not None:
-                thinking.finish()
-                for reasoning, text in came:
-                    yield from self._hand(reasoning, text, pieces, thoughts)
+                yield from self._hand(*thinking.finish(), pieces, thoughts)
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
             result.text = "".join(pieces)

@@ -175,15 +175,17 @@ class Thinking:
         self.t_text: float | None = None  # the first piece of answer text
         self.t_reasoning: float | None = None  # the first piece of thinking
 
-    def feed(self, piece: str) -> None:
+    def feed(self, piece: str) -> tuple[str, str]:
+        """``(reasoning, answer)`` text of ``piece`` to hand on now (also given to the callbacks)."""
         thinking = self.split.thinking
-        self._hand(*self.split.feed(piece))
+        out = self._hand(*self.split.feed(piece))
         self.tokens += thinking or self.split.thinking
+        return out
 
-    def finish(self) -> None:
-        self._hand(*self.split.flush())
+    def finish(self) -> tuple[str, str]:
+        return self._hand(*self.split.flush())
 
-    def _hand(self, reasoning: str, text: str) -> None:
+    def _hand(self, reasoning: str, text: str) -> tuple[str, str]:
         if reasoning:
             self.t_reasoning = self.t_reasoning or time.perf_counter()
             if self.on_reasoning is not None:
@@ -192,3 +194,4 @@ class Thinking:
             self.t_text = self.t_text or time.perf_counter()
             if self.on_text is not None:
                 self.on_text(text)
+        return reasoning, text

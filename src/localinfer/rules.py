@@ -211,7 +211,8 @@ def message(where: str, m: Any) -> dict[str, str]:
     if not isinstance(m, dict):
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
     thought = m.get("reasoning_content") if m.get("role") == "assistant" else None  # a past answer's thinking
-    extra = sorted(k for k, v in m.items() if k not in _MESSAGE_KEYS and v is not None and not (k == "reasoning_content" and thought is not None))
+    keys = (*_MESSAGE_KEYS, "reasoning_content") if thought is not None else _MESSAGE_KEYS
+    extra = sorted(k for k, v in m.items() if k not in keys and v is not None)
     if extra:
         raise RuleError(where, f"has '{extra[0]}', which is not supported (text messages only)", "unsupported_parameter")
     role = m.get("role")
