@@ -153,3 +153,12 @@ def test_serve_refuses_bad_template_kwargs_and_reasoning_format(server):
                         ({"reasoning_format": "loud"}, "reasoning_format")):  # fmt: skip
         status, out = server.json("POST", "/v1/chat/completions", {**ASK, **body})
         assert status == 400 and out["error"]["param"] == param, out
+
+
+def test_run_with_endpoint_sends_the_variables_and_reads_the_servers_reasoning(server):
+    args = ("run", "--endpoint", server.base + "/v1", "--json", "--no-log", "--temperature", "0", "-n", "40", "-p", QUESTION)
+    out = json.loads(run_cli(*args, "--think").stdout)
+    assert (out["reasoning"], out["text"]) == (THOUGHT, ANSWER)
+    assert 0 < out["usage"]["reasoning_tokens"] < out["usage"]["completion_tokens"]
+    plain = json.loads(run_cli(*args).stdout)  # the server's default: no thinking
+    assert plain["reasoning"] is None
