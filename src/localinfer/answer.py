@@ -42,6 +42,7 @@ class Outcome:
     chunks: int = 0  # chunks carrying text
     reasoning: str = ""  # the thinking the server sent apart (delta.reasoning_content)
     reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens
+    logprobs: list[dict[str, Any]] | None = None  # what the server sent, in OpenAI's content shape
 
     @property
     def ttft_s(self) -> float | None:
@@ -106,12 +107,15 @@ class Answer:
     reasoning: str | None = None  # a reasoning model's thinking, apart from ``text`` (localinfer.reasoning)
     reasoning_tokens: int | None = None  # of completion_tokens, the thinking's; None: not split or not reported
     reasoning_ttft_s: float | None = None  # to the first piece of thinking (ttft_s: to the first answer text)
+    # asked for (Request.logprobs): one entry per answer token, in OpenAI's content shape
+    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}
+    logprobs: list[dict[str, Any]] | None = None
 
     @classmethod
     def of_outcome(cls, outcome: Outcome, model: str, backend: str, mode: str = "chat", seed: int | None = None) -> Answer:
         return cls(outcome.text, model, ttft_s=outcome.ttft_s, total_s=outcome.total_s, mode=mode, outcome=outcome,
                    backend=backend, sampling_seed=seed, reasoning=outcome.reasoning or None,
-                   reasoning_tokens=outcome.reasoning_tokens)  # fmt: skip
+                   reasoning_tokens=outcome.reasoning_tokens, logprobs=outcome.logprobs)  # fmt: skip
 
     # -- the figures, wherever they came from ------------------------------------------------------
     finish_reason = _Either("finish_reason")
@@ -234,6 +238,8 @@ class Answer:
         else:
             out["server_timings"] = self.server_timings
         out["seed"] = self.seed
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
         return out
 
     def _load_json(self, s: GenerationStats) -> dict[str, Any]:
@@ -281,6 +287,7 @@ class Answer:
                 "total_ms": _ms(self.total_s),
             },
             "seed": self.seed,
+            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
 
 

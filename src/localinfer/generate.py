@@ -235,7 +235,7 @@ class Generation:
         self.on_reasoning: Callable[[str], None] | None = None  # each piece of thinking, as it comes
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
-            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
+            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos, logprobs=request.logprobs,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
@@ -266,6 +266,10 @@ class Generation:
             if thinking is not None:
                 result.reasoning = "".join(thoughts) or None
                 result.reasoning_tokens = min(thinking.tokens, result.completion_tokens or 0)
+            if result.stats is not None and result.stats.logprobs is not None:  # aligned with the text returned
+                from localinfer.engine.logprobs import trim
+
+                result.logprobs = trim(result.stats.logprobs, result.text)
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
 

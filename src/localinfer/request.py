@@ -29,6 +29,7 @@ class Request:
     sampling: SamplingOptions = SamplingOptions()
     on_overflow: str = "error"  # error | truncate
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; N: each answer token's log probability and the top N (0-20)
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the chat template (enable_thinking...)
     reasoning_format: str | None = None  # None/auto: thinking apart from the answer; "none": inline
 
@@ -67,31 +68,34 @@ def build(
     stop: Sequence[str] = (),
     on_overflow: str = "error",
     ignore_eos: bool = False,
+    logprobs: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     reasoning_format: str | None = None,
 ) -> Request:
     """``messages`` are used as given (``system`` is for a prompt); a ``prompt`` becomes a user
     message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
     model without a chat template), the text after the system prompt and a blank line.
-    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error.
-    ``chat_template_kwargs``: the template's variables (checked by ``rules.chat_template_kwargs``);
-    ``reasoning_format``: "none" keeps a reasoning model's thinking in the text."""
+    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error,
+    and so is a ``logprobs`` out of rules.py's bounds. ``chat_template_kwargs``: the template's
+    variables (checked by ``rules.chat_template_kwargs``); ``reasoning_format``: "none" keeps a
+    reasoning model's thinking in the text."""
     from localinfer import rules
     from localinfer.errors import UsageError
     from localinfer.limits import require_utf8
 
+    for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
+        if isinstance(text, str):
+            require_utf8(text, what)
     try:
+        n_top = rules.top_logprobs(logprobs, name="logprobs")
         chat_template_kwargs = rules.chat_template_kwargs("chat_template_kwargs", chat_template_kwargs)
         if reasoning_format is not None:
             rules.reasoning_format("reasoning_format", reasoning_format)
     except rules.RuleError as exc:
         raise UsageError(str(exc)) from None
-    for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
-        if isinstance(text, str):
-            require_utf8(text, what)
-    common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
-                                  on_overflow=on_overflow, ignore_eos=ignore_eos,
-                                  chat_template_kwargs=chat_template_kwargs, reasoning_format=reasoning_format)  # fmt: skip
+    common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling, on_overflow=on_overflow,
+                                  ignore_eos=ignore_eos, logprobs=n_top, chat_template_kwargs=chat_template_kwargs,
+                                  reasoning_format=reasoning_format)  # fmt: skip
     if messages is not None:
         return Request(messages=tuple(messages), **common)
     text = prompt or ""
@@ -114,6 +118,7 @@ class BatchRequest:
     temperature: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] | None = None
+    logprobs: int | None = None  # the line's top N (its logprobs/top_logprobs fields); None: the command's
     ignore_eos: bool = False  # not settable from the input; for benchmarks
     sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
 

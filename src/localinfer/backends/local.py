@@ -103,7 +103,7 @@ class LocalBackend(Backend):
                 thinking = None if split is None else Thinking(split)
                 started[index] = (item, t0, dropped, request.mode, thinking)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
-                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
+                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos, logprobs=request.logprobs,
                              on_text=thinking.feed if thinking is not None else None)  # fmt: skip
 
         try:
@@ -118,7 +118,8 @@ class LocalBackend(Backend):
                     continue
                 res.stats.truncated_tokens = dropped
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode)
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
+                                logprobs=res.stats.logprobs)  # fmt: skip
                 if thinking is not None:  # TTFT to the first answer text, as for one sequence
                     thinking.finish()
                     answer.text, answer.reasoning = thinking.split.answer, thinking.split.reasoning or None

@@ -54,8 +54,9 @@ class RemoteBackend(Backend):
 
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
         return request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
-                            ignore_eos=request.ignore_eos, chat_template_kwargs=request.chat_template_kwargs,
-                            reasoning_format=request.reasoning_format, **text)  # fmt: skip
+                            ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+                            chat_template_kwargs=request.chat_template_kwargs, reasoning_format=request.reasoning_format,
+                            **text)  # fmt: skip
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
         from localinfer.answer import Answer

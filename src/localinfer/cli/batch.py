@@ -58,6 +58,7 @@ def batch(
     template_vars: o.TemplateVars = o.TEMPLATE,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
+    logprobs: o.Logprobs = o.LOGPROBS,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
     ctx_size: CtxPerSeqOpt = None,
     base: o.Load = o.LOAD.without("ctx_size"),
@@ -123,6 +124,7 @@ def batch(
                 sampling=sampling,
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
                 template_vars=template_vars,
+                logprobs=logprobs,
             )
             sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
             show = None if quiet else make_progress(len(pending))

@@ -64,6 +64,7 @@ def run(
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, reasoning, usage, timings) instead of streaming.")] = False,
+    logprobs: o.Logprobs = o.LOGPROBS,
     template_vars: o.TemplateVars = o.TEMPLATE,
     hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (shown dim on stderr on a terminal; never on stdout).")] = False,
     show_prompt: Annotated[bool, typer.Option("--show-prompt", "--verbose-prompt", help="Print the exact prompt the chat template built, and its token count, on stderr.")] = False,
@@ -77,6 +78,10 @@ def run(
 
     with handle_errors(), recording("run", no_log=no_log, warn=warn_line) as rec:
         from localinfer.api import DEFAULT_COMPLETION_TOKENS
+        from localinfer.errors import UsageError
+
+        if logprobs is not None and not json_out:  # streamed text has no room for them
+            raise UsageError("--logprobs needs --json (they are the JSON's 'logprobs' list)")
         from localinfer.cli.backend import open_backend
         from localinfer.render.stats import warn
 
@@ -102,6 +107,7 @@ def run(
                 text, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                 stop=tuple(stop or ()), on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
                 chat_template_kwargs=template_vars,
+                logprobs=logprobs,
             )  # fmt: skip
             if show_prompt:
                 _show_prompt(backend, request, say)

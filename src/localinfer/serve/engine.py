@@ -153,10 +153,12 @@ class Engine:
 
     def submit(
         self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None],
+        on_logprobs: Callable[[str, list], None] | None = None,
         on_reasoning: Callable[[str], None] | None = None,
     ) -> Ticket:  # fmt: skip
-        """Queue a request (``on_text``: None when the text is wanted only at the end; ``on_reasoning``:
-        a reasoning model's thinking); ``Overloaded`` when more than ``max_queue`` would wait for a slot."""
+        """Queue a request (``on_text``: None when the text is wanted only at the end; ``on_logprobs``:
+        instead of it, a stream that asked for logprobs; ``on_reasoning``: a reasoning model's
+        thinking); ``Overloaded`` when more than ``max_queue`` would wait for a slot."""
         from localinfer.engine.batch import SeqJob
 
         waiting = self._queue.qsize() - (self.parallel - self.running)
@@ -165,11 +167,13 @@ class Engine:
         r = prepared.request
         from localinfer.reasoning import Thinking
 
-        thinking = None if prepared.splitter is None else Thinking(prepared.splitter, on_text, on_reasoning)
+        # a stream with logprobs gets its pieces through on_logprobs: its thinking stays inline
+        split = prepared.splitter if on_logprobs is None else None
+        thinking = None if split is None else Thinking(split, on_text, on_reasoning)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=on_text if thinking is None else thinking.feed, cancel=threading.Event(),
-            cache_prompt=r.cache_prompt,
+            cache_prompt=r.cache_prompt, logprobs=r.logprobs, on_logprobs=on_logprobs,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end, thinking)
         self._queue.put(ticket)
