@@ -26,11 +26,13 @@ Stats = Result = Answer
 @dataclass(frozen=True)
 class Chunk:
     """A piece of a streamed answer. The last chunk of a stream has empty ``text`` and carries the
-    ``stats`` and the full ``result`` (``None`` on every other chunk)."""
+    ``stats`` and the full ``result`` (``None`` on every other chunk). A reasoning model's thinking
+    comes first, in chunks whose ``reasoning`` holds it (their ``text`` is empty)."""
 
     text: str
     stats: Stats | None = None
     result: Result | None = None
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class Response:
     stats: Stats
     result: Result
     logprobs: list[dict[str, Any]] | None = None  # asked with logprobs=N: one entry per answer token
+
+    @property
+    def reasoning(self) -> str | None:
+        """A reasoning model's thinking, apart from ``text`` (None: none)."""
+        return self.result.reasoning
 
 
 Messages = Sequence[dict[str, Any]]
@@ -61,10 +68,10 @@ class Stream:
         return self._gen.result
 
     def _run(self) -> Iterator[Chunk]:
-        pieces = iter(self._gen)
+        pieces = self._gen.parts()
         try:
-            for text in pieces:
-                yield Chunk(text)
+            for kind, text in pieces:
+                yield Chunk(text) if kind == "text" else Chunk("", reasoning=text)
         finally:
             pieces.close()
         yield Chunk("", self.result, self.result)
@@ -108,6 +115,8 @@ class Model(LocalBackend):
         json_schema: Any = None,
         grammar: str | None = None,
         logprobs: int | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        reasoning_format: str | None = None,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
@@ -115,7 +124,9 @@ class Model(LocalBackend):
         with ``response_format`` ("json", OpenAI's object, or a structured.Format) or ``json_schema``
         (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError.
         ``logprobs=N``: each answer token's log probability and the N likeliest alternatives (0-20),
-        in ``Response.logprobs`` (OpenAI's content shape)."""
+        in ``Response.logprobs`` (OpenAI's content shape). ``chat_template_kwargs``: the template's
+        variables (``{"enable_thinking": False}``); ``reasoning_format="none"``: a reasoning
+        model's thinking stays in the text."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -125,7 +136,8 @@ class Model(LocalBackend):
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                                sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
                                response_format=response_format, json_schema=json_schema, grammar=grammar,
-                               logprobs=logprobs)  # fmt: skip
+                               logprobs=logprobs, chat_template_kwargs=chat_template_kwargs,
+                               reasoning_format=reasoning_format)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""

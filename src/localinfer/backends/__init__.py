@@ -58,9 +58,15 @@ class Backend:
             return rq.build(prompt, raw=plain, **fields)
         return rq.build(messages=prompt, **fields)
 
-    def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
-        """Answer one request, handing each piece of text to ``on_text`` as it comes."""
+    def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None) -> Answer:
+        """Answer one request, handing each piece of text to ``on_text`` as it comes, and a reasoning
+        model's thinking (``Answer.reasoning``) to ``on_reasoning``."""
         raise NotImplementedError
+
+    def prompt_text(self, request: Request) -> tuple[str, int] | None:
+        """The exact prompt the model gets for ``request`` and its token count (`--show-prompt`);
+        None where a server builds it."""
+        return None
 
     def batch_stats(self) -> Any:
         """An object the next :meth:`run_batch` fills with aggregate figures (``decode_tps``), or None."""

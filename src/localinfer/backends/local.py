@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from localinfer.answer import BatchResult
     from localinfer.engine.batch import BatchStats, SeqJob
     from localinfer.generate import LoadedModel
+    from localinfer.reasoning import Thinking
     from localinfer.request import Request
 
 
@@ -46,14 +47,19 @@ class LocalBackend(Backend):
     def can_chat(self) -> bool:
         return self.loaded.template is not None
 
-    def answer(self, request: Request, on_text: OnText | None = None, *,
+    def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None,
                prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None) -> Answer:  # fmt: skip
         """``prompt``: tokens, stops and dropped count already built (chat splices its turns onto
         the cached tokens); else built from ``request`` (``generate.build_prompt``)."""
         from localinfer.generate import generate
 
         load_s, self.load_s = self.load_s, 0.0  # the load is counted once, in the first answer
-        return generate(self.loaded, request, on_text or _ignore, load_s=load_s, prompt=prompt)
+        return generate(self.loaded, request, on_text or _ignore, load_s=load_s, prompt=prompt, on_reasoning=on_reasoning)
+
+    def prompt_text(self, request: Request) -> tuple[str, int] | None:
+        from localinfer.generate import rendered_prompt
+
+        return rendered_prompt(self.loaded, request)
 
     def batch_stats(self) -> BatchStats:
         from localinfer.engine.batch import BatchStats
@@ -68,11 +74,12 @@ class LocalBackend(Backend):
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt
+        from localinfer.generate import build_prompt, reasoning_splitter
+        from localinfer.reasoning import Thinking
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
-        started: dict[int, tuple[BatchRequest, float, int, str]] = {}
+        started: dict[int, tuple[BatchRequest, float, int, str, Thinking | None]] = {}
         decoder = BatchDecoder(loaded.model, parallel)
 
         def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
@@ -92,10 +99,13 @@ class LocalBackend(Backend):
                     exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
                     outbox.append(failed(index, item, reason, exc))
                     continue
-                started[index] = (item, t0, dropped, request.mode)
+                split = reasoning_splitter(loaded, request, tokens)
+                thinking = None if split is None else Thinking(split)
+                started[index] = (item, t0, dropped, request.mode, thinking)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
-                             constraint=request.response_format, logprobs=request.logprobs)  # fmt: skip
+                             constraint=request.response_format, logprobs=request.logprobs,
+                             on_text=thinking.feed if thinking is not None else None)  # fmt: skip
 
         try:
             if stats is not None:
@@ -103,7 +113,7 @@ class LocalBackend(Backend):
             for res in decoder.run(jobs()):
                 while outbox:
                     yield outbox.popleft()
-                item, t0, dropped, mode = started.pop(res.key)
+                item, t0, dropped, mode, thinking = started.pop(res.key)
                 if res.error is not None:
                     yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
                     continue
@@ -111,6 +121,12 @@ class LocalBackend(Backend):
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
                 answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
                                 logprobs=res.stats.logprobs)  # fmt: skip
+                if thinking is not None:  # TTFT to the first answer text, as for one sequence
+                    thinking.finish()
+                    answer.text, answer.reasoning = thinking.split.answer, thinking.split.reasoning or None
+                    answer.reasoning_tokens = min(thinking.tokens, res.stats.completion_tokens)
+                    answer.ttft_s, answer.reasoning_ttft_s = (None if t is None else t - res.t_admit
+                                                              for t in (thinking.t_text, thinking.t_reasoning))  # fmt: skip
                 yield BatchResult(res.key, item.id, item.line, answer)
             while outbox:
                 yield outbox.popleft()

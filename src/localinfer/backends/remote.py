@@ -54,7 +54,9 @@ class RemoteBackend(Backend):
 
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
         body = request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
-                            ignore_eos=request.ignore_eos, logprobs=request.logprobs, **text)  # fmt: skip
+                            ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+                            chat_template_kwargs=request.chat_template_kwargs, reasoning_format=request.reasoning_format,
+                            **text)  # fmt: skip
         if request.response_format is not None:
             body.update(request.response_format.request_fields())
         return body
@@ -64,9 +66,9 @@ class RemoteBackend(Backend):
 
         return Answer.of_outcome(outcome, self.name, self.endpoint, request.mode, request.sampling.seed if seed else None)
 
-    def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
+    def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None) -> Answer:
         try:
-            outcome = self.client.stream(self.body(request), on_text=on_text)
+            outcome = self.client.stream(self.body(request), on_text=on_text, on_reasoning=on_reasoning)
         except KeyboardInterrupt as exc:
             partial = getattr(exc, "partial_outcome", None)
             exc.partial_answer = None if partial is None else self._answer(partial, request)  # type: ignore[attr-defined]

@@ -56,6 +56,7 @@ class BatchDefaults:
     raw: bool = False  # prompt requests as plain completion, even when the model has a template
     on_overflow: str = "error"  # error | truncate
     response_format: Any = None  # a structured.Format for every line that names none (--json-schema...)
+    template_vars: dict | None = None  # the chat template's variables (--chat-template-kwargs)
     logprobs: int | None = None  # the top N of each token's log probabilities (None: off)
 
 
@@ -72,6 +73,7 @@ def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) ->
         max_tokens=item.max_tokens if item.max_tokens is not None else defaults.max_tokens,
         stop=item.stop if item.stop is not None else defaults.stop,
         sampling=sampling, on_overflow=defaults.on_overflow, ignore_eos=item.ignore_eos, response_format=fmt,
+        chat_template_kwargs=defaults.template_vars,
         logprobs=item.logprobs if item.logprobs is not None else defaults.logprobs,
     )  # fmt: skip
 

@@ -5,6 +5,7 @@ Plain values, no heavy imports: the CLI and tests use them without loading anyth
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +51,11 @@ class ChatSettings:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     response_format: Format | None = None  # each answer is this JSON or grammar (/set format)
+    template_vars: dict | None = None  # the chat template's variables (--chat-template-kwargs, /think)
+
+    def with_thinking(self, on: bool) -> ChatSettings:
+        """`/think on|off`: ``enable_thinking`` for the template (reasoning models that read it)."""
+        return replace(self, template_vars={**(self.template_vars or {}), "enable_thinking": on})
 
     def with_value(self, key: str, value: str) -> ChatSettings:
         """A copy with ``key`` set from the text ``value``; UsageError naming the valid values."""
@@ -92,6 +98,7 @@ class ChatSettings:
             ("max_tokens", "none (until the model stops or the context is full)" if self.max_tokens is None else str(self.max_tokens)),
             ("stop", ", ".join(repr(x) for x in self.stop) or "none"),
             ("format", format_label(self.response_format)),
+            *([("template", json.dumps(self.template_vars))] if self.template_vars else []),
         ]
 
 

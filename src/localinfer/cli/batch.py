@@ -55,6 +55,7 @@ def batch(
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt for 'prompt' requests.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="'prompt' requests as plain completion: no chat template.")] = False,
     sampling: o.Sampling = o.SAMPLING,
+    template_vars: o.TemplateVars = o.TEMPLATE,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
     response_format: o.ResponseFormat = o.FORMAT,
@@ -126,6 +127,7 @@ def batch(
                 sampling=sampling,
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
                 response_format=response_format,
+                template_vars=template_vars,
                 logprobs=logprobs,
             )
             sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)

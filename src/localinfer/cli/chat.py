@@ -24,6 +24,7 @@ def chat(
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
     response_format: o.ResponseFormat = o.FORMAT,
+    template_vars: o.TemplateVars = o.TEMPLATE,
     load_opts: o.Load = o.LOAD,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
@@ -40,7 +41,8 @@ def chat(
         from localinfer.cli.chat_repl import run_lines, run_repl
         from localinfer.cli.chat_session import ChatSession
 
-        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()), response_format=response_format)
+        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()), response_format=response_format,
+                                template_vars=template_vars)  # fmt: skip
         from localinfer.render.term import is_tty
 
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)

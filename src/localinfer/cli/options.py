@@ -328,6 +328,8 @@ def _read_text(path: Path, flag: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{flag}: {path} is not UTF-8 (byte {exc.start})") from None
+
+
 # --keep-alive: the model stays loaded in this user's resident server (localinfer.resident)
 _RESIDENT = "Keep the model loaded (resident server)"
 KeepAliveOpt = Annotated[
@@ -359,12 +361,36 @@ def _resident(keep_alive: Any) -> bool:
         return False  # reported by the keep-alive group
 
 
+def _template_kwargs(text: Any) -> Any:
+    """--chat-template-kwargs: a JSON object (bad JSON, or not an object: exit 2 naming it)."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return rules.chat_template_kwargs_text("--chat-template-kwargs", text)
+    except rules.RuleError as exc:
+        raise typer.BadParameter(exc.problem) from None
+
+
+_TEMPLATE = "Chat template"
+
+
+def _template(
+    chat_template_kwargs: Annotated[Optional[dict], typer.Option("--chat-template-kwargs", metavar="JSON", parser=_template_kwargs, help='Variables for the chat template, as a JSON object: \'{"enable_thinking": false}\', \'{"reasoning_effort": "high"}\'.', rich_help_panel=_TEMPLATE)] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="Ask a reasoning model to think first, or not (enable_thinking, where its template reads it).", rich_help_panel=_TEMPLATE)] = None,
+) -> "dict[str, Any] | None":
+    out = dict(chat_template_kwargs or {})
+    if think is not None:
+        out["enable_thinking"] = think
+    return out or None
+
+
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
 SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
 FORMAT = OptionGroup(_response_format)  # -> structured.Format (None: free text)
 KEEP_ALIVE = OptionGroup(_keep_alive)  # -> resident.place.KeepAlive (None: off, or with --endpoint)
+TEMPLATE = OptionGroup(_template)  # -> the chat template's variables (None: none given)
 LOGPROBS = OptionGroup(_logprobs)  # -> the top N of Request.logprobs (None: off); run --json and batch
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
@@ -375,4 +401,5 @@ Cost: TypeAlias = "Pricing | None"  # None with --endpoint
 Server: TypeAlias = "Endpoint | None"  # None without --endpoint
 ResponseFormat: TypeAlias = "Format | None"  # None: free text
 Keep: TypeAlias = "KeepAlive | None"  # None: off (the default), or with --endpoint
+TemplateVars: TypeAlias = "dict[str, Any] | None"  # --chat-template-kwargs, --think/--no-think
 Logprobs: TypeAlias = "int | None"  # None: no log probabilities

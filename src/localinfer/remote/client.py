@@ -37,8 +37,8 @@ def _int_or_none(value: Any) -> int | None:
 class StreamState:
     """Lines of one SSE response in, an :class:`Outcome` out."""
 
-    def __init__(self, where: str, t_start: float, on_text: OnText | None = None) -> None:
-        self.where, self.on_text = where, on_text
+    def __init__(self, where: str, t_start: float, on_text: OnText | None = None, on_reasoning: OnText | None = None) -> None:
+        self.where, self.on_text, self.on_reasoning = where, on_text, on_reasoning
         self.outcome = Outcome(t_start=t_start)
         self.decoder = SSEDecoder()
         self.done = False
@@ -59,6 +59,11 @@ class StreamState:
         o = self.outcome
         o.model = o.model or (chunk.get("model") if isinstance(chunk.get("model"), str) else None)
         for choice in chunk.get("choices") or ():
+            thought = _reasoning_of(choice)
+            if thought:
+                o.reasoning += thought
+                if self.on_reasoning is not None:
+                    self.on_reasoning(thought)
             text = choice_text(choice, self.where)
             if text:
                 if o.t_first is None:
@@ -79,6 +84,9 @@ class StreamState:
         if isinstance(usage, dict):
             o.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
             o.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+            out_details = usage.get("completion_tokens_details")
+            if isinstance(out_details, dict):
+                o.reasoning_tokens = _int_or_none(out_details.get("reasoning_tokens"))
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and _int_or_none(details.get("cached_tokens")) is not None:
                 o.cached_tokens = details["cached_tokens"]
@@ -118,6 +126,18 @@ class StreamState:
         return o
 
 
+def _reasoning_of(choice: dict[str, Any]) -> str:
+    """A reasoning model's thinking in a chunk: ``reasoning_content`` (llama-server, DeepSeek, our
+    serve) or ``reasoning`` (Ollama, newer vLLM)."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(delta.get(key), str):
+            return delta[key]
+    return ""
+
+
 # -- requests ---------------------------------------------------------------------------------------
 
 
@@ -130,6 +150,8 @@ def request_body(
     max_tokens: int | None = None,
     stop: Iterable[str] = (),
     ignore_eos: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    reasoning_format: str | None = None,
     logprobs: int | None = None,
 ) -> dict[str, Any]:
     """A streaming chat (``messages``) or completion (``prompt``) request; ``logprobs`` (the top N)
@@ -162,6 +184,10 @@ def request_body(
         body["stop"] = stop
     if ignore_eos:
         body["ignore_eos"] = True
+    if chat_template_kwargs and messages is not None:  # vLLM's and llama-server's field
+        body["chat_template_kwargs"] = chat_template_kwargs
+    if reasoning_format is not None and messages is not None:  # llama-server's
+        body["reasoning_format"] = reasoning_format
     if logprobs is not None:
         body.update({"logprobs": True, "top_logprobs": logprobs} if messages is not None else {"logprobs": logprobs})
     return body
@@ -219,10 +245,11 @@ class Client:
             raise RemoteError(f"{self.ep.display} serves no model (its /models list is empty)", fatal=True)
         return ids[0]
 
-    def stream(self, body: dict[str, Any], on_text: OnText | None = None) -> Outcome:
-        """Send one streaming request; ``on_text`` gets each piece of text as it comes."""
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Outcome:
+        """Send one streaming request; ``on_text`` gets each piece of text as it comes (``on_reasoning``
+        a reasoning model's thinking, where the server sends it apart)."""
         t0 = time.perf_counter()
-        state = StreamState(self.ep.display, t0, on_text)
+        state = StreamState(self.ep.display, t0, on_text, on_reasoning)
         started = False
         try:
             with self._http.stream("POST", self.ep.url(_path(body)), json=body) as r:

@@ -32,6 +32,7 @@ HELP = '''Commands:
   /save FILE           save the conversation (OpenAI-style messages JSON)
   /load FILE           load a saved conversation
   /model [NAME]        switch to another model, keeping the conversation
+  /think on|off        ask a reasoning model to think first or not (enable_thinking)
 Input:
   """ starts a multi-line message and """ ends it; Alt+Enter (Esc, Enter) inserts a newline;
   pasted text keeps its lines. //text sends a message that starts with "/".

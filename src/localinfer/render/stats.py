@@ -34,6 +34,8 @@ def summary_line(result: Result) -> str:
     ]
     if s.truncated_tokens:
         parts.append(f"prompt truncated by {s.truncated_tokens} tokens")
+    if getattr(result, "reasoning_tokens", None):  # a reasoning model's: TTFT is its first answer text
+        parts.insert(2, f"{result.reasoning_tokens} thinking (first after {_ms(result.reasoning_ttft_s)})")
     if getattr(result, "gpu_layers", None):
         parts.append(f"GPU layers {result.gpu_layers}")
     return " · ".join(parts)

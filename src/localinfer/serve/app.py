@@ -190,6 +190,8 @@ async def _complete(request: Request, kind: str) -> Response:
             channel: Channel[Outcome] = Channel(state.hub)
             with_logprobs = req.stream and req.logprobs is not None
             extra = {"on_logprobs": channel.push_logprobs} if with_logprobs else {}  # a stream's pieces with their entries
+            if req.stream and not with_logprobs:
+                extra["on_reasoning"] = channel.push_reasoning
             ticket = engine.submit(prepared, channel.push if req.stream and not with_logprobs else None, channel.close, **extra)
     except Overloaded:
         exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
@@ -266,6 +268,9 @@ class AnswerResponse:
             else:
                 text, end = await self.channel.get()
                 body = before + encode_basestring(text).encode() + after if text else b""
+                thought = self.channel.take_reasoning()
+                if thought:  # thinking comes before any answer text
+                    body = answer.reasoning_chunk(thought) + body
             if self.gone:
                 return 499
             if end is not None:

@@ -23,6 +23,7 @@ class ServeConfig:
     header_timeout_s: float = 10.0  # a request's head must arrive whole within this
     no_log: bool = False  # do not record requests in the usage history
     verbose: bool = False  # uvicorn's access log and llama.cpp's log
+    chat_template_kwargs: dict | None = None  # the template's variables; a request's chat_template_kwargs win
 
     @property
     def public(self) -> bool:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.types import GenerationStats
 from localinfer.errors import ContextOverflowError, UsageError
@@ -27,6 +27,7 @@ from localinfer.serve.protocol import ApiError, CompletionRequest
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
     from localinfer.generate import LoadedModel
+    from localinfer.reasoning import Splitter, Thinking
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Prepared:
     request: CompletionRequest
     tokens: list[int]
     stop: tuple[str, ...]
+    splitter: Splitter | None = None  # a reasoning model's thinking, apart from the answer
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,12 @@ class Outcome:
     finish_reason: str | None
     stats: GenerationStats
     queue_s: float  # waiting for a slot
-    ttft_s: float | None  # to the first token sampled
+    ttft_s: float | None  # to the first token sampled (of the answer, after any thinking)
     total_s: float
     error: str | None = None
+    reasoning: str | None = None  # the thinking, split from ``text`` (None: not a reasoning answer)
+    reasoning_tokens: int | None = None
+    reasoning_ttft_s: float | None = None  # to the first piece of thinking
 
 
 GATHER_S = 0.002  # an idle engine's first step waits this long for the next request of a burst...
@@ -63,10 +68,11 @@ class Overloaded(Exception):
 class Ticket:
     """One submitted request, as its owner holds it: ``cancel()`` may be called from any thread."""
 
-    __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared")
+    __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared", "thinking")
 
-    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None]) -> None:
-        self.key, self.job, self.prepared, self.on_end = key, job, prepared, on_end
+    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None],
+                 thinking: Thinking | None = None) -> None:  # fmt: skip
+        self.key, self.job, self.prepared, self.on_end, self.thinking = key, job, prepared, on_end, thinking
         self.t_arrival = time.perf_counter()
         self.cancelled = job.cancel  # the decoder checks it at every step
 
@@ -81,12 +87,14 @@ class Engine:
     def __init__(
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
         on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
         request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``)."""
         self.loaded = loaded
         self.parallel = parallel
         self.max_queue = max_queue
+        self.template_kwargs = template_kwargs or {}  # --chat-template-kwargs: a request's own win, key by key
         self.n_ctx_seq = loaded.model.n_ctx_seq
         self._on_finish = on_finish
         self._on_step = on_step
@@ -109,7 +117,7 @@ class Engine:
     def _prepare(self, request: CompletionRequest) -> Prepared:
         from localinfer import request as rq
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt
+        from localinfer.generate import build_prompt, reasoning_splitter
 
         model = self.loaded.model
         if isinstance(request.prompt, tuple):
@@ -121,13 +129,15 @@ class Engine:
             raise ApiError(400, f"{self.loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
         try:
             chat = request.kind == "chat"  # max_tokens: checked below
-            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat)
+            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat,
+                           chat_template_kwargs={**self.template_kwargs, **(request.chat_template_kwargs or {})},
+                           reasoning_format=request.reasoning_format)  # fmt: skip
             tokens, stops, _ = build_prompt(self.loaded, req, n_ctx=self.n_ctx_seq)
         except ContextOverflowError as exc:
             raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded") from None
         except (UsageError, TemplateRefusedError) as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
-        return self._checked(Prepared(request, tokens, stops))
+        return self._checked(Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens)))
 
     def _compiled(self, request: CompletionRequest) -> None:
         """Compile the request's format here, off the engine thread (the engine finds it in the model's
@@ -164,23 +174,28 @@ class Engine:
     def submit(
         self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None],
         on_logprobs: Callable[[str, list], None] | None = None,
+        on_reasoning: Callable[[str], None] | None = None,
     ) -> Ticket:  # fmt: skip
         """Queue a request (``on_text``: None when the text is wanted only at the end; ``on_logprobs``:
-        instead of it, a stream that asked for logprobs); ``Overloaded`` when more than ``max_queue``
-        would wait for a slot."""
+        instead of it, a stream that asked for logprobs; ``on_reasoning``: a reasoning model's
+        thinking); ``Overloaded`` when more than ``max_queue`` would wait for a slot."""
         from localinfer.engine.batch import SeqJob
 
         waiting = self._queue.qsize() - (self.parallel - self.running)
         if waiting >= self.max_queue:
             raise Overloaded()
         r = prepared.request
+        from localinfer.reasoning import Thinking
+
+        # a stream with logprobs gets its pieces through on_logprobs: its thinking stays inline
+        split = prepared.splitter if on_logprobs is None else None
+        thinking = None if split is None else Thinking(split, on_text, on_reasoning)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
-            r.ignore_eos, on_text=on_text, cancel=threading.Event(), cache_prompt=r.cache_prompt,
-            constraint=r.response_format,
-            logprobs=r.logprobs, on_logprobs=on_logprobs,
+            r.ignore_eos, on_text=on_text if thinking is None else thinking.feed, cancel=threading.Event(),
+            cache_prompt=r.cache_prompt, constraint=r.response_format, logprobs=r.logprobs, on_logprobs=on_logprobs,
         )  # fmt: skip
-        ticket = Ticket(job.key, job, prepared, on_end)
+        ticket = Ticket(job.key, job, prepared, on_end, thinking)
         self._queue.put(ticket)
         return ticket
 
@@ -291,10 +306,13 @@ class Engine:
         finish = st.finish_reason
         if finish == "stop" and st.document == "incomplete":  # a stop string inside the document cut it
             finish = "length"  # never "stop" for a document that does not parse (clients trust it)
-        self._end(ticket, Outcome(
+        outcome = Outcome(
             result.text, finish, st, queue_s=result.t_admit - ticket.t_arrival, ttft_s=ttft,
             total_s=result.t_end - ticket.t_arrival,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if ticket.thinking is not None:
+            outcome = _with_thinking(outcome, ticket.thinking, ticket.t_arrival)
+        self._end(ticket, outcome)
 
     def _end(self, ticket: Ticket, outcome: Outcome) -> None:
         try:
@@ -304,6 +322,18 @@ class Engine:
         finally:
             if self._on_finish is not None:
                 self._on_finish(ticket, outcome)
+
+
+def _with_thinking(raw: Outcome, thinking: Thinking, t_arrival: float) -> Outcome:
+    """``raw`` (the whole text) as answer and thinking; TTFT to the first answer text."""
+    import dataclasses
+
+    thinking.finish()
+    since = (lambda t: None if t is None else t - t_arrival)  # noqa: E731
+    return dataclasses.replace(
+        raw, text=thinking.split.answer, reasoning=thinking.split.reasoning or None, ttft_s=since(thinking.t_text),
+        reasoning_tokens=min(thinking.tokens, raw.stats.completion_tokens), reasoning_ttft_s=since(thinking.t_reasoning),
+    )  # fmt: skip
 
 
 def _report(exc: BaseException) -> None:

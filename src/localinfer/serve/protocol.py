@@ -61,6 +61,8 @@ class CompletionRequest:
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
     response_format: Format | None = None  # the answer must be this JSON or grammar (None: free text)
     format_field: str | None = None  # the field that asked for it (response_format | json_schema | grammar)
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's, llama-server's)
+    reasoning_format: str | None = None  # llama-server's: "none" keeps the thinking in content
     logprobs: int | None = None  # None: off; N: each token's log probability and the top N
 
 
@@ -152,6 +154,8 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
+    "chat_template_kwargs": rules.chat_template_kwargs,
+    "reasoning_format": rules.reasoning_format,
     **_IGNORED,
 }
 # One way to ask for a structured answer, on chat and completions alike: OpenAI's, or llama-server's
@@ -225,6 +229,8 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         cache_prompt=v.get("cache_prompt", True),
         response_format=_FORMATS[formats[0][0]](*formats[0]) if formats else None,
         format_field=formats[0][0] if formats else None,
+        chat_template_kwargs=v.get("chat_template_kwargs"),
+        reasoning_format=v.get("reasoning_format"),
         logprobs=rules.logprobs_fields(body.get("logprobs"), body.get("top_logprobs"), legacy=kind == "text"),
     )
 

@@ -33,7 +33,8 @@ class UsageWriter:
 
         request = ticket.prepared.request
         mode = "chat" if request.kind == "chat" else "raw"
-        result = Answer(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode)
+        result = Answer(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode,
+                        reasoning=outcome.reasoning, reasoning_tokens=outcome.reasoning_tokens)  # fmt: skip
         extra = {"endpoint": "chat" if request.kind == "chat" else "completions", "stream": request.stream,
                  "parallel": self.parallel, "queue_ms": round(outcome.queue_s * 1000.0, 3)}  # fmt: skip
         prompt = "\n".join(m["content"] for m in request.messages) if request.kind == "chat" else request.prompt

@@ -25,12 +25,15 @@ def sse(obj: Any) -> bytes:
 
 def usage(outcome: Outcome) -> dict[str, Any]:
     s = outcome.stats
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "total_tokens": s.prompt_tokens + s.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
     }
+    if outcome.reasoning_tokens is not None:  # OpenAI's name for the thinking's share
+        out["completion_tokens_details"] = {"reasoning_tokens": outcome.reasoning_tokens}
+    return out
 
 
 def timings(outcome: Outcome) -> dict[str, Any]:
@@ -51,7 +54,12 @@ def timings(outcome: Outcome) -> dict[str, Any]:
         "predicted_per_second": round(s.decode_tps, 3) if s.decode_tps else None,
         "queue_ms": round(outcome.queue_s * 1000.0, 3),
         "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000.0, 3),
+        **({} if outcome.reasoning_tokens is None else {"reasoning_ttft_ms": _ms(outcome.reasoning_ttft_s)}),
     }
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1000.0, 3)
 
 
 def legacy_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
@@ -110,6 +118,15 @@ class Answer:
             body.setdefault("usage", None)  # OpenAI's chunks say so until the last one
         return sse(body)
 
+    def reasoning_chunk(self, text: str) -> bytes:
+        """Thinking, streamed apart: ``delta.reasoning_content`` (llama-server's, DeepSeek's) and
+        ``delta.reasoning`` (Ollama's, newer vLLM's), the same text under both names."""
+        delta = {"reasoning_content": text, "reasoning": text}
+        body = {**self._head(True), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
     def text_chunks(self) -> tuple[bytes, bytes]:
         """The bytes around a piece's JSON string in a text chunk: json.dumps once per answer, not per token."""
         raw = self.chunk(_PIECE).decode()
@@ -126,8 +143,10 @@ class Answer:
     def whole(self, outcome: Outcome) -> dict[str, Any]:
         logprobs = self.logprobs(outcome.stats.logprobs)
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": logprobs,
-                      "finish_reason": outcome.finish_reason}  # fmt: skip
+            message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+            if outcome.reasoning is not None:
+                message.update(reasoning_content=outcome.reasoning, reasoning=outcome.reasoning)
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         else:
             choice = {"text": outcome.text, "index": 0, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}

@@ -64,6 +64,8 @@ def record_of(
     unknown = [k for k in ("prompt_tokens", "completion_tokens") if getattr(answer, k) is None]
     if unknown:
         extra = {**(extra or {}), "unknown": unknown}
+    if answer.reasoning_tokens is not None:  # of completion_tokens, a reasoning model's thinking
+        extra = {**(extra or {}), "reasoning_tokens": answer.reasoning_tokens}
     evaluated = answer.prompt_eval_tokens
     return UsageRecord(
         command=command,
