@@ -6,6 +6,10 @@ joins them at the next step, in the slot whose KV cache shares the longest prefi
 ``on_text`` as it is sampled, and its ``Outcome`` through ``on_end``; both are called on the engine
 thread, so they must be quick (``bridge`` hands them to the event loop). Cancelling a request frees
 its sequence at the next step.
+
+Embedding requests (``submit_embed``) wait in the same queue and run on the same thread, between two
+decoding steps, in an embedding context beside the generation one (made on first use): llama.cpp
+never runs two decodes at once on our model, and chat requests keep their order with them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from localinfer.serve.protocol import ApiError, CompletionRequest
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
+    from localinfer.engine.embed import Embedder
     from localinfer.generate import LoadedModel
 
 
@@ -50,6 +55,31 @@ class Outcome:
     ttft_s: float | None  # to the first token sampled
     total_s: float
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class EmbedOutcome:
+    """An embedding request's vectors (in input order) and tokens, or its ``error``."""
+
+    vectors: list[list[float]]
+    tokens: int
+    queue_s: float
+    total_s: float
+    error: str | None = None
+
+
+class EmbedTicket:
+    """An embedding request in the queue: token lists in, ``on_end(EmbedOutcome)`` out."""
+
+    __slots__ = ("inputs", "on_end", "t_arrival", "cancelled")
+
+    def __init__(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> None:
+        self.inputs, self.on_end = inputs, on_end
+        self.t_arrival = time.perf_counter()
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
 
 
 GATHER_S = 0.002  # an idle engine's first step waits this long for the next request of a burst...
@@ -81,16 +111,20 @@ class Engine:
     def __init__(
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
         on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
+        embed_ctx: int = 512,
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
-        request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``)."""
+        request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``).
+        ``embed_ctx``: the embedding context's tokens per decode (the longest input)."""
         self.loaded = loaded
         self.parallel = parallel
         self.max_queue = max_queue
         self.n_ctx_seq = loaded.model.n_ctx_seq
         self._on_finish = on_finish
         self._on_step = on_step
-        self._queue: queue.Queue[Ticket | None] = queue.Queue()
+        self.embed_ctx = embed_ctx
+        self._embedder: Embedder | None = None  # made by the engine thread on first use
+        self._queue: queue.Queue[Ticket | EmbedTicket | None] = queue.Queue()
         self._running: dict[int, Ticket] = {}
         self._keys = itertools.count()
         self._decoder: BatchDecoder | None = None
@@ -158,6 +192,15 @@ class Engine:
         self._queue.put(ticket)
         return ticket
 
+    def submit_embed(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> EmbedTicket:
+        """Queue an embedding request (token lists that fit ``embed_ctx``); ``Overloaded`` as ``submit``."""
+        waiting = self._queue.qsize() - (self.parallel - self.running)
+        if waiting >= self.max_queue:
+            raise Overloaded()
+        ticket = EmbedTicket(inputs, on_end)
+        self._queue.put(ticket)
+        return ticket
+
     # -- figures (any thread) --------------------------------------------------------------------------
     @property
     def running(self) -> int:
@@ -184,7 +227,7 @@ class Engine:
         """Cancel every running and waiting request (their answers end as ``interrupted``)."""
         for ticket in list(self._running.values()) + list(self._queue.queue):
             if ticket is not None:
-                ticket.cancel()
+                ticket.cancel()  # an embedding request cancelled is answered as an error
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel what is left, end the engine thread and free the model."""
@@ -192,6 +235,8 @@ class Engine:
         self._queue.put(None)
         self._thread.join(timeout)
         if not self._thread.is_alive():
+            if self._embedder is not None:
+                self._embedder.close()  # before the model it was made on
             self.loaded.close()
 
     # -- the engine thread ------------------------------------------------------------------------------
@@ -238,6 +283,9 @@ class Engine:
                 continue
             if ticket is None:
                 return
+            if isinstance(ticket, EmbedTicket):
+                self._embed(ticket)
+                continue
             if ticket.cancelled is not None and ticket.cancelled.is_set():
                 self._end(ticket, _failed(ticket, None, "interrupted"))
                 continue
@@ -254,6 +302,26 @@ class Engine:
                 if not self._arriving:
                     raise
         raise queue.Empty
+
+    def _embed(self, ticket: EmbedTicket) -> None:
+        """Run an embedding request now, between two decoding steps (engine thread)."""
+        from localinfer.engine.embed import Embedder
+
+        t0 = time.perf_counter()
+        vectors: list[list[float]] = []
+        error = "the request was cancelled" if ticket.cancelled.is_set() else None
+        if error is None:
+            try:
+                if self._embedder is None:
+                    self._embedder = Embedder(self.loaded.model, n_ctx=self.embed_ctx)
+                vectors = self._embedder.embed(ticket.inputs)
+            except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
+                error = f"{type(exc).__name__}: {exc}"
+        now = time.perf_counter()
+        outcome = EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error)
+        ticket.on_end(outcome)
+        if self._on_step is not None:
+            self._on_step()
 
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)
