@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
-
-if TYPE_CHECKING:
-    from localinfer.backends import Backend
 
 Input = "str | Sequence[int]"  # a text, or token ids
 CHUNK = 256  # inputs handed to a backend at once: progress and output come per chunk
@@ -93,6 +90,12 @@ def _json_line(line: str, number: int) -> EmbedItem:
     return EmbedItem(rid, number, text=text)
 
 
+class Embeds(Protocol):
+    """What ``run`` needs of a backend (``localinfer.backends.Backend``, which imports this module)."""
+
+    def embeddings(self, inputs: Sequence[str], **options: Any) -> list[Embedding]: ...
+
+
 @dataclass
 class EmbedSummary:
     inputs: int = 0
@@ -103,7 +106,7 @@ class EmbedSummary:
 
 def run(
     items: Sequence[EmbedItem],
-    backend: Backend,
+    backend: Embeds,
     write: Callable[[dict[str, Any]], None],
     *,
     normalize: bool = True,
