@@ -162,3 +162,61 @@ def test_base64_is_little_endian_float32_as_the_openai_client_decodes_it():
     assert body["usage"] == {"prompt_tokens": 4, "total_tokens": 4} and body["object"] == "list"
     plain = response("m", EmbeddingRequest(None, ("x",)), EmbedOutcome([vec], 4, 0.0, 0.0))
     assert plain["data"] == [{"object": "embedding", "index": 0, "embedding": vec}]
+
+
+# -- the server's engine thread -------------------------------------------------------------------
+class FakeEmbedder:
+    def __init__(self) -> None:
+        self.calls: list[list[list[int]]] = []
+
+    def embed(self, inputs):
+        self.calls.append(inputs)
+        return [[float(len(t))] for t in inputs]
+
+
+def _engine(max_queue: int = 4):
+    from types import SimpleNamespace
+
+    from localinfer.serve.engine import Engine
+
+    loaded = SimpleNamespace(name="m", model=SimpleNamespace(n_ctx_seq=64), template=None)
+    engine = Engine(loaded, 2, max_queue=max_queue)  # type: ignore[arg-type]
+    engine._embedder = FakeEmbedder()  # type: ignore[assignment]
+    return engine
+
+
+def test_an_idle_engine_wakes_for_an_embedding_and_then_takes_the_next_chat():
+    import threading
+    from types import SimpleNamespace
+
+    engine = _engine()
+    decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
+    source = engine._source(decoder)  # type: ignore[arg-type]
+    ends = []
+    engine.submit_embed([[1, 2, 3], [4]], ends.append)
+    engine._queue.put(SimpleNamespace(key="chat", job="chat-job", cancelled=threading.Event()))
+    assert engine.queued == 2  # one chat, one embedding
+    assert next(source) == "chat-job"  # the embedding ran first, on this (the engine's) thread
+    assert [(e.vectors, e.tokens, e.error) for e in ends] == [([[3.0], [1.0]], 4, None)]
+    assert engine.queued == 0
+
+
+def test_a_busy_engine_runs_embeddings_before_its_next_decode_and_bounds_them():
+    from localinfer.serve.engine import Overloaded
+
+    engine = _engine(max_queue=2)
+    ends = []
+    steps = []
+    engine._on_step = lambda: steps.append(len(ends))
+    engine.submit_embed([[1]], ends.append)
+    engine.submit_embed([[1, 1]], ends.append)
+    with pytest.raises(Overloaded):
+        engine.submit_embed([[1]], ends.append)
+    assert engine._waiting_chats() == 0  # the wake-up markers are no chat requests
+    engine._before_decode()  # what the decoder calls just before each llama_decode
+    assert [e.vectors for e in ends] == [[[1.0]], [[2.0]]] and steps[-1] == 2
+    engine.submit_embed([[5, 5]], ends.append)
+    engine.cancel_all()
+    engine._before_decode()
+    assert ends[-1].error == "the request was cancelled" and ends[-1].vectors == []
+    assert len(engine._embedder.calls) == 2  # type: ignore[union-attr]

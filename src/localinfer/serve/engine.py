@@ -7,13 +7,15 @@ joins them at the next step, in the slot whose KV cache shares the longest prefi
 thread, so they must be quick (``bridge`` hands them to the event loop). Cancelling a request frees
 its sequence at the next step.
 
-Embedding requests (``submit_embed``) wait in the same queue and run on the same thread, between two
-decoding steps, in an embedding context beside the generation one (made on first use): llama.cpp
-never runs two decodes at once on our model, and chat requests keep their order with them.
+Embedding requests (``submit_embed``) run on the same thread, in an embedding context beside the
+generation one (made on first use), just before the next decoding step - or at once when nothing
+decodes (a marker in the queue wakes the thread): llama.cpp never runs two decodes at once on our
+model, and an embedding needs no sequence, so it waits for none to free up.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -82,6 +84,7 @@ class EmbedTicket:
         self.cancelled.set()
 
 
+_WAKE = object()  # in the queue: embedding requests are waiting (``Engine._embeds``)
 GATHER_S = 0.002  # an idle engine's first step waits this long for the next request of a burst...
 GATHER_MAX_S = 0.05  # ...and at most this long in all, while requests are still being prepared
 
@@ -124,7 +127,8 @@ class Engine:
         self._on_step = on_step
         self.embed_ctx = embed_ctx
         self._embedder: Embedder | None = None  # made by the engine thread on first use
-        self._queue: queue.Queue[Ticket | EmbedTicket | None] = queue.Queue()
+        self._queue: queue.Queue[Ticket | object | None] = queue.Queue()
+        self._embeds: collections.deque[EmbedTicket] = collections.deque()
         self._running: dict[int, Ticket] = {}
         self._keys = itertools.count()
         self._decoder: BatchDecoder | None = None
@@ -180,8 +184,7 @@ class Engine:
         when more than ``max_queue`` would wait for a slot."""
         from localinfer.engine.batch import SeqJob
 
-        waiting = self._queue.qsize() - (self.parallel - self.running)
-        if waiting >= self.max_queue:
+        if self._waiting_chats() - (self.parallel - self.running) >= self.max_queue:
             raise Overloaded()
         r = prepared.request
         job = SeqJob(
@@ -193,13 +196,17 @@ class Engine:
         return ticket
 
     def submit_embed(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> EmbedTicket:
-        """Queue an embedding request (token lists that fit ``embed_ctx``); ``Overloaded`` as ``submit``."""
-        waiting = self._queue.qsize() - (self.parallel - self.running)
-        if waiting >= self.max_queue:
+        """Queue an embedding request (token lists that fit ``embed_ctx``); ``Overloaded`` when
+        ``max_queue`` of them wait already."""
+        if len(self._embeds) >= self.max_queue:
             raise Overloaded()
         ticket = EmbedTicket(inputs, on_end)
-        self._queue.put(ticket)
+        self._embeds.append(ticket)
+        self._queue.put(_WAKE)
         return ticket
+
+    def _waiting_chats(self) -> int:
+        return sum(t is not _WAKE and t is not None for t in list(self._queue.queue))
 
     # -- figures (any thread) --------------------------------------------------------------------------
     @property
@@ -208,7 +215,7 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return max(0, self._queue.qsize())
+        return self._waiting_chats() + len(self._embeds)
 
     @property
     def cells_used(self) -> int:
@@ -225,8 +232,8 @@ class Engine:
 
     def cancel_all(self) -> None:
         """Cancel every running and waiting request (their answers end as ``interrupted``)."""
-        for ticket in list(self._running.values()) + list(self._queue.queue):
-            if ticket is not None:
+        for ticket in list(self._running.values()) + list(self._queue.queue) + list(self._embeds):
+            if isinstance(ticket, (Ticket, EmbedTicket)):
                 ticket.cancel()  # an embedding request cancelled is answered as an error
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -246,7 +253,7 @@ class Engine:
         while True:
             try:
                 with BatchDecoder(self.loaded.model, self.parallel, keep_cache=True) as decoder:
-                    decoder.before_decode = self._on_step
+                    decoder.before_decode = self._before_decode
                     self._decoder = decoder
                     for result in decoder.run(self._source(decoder)):
                         self._finish(result)
@@ -282,9 +289,10 @@ class Engine:
                 yield None
                 continue
             if ticket is None:
+                self._run_embeds()  # cancelled by stop(): answered, not left waiting
                 return
-            if isinstance(ticket, EmbedTicket):
-                self._embed(ticket)
+            if ticket is _WAKE:
+                self._run_embeds()
                 continue
             if ticket.cancelled is not None and ticket.cancelled.is_set():
                 self._end(ticket, _failed(ticket, None, "interrupted"))
@@ -303,8 +311,18 @@ class Engine:
                     raise
         raise queue.Empty
 
+    def _before_decode(self) -> None:
+        if self._embeds:
+            self._run_embeds()
+        if self._on_step is not None:
+            self._on_step()
+
+    def _run_embeds(self) -> None:
+        """Run the waiting embedding requests now, between two decoding steps (engine thread)."""
+        while self._embeds:
+            self._embed(self._embeds.popleft())
+
     def _embed(self, ticket: EmbedTicket) -> None:
-        """Run an embedding request now, between two decoding steps (engine thread)."""
         from localinfer.engine.embed import Embedder
 
         t0 = time.perf_counter()
