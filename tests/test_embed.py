@@ -220,3 +220,20 @@ def test_a_busy_engine_runs_embeddings_before_its_next_decode_and_bounds_them():
     engine._before_decode()
     assert ends[-1].error == "the request was cancelled" and ends[-1].vectors == []
     assert len(engine._embedder.calls) == 2  # type: ignore[union-attr]
+
+
+def test_a_served_embedding_request_is_one_usage_row_with_its_tokens(isolated_home):
+    import json
+    import sqlite3
+    from types import SimpleNamespace
+
+    from localinfer.serve.engine import EmbedOutcome
+    from localinfer.serve.record import UsageWriter
+
+    writer = UsageWriter(SimpleNamespace(sha256="abc"), "m", 2)  # type: ignore[arg-type]
+    writer.add_embedding(EmbedOutcome([[0.1], [0.2], [0.3]], 17, 0.002, 0.05))
+    writer.close()
+    rows = sqlite3.connect(isolated_home / "history.db").execute(
+        "SELECT command, model, model_sha256, prompt_tokens, completion_tokens, total_ms, extra FROM requests").fetchall()  # fmt: skip
+    assert [r[:6] for r in rows] == [("serve", "m", "abc", 17, 0, 50.0)]
+    assert json.loads(rows[0][6]) == {"endpoint": "embeddings", "inputs": 3, "queue_ms": 2.0}

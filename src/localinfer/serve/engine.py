@@ -114,11 +114,12 @@ class Engine:
     def __init__(
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
         on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
-        embed_ctx: int = 512,
+        embed_ctx: int = 512, on_embedded: Callable[[EmbedOutcome], None] | None = None,
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
         request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``).
-        ``embed_ctx``: the embedding context's tokens per decode (the longest input)."""
+        ``embed_ctx``: the embedding context's tokens per decode (the longest input); ``on_embedded``:
+        called on the engine thread after each embedding request (the usage history)."""
         self.loaded = loaded
         self.parallel = parallel
         self.max_queue = max_queue
@@ -126,6 +127,7 @@ class Engine:
         self._on_finish = on_finish
         self._on_step = on_step
         self.embed_ctx = embed_ctx
+        self._on_embedded = on_embedded
         self._embedder: Embedder | None = None  # made by the engine thread on first use
         self._queue: queue.Queue[Ticket | object | None] = queue.Queue()
         self._embeds: collections.deque[EmbedTicket] = collections.deque()
@@ -337,9 +339,13 @@ class Engine:
                 error = f"{type(exc).__name__}: {exc}"
         now = time.perf_counter()
         outcome = EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error)
-        ticket.on_end(outcome)
-        if self._on_step is not None:
-            self._on_step()
+        try:
+            ticket.on_end(outcome)
+            if self._on_step is not None:
+                self._on_step()
+        finally:
+            if self._on_embedded is not None:
+                self._on_embedded(outcome)
 
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)
