@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
 
-Input = "str | Sequence[int]"  # a text, or token ids
 CHUNK = 256  # inputs handed to a backend at once: progress and output come per chunk
 
 
