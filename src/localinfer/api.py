@@ -41,6 +41,7 @@ class Response:
     finish_reason: str | None
     stats: Stats
     result: Result
+    logprobs: list[dict[str, Any]] | None = None  # asked with logprobs=N: one entry per answer token
 
 
 Messages = Sequence[dict[str, Any]]
@@ -104,10 +105,13 @@ class Model(LocalBackend):
         on_overflow: str = "error",
         ignore_eos: bool = False,
         sampling: SamplingOptions | None = None,
+        logprobs: int | None = None,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
-        ``sampling``: all the sampler's settings at once, instead of one by one."""
+        ``sampling``: all the sampler's settings at once, instead of one by one. ``logprobs=N``:
+        each answer token's log probability and the N likeliest alternatives (0-20), in
+        ``Response.logprobs`` (OpenAI's content shape)."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -115,7 +119,8 @@ class Model(LocalBackend):
         # A base model never chooses to stop a plain completion: without a limit it writes until
         # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
-                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
+                               logprobs=logprobs)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""
@@ -134,7 +139,7 @@ class Model(LocalBackend):
         for last in self.stream(prompt, **options):
             pass
         assert last.result is not None and last.stats is not None
-        return Response(last.result.text, last.result.finish_reason, last.result, last.result)
+        return Response(last.result.text, last.result.finish_reason, last.result, last.result, last.result.logprobs)
 
     def chat(self, messages: Messages, **options: Any) -> Response:
         """The assistant's reply to a conversation (a list of ``{"role", "content"}``)."""

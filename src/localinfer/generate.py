@@ -211,7 +211,7 @@ class Generation:
         self.result = Answer("", loaded.name, stats, load_s, mode=request.mode, plan=loaded.plan, buffers=loaded.buffers)
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
-            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
+            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos, logprobs=request.logprobs,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
@@ -226,6 +226,10 @@ class Generation:
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
             result.text = "".join(pieces)
+            if result.stats is not None and result.stats.logprobs is not None:  # aligned with the text returned
+                from localinfer.engine.logprobs import trim
+
+                result.logprobs = trim(result.stats.logprobs, result.text)
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
 

@@ -29,6 +29,7 @@ class Request:
     sampling: SamplingOptions = SamplingOptions()
     on_overflow: str = "error"  # error | truncate
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; N: each answer token's log probability and the top N (0-20)
 
     @property
     def mode(self) -> str:
@@ -56,18 +57,26 @@ def build(
     stop: Sequence[str] = (),
     on_overflow: str = "error",
     ignore_eos: bool = False,
+    logprobs: int | None = None,
 ) -> Request:
     """``messages`` are used as given (``system`` is for a prompt); a ``prompt`` becomes a user
     message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
     model without a chat template), the text after the system prompt and a blank line.
-    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error."""
+    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error,
+    and so is a ``logprobs`` out of rules.py's bounds."""
+    from localinfer.errors import UsageError
     from localinfer.limits import require_utf8
+    from localinfer.rules import RuleError, top_logprobs
 
     for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
         if isinstance(text, str):
             require_utf8(text, what)
-    common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
-                                  on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+    try:
+        n_top = top_logprobs(logprobs, name="logprobs")
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None
+    common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling, on_overflow=on_overflow,
+                                  ignore_eos=ignore_eos, logprobs=n_top)  # fmt: skip
     if messages is not None:
         return Request(messages=tuple(messages), **common)
     text = prompt or ""
@@ -90,6 +99,7 @@ class BatchRequest:
     temperature: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] | None = None
+    logprobs: int | None = None  # the line's top N (its logprobs/top_logprobs fields); None: the command's
     ignore_eos: bool = False  # not settable from the input; for benchmarks
     sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
 

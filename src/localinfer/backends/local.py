@@ -99,7 +99,7 @@ class LocalBackend(Backend):
                     continue
                 started[index] = (item, t0, dropped, request.mode)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
-                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos)
+                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos, logprobs=request.logprobs)
 
         try:
             if stats is not None:
@@ -113,7 +113,8 @@ class LocalBackend(Backend):
                     continue
                 res.stats.truncated_tokens = dropped
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode)
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
+                                logprobs=res.stats.logprobs)  # fmt: skip
                 yield BatchResult(res.key, item.id, item.line, answer)
             while outbox:
                 yield outbox.popleft()

@@ -55,7 +55,7 @@ class RemoteBackend(Backend):
 
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
         return request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
-                            ignore_eos=request.ignore_eos, **text)  # fmt: skip
+                            ignore_eos=request.ignore_eos, logprobs=request.logprobs, **text)  # fmt: skip
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
         from localinfer.answer import Answer

@@ -83,6 +83,8 @@ class GenerationStats:
     truncated_tokens: int = 0  # dropped from the prompt by --on-overflow truncate
     n_ctx: int = 0
     context_used: int = 0  # tokens in the context when the request ended
+    # asked for (SeqJob.logprobs): one entry per counted token, OpenAI's content shape (engine.logprobs)
+    logprobs: list[dict[str, Any]] | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -125,6 +127,9 @@ class SeqJob:
     on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
     cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
     cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached prefix
+    logprobs: int | None = None  # None: off; N: each token's log probability and the top N (0-20)
+    # with logprobs, instead of on_text: each piece of text with the entries of the tokens it holds
+    on_logprobs: Callable[[str, list[dict[str, Any]]], None] | None = None
 
 
 @dataclass

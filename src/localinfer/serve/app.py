@@ -189,13 +189,15 @@ async def _complete(request: Request, kind: str) -> Response:
             prepared = await run_in_threadpool(engine.prepare, req)
             assert state.hub is not None
             channel: Channel[Outcome] = Channel(state.hub)
-            ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close)
+            with_logprobs = req.stream and req.logprobs is not None
+            extra = {"on_logprobs": channel.push_logprobs} if with_logprobs else {}  # a stream's pieces with their entries
+            ticket = engine.submit(prepared, channel.push if req.stream and not with_logprobs else None, channel.close, **extra)
     except Overloaded:
         return error_response(_overloaded(state))
     except ApiError as exc:
         return error_response(exc)
     answer = Answer.new(kind, state.names[0], req.include_usage)
-    return AnswerResponse(ticket, channel, answer, req.stream)  # type: ignore[return-value]
+    return AnswerResponse(ticket, channel, answer, req.stream, req.logprobs is not None)  # type: ignore[return-value]
 
 
 async def embeddings(request: Request) -> Response:
@@ -251,8 +253,9 @@ class AnswerResponse:
     """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool) -> None:
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool, logprobs: bool = False) -> None:
         self.ticket, self.channel, self.answer, self.stream = ticket, channel, answer, stream
+        self.logprobs = logprobs  # a stream whose chunks carry their tokens' log probabilities
         self.gone = False
         self.ended = False  # the engine's outcome arrived
 
@@ -280,11 +283,17 @@ class AnswerResponse:
         if answer.kind == "chat":  # OpenAI's first chunk names the role
             await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
         before, after = answer.text_chunks()
+        offset = 0  # characters sent: the completions API's text_offset
         while True:
-            text, end = await self.channel.get()
+            if self.logprobs:
+                text, entries, end = await self.channel.get_logprobs()
+                body = answer.chunk(text, logprobs=answer.logprobs(entries, offset)) if text or entries else b""
+                offset += len(text)
+            else:
+                text, end = await self.channel.get()
+                body = before + encode_basestring(text).encode() + after if text else b""
             if self.gone:
                 return 499
-            body = before + encode_basestring(text).encode() + after if text else b""
             if end is not None:
                 self.ended = True
                 body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
