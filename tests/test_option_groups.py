@@ -19,11 +19,12 @@ LOAD_COMMANDS = {
     "chat": (),
     "batch": ("ctx_size",),  # per sequence
     "serve": ("ctx_size",),  # per sequence
+    "embed": ("ctx_size",),  # the embedding context (the longest input)
     "bench": ("ctx_size", "threads", "gpu_layers", "batch_size", "mlock"),  # lists to sweep; no --mlock
 }
 SAMPLING_COMMANDS = ("run", "chat", "batch")
 COST_COMMANDS = ("bench", "stats")
-SERVER_COMMANDS = ("run", "chat", "batch", "bench")
+SERVER_COMMANDS = ("run", "chat", "batch", "bench", "embed")
 
 
 def _commands() -> dict:
@@ -128,7 +129,7 @@ BAD_VALUES = [
     (("--gpu-layers", "lots"), "Error: --gpu-layers must be auto, all or a number, not 'lots'"),
     (("--rpc", "nohost"), "Error: --rpc takes HOST:PORT[,HOST:PORT...], not 'nohost'"),
 ]
-COMMAND_ARGS = {"run": ["-p", "hi"], "chat": [], "batch": ["missing-input.jsonl"], "serve": [], "bench": []}
+COMMAND_ARGS = {"run": ["-p", "hi"], "chat": [], "batch": ["missing-input.jsonl"], "serve": [], "bench": [], "embed": ["missing-input.txt"]}
 
 
 @pytest.mark.parametrize(("flag", "line"), BAD_VALUES, ids=[f for (f, _), _ in BAD_VALUES])

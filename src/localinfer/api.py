@@ -88,7 +88,8 @@ class Stream:
 
 class Model(LocalBackend):
     """A model loaded for answering (``localinfer.load``): the engine's backend, with the library's
-    conveniences. Close it, or use it as a context manager, to free its memory at once."""
+    conveniences; ``embed(texts) -> list[list[float]]`` embeds (the backend's, in an embedding context
+    made on first use). Close it, or use it as a context manager, to free its memory at once."""
 
     @property
     def has_chat_template(self) -> bool:

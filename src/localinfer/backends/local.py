@@ -1,11 +1,12 @@
 """The engine here as a :class:`~localinfer.backends.Backend`: one sequence per answer (``generate``),
-or many decoded together (``engine.batch.BatchDecoder``) for batch."""
+or many decoded together (``engine.batch.BatchDecoder``) for batch; embeddings in a context of their
+own beside the generation one (``engine.embed.Embedder``, made on first use)."""
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.backends import Backend, Items, OnText, ToRequest
@@ -15,7 +16,9 @@ if TYPE_CHECKING:
     from localinfer.answer import Answer
     from localinfer.request import BatchRequest, InputError
     from localinfer.answer import BatchResult
+    from localinfer.embedding import Embedding
     from localinfer.engine.batch import BatchStats, SeqJob
+    from localinfer.engine.embed import Embedder
     from localinfer.generate import LoadedModel
     from localinfer.reasoning import Thinking
     from localinfer.request import Request
@@ -34,6 +37,8 @@ class LocalBackend(Backend):
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
         self.load_s = loaded.load_s
+        self._embedder: Embedder | None = None
+        self._embedder_key: tuple[str | None, int | None] = (None, None)
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -133,8 +138,49 @@ class LocalBackend(Backend):
         finally:
             decoder.close()
 
+    def embedder(self, pooling: str | None = None, n_ctx: int | None = None) -> Embedder:
+        """The embedding context for ``pooling`` and ``n_ctx`` (None: the defaults), made on first use
+        and made again only when they change."""
+        from localinfer.engine.embed import Embedder
+
+        key = (pooling, n_ctx)
+        if self._embedder is None or self._embedder_key != key:
+            self.close_embedder()
+            self._embedder = Embedder(self.loaded.model, n_ctx=n_ctx, pooling=pooling)
+            self._embedder_key = key
+        return self._embedder
+
+    def embeddings(
+        self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True, pooling: str | None = None,
+        truncate: bool = False, n_ctx: int | None = None, on_done: Callable[[int], None] | None = None,
+    ) -> list[Embedding]:  # fmt: skip
+        from localinfer.embedding import Embedding
+
+        embedder = self.embedder(pooling, n_ctx)
+        out: list[Embedding | None] = [None] * len(inputs)
+        todo: list[tuple[int, list[int], int]] = []
+        for i, item in enumerate(inputs):
+            try:
+                tokens, dropped = embedder.tokens_of(item, truncate=truncate)
+            except (UsageError, ContextOverflowError) as exc:
+                out[i] = Embedding(None, error=str(exc), exc=exc)
+                continue
+            todo.append((i, tokens, dropped))
+        if on_done is not None and len(todo) < len(inputs):
+            on_done(len(inputs) - len(todo))
+        vectors = embedder.embed([t for _, t, _ in todo], normalize=normalize, on_done=on_done)
+        for (i, tokens, dropped), vec in zip(todo, vectors):
+            out[i] = Embedding(vec, len(tokens), dropped)
+        return out  # type: ignore[return-value]
+
+    def close_embedder(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
+
     def reset(self) -> None:
         self.loaded.model.reset()
 
     def close(self) -> None:
+        self.close_embedder()  # before the model it was made on
         self.loaded.close()

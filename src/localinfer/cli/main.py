@@ -23,6 +23,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "pull",
     "models",
     "batch",
+    "embed",
     "serve",
     "ps",
     "bench",

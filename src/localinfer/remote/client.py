@@ -245,6 +245,19 @@ class Client:
             raise RemoteError(f"{self.ep.display} serves no model (its /models list is empty)", fatal=True)
         return ids[0]
 
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One JSON request, one JSON object back (``embeddings``); an error answer raises."""
+        try:
+            r = self._http.post(self.ep.url(path), json=body)
+            data = r.json() if r.status_code == 200 else None
+        except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+            raise (_translate(exc, self.ep, started=True) or exc) from None
+        if r.status_code != 200:
+            raise status_error(r.status_code, r.content, r.headers, self.ep)
+        if not isinstance(data, dict):
+            raise ProtocolError(f"{self.ep.display}/{path} answered {type(data).__name__}, not a JSON object")
+        return data
+
     def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Outcome:
         """Send one streaming request; ``on_text`` gets each piece of text as it comes (``on_reasoning``
         a reasoning model's thinking, where the server sends it apart)."""

@@ -6,10 +6,16 @@ joins them at the next step, in the slot whose KV cache shares the longest prefi
 ``on_text`` as it is sampled, and its ``Outcome`` through ``on_end``; both are called on the engine
 thread, so they must be quick (``bridge`` hands them to the event loop). Cancelling a request frees
 its sequence at the next step.
+
+Embedding requests (``submit_embed``) run on the same thread, in an embedding context beside the
+generation one (made on first use), just before the next decoding step - or at once when nothing
+decodes (a marker in the queue wakes the thread): llama.cpp never runs two decodes at once on our
+model, and an embedding needs no sequence, so it waits for none to free up.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -26,6 +32,7 @@ from localinfer.serve.protocol import ApiError, CompletionRequest
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
+    from localinfer.engine.embed import Embedder
     from localinfer.generate import LoadedModel
     from localinfer.reasoning import Splitter, Thinking
 
@@ -57,6 +64,32 @@ class Outcome:
     reasoning_ttft_s: float | None = None  # to the first piece of thinking
 
 
+@dataclass(frozen=True)
+class EmbedOutcome:
+    """An embedding request's vectors (in input order) and tokens, or its ``error``."""
+
+    vectors: list[list[float]]
+    tokens: int
+    queue_s: float
+    total_s: float
+    error: str | None = None
+
+
+class EmbedTicket:
+    """An embedding request in the queue: token lists in, ``on_end(EmbedOutcome)`` out."""
+
+    __slots__ = ("inputs", "on_end", "t_arrival", "cancelled")
+
+    def __init__(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> None:
+        self.inputs, self.on_end = inputs, on_end
+        self.t_arrival = time.perf_counter()
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+_WAKE = object()  # in the queue: embedding requests are waiting (``Engine._embeds``)
 GATHER_S = 0.002  # an idle engine's first step waits this long for the next request of a burst...
 GATHER_MAX_S = 0.05  # ...and at most this long in all, while requests are still being prepared
 
@@ -88,9 +121,12 @@ class Engine:
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
         on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        embed_ctx: int = 512, on_embedded: Callable[[EmbedOutcome], None] | None = None,
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
-        request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``)."""
+        request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``).
+        ``embed_ctx``: the embedding context's tokens per decode (the longest input); ``on_embedded``:
+        called on the engine thread after each embedding request (the usage history)."""
         self.loaded = loaded
         self.parallel = parallel
         self.max_queue = max_queue
@@ -98,7 +134,11 @@ class Engine:
         self.n_ctx_seq = loaded.model.n_ctx_seq
         self._on_finish = on_finish
         self._on_step = on_step
-        self._queue: queue.Queue[Ticket | None] = queue.Queue()
+        self.embed_ctx = embed_ctx
+        self._on_embedded = on_embedded
+        self._embedder: Embedder | None = None  # made by the engine thread on first use
+        self._queue: queue.Queue[Ticket | object | None] = queue.Queue()
+        self._embeds: collections.deque[EmbedTicket] = collections.deque()
         self._running: dict[int, Ticket] = {}
         self._keys = itertools.count()
         self._decoder: BatchDecoder | None = None
@@ -181,8 +221,7 @@ class Engine:
         thinking); ``Overloaded`` when more than ``max_queue`` would wait for a slot."""
         from localinfer.engine.batch import SeqJob
 
-        waiting = self._queue.qsize() - (self.parallel - self.running)
-        if waiting >= self.max_queue:
+        if self._waiting_chats() - (self.parallel - self.running) >= self.max_queue:
             raise Overloaded()
         r = prepared.request
         from localinfer.reasoning import Thinking
@@ -199,6 +238,19 @@ class Engine:
         self._queue.put(ticket)
         return ticket
 
+    def submit_embed(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> EmbedTicket:
+        """Queue an embedding request (token lists that fit ``embed_ctx``); ``Overloaded`` when
+        ``max_queue`` of them wait already."""
+        if len(self._embeds) >= self.max_queue:
+            raise Overloaded()
+        ticket = EmbedTicket(inputs, on_end)
+        self._embeds.append(ticket)
+        self._queue.put(_WAKE)
+        return ticket
+
+    def _waiting_chats(self) -> int:
+        return sum(t is not _WAKE and t is not None for t in list(self._queue.queue))
+
     # -- figures (any thread) --------------------------------------------------------------------------
     @property
     def running(self) -> int:
@@ -206,7 +258,7 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return max(0, self._queue.qsize())
+        return self._waiting_chats() + len(self._embeds)
 
     @property
     def cells_used(self) -> int:
@@ -223,9 +275,9 @@ class Engine:
 
     def cancel_all(self) -> None:
         """Cancel every running and waiting request (their answers end as ``interrupted``)."""
-        for ticket in list(self._running.values()) + list(self._queue.queue):
-            if ticket is not None:
-                ticket.cancel()
+        for ticket in list(self._running.values()) + list(self._queue.queue) + list(self._embeds):
+            if isinstance(ticket, (Ticket, EmbedTicket)):
+                ticket.cancel()  # an embedding request cancelled is answered as an error
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel what is left, end the engine thread and free the model."""
@@ -233,6 +285,8 @@ class Engine:
         self._queue.put(None)
         self._thread.join(timeout)
         if not self._thread.is_alive():
+            if self._embedder is not None:
+                self._embedder.close()  # before the model it was made on
             self.loaded.close()
 
     # -- the engine thread ------------------------------------------------------------------------------
@@ -242,7 +296,7 @@ class Engine:
         while True:
             try:
                 with BatchDecoder(self.loaded.model, self.parallel, keep_cache=True) as decoder:
-                    decoder.before_decode = self._on_step
+                    decoder.before_decode = self._before_decode
                     self._decoder = decoder
                     for result in decoder.run(self._source(decoder)):
                         self._finish(result)
@@ -278,7 +332,11 @@ class Engine:
                 yield None
                 continue
             if ticket is None:
+                self._run_embeds()  # cancelled by stop(): answered, not left waiting
                 return
+            if ticket is _WAKE:
+                self._run_embeds()
+                continue
             if ticket.cancelled is not None and ticket.cancelled.is_set():
                 self._end(ticket, _failed(ticket, None, "interrupted"))
                 continue
@@ -295,6 +353,40 @@ class Engine:
                 if not self._arriving:
                     raise
         raise queue.Empty
+
+    def _before_decode(self) -> None:
+        if self._embeds:
+            self._run_embeds()
+        if self._on_step is not None:
+            self._on_step()
+
+    def _run_embeds(self) -> None:
+        """Run the waiting embedding requests now, between two decoding steps (engine thread)."""
+        while self._embeds:
+            self._embed(self._embeds.popleft())
+
+    def _embed(self, ticket: EmbedTicket) -> None:
+        from localinfer.engine.embed import Embedder
+
+        t0 = time.perf_counter()
+        vectors: list[list[float]] = []
+        error = "the request was cancelled" if ticket.cancelled.is_set() else None
+        if error is None:
+            try:
+                if self._embedder is None:
+                    self._embedder = Embedder(self.loaded.model, n_ctx=self.embed_ctx)
+                vectors = self._embedder.embed(ticket.inputs)
+            except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
+                error = f"{type(exc).__name__}: {exc}"
+        now = time.perf_counter()
+        outcome = EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error)
+        try:
+            ticket.on_end(outcome)
+            if self._on_step is not None:
+                self._on_step()
+        finally:
+            if self._on_embedded is not None:
+                self._on_embedded(outcome)
 
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)
