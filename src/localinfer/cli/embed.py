@@ -45,7 +45,7 @@ def embed(
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalize each vector (as OpenAI's API does).", rich_help_panel=_EMBED)] = True,
     pooling: Annotated[Optional[Pooling], typer.Option("--pooling", help="How token vectors become one. Default: the GGUF's pooling_type, else mean.", rich_help_panel=_EMBED, show_default=False)] = None,
     truncate: Annotated[bool, typer.Option("--truncate", help="Cut an input longer than the context to fit (else it gets an error record).", rich_help_panel=_EMBED)] = False,
-    input_format: Annotated[InputFormat, typer.Option("--format", help="Input format; auto: JSONL if the first line starts with '{'.", rich_help_panel=_EMBED)] = InputFormat.auto,
+    input_format: Annotated[InputFormat, typer.Option("--input-format", help="Input format (as batch's); auto: JSONL if the first line starts with '{'.", rich_help_panel=_EMBED)] = InputFormat.auto,
     ctx_size: EmbedCtxOpt = None,
     base: o.Load = o.LOAD.without("ctx_size"),
     force: o.ForceOpt = False,
