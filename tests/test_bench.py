@@ -221,6 +221,27 @@ def test_bench_loads_through_the_one_loader_its_preflight_refuses_what_does_not_
     assert json.loads(forced.stdout)
 
 
+@pytest.mark.slow
+def test_a_schema_adds_a_constrained_row_with_its_cost_per_token(smollm2_path, isolated_home, tmp_path):
+    # issue 27: a bench row with a schema shows the per-token overhead against the same row without
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 40}))
+    rows, _ = _bench_json("-m", str(smollm2_path), "-p", "8", "-n", "16", "-r", "2", "-t", "1", "--json-schema-file", str(schema))
+    assert [r["test"] for r in rows] == ["pp8", "tg16", "tg16 [json_schema]"]
+    plain, constrained = rows[1], rows[2]
+    assert "constraint" not in plain and constrained["constraint"] == "json_schema"
+    assert constrained["samples_tokens"] == [16, 16]  # 40 items need more than 16 tokens: never cut short
+    assert constrained["constraint_ratio"] == pytest.approx(constrained["avg_ts"] / plain["avg_ts"], rel=1e-3)
+    assert isinstance(constrained["constraint_us_per_token"], float)
+    # a document that ends early counts the tokens up to its end, not an error
+    short = tmp_path / "b.json"
+    short.write_text(json.dumps({"type": "boolean"}))
+    rows, _ = _bench_json("-m", str(smollm2_path), "-p", "0", "-n", "16", "-r", "1", "-t", "1", "--json-schema-file", str(short))
+    assert rows[1]["test"] == "tg16 [json_schema]" and 1 <= rows[1]["samples_tokens"][0] < 16
+    proc = run_cli("bench", "-m", str(smollm2_path), "--parallel", "2", "--format", "json", "-t", "1")
+    assert proc.returncode == 2 and b"not --parallel" in proc.stderr
+
+
 def test_bench_bad_list_is_a_usage_error(isolated_home):
     proc = run_cli("bench", "-t", "one,two")
     assert proc.returncode == 2

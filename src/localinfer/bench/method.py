@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from localinfer.usage.cost import Pricing
     from localinfer.engine.model import Model
     from localinfer.store import ResolvedModel
+    from localinfer.structured import Format
 
 # The sampler chain of `run` with its defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8),
 # with a fixed seed: sampling is part of what a real request pays for each token.
@@ -121,6 +122,8 @@ class BenchResult:
     sampling: str = "default"
     build: str = ""  # llama-cpp-python's version
     test_time: str = ""  # when the test ran (ISO 8601, local time)
+    constraint: str | None = None  # the answer was constrained (--json-schema...): the Format's kind
+    plain_avg_ts: float | None = None  # the same test's rate without the constraint, measured just before
 
     @property
     def samples_tps(self) -> list[float]:
@@ -184,7 +187,7 @@ class BenchResult:
             "flash_attn": self.options.flash_attn,
             "type_k": self.options.cache_type_k,
             "type_v": self.options.cache_type_v,
-            "test": t.name,
+            "test": f"{t.name} [{self.constraint}]" if self.constraint else t.name,
             "kind": t.kind,
             "n_prompt": t.n_prompt,
             "n_gen": t.n_gen,
@@ -203,6 +206,11 @@ class BenchResult:
             "llama_cpp_python": self.build,
             "test_time": self.test_time,
         }
+        if self.constraint is not None and self.plain_avg_ts:
+            # what the constraint costs each token: the mask, on top of the plain row's time per token
+            out["constraint"] = self.constraint
+            out["constraint_us_per_token"] = _r((1 / self.avg_ts - 1 / self.plain_avg_ts) * 1e6, 1)
+            out["constraint_ratio"] = _r(self.avg_ts / self.plain_avg_ts, 4)
         if pricing is not None:
             cost = self.cost(pricing)
             if cost is not None:
@@ -228,17 +236,22 @@ def bos_token(model: Model) -> int | None:
     return ids[0] if ids else None
 
 
-def generate_exactly(model: Model, prompt: list[int], max_tokens: int, sampling: SamplingOptions) -> GenerationStats:
+def generate_exactly(
+    model: Model, prompt: list[int], max_tokens: int, sampling: SamplingOptions, constraint: Format | None = None
+) -> GenerationStats:
     """``model.generate`` with the end of generation disabled: ``max_tokens`` tokens come out
-    unless the context fills up first."""
+    unless the context fills up first. Under a ``constraint`` the end of the document ends it (the
+    constraint allows nothing after it)."""
     stats = GenerationStats()
-    for _ in model.generate(prompt, sampling, stats, max_tokens=max_tokens, ignore_eos=True):
+    for _ in model.generate(prompt, sampling, stats, max_tokens=max_tokens, ignore_eos=constraint is None,
+                            constraint=constraint):  # fmt: skip
         pass
     return stats
 
 
 def measure(
-    model: Model, test: BenchTest, rng: random.Random, sampling: SamplingOptions = BENCH_SAMPLING
+    model: Model, test: BenchTest, rng: random.Random, sampling: SamplingOptions = BENCH_SAMPLING,
+    constraint: Format | None = None,
 ) -> Rep:
     """One repetition on a cleared cache (pre-filled to ``test.depth`` first, untimed).
 
@@ -247,6 +260,7 @@ def measure(
         decodes between the first and the last sample are timed (``stats.decode_s``), sampling
         included.
     pp+tg: both, from the start of the request to the last sample.
+    Under a ``constraint`` a document may end before ``n_gen``: the tokens up to its end count.
     """
     bos = bos_token(model)
     model.reset()
@@ -255,13 +269,16 @@ def measure(
         generate_exactly(model, depth_tokens, 1, sampling)  # fills the cache with exactly these tokens
     first_is_bos = not depth_tokens
     body = random_tokens(rng, max(test.n_prompt, 1), model.n_vocab, bos if first_is_bos else None)
-    stats = generate_exactly(model, depth_tokens + body, test.n_gen + 1, sampling)
+    stats = generate_exactly(model, depth_tokens + body, test.n_gen + 1, sampling, constraint)
     if stats.cached_tokens != len(depth_tokens) or stats.evaluated_tokens != len(body):
         raise GenerationError(
             f"bench: the prompt was not evaluated as planned ({stats.evaluated_tokens} evaluated, "
             f"{stats.cached_tokens} cached; expected {len(body)} and {len(depth_tokens)})"
         )
-    if stats.completion_tokens != test.n_gen + 1:
+    n_gen = test.n_gen
+    if constraint is not None and 2 <= stats.completion_tokens < n_gen + 1 and stats.finish_reason == "stop":
+        n_gen = stats.completion_tokens - 1  # the document ended: the decodes up to its end are timed
+    if stats.completion_tokens != n_gen + 1:
         raise GenerationError(
             f"bench: generation stopped after {stats.completion_tokens} of {test.n_gen + 1} tokens "
             f"({stats.finish_reason}); the context ({model.n_ctx}) may be too small"
@@ -269,9 +286,9 @@ def measure(
     if test.kind == "pp":
         return Rep(seconds=stats.prefill_s, tokens=test.n_prompt, raw_seconds=stats.prefill_s)
     if test.kind == "tg":
-        return Rep(seconds=stats.decode_s, tokens=test.n_gen, raw_seconds=stats.decode_calls_s)
+        return Rep(seconds=stats.decode_s, tokens=n_gen, raw_seconds=stats.decode_calls_s)
     span = (stats.first_token_s or 0.0) + stats.decode_s
-    return Rep(seconds=span, tokens=test.n_prompt + test.n_gen, raw_seconds=stats.prefill_s + stats.decode_calls_s)
+    return Rep(seconds=span, tokens=test.n_prompt + n_gen, raw_seconds=stats.prefill_s + stats.decode_calls_s)
 
 
 def run_test(
@@ -283,18 +300,19 @@ def run_test(
     seed: int = 0,
     sampling: SamplingOptions = BENCH_SAMPLING,
     progress: Progress | None = None,
+    constraint: Format | None = None,
 ) -> tuple[Rep, ...]:
     """Warm up once (a pp of n_prompt tokens and/or one decode, as llama-bench), then ``reps`` times."""
     if reps < 1:
         raise UsageError("--repetitions must be at least 1")
     rng = random.Random(seed)
     if warmup:
-        measure(model, BenchTest(n_prompt=test.n_prompt, n_gen=min(test.n_gen, 1)), rng, sampling)
+        measure(model, BenchTest(n_prompt=test.n_prompt, n_gen=min(test.n_gen, 1)), rng, sampling, constraint)
     out = []
     for i in range(reps):
         if progress:
             progress(f"{test.name}: repetition {i + 1}/{reps}")
-        out.append(measure(model, test, rng, sampling))
+        out.append(measure(model, test, rng, sampling, constraint))
     return tuple(out)
 
 
@@ -323,11 +341,13 @@ def run_bench(
     sampling: SamplingOptions = BENCH_SAMPLING,
     progress: Progress | None = None,
     force: bool = False,
+    constraint: Format | None = None,
 ) -> Iterator[BenchResult]:
     """Every test, for every model under every configuration; results come as they are measured.
 
     A configuration's ``n_ctx`` of None means "just what the tests need". Each (model,
     configuration) pair loads the model once (the file stays in the page cache after the first).
+    With a ``constraint``, a test that generates is measured again under it, in the next row.
     """
     import datetime
 
@@ -343,7 +363,7 @@ def run_bench(
                     reps_done = run_test(
                         model, test, reps, warmup=warmup, seed=seed, sampling=sampling, progress=progress
                     )
-                    yield BenchResult(
+                    plain = BenchResult(
                         model=facts,
                         options=opts,
                         n_threads=model.n_threads,
@@ -355,3 +375,8 @@ def run_bench(
                         build=build,
                         test_time=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                     )
+                    yield plain
+                    if constraint is not None and test.n_gen > 0:
+                        reps_done = run_test(model, test, reps, warmup=warmup, seed=seed, sampling=sampling,
+                                             progress=progress, constraint=constraint)  # fmt: skip
+                        yield replace(plain, reps=reps_done, constraint=constraint.kind, plain_avg_ts=plain.avg_ts)

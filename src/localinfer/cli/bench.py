@@ -98,6 +98,7 @@ def bench(
     pricing: o.Cost = o.COST,
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format on stdout.")] = OutputFormat.table,
     progress: Annotated[bool, typer.Option("--progress", help="Progress lines on stderr even when it is not a terminal.")] = False,
+    response_format: o.ResponseFormat = o.FORMAT,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
@@ -121,7 +122,8 @@ def bench(
     load_flags = (rate, requests, burstiness, max_concurrency, input_len, output_len, dataset, slo, percentiles, sweep, report)
     if endpoint or lt.asked(*load_flags):  # the load test: cli/loadtest.py, nothing loaded here
         local_only = [f for f, v in (("-p", n_prompt), ("-n", n_gen), ("--pg", pg), ("-d", depth), ("--parallel", parallel),
-                                     ("-t", threads), ("-c", ctx_size), ("-ngl", gpu_layers), ("-b", batch_size)) if v]  # fmt: skip
+                                     ("-t", threads), ("-c", ctx_size), ("-ngl", gpu_layers), ("-b", batch_size),
+                                     ("--json-schema/--grammar/--format", response_format)) if v]  # fmt: skip
         return lt.run(
             endpoint, model=model, rate=rate, requests=requests, burstiness=burstiness,
             max_concurrency=max_concurrency, input_len=input_len, output_len=output_len, dataset=dataset, slo=slo,
@@ -150,6 +152,10 @@ def bench(
             for b in _ints("--batch-size", batch_size, (2048,), minimum=1)
         ]
         parallel_levels = _ints("--parallel", parallel, (), minimum=1)
+        if parallel_levels and response_format is not None:
+            from localinfer.errors import UsageError
+
+            raise UsageError("--json-schema, --grammar and --format measure pp/tg tests, not --parallel")
         shapes = _shapes(n_prompt, n_gen, pg) if parallel_levels else ()
         resolved = [resolve_model(m, offline=offline, pull_progress=make_progress()) for m in _models(model)]
         say = _progress_sink(quiet=quiet, forced=progress)
@@ -158,7 +164,8 @@ def bench(
         current = None
         try:
             for result in () if parallel_levels else core.run_bench(
-                resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say, force=force
+                resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say, force=force,
+                constraint=response_format,
             ):
                 current = result.model
                 writer.add(result.to_json(pricing))
