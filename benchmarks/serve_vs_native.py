@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -125,43 +125,56 @@ def servers(args: argparse.Namespace) -> list[Server]:
 
 
 # -- the load -----------------------------------------------------------------------------------------------
-def stream_one(server: Server, i: int, n: int) -> dict:
-    body = server.body({"prompt": prompt(i), "max_tokens": n, "ignore_eos": True, "stream": True, "temperature": 0,
-                        "stream_options": {"include_usage": True}})
+def sse_events(server: Server, path: str, body: dict) -> Iterator[dict]:
+    """POST a streaming request; its events as they come (the first is None, sent as the request
+    goes out, so the caller can start its clock), until [DONE]."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    yield None
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise SystemExit(f"{server.name}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    try:
+        while line := resp.readline():
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[6:].strip()
+            if payload == b"[DONE]":
+                break
+            yield json.loads(payload)
+    finally:
+        conn.close()
+
+
+def stream_one(server: Server, i: int, n: int) -> dict:
+    body = server.body({"prompt": prompt(i), "max_tokens": n, "ignore_eos": True, "stream": True, "temperature": 0,
+                        "stream_options": {"include_usage": True}})
+    events = sse_events(server, "/v1/completions", body)
+    next(events)
+    t0 = time.perf_counter()
     first = last = None
     tokens, chunks = None, 0
-    while line := resp.readline():
-        if not line.startswith(b"data: "):
-            continue
-        payload = line[6:].strip()
-        if payload == b"[DONE]":
-            break
-        obj = json.loads(payload)
+    for obj in events:
         if obj.get("usage"):
             tokens = obj["usage"].get("completion_tokens")
         if any(c.get("text") for c in obj.get("choices") or ()):
             last = time.perf_counter()
             first = first or last
             chunks += 1
-    conn.close()
     tokens = tokens or chunks  # llama_cpp.server gives no usage in streams: one chunk per token there
     decode = (tokens - 1) / (last - first) if first and last and last > first else None
     return {"t0": t0, "ttft": (first or last or t0) - t0, "end": last or t0, "tokens": tokens, "decode": decode}
 
 
-def level(server: Server, clients: int, requests: int, n: int, salt: int) -> dict:
+def concurrently(clients: int, requests: int, one: Callable[[int, int], dict]) -> tuple[list[dict], float]:
+    """``clients`` threads, each calling ``one(client, r)`` for its ``requests`` back to back: every
+    result (each with its ``end`` time), and when the first thread started."""
     results: list[dict] = []
     lock = threading.Lock()
 
     def client(c: int) -> None:
         for r in range(requests):
-            res = stream_one(server, salt + c * requests + r, n)
+            res = one(c, r)
             with lock:
                 results.append(res)
 
@@ -171,6 +184,11 @@ def level(server: Server, clients: int, requests: int, n: int, salt: int) -> dic
         th.start()
     for th in threads:
         th.join()
+    return results, t0
+
+
+def level(server: Server, clients: int, requests: int, n: int, salt: int) -> dict:
+    results, t0 = concurrently(clients, requests, lambda c, r: stream_one(server, salt + c * requests + r, n))
     wall = max(r["end"] for r in results) - t0
     ttfts = sorted(r["ttft"] for r in results)
     decodes = [r["decode"] for r in results if r["decode"]]
@@ -251,12 +269,17 @@ def paired(rows: list[dict], clients: list[int]) -> list[str]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def server_args(ap: argparse.ArgumentParser, *, parallel: int, ctx: int) -> None:
+    """What ``servers`` reads: the model, threads, sequences and the context of each."""
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-np", "--parallel", type=int, default=8)
-    ap.add_argument("-c", "--ctx", type=int, default=512, help="context of each sequence")
+    ap.add_argument("-np", "--parallel", type=int, default=parallel)
+    ap.add_argument("-c", "--ctx", type=int, default=ctx, help="context of each sequence")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    server_args(ap, parallel=8, ctx=512)
     ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8])
     ap.add_argument("--requests", type=int, default=2, help="requests per client, back to back")
     ap.add_argument("-n", "--tokens", type=int, default=128)

@@ -32,6 +32,8 @@ class Script:
     requests: list[Request] = field(default_factory=list)
     n_ctx: int = 4096
     can_chat: bool = True
+    reasoning: Any = None  # reasoning.Markers: the answers' pieces are split as a reasoning model's
+    opened: bool = False  # the prompt opened the thinking (DeepSeek-R1-Distill's)
 
     def enqueue(self, pieces: list[str]) -> None:
         self.answers.append(pieces)
@@ -54,7 +56,7 @@ class FakeBackend(Backend):
     def can_chat(self) -> bool:
         return self.script.can_chat
 
-    def answer(self, request: Request, on_text: Any = None) -> Answer:
+    def answer(self, request: Request, on_text: Any = None, *, on_reasoning: Any = None) -> Answer:
         self.script.requests.append(request)
         pieces = self.script.answers.pop(0) if self.script.answers else DEFAULT
         limit = request.max_tokens or request.default_max_tokens
@@ -63,6 +65,11 @@ class FakeBackend(Backend):
         cached = next((i for i, (a, b) in enumerate(zip(prompt_words, self._cache)) if a != b), min(len(prompt_words), len(self._cache)))
         stats = GenerationStats(prompt_tokens=_words(request), cached_tokens=cached, n_ctx=self.script.n_ctx, finish_reason="stop")
         out = []
+        thinking = None
+        if self.script.reasoning is not None and request.splits_reasoning:
+            from localinfer.reasoning import Splitter, Thinking
+
+            thinking = Thinking(Splitter(self.script.reasoning, opened=self.script.opened), on_text, on_reasoning)
         for i, piece in enumerate(pieces):
             if limit is not None and i >= limit:
                 stats.finish_reason = "length"
@@ -71,12 +78,20 @@ class FakeBackend(Backend):
                 stats.first_token_s = time.perf_counter() - t0
             out.append(piece)
             stats.completion_tokens = i + 1
-            if on_text is not None:
+            if thinking is not None:
+                thinking.feed(piece)
+            elif on_text is not None:
                 on_text(piece)
         stats.context_used = stats.prompt_tokens + stats.completion_tokens
         self._cache = prompt_words + "".join(out).split()
-        return Answer("".join(out), self.name, stats, load_s=0.0, ttft_s=stats.first_token_s,
-                      total_s=time.perf_counter() - t0, mode=request.mode)  # fmt: skip
+        answer = Answer("".join(out), self.name, stats, load_s=0.0, ttft_s=stats.first_token_s,
+                        total_s=time.perf_counter() - t0, mode=request.mode)  # fmt: skip
+        if thinking is not None:
+            thinking.finish()
+            answer.text, answer.reasoning = thinking.split.answer, thinking.split.reasoning or None
+            answer.reasoning_tokens = thinking.tokens
+            answer.reasoning_ttft_s = None if thinking.t_reasoning is None else thinking.t_reasoning - t0
+        return answer
 
     def run_batch(self, items: Any, to_request: Any, parallel: int, *, stats: Any = None) -> Any:
         from localinfer.batch.io import InputError

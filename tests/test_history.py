@@ -262,7 +262,7 @@ def test_batch_command_records_every_request(smollm2_path, isolated_home, fake_b
     from localinfer.cli.main import build_app
 
     proc = CliRunner().invoke(build_app(), ["batch", "-", "-m", str(smollm2_path), "-n", "3", "-t", "1", "--parallel", "2",
-                              "-q", "--format", "jsonl"], input='{"prompt": "Hi"}\n{"prompt": "Hello"}\nnot json\n')  # fmt: skip
+                              "-q", "--input-format", "jsonl"], input='{"prompt": "Hi"}\n{"prompt": "Hello"}\nnot json\n')  # fmt: skip
     assert proc.exit_code == 0, proc.stderr
     rows = history.load_records(command="batch")
     assert sorted(r.exit_status for r in rows) == [0, 0, 1]

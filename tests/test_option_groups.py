@@ -19,11 +19,12 @@ LOAD_COMMANDS = {
     "chat": (),
     "batch": ("ctx_size",),  # per sequence
     "serve": ("ctx_size",),  # per sequence
+    "embed": ("ctx_size",),  # the embedding context (the longest input)
     "bench": ("ctx_size", "threads", "gpu_layers", "batch_size", "mlock"),  # lists to sweep; no --mlock
 }
 SAMPLING_COMMANDS = ("run", "chat", "batch")
 COST_COMMANDS = ("bench", "stats")
-SERVER_COMMANDS = ("run", "chat", "batch", "bench")
+SERVER_COMMANDS = ("run", "chat", "batch", "bench", "embed")
 
 
 def _commands() -> dict:
@@ -128,7 +129,7 @@ BAD_VALUES = [
     (("--gpu-layers", "lots"), "Error: --gpu-layers must be auto, all or a number, not 'lots'"),
     (("--rpc", "nohost"), "Error: --rpc takes HOST:PORT[,HOST:PORT...], not 'nohost'"),
 ]
-COMMAND_ARGS = {"run": ["-p", "hi"], "chat": [], "batch": ["missing-input.jsonl"], "serve": [], "bench": []}
+COMMAND_ARGS = {"run": ["-p", "hi"], "chat": [], "batch": ["missing-input.jsonl"], "serve": [], "bench": [], "embed": ["missing-input.txt"]}
 
 
 @pytest.mark.parametrize(("flag", "line"), BAD_VALUES, ids=[f for (f, _), _ in BAD_VALUES])
@@ -178,3 +179,23 @@ def test_a_group_flag_named_twice_in_one_command_fails_when_the_command_is_built
 
     with pytest.raises(ValueError, match="duplicate parameter name: 'ctx_size'"):
         o.grouped(clash)
+
+
+def test_the_keep_alive_group_is_on_run_chat_and_batch_as_declared_once():
+    declared = _declared(o.KEEP_ALIVE)
+    assert set(declared) == {"keep_alive", "max_models"}
+    for name, command in _commands().items():
+        shown = {p.name: _described(p) for p in command.params}
+        if name in ("run", "chat", "batch"):
+            assert all(shown.get(flag) == d for flag, d in declared.items()), name
+        else:
+            assert not set(shown) & set(declared), name
+
+
+def test_keep_alive_is_off_by_default_and_with_endpoint():
+    from localinfer.resident.place import KeepAlive
+
+    assert o.KEEP_ALIVE.value({}, {}) is None
+    assert o.KEEP_ALIVE.value({"keep_alive": "0"}, {}) is None
+    assert o.KEEP_ALIVE.value({"keep_alive": "5m", "max_models": 2}, {}) == KeepAlive(300.0, 2)
+    assert o.KEEP_ALIVE.value({"keep_alive": "5m"}, {"endpoint": "http://127.0.0.1:8080/v1"}) is None

@@ -339,3 +339,20 @@ def test_a_batch_lines_sampling_fields_reach_a_remote_server_too():
     assert (body["presence_penalty"], body["repeat_last_n"], body["top_k"]) == (0.5, 32, 7)
     plain = request_body("m", prompt="x", sampling=SamplingOptions())
     assert not {"presence_penalty", "frequency_penalty", "repeat_last_n", "top_k"} & set(plain)
+
+
+def test_template_kwargs_reasoning_format_and_past_thinking():
+    assert rules.chat_template_kwargs("f", {"enable_thinking": False}) == {"enable_thinking": False}
+    assert rules.chat_template_kwargs("f", {}) is None and rules.chat_template_kwargs("f", None) is None
+    for bad, needle in (([1], "must be an object"), ({"add_generation_prompt": True}, "may not set 'add_generation_prompt'")):
+        with pytest.raises(rules.RuleError, match=needle):
+            rules.chat_template_kwargs("chat_template_kwargs", bad)
+    with pytest.raises(rules.RuleError, match="is not valid JSON"):
+        rules.chat_template_kwargs_text("--chat-template-kwargs", "{enable_thinking: false}")
+    assert rules.reasoning_format("r", "none") == "none"
+    with pytest.raises(rules.RuleError, match="must be one of auto, deepseek, none"):
+        rules.reasoning_format("reasoning_format", "hidden")
+    kept = rules.message("m", {"role": "assistant", "content": "4", "reasoning_content": "2+2"})
+    assert kept == {"role": "assistant", "content": "4", "reasoning_content": "2+2"}
+    with pytest.raises(rules.RuleError, match="has 'reasoning_content'"):
+        rules.message("m", {"role": "user", "content": "x", "reasoning_content": "no"})

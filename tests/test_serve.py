@@ -68,7 +68,10 @@ def test_message_forms():
         ({"messages": HI, "stop": ["a"] * 17}, "chat", "stop", "invalid_value"),
         ({"messages": HI, "stop": [1]}, "chat", "stop", "invalid_type"),
         ({"messages": HI, "n": 2}, "chat", "n", "unsupported_parameter"),
-        ({"messages": HI, "logprobs": True}, "chat", "logprobs", "unsupported_parameter"),
+        ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "chat", "top_logprobs", "invalid_value"),
+        ({"messages": HI, "logprobs": 3}, "chat", "logprobs", "invalid_type"),  # chat's is true or false
+        ({"messages": HI, "top_logprobs": 2}, "chat", "top_logprobs", "invalid_value"),  # without logprobs: true
+        ({"prompt": "x", "logprobs": 21}, "text", "logprobs", "invalid_value"),
         ({"messages": HI, "tools": [{"type": "function"}]}, "chat", "tools", "unsupported_parameter"),
         ({"messages": HI, "stream_options": {"include_usage": True}}, "chat", "stream_options", "invalid_value"),
         ({"messages": HI, "stream": True, "stream_options": {"x": 1}}, "chat", "stream_options", "unknown_parameter"),
@@ -217,7 +220,7 @@ class FakeEngine:
     def prepare(self, request: Any) -> Prepared:
         return Prepared(request, [1, 2, 3], ())
 
-    def submit(self, prepared: Prepared, on_text: Any, on_end: Any) -> Any:
+    def submit(self, prepared: Prepared, on_text: Any, on_end: Any, on_reasoning: Any = None) -> Any:
         if self.full:
             raise Overloaded()
 

@@ -40,6 +40,9 @@ class Outcome:
     t_end: float = 0.0  # the stream ended
     itl: list[float] = field(default_factory=list)  # seconds between successive text chunks
     chunks: int = 0  # chunks carrying text
+    reasoning: str = ""  # the thinking the server sent apart (delta.reasoning_content)
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens
+    logprobs: list[dict[str, Any]] | None = None  # what the server sent, in OpenAI's content shape
 
     @property
     def ttft_s(self) -> float | None:
@@ -101,11 +104,19 @@ class Answer:
     outcome: Outcome | None = None  # what a server sent and the client timed (``--endpoint``)
     backend: str | None = None  # the server that answered (Endpoint.display, no credentials); None: here
     sampling_seed: int | None = None  # the seed asked of a server (the engine reports its own)
+    resident: bool = False  # answered by this user's resident server (--keep-alive): nothing loaded for it
+    reasoning: str | None = None  # a reasoning model's thinking, apart from ``text`` (localinfer.reasoning)
+    reasoning_tokens: int | None = None  # of completion_tokens, the thinking's; None: not split or not reported
+    reasoning_ttft_s: float | None = None  # to the first piece of thinking (ttft_s: to the first answer text)
+    # asked for (Request.logprobs): one entry per answer token, in OpenAI's content shape
+    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}
+    logprobs: list[dict[str, Any]] | None = None
 
     @classmethod
     def of_outcome(cls, outcome: Outcome, model: str, backend: str, mode: str = "chat", seed: int | None = None) -> Answer:
         return cls(outcome.text, model, ttft_s=outcome.ttft_s, total_s=outcome.total_s, mode=mode, outcome=outcome,
-                   backend=backend, sampling_seed=seed)  # fmt: skip
+                   backend=backend, sampling_seed=seed, reasoning=outcome.reasoning or None,
+                   reasoning_tokens=outcome.reasoning_tokens, logprobs=outcome.logprobs)  # fmt: skip
 
     # -- the figures, wherever they came from ------------------------------------------------------
     finish_reason = _Either("finish_reason")
@@ -200,6 +211,7 @@ class Answer:
             out["endpoint"] = self.backend
         out.update({
             "text": self.text,
+            "reasoning": self.reasoning,
             "finish_reason": self.finish_reason,
             "mode": self.mode,
             "usage": {
@@ -207,12 +219,14 @@ class Answer:
                 "prompt_eval_tokens": self.prompt_eval_tokens,
                 "cached_tokens": self.cached_tokens,
                 "completion_tokens": self.completion_tokens,
+                "reasoning_tokens": self.reasoning_tokens,
                 "total_tokens": self.total_tokens,
                 "truncated_prompt_tokens": self.truncated_tokens,
             },
             "timings": {
                 "load_ms": _ms(self.load_s),
                 "ttft_ms": _ms(self.ttft_s),
+                "reasoning_ttft_ms": _ms(self.reasoning_ttft_s),
                 "prefill_ms": _ms(self.prefill_s),
                 "prefill_tokens_per_s": _round(self.prefill_tps),
                 "decode_ms": _ms(self.decode_s),
@@ -225,6 +239,8 @@ class Answer:
         else:
             out["server_timings"] = self.server_timings
         out["seed"] = self.seed
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
         return out
 
     def _load_json(self, s: GenerationStats) -> dict[str, Any]:
@@ -254,21 +270,25 @@ class Answer:
         return {
             "id": rid,
             "text": self.text,
+            "reasoning": self.reasoning,
             "finish_reason": self.finish_reason,
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
+                "reasoning_tokens": self.reasoning_tokens,
                 "total_tokens": self.total_tokens,
                 "truncated_prompt_tokens": self.truncated_tokens,
             },
             "timings": {
                 "ttft_ms": _ms(self.ttft_s),
+                "reasoning_ttft_ms": _ms(self.reasoning_ttft_s),
                 "prefill_ms": _ms(self.prefill_s),
                 "decode_ms": _ms(self.decode_s),
                 "decode_tokens_per_s": _round(self.decode_tps),
                 "total_ms": _ms(self.total_s),
             },
             "seed": self.seed,
+            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
 
 

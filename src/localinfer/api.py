@@ -26,11 +26,13 @@ Stats = Result = Answer
 @dataclass(frozen=True)
 class Chunk:
     """A piece of a streamed answer. The last chunk of a stream has empty ``text`` and carries the
-    ``stats`` and the full ``result`` (``None`` on every other chunk)."""
+    ``stats`` and the full ``result`` (``None`` on every other chunk). A reasoning model's thinking
+    comes first, in chunks whose ``reasoning`` holds it (their ``text`` is empty)."""
 
     text: str
     stats: Stats | None = None
     result: Result | None = None
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ class Response:
     finish_reason: str | None
     stats: Stats
     result: Result
+    logprobs: list[dict[str, Any]] | None = None  # asked with logprobs=N: one entry per answer token
+
+    @property
+    def reasoning(self) -> str | None:
+        """A reasoning model's thinking, apart from ``text`` (None: none)."""
+        return self.result.reasoning
 
 
 Messages = Sequence[dict[str, Any]]
@@ -60,10 +68,10 @@ class Stream:
         return self._gen.result
 
     def _run(self) -> Iterator[Chunk]:
-        pieces = iter(self._gen)
+        pieces = self._gen.parts()
         try:
-            for text in pieces:
-                yield Chunk(text)
+            for kind, text in pieces:
+                yield Chunk(text) if kind == "text" else Chunk("", reasoning=text)
         finally:
             pieces.close()
         yield Chunk("", self.result, self.result)
@@ -80,7 +88,8 @@ class Stream:
 
 class Model(LocalBackend):
     """A model loaded for answering (``localinfer.load``): the engine's backend, with the library's
-    conveniences. Close it, or use it as a context manager, to free its memory at once."""
+    conveniences; ``embed(texts) -> list[list[float]]`` embeds (the backend's, in an embedding context
+    made on first use). Close it, or use it as a context manager, to free its memory at once."""
 
     @property
     def has_chat_template(self) -> bool:
@@ -106,12 +115,19 @@ class Model(LocalBackend):
         response_format: Any = None,
         json_schema: Any = None,
         grammar: str | None = None,
+        logprobs: int | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        reasoning_format: str | None = None,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
         ``sampling``: all the sampler's settings at once, instead of one by one. The answer is JSON
         with ``response_format`` ("json", OpenAI's object, or a structured.Format) or ``json_schema``
-        (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError."""
+        (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError.
+        ``logprobs=N``: each answer token's log probability and the N likeliest alternatives (0-20),
+        in ``Response.logprobs`` (OpenAI's content shape). ``chat_template_kwargs``: the template's
+        variables (``{"enable_thinking": False}``); ``reasoning_format="none"``: a reasoning
+        model's thinking stays in the text."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -120,7 +136,9 @@ class Model(LocalBackend):
         # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                                sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
-                               response_format=response_format, json_schema=json_schema, grammar=grammar)  # fmt: skip
+                               response_format=response_format, json_schema=json_schema, grammar=grammar,
+                               logprobs=logprobs, chat_template_kwargs=chat_template_kwargs,
+                               reasoning_format=reasoning_format)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""
@@ -139,7 +157,7 @@ class Model(LocalBackend):
         for last in self.stream(prompt, **options):
             pass
         assert last.result is not None and last.stats is not None
-        return Response(last.result.text, last.result.finish_reason, last.result, last.result)
+        return Response(last.result.text, last.result.finish_reason, last.result, last.result, last.result.logprobs)
 
     def chat(self, messages: Messages, **options: Any) -> Response:
         """The assistant's reply to a conversation (a list of ``{"role", "content"}``)."""

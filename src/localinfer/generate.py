@@ -21,6 +21,7 @@ from localinfer.request import Request
 if TYPE_CHECKING:
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
+    from localinfer.reasoning import Splitter
     from localinfer.system.estimate import BufferReport
     from localinfer.system.hardware import MemoryBudget
     from localinfer.system.preflight import LoadPlan
@@ -161,7 +162,7 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         messages = list(request.messages)
         if text_override is not None:
             messages[-1] = {**messages[-1], "content": text_override}
-        prompt = loaded.template.render(messages)
+        prompt = loaded.template.render(messages, **request.template_variables)
         return model.tokenize(prompt.text, add_special=prompt.add_special, parse_special=True), prompt.stop
 
     tokens, stops = render(None)
@@ -187,6 +188,27 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     )
 
 
+def rendered_prompt(loaded: LoadedModel, request: Request) -> tuple[str, int]:
+    """The exact text the model is given for ``request`` (the chat template's render, special tokens
+    written out, BOS included where tokenization adds it) and its length in tokens (`--show-prompt`)."""
+    tokens, _, _ = build_prompt(loaded, request)
+    model = loaded.model
+    return "".join(model.token_text(t) for t in tokens), len(tokens)
+
+
+def reasoning_splitter(loaded: LoadedModel, request: Request, tokens: Sequence[int]) -> Splitter | None:
+    """A splitter for the answer to ``tokens`` when the model's template marks thinking (None: the
+    text is all answer); started inside the thinking where the prompt opened it."""
+    from localinfer import reasoning
+
+    template = loaded.template
+    markers = reasoning.detect(template.template if template is not None else None)
+    if markers is None or not request.splits_reasoning:
+        return None
+    tail = "".join(loaded.model.token_text(t) for t in tokens[-8:])
+    return reasoning.Splitter(markers, opened=reasoning.opened_by(markers, tail))
+
+
 class Generation:
     """One answer, streamed: iterate for its text pieces; ``result`` is complete once the iteration
     ends, however it ends (the last piece, an exception, or the consumer closing it early).
@@ -209,26 +231,61 @@ class Generation:
         tokens, stops, dropped = prompt if prompt is not None else build_prompt(loaded, request)
         stats.truncated_tokens = dropped
         self.result = Answer("", loaded.name, stats, load_s, mode=request.mode, plan=loaded.plan, buffers=loaded.buffers)
+        self._splitter = reasoning_splitter(loaded, request, tokens)
+        self.on_reasoning: Callable[[str], None] | None = None  # each piece of thinking, as it comes
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
-            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
+            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos, logprobs=request.logprobs,
             constraint=request.response_format,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
-        result, pieces = self.result, []
+        """The answer's text; thinking goes to ``on_reasoning``."""
+        for kind, text in self.parts():
+            if kind == "text":
+                yield text
+            elif self.on_reasoning is not None:
+                self.on_reasoning(text)
+
+    def parts(self) -> Iterator[tuple[str, str]]:
+        """``("reasoning" | "text", piece)`` as they come (a model whose template marks no thinking
+        gives text alone). TTFT is the first answer text; ``reasoning_ttft_s`` the first thinking."""
+        from localinfer.reasoning import Thinking
+
+        result, pieces, thoughts = self.result, [], []
+        thinking = None if self._splitter is None else Thinking(self._splitter)
         try:
             for step in self._steps:
                 if step.text:
-                    if result.ttft_s is None:
-                        result.ttft_s = time.perf_counter() - self._t_request
-                    yield step.text
-                    pieces.append(step.text)  # only once the consumer took it (it may raise instead)
+                    split = ("", step.text) if thinking is None else thinking.feed(step.text)
+                    yield from self._hand(*split, pieces, thoughts)
+            if thinking is not None:
+                yield from self._hand(*thinking.finish(), pieces, thoughts)
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
             result.text = "".join(pieces)
+            if thinking is not None:
+                result.reasoning = "".join(thoughts) or None
+                result.reasoning_tokens = min(thinking.tokens, result.completion_tokens or 0)
+            if result.stats is not None and result.stats.logprobs is not None:  # aligned with the text returned
+                from localinfer.engine.logprobs import trim
+
+                result.logprobs = trim(result.stats.logprobs, result.text)
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
+
+    def _hand(self, reasoning: str, text: str, pieces: list[str], thoughts: list[str]) -> Iterator[tuple[str, str]]:
+        now = time.perf_counter() - self._t_request
+        if reasoning:
+            if self.result.reasoning_ttft_s is None:
+                self.result.reasoning_ttft_s = now
+            yield "reasoning", reasoning
+            thoughts.append(reasoning)  # only once the consumer took it (it may raise instead)
+        if text:
+            if self.result.ttft_s is None:
+                self.result.ttft_s = now
+            yield "text", text
+            pieces.append(text)
 
 
 def generate(
@@ -238,11 +295,13 @@ def generate(
     *,
     load_s: float = 0.0,
     prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None,
+    on_reasoning: Callable[[str], None] | None = None,
 ) -> Answer:
-    """Stream one answer through ``write`` and return what was measured (``Generation``). If ``write``
-    or the user interrupts, the stats stay correct for what was produced; a KeyboardInterrupt
-    carries the partial Answer as ``partial_answer``."""
+    """Stream one answer through ``write`` (its thinking through ``on_reasoning``) and return what
+    was measured (``Generation``). If ``write`` or the user interrupts, the stats stay correct for
+    what was produced; a KeyboardInterrupt carries the partial Answer as ``partial_answer``."""
     gen = Generation(loaded, request, load_s=load_s, prompt=prompt)
+    gen.on_reasoning = on_reasoning
     pieces = iter(gen)
     try:
         for text in pieces:

@@ -83,6 +83,7 @@ RULES: dict[str, Rule] = {
     "frequency_penalty": Rule(float, -2.0, 2.0),
     "seed": Rule(int, 0, SEED_MAX, unset=("random", "none")),
     "max_tokens": Rule(int, 1, unset=("none", "unlimited")),
+    "top_logprobs": Rule(int, 0, 20),  # OpenAI's bound; llama.cpp's too (the server's top_logprobs)
 }
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
                    "presence_penalty", "frequency_penalty", "seed")  # fmt: skip
@@ -91,6 +92,28 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "
 def check(field: str, value: Any, *, name: str | None = None) -> Any:
     """``value`` checked by ``field``'s rule; ``name``: how the message names it (``max_completion_tokens``)."""
     return RULES[field].check(name or field, value)
+
+
+def top_logprobs(value: Any, *, name: str = "top_logprobs") -> int | None:
+    """How many alternatives to report with each token's log probability (None: no logprobs),
+    wherever it is asked (``--logprobs``, a batch line, serve, ``build(logprobs=)``)."""
+    return None if value is None else RULES["top_logprobs"].check(name, value)
+
+
+def logprobs_fields(logprobs: Any, top: Any, *, legacy: bool) -> int | None:
+    """OpenAI's pair of fields as one value: chat's ``logprobs: true`` with ``top_logprobs: N``
+    (0 when absent), or, with ``legacy`` (completions, batch lines), ``logprobs: N`` alone too."""
+    if not logprobs and (isinstance(logprobs, bool) or logprobs is None):
+        if top is not None and top_logprobs(top):  # top_logprobs: 0 alone asks for nothing
+            raise RuleError("top_logprobs", "needs 'logprobs': true")
+        return None
+    if logprobs is True:
+        return top_logprobs(0 if top is None else top)
+    if not legacy:
+        raise RuleError("logprobs", f"must be true or false, not {shown(logprobs)}", "invalid_type")
+    if top is not None:
+        raise RuleError("top_logprobs", "goes with 'logprobs': true, not with a number of 'logprobs'")
+    return top_logprobs(logprobs, name="logprobs")
 
 
 def parse_text(field: str, text: str) -> Any:
@@ -210,7 +233,9 @@ def message(where: str, m: Any) -> dict[str, str]:
     assistant, who may say nothing). Other keys with a value are refused: we cannot honour them."""
     if not isinstance(m, dict):
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
-    extra = sorted(k for k, v in m.items() if k not in _MESSAGE_KEYS and v is not None)
+    thought = m.get("reasoning_content") if m.get("role") == "assistant" else None  # a past answer's thinking
+    keys = (*_MESSAGE_KEYS, "reasoning_content") if thought is not None else _MESSAGE_KEYS
+    extra = sorted(k for k, v in m.items() if k not in keys and v is not None)
     if extra:
         raise RuleError(where, f"has '{extra[0]}', which is not supported (text messages only)", "unsupported_parameter")
     role = m.get("role")
@@ -233,6 +258,8 @@ def message(where: str, m: Any) -> dict[str, str]:
     out = {"role": ROLES[role], "content": text(f"{where}.content", content)}
     if m.get("name") is not None:
         out["name"] = text(f"{where}.name", m["name"])
+    if thought is not None:  # the template renders it, or not (most drop past thinking)
+        out["reasoning_content"] = text(f"{where}.reasoning_content", thought)
     return out
 
 
@@ -244,6 +271,51 @@ def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | 
     return tuple(message(f"{field}[{i}]", m) for i, m in enumerate(value))
 
 
+# -- the chat template's variables and the reasoning format ---------------------------------------------
+TEMPLATE_OWN = ("messages", "add_generation_prompt", "raise_exception", "strftime_now")  # set by the render
+MAX_TEMPLATE_KWARGS_CHARS = 1024 * 1024
+
+
+def chat_template_kwargs(field: str, value: Any) -> dict[str, Any] | None:
+    """Variables for the chat template (vLLM's and llama-server's ``chat_template_kwargs``): an
+    object of JSON values, none of them a name the render sets itself; empty means none."""
+    import json
+
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RuleError(field, f"must be an object (template variable: value), not {_kind(value)}", "invalid_type")
+    own = sorted(k for k in value if k in TEMPLATE_OWN)
+    if own:
+        raise RuleError(field, f"may not set '{own[0]}': the render sets it itself")
+    for key in value:
+        text(f"{field} key", key)
+    if len(json.dumps(value, ensure_ascii=False, default=str)) > MAX_TEMPLATE_KWARGS_CHARS:
+        raise RuleError(field, f"is longer than {MAX_TEMPLATE_KWARGS_CHARS:,} characters")
+    return dict(value) or None
+
+
+def chat_template_kwargs_text(field: str, raw: str) -> dict[str, Any] | None:
+    """``--chat-template-kwargs JSON``: a JSON object, as ``chat_template_kwargs`` checks it."""
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise RuleError(field, f"is not valid JSON: {exc}", "invalid_json") from None
+    return chat_template_kwargs(field, value)
+
+
+def reasoning_format(field: str, value: Any) -> str:
+    """llama-server's: ``none`` keeps a reasoning model's thinking in the text; ``auto`` and
+    ``deepseek`` put it apart (``reasoning_content``), as when it is not given."""
+    from localinfer.reasoning import FORMATS
+
+    if not isinstance(value, str) or value not in FORMATS:
+        raise RuleError(field, f"must be one of {', '.join(FORMATS)}, not {shown(value)}")
+    return value
+
+
 def _kind(v: Any) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
     return "null" if v is None else names.get(type(v), type(v).__name__)
@@ -253,3 +325,51 @@ def int_digits_limit() -> int:
     """The most digits Python converts (4300 unless changed): JSON with longer integers is refused."""
     get = getattr(sys, "get_int_max_str_digits", None)
     return get() if get else 4300
+
+
+# -- structured output ---------------------------------------------------------------------------------
+_NAMED = re.compile(r"'([A-Za-z_][\w.]*)' (.+)", re.DOTALL)
+
+
+def response_format(field: str, value: Any) -> Any:
+    """OpenAI's ``response_format`` (text, json_object, json_schema) as a ``structured.Format`` or
+    None (text); a schema we cannot enforce is refused naming the keyword and where it is."""
+    from localinfer import structured
+
+    if value is not None and not isinstance(value, dict):
+        raise RuleError(field, f"must be an object, not {shown(value)}", "invalid_type")
+    extra = sorted(set(value or ()) - {"type", "json_schema", "schema"})  # schema: llama-server's variant
+    spec = (value or {}).get("json_schema")
+    if not extra and isinstance(spec, dict):
+        extra = [f"json_schema.{k}" for k in sorted(set(spec) - {"name", "description", "schema", "strict"})]
+    if extra:
+        raise RuleError(field, f"has an unknown field '{extra[0]}'", "unknown_parameter")
+    return _format(field, structured.from_response_format, value)
+
+
+def json_schema(field: str, value: Any) -> Any:
+    """llama-server's ``json_schema``: a schema object, as a ``structured.Format``."""
+    from localinfer import structured
+
+    if not isinstance(value, (dict, bool)):
+        raise RuleError(field, f"must be a JSON schema (an object), not {shown(value)}", "invalid_type")
+    return _format(field, structured.from_schema, value)
+
+
+def grammar(field: str, value: Any) -> Any:
+    """llama-server's ``grammar``: GBNF text, as a ``structured.Format``."""
+    from localinfer import structured
+
+    return _format(field, structured.from_grammar, text(field, value))
+
+
+def _format(field: str, parse: Callable[[Any], Any], value: Any) -> Any:
+    from localinfer.structured import FormatError
+
+    try:
+        return parse(value)
+    except FormatError as exc:  # "'response_format.type' must be ..." keeps its name; a schema's place is said
+        named = _NAMED.fullmatch(str(exc))
+        if named and (named.group(1) == field or named.group(1).startswith(field + ".")):
+            raise RuleError(named.group(1), named.group(2)) from None
+        raise RuleError(field, f"cannot be enforced: {exc}", "invalid_schema") from None

@@ -5,7 +5,8 @@ interface; ``--endpoint`` only chooses which backend is made.
 
 A backend is made by :func:`load` or :func:`connect`; it builds its requests (:meth:`Backend.request`: one builder for every command), answers them
 one at a time (:meth:`Backend.answer`) or many at once (:meth:`Backend.run_batch`), and gives one
-answer record (``localinfer.answer.Answer``) whichever it is.
+answer record (``localinfer.answer.Answer``) whichever it is. It also embeds texts
+(:meth:`Backend.embeddings`: the engine's embedding context, or the server's /v1/embeddings).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from localinfer.errors import UsageError
+from localinfer.errors import LocalInferError, UsageError
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
     from localinfer.request import BatchRequest, InputError
     from localinfer.answer import BatchResult
+    from localinfer.embedding import Embedding
     from localinfer.backends.local import LocalBackend
     from localinfer.backends.remote import RemoteBackend
     from localinfer.engine.types import LoadOptions
@@ -58,9 +60,15 @@ class Backend:
             return rq.build(prompt, raw=plain, **fields)
         return rq.build(messages=prompt, **fields)
 
-    def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
-        """Answer one request, handing each piece of text to ``on_text`` as it comes."""
+    def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None) -> Answer:
+        """Answer one request, handing each piece of text to ``on_text`` as it comes, and a reasoning
+        model's thinking (``Answer.reasoning``) to ``on_reasoning``."""
         raise NotImplementedError
+
+    def prompt_text(self, request: Request) -> tuple[str, int] | None:
+        """The exact prompt the model gets for ``request`` and its token count (`--show-prompt`);
+        None where a server builds it."""
+        return None
 
     def batch_stats(self) -> Any:
         """An object the next :meth:`run_batch` fills with aggregate figures (``decode_tps``), or None."""
@@ -70,6 +78,29 @@ class Backend:
         """Answer ``items`` up to ``parallel`` at a time: one result per item in completion order,
         errors included (a line that is not a request, a prompt that does not fit)."""
         raise NotImplementedError
+
+    def embeddings(
+        self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True, pooling: str | None = None,
+        truncate: bool = False, n_ctx: int | None = None, on_done: Callable[[int], None] | None = None,
+    ) -> list[Embedding]:  # fmt: skip
+        """One :class:`~localinfer.embedding.Embedding` per input (a text or token ids), in order; an
+        input that cannot be embedded (empty, longer than the context without ``truncate``) has its
+        ``error``, the others are embedded all the same. ``pooling``: mean | cls | last (default: the
+        model's); ``n_ctx``: the embedding context here (the longest input); ``on_done(n)``: n more done."""
+        raise NotImplementedError
+
+    def embed(self, texts: Sequence[str], *, normalize: bool = True, pooling: str | None = None,
+              truncate: bool = False) -> list[list[float]]:  # fmt: skip
+        """The vectors of ``texts``, in order; the first input that cannot be embedded raises its error."""
+        if isinstance(texts, str):
+            raise UsageError("embed() takes a list of texts", hint="wrap one text in a list: embed([text])")
+        out = self.embeddings(texts, normalize=normalize, pooling=pooling, truncate=truncate)
+        for i, e in enumerate(out):
+            if e.vector is None:
+                if isinstance(e.exc, LocalInferError):
+                    raise e.exc
+                raise UsageError(f"input {i}: {e.error}")
+        return [e.vector for e in out]  # type: ignore[misc]
 
     def reset(self) -> None:
         """Forget what earlier requests left behind (chat's /clear): the KV cache here."""

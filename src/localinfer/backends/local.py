@@ -1,11 +1,12 @@
 """The engine here as a :class:`~localinfer.backends.Backend`: one sequence per answer (``generate``),
-or many decoded together (``engine.batch.BatchDecoder``) for batch."""
+or many decoded together (``engine.batch.BatchDecoder``) for batch; embeddings in a context of their
+own beside the generation one (``engine.embed.Embedder``, made on first use)."""
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.backends import Backend, Items, OnText, ToRequest
@@ -15,8 +16,11 @@ if TYPE_CHECKING:
     from localinfer.answer import Answer
     from localinfer.request import BatchRequest, InputError
     from localinfer.answer import BatchResult
+    from localinfer.embedding import Embedding
     from localinfer.engine.batch import BatchStats, SeqJob
+    from localinfer.engine.embed import Embedder
     from localinfer.generate import LoadedModel
+    from localinfer.reasoning import Thinking
     from localinfer.request import Request
 
 
@@ -33,6 +37,8 @@ class LocalBackend(Backend):
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
         self.load_s = loaded.load_s
+        self._embedder: Embedder | None = None
+        self._embedder_key: tuple[str | None, int | None] = (None, None)
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -46,14 +52,19 @@ class LocalBackend(Backend):
     def can_chat(self) -> bool:
         return self.loaded.template is not None
 
-    def answer(self, request: Request, on_text: OnText | None = None, *,
+    def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None,
                prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None) -> Answer:  # fmt: skip
         """``prompt``: tokens, stops and dropped count already built (chat splices its turns onto
         the cached tokens); else built from ``request`` (``generate.build_prompt``)."""
         from localinfer.generate import generate
 
         load_s, self.load_s = self.load_s, 0.0  # the load is counted once, in the first answer
-        return generate(self.loaded, request, on_text or _ignore, load_s=load_s, prompt=prompt)
+        return generate(self.loaded, request, on_text or _ignore, load_s=load_s, prompt=prompt, on_reasoning=on_reasoning)
+
+    def prompt_text(self, request: Request) -> tuple[str, int] | None:
+        from localinfer.generate import rendered_prompt
+
+        return rendered_prompt(self.loaded, request)
 
     def batch_stats(self) -> BatchStats:
         from localinfer.engine.batch import BatchStats
@@ -68,11 +79,12 @@ class LocalBackend(Backend):
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt
+        from localinfer.generate import build_prompt, reasoning_splitter
+        from localinfer.reasoning import Thinking
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
-        started: dict[int, tuple[BatchRequest, float, int, str]] = {}
+        started: dict[int, tuple[BatchRequest, float, int, str, Thinking | None]] = {}
         decoder = BatchDecoder(loaded.model, parallel)
 
         def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
@@ -92,10 +104,13 @@ class LocalBackend(Backend):
                     exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
                     outbox.append(failed(index, item, reason, exc))
                     continue
-                started[index] = (item, t0, dropped, request.mode)
+                split = reasoning_splitter(loaded, request, tokens)
+                thinking = None if split is None else Thinking(split)
+                started[index] = (item, t0, dropped, request.mode, thinking)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
-                             constraint=request.response_format)  # fmt: skip
+                             constraint=request.response_format, logprobs=request.logprobs,
+                             on_text=thinking.feed if thinking is not None else None)  # fmt: skip
 
         try:
             if stats is not None:
@@ -103,21 +118,69 @@ class LocalBackend(Backend):
             for res in decoder.run(jobs()):
                 while outbox:
                     yield outbox.popleft()
-                item, t0, dropped, mode = started.pop(res.key)
+                item, t0, dropped, mode, thinking = started.pop(res.key)
                 if res.error is not None:
                     yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
                     continue
                 res.stats.truncated_tokens = dropped
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode)
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
+                                logprobs=res.stats.logprobs)  # fmt: skip
+                if thinking is not None:  # TTFT to the first answer text, as for one sequence
+                    thinking.finish()
+                    answer.text, answer.reasoning = thinking.split.answer, thinking.split.reasoning or None
+                    answer.reasoning_tokens = min(thinking.tokens, res.stats.completion_tokens)
+                    answer.ttft_s, answer.reasoning_ttft_s = (None if t is None else t - res.t_admit
+                                                              for t in (thinking.t_text, thinking.t_reasoning))  # fmt: skip
                 yield BatchResult(res.key, item.id, item.line, answer)
             while outbox:
                 yield outbox.popleft()
         finally:
             decoder.close()
 
+    def embedder(self, pooling: str | None = None, n_ctx: int | None = None) -> Embedder:
+        """The embedding context for ``pooling`` and ``n_ctx`` (None: the defaults), made on first use
+        and made again only when they change."""
+        from localinfer.engine.embed import Embedder
+
+        key = (pooling, n_ctx)
+        if self._embedder is None or self._embedder_key != key:
+            self.close_embedder()
+            self._embedder = Embedder(self.loaded.model, n_ctx=n_ctx, pooling=pooling)
+            self._embedder_key = key
+        return self._embedder
+
+    def embeddings(
+        self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True, pooling: str | None = None,
+        truncate: bool = False, n_ctx: int | None = None, on_done: Callable[[int], None] | None = None,
+    ) -> list[Embedding]:  # fmt: skip
+        from localinfer.embedding import Embedding
+
+        embedder = self.embedder(pooling, n_ctx)
+        out: list[Embedding | None] = [None] * len(inputs)
+        todo: list[tuple[int, list[int], int]] = []
+        for i, item in enumerate(inputs):
+            try:
+                tokens, dropped = embedder.tokens_of(item, truncate=truncate)
+            except (UsageError, ContextOverflowError) as exc:
+                out[i] = Embedding(None, error=str(exc), exc=exc)
+                continue
+            todo.append((i, tokens, dropped))
+        if on_done is not None and len(todo) < len(inputs):
+            on_done(len(inputs) - len(todo))
+        vectors = embedder.embed([t for _, t, _ in todo], normalize=normalize, on_done=on_done)
+        for (i, tokens, dropped), vec in zip(todo, vectors):
+            out[i] = Embedding(vec, len(tokens), dropped)
+        return out  # type: ignore[return-value]
+
+    def close_embedder(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
+
     def reset(self) -> None:
         self.loaded.model.reset()
 
     def close(self) -> None:
+        self.close_embedder()  # before the model it was made on
         self.loaded.close()

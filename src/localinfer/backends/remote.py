@@ -8,7 +8,7 @@ that outgrows the server's context is the server's error (exit 6 when it says so
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.backends import Backend, Items, OnText, ToRequest
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from localinfer.answer import Answer
     from localinfer.request import BatchRequest
     from localinfer.answer import BatchResult
+    from localinfer.embedding import Embedding
     from localinfer.remote.client import Client, Outcome
     from localinfer.request import Request
 
@@ -54,7 +55,9 @@ class RemoteBackend(Backend):
 
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
         body = request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
-                            ignore_eos=request.ignore_eos, **text)  # fmt: skip
+                            ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+                            chat_template_kwargs=request.chat_template_kwargs, reasoning_format=request.reasoning_format,
+                            **text)  # fmt: skip
         if request.response_format is not None:
             body.update(request.response_format.request_fields())
         return body
@@ -64,9 +67,9 @@ class RemoteBackend(Backend):
 
         return Answer.of_outcome(outcome, self.name, self.endpoint, request.mode, request.sampling.seed if seed else None)
 
-    def answer(self, request: Request, on_text: OnText | None = None) -> Answer:
+    def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None) -> Answer:
         try:
-            outcome = self.client.stream(self.body(request), on_text=on_text)
+            outcome = self.client.stream(self.body(request), on_text=on_text, on_reasoning=on_reasoning)
         except KeyboardInterrupt as exc:
             partial = getattr(exc, "partial_outcome", None)
             exc.partial_answer = None if partial is None else self._answer(partial, request)  # type: ignore[attr-defined]
@@ -101,6 +104,62 @@ class RemoteBackend(Backend):
         finally:
             stop.set()
             workers.stop.set()
+
+    EMBED_CHUNK = 64  # inputs per /embeddings request
+
+    def embeddings(
+        self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True, pooling: str | None = None,
+        truncate: bool = False, n_ctx: int | None = None, on_done: Callable[[int], None] | None = None,
+    ) -> list[Embedding]:  # fmt: skip
+        """The server's /embeddings, ``EMBED_CHUNK`` inputs a request; a chunk the server refuses
+        (400: an input too long, empty...) is sent again one input at a time, so that only the bad
+        inputs get an error. The server pools and normalizes as it does (OpenAI's: L2): ``pooling``
+        and ``n_ctx`` are its own, ``normalize=False`` and ``truncate`` cannot be asked of it."""
+        from localinfer.errors import ContextOverflowError, UsageError
+
+        if not normalize or truncate:
+            flag = "--no-normalize" if not normalize else "--truncate"
+            raise UsageError(f"{flag} cannot be asked of a server's /embeddings (OpenAI's API normalizes, and refuses long inputs)")
+        if pooling is not None:
+            raise UsageError("--pooling cannot be asked of a server's /embeddings: it pools as it was started")
+        out: list[Embedding] = []
+        for start in range(0, len(inputs), self.EMBED_CHUNK):
+            chunk = list(inputs[start : start + self.EMBED_CHUNK])
+            try:
+                out.extend(self._embed_chunk(chunk))
+            except (UsageError, ContextOverflowError):  # one of them is bad: find which
+                for item in chunk:
+                    out.extend(self._embed_one(item))
+            if on_done is not None:
+                on_done(len(chunk))
+        return out
+
+    def _embed_one(self, item: str | Sequence[int]) -> list[Embedding]:
+        from localinfer.embedding import Embedding
+        from localinfer.errors import ContextOverflowError, UsageError
+
+        try:
+            return self._embed_chunk([item])
+        except (UsageError, ContextOverflowError) as exc:
+            return [Embedding(None, error=str(exc), exc=exc)]
+
+    def _embed_chunk(self, chunk: list[str | Sequence[int]]) -> list[Embedding]:
+        from localinfer.embedding import Embedding
+        from localinfer.remote.connection import ProtocolError
+
+        body = {"model": self.name, "input": [x if isinstance(x, str) else list(x) for x in chunk], "encoding_format": "float"}
+        data = self.client.post("embeddings", body)
+        try:
+            rows = sorted(data["data"], key=lambda d: d["index"])
+            vectors = [[float(x) for x in row["embedding"]] for row in rows]
+            usage = data.get("usage") or {}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ProtocolError(f"{self.endpoint}/embeddings did not answer with an OpenAI embedding list") from None
+        if len(vectors) != len(chunk):
+            raise ProtocolError(f"{self.endpoint}/embeddings answered {len(vectors)} vectors for {len(chunk)} inputs")
+        total = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        tokens = total if len(chunk) == 1 and isinstance(total, int) else None  # per input: only when alone
+        return [Embedding(v, tokens) for v in vectors]
 
     def close(self) -> None:
         if self._owner:

@@ -1,7 +1,9 @@
 """`localinfer batch` input and output: requests from JSONL or text, results as resumable JSONL.
 
 Input: JSONL, one request per line (``{"id": .., "prompt": ".."}`` or ``{"id": .., "messages": [..]}``,
-optional ``max_tokens``, ``stop`` and serve's sampling fields), or plain text, one prompt per line (the
+optional ``max_tokens``, ``stop``, serve's sampling fields, ``logprobs``/``top_logprobs`` and OpenAI's
+``response_format``, which overrides the command's ``--json-schema``/``--grammar``/``--format json``),
+or plain text, one prompt per line (the
 id is the line number). Blank lines are not requests. A line that is not a valid request becomes an
 :class:`InputError` carrying its line number and the reason - never dropped silently.
 
@@ -24,7 +26,7 @@ from localinfer.request import BatchRequest, InputError  # noqa: F401 - the line
 from localinfer.rules import SAMPLING_FIELDS
 
 # A line takes serve's sampling fields, checked by the same rules (localinfer.rules).
-_FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop")
+_FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop", "logprobs", "top_logprobs", "response_format")
 
 
 def detect_format(text: str, name: str | None = None) -> str:
@@ -49,7 +51,7 @@ def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None) -
     if fmt == "auto":
         fmt = detect_format(raw[:65536].decode("utf-8", errors="replace"), name)
     if fmt not in ("jsonl", "text"):
-        raise UsageError(f"--format must be auto, jsonl or text, not {fmt!r}")
+        raise UsageError(f"--input-format must be auto, jsonl or text, not {fmt!r}")
     items: list[BatchRequest | InputError] = []
     for number, line_bytes in enumerate(lines, start=1):
         line_bytes = line_bytes.rstrip(b"\r")
@@ -100,9 +102,11 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
             temperature=given.pop("temperature", None),
             seed=given.pop("seed", None),
             stop=rules.stop("stop", obj["stop"]) if obj.get("stop") is not None else None,
+            logprobs=rules.logprobs_fields(obj.get("logprobs"), obj.get("top_logprobs"), legacy=True),
             sampling=tuple(given.items()),
+            response_format=_response_format(obj),
         )
-    except ValueError as exc:  # a RuleError, or _prompt's
+    except ValueError as exc:  # a RuleError (a schema we cannot enforce too), or _prompt's
         return InputError(number, str(exc), rid)
 
 
@@ -111,6 +115,13 @@ def _prompt(obj: dict[str, Any]) -> str | None:
     if has_prompt == has_messages:
         raise ValueError("a request needs exactly one of 'prompt' or 'messages'")
     return rules.text("prompt", obj["prompt"]) if has_prompt else None
+
+
+def _response_format(obj: dict[str, Any]) -> Any:
+    """The line's own format; ``{"type": "text"}`` is False (free text, whatever the command says)."""
+    if obj.get("response_format") is None:
+        return None
+    return rules.response_format("response_format", obj["response_format"]) or False
 
 
 def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:

@@ -55,6 +55,9 @@ class BatchDefaults:
     system: str | None = None  # for prompt requests; messages are used as given
     raw: bool = False  # prompt requests as plain completion, even when the model has a template
     on_overflow: str = "error"  # error | truncate
+    response_format: Any = None  # a structured.Format for every line that names none (--json-schema...)
+    template_vars: dict | None = None  # the chat template's variables (--chat-template-kwargs)
+    logprobs: int | None = None  # the top N of each token's log probabilities (None: off)
 
 
 def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) -> Request:
@@ -62,13 +65,16 @@ def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) ->
     from localinfer import request as rq
 
     sampling = item.sampling_over(defaults.sampling)
+    fmt = defaults.response_format if item.response_format is None else item.response_format or None
     if item.messages is not None and not backend.can_chat:
         raise UsageError(f"{backend.name} has no chat template, so it cannot take 'messages' (use 'prompt')")
     return rq.build(
         item.prompt, messages=item.messages, system=defaults.system, raw=defaults.raw or not backend.can_chat,
         max_tokens=item.max_tokens if item.max_tokens is not None else defaults.max_tokens,
         stop=item.stop if item.stop is not None else defaults.stop,
-        sampling=sampling, on_overflow=defaults.on_overflow, ignore_eos=item.ignore_eos,
+        sampling=sampling, on_overflow=defaults.on_overflow, ignore_eos=item.ignore_eos, response_format=fmt,
+        chat_template_kwargs=defaults.template_vars,
+        logprobs=item.logprobs if item.logprobs is not None else defaults.logprobs,
     )  # fmt: skip
 
 

@@ -85,6 +85,7 @@ class Conversation:
         self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
         self._replay: tuple[str, list[int], int] | None = None  # the same, and how many came from the cache
         self._replaying = False  # set by retry for the next _answer
+        self.on_reasoning: Write | None = None  # a reasoning model's thinking, as it streams (not kept)
 
     # -- what the model sees ---------------------------------------------------------------------
     @property
@@ -120,8 +121,15 @@ class Conversation:
         """The messages rendered for the model: the system prompt, then history[start:] (role and content)."""
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         first = self.start if start is None else start
-        msgs.extend({"role": m["role"], "content": m["content"]} for m in self.history[first:])
+        keep = ("role", "content", "reasoning_content")
+        msgs.extend({k: m[k] for k in keep if k in m} for m in self.history[first:])
         return msgs
+
+    @property
+    def _keeps_reasoning(self) -> bool:
+        """Whether the template renders past thinking (``reasoning_content``): only then is it kept."""
+        template = self.loaded.template if self._engine_here else None
+        return template is not None and "reasoning_content" in (template.template or "")
 
     def reserve(self) -> int:
         """Tokens kept free for the answer when fitting the prompt into the context."""
@@ -132,7 +140,7 @@ class Conversation:
     def _render(self, messages: list[dict[str, Any]]) -> ChatPrompt:
         assert self.loaded.template is not None
         try:
-            return self.loaded.template.render(messages)
+            return self.loaded.template.render(messages, **(self.settings.template_vars or {}))
         except ValueError as exc:  # the template's raise_exception(), e.g. "roles must alternate"
             raise UsageError(f"the model's chat template refused this conversation: {exc}") from None
 
@@ -233,13 +241,15 @@ class Conversation:
                 self._anchor = (fitted.text, list(tokens))
             # here the prompt is already tokens; a backend without an engine gets the conversation
             request = rq.build(messages=() if prompt else self.context_messages(), max_tokens=s.max_tokens,
-                               stop=s.stop, sampling=s.sampling)  # fmt: skip
+                               stop=s.stop, sampling=s.sampling, response_format=s.response_format,
+                               chat_template_kwargs=s.template_vars)  # fmt: skip
         except BaseException:
             self.history.pop()
             raise
         answer: Any = self.backend.answer  # here, with the prompt already built
         try:
-            result = answer(request, write, prompt=prompt) if prompt else answer(request, write)
+            more = {"prompt": prompt} if prompt else {}
+            result = answer(request, write, on_reasoning=self.on_reasoning, **more)
         except KeyboardInterrupt as exc:
             result = getattr(exc, "partial_answer", None)
             if result is None:
@@ -249,7 +259,7 @@ class Conversation:
         except BaseException:
             self.history.pop()
             raise
-        self._keep_answer(result.text, result.finish_reason)
+        self._keep_answer(result.text, result.finish_reason, result.reasoning)
         if prompt is not None and self._anchor is not None and result.stats is not None:
             self._replay = (self._anchor[0], list(prompt[0]), result.stats.cached_tokens)
         self.last = result
@@ -259,13 +269,15 @@ class Conversation:
             self.answers.append(result)
         return result
 
-    def _keep_answer(self, text: str, finish_reason: str | None) -> None:
-        """The answer joins the history (marked when interrupted); an interrupted turn that wrote
-        nothing takes its user message back out."""
+    def _keep_answer(self, text: str, finish_reason: str | None, reasoning: str | None = None) -> None:
+        """The answer joins the history (marked when interrupted; its thinking only where the template
+        renders it); an interrupted turn that wrote nothing takes its user message back out."""
         if finish_reason == "interrupted" and not text:
             self.history.pop()
             return
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning and self._keeps_reasoning:
+            message["reasoning_content"] = reasoning
         if finish_reason == "interrupted":
             message["interrupted"] = True
         self.history.append(message)

@@ -5,7 +5,9 @@ Plain values, no heavy imports: the CLI and tests use them without loading anyth
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localinfer.engine.types import SamplingOptions
@@ -14,6 +16,7 @@ from localinfer.rules import RULES, RuleError
 
 if TYPE_CHECKING:
     from localinfer.generate import Result
+    from localinfer.structured import Format
 
 # -- settings --------------------------------------------------------------------------------------
 
@@ -30,7 +33,8 @@ _KEYS: dict[str, str] = {
     "max_tokens": "chat",
 }
 _ALIASES = {"temp": "temperature", "n": "max_tokens", "num_predict": "max_tokens", "repeat_n": "repeat_last_n"}
-SETTING_KEYS: tuple[str, ...] = (*_KEYS, "stop")
+SETTING_KEYS: tuple[str, ...] = (*_KEYS, "stop", "format")
+FORMAT_USAGE = "/set format json | schema FILE | grammar FILE | off"
 
 
 def canonical_key(key: str) -> str:
@@ -46,6 +50,12 @@ class ChatSettings:
     sampling: SamplingOptions = SamplingOptions()
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    response_format: Format | None = None  # each answer is this JSON or grammar (/set format)
+    template_vars: dict | None = None  # the chat template's variables (--chat-template-kwargs, /think)
+
+    def with_thinking(self, on: bool) -> ChatSettings:
+        """`/think on|off`: ``enable_thinking`` for the template (reasoning models that read it)."""
+        return replace(self, template_vars={**(self.template_vars or {}), "enable_thinking": on})
 
     def with_value(self, key: str, value: str) -> ChatSettings:
         """A copy with ``key`` set from the text ``value``; UsageError naming the valid values."""
@@ -55,6 +65,8 @@ class ChatSettings:
             if value.lower() in ("", "none"):
                 return replace(self, stop=())
             return replace(self, stop=(*self.stop, unquote(value)))
+        if name == "format":
+            return replace(self, response_format=parse_format(value))
         if name not in _KEYS:
             from localinfer.fuzzy import did_you_mean
 
@@ -85,7 +97,43 @@ class ChatSettings:
             ("seed", "random" if s.seed is None else str(s.seed)),
             ("max_tokens", "none (until the model stops or the context is full)" if self.max_tokens is None else str(self.max_tokens)),
             ("stop", ", ".join(repr(x) for x in self.stop) or "none"),
+            ("format", format_label(self.response_format)),
+            *([("template", json.dumps(self.template_vars))] if self.template_vars else []),
         ]
+
+
+def parse_format(value: str) -> Format | None:
+    """`/set format`'s value: json (any JSON object), schema FILE (a JSON schema), grammar FILE
+    (GBNF), or off; a schema we cannot enforce is refused here, naming its keyword."""
+    from localinfer import structured
+
+    kind, _, arg = value.strip().partition(" ")
+    kind, arg = kind.lower(), unquote(arg.strip())
+    if kind in ("off", "none", "text") and not arg:
+        return None
+    if kind == "json" and not arg:
+        return structured.JSON_OBJECT
+    if kind in ("schema", "grammar") and arg:
+        path = Path(arg).expanduser()
+        try:
+            with open(path, "rb") as fh:  # read one byte past the bound: structured refuses what is larger
+                text = fh.read(structured.MAX_SCHEMA_BYTES + 1).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the {kind} file {arg}: {getattr(exc, 'strerror', None) or exc}") from None
+        if kind == "grammar":
+            return structured.from_grammar(text)
+        return structured.from_schema(text, name=path.stem)
+    raise UsageError(f"/set format takes json, schema FILE, grammar FILE or off, not {value.strip()!r}", hint=FORMAT_USAGE)
+
+
+def format_label(fmt: Format | None) -> str:
+    if fmt is None:
+        return "off (free text)"
+    if fmt.kind == "json":
+        return "json (any JSON object)"
+    if fmt.kind == "json_schema":
+        return f"schema {fmt.name}" if fmt.name else "a JSON schema"
+    return f"a grammar ({len(fmt.text.splitlines())} lines)"
 
 
 def unquote(text: str) -> str:

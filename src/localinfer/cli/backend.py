@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from localinfer.backends import Backend, Note
     from localinfer.engine.types import LoadOptions
     from localinfer.remote.connection import Endpoint
+    from localinfer.resident.place import KeepAlive
     from localinfer.store import ResolvedModel
     from localinfer.usage.recorder import Named
 
@@ -26,10 +27,12 @@ def open_backend(
     chat_only: bool = False,
     pool: int = 1,
     retries: int = 4,
+    keep_alive: KeepAlive | None = None,
 ) -> Backend:
     """The backend for the command's flags. ``load_options``: the load flags, given the model (only
     called for a model loaded here). ``on_model``: told which model the request goes to as soon as
-    that is known, so that a failure later is recorded against it."""
+    that is known, so that a failure later is recorded against it. ``keep_alive``: the model is
+    loaded (or found) in this user's resident server, which answers; where none can run, here."""
     from localinfer import backends
     from localinfer.usage.recorder import ModelId
 
@@ -44,11 +47,38 @@ def open_backend(
             remote.close()
             raise
     else:
-        from localinfer.render.progress import make_progress
-        from localinfer.store import resolve_model
+        def resolve() -> ResolvedModel:
+            from localinfer.render.progress import make_progress
+            from localinfer.store import resolve_model
 
-        resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
-        tell(resolved)
-        backend = backends.load(resolved, load_options(resolved), force=force, on_note=on_note, chat_only=chat_only)
+            resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
+            tell(resolved)
+            return resolved
+
+        backend = None
+        if keep_alive is not None:
+            backend = _resident(model, load_options, keep_alive, resolve, force=force, on_note=on_note, retries=retries,
+                                chat_only=chat_only, tell=tell)  # fmt: skip
+        if backend is None:
+            resolved = resolve()
+            backend = backends.load(resolved, load_options(resolved), force=force, on_note=on_note, chat_only=chat_only)
     tell(backend)
     return backend
+
+
+def _resident(model: str | None, load_options: Callable[[ResolvedModel], LoadOptions], keep_alive: KeepAlive,
+              resolve: Callable[[], ResolvedModel], *, tell: Callable[[Named], None], **kw: object) -> Backend | None:
+    """The resident server's backend (None: run here). ``load_options(None)`` succeeds where the flags
+    alone decide the load (run, chat): the model is then resolved by the server, not here."""
+    from localinfer.render.stats import warn
+    from localinfer.resident.backend import open_resident
+    from localinfer.usage.recorder import ModelId
+
+    try:
+        options = load_options(None)  # type: ignore[arg-type]
+    except AttributeError:  # the load is sized by the model (batch): resolved here first
+        options = None
+    if model:
+        tell(ModelId(model))
+    return open_resident(model, options, keep_alive=keep_alive.seconds, max_models=keep_alive.max_models, resolve=resolve,
+                         load_options=load_options, warn=warn, **kw)  # type: ignore[arg-type]  # fmt: skip

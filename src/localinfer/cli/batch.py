@@ -51,12 +51,15 @@ def batch(
     resume: Annotated[bool, typer.Option("--resume", help="Skip ids already answered in --output; retry its errors.", rich_help_panel=_JOB)] = False,
     on_error: Annotated[OnError, typer.Option("--on-error", help="A bad line or a prompt too long: write an error record, or stop the job.", rich_help_panel=_JOB)] = OnError.skip,
     keep_order: Annotated[bool, typer.Option("--keep-order", help="Write results in input order (default: as they finish).", rich_help_panel=_JOB)] = False,
-    input_format: Annotated[InputFormat, typer.Option("--format", help="Input format; auto looks at the extension, then the first line.", rich_help_panel=_JOB)] = InputFormat.auto,
+    input_format: Annotated[InputFormat, typer.Option("--input-format", help="Input format; auto looks at the extension, then the first line.", rich_help_panel=_JOB)] = InputFormat.auto,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt for 'prompt' requests.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="'prompt' requests as plain completion: no chat template.")] = False,
     sampling: o.Sampling = o.SAMPLING,
+    template_vars: o.TemplateVars = o.TEMPLATE,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
+    response_format: o.ResponseFormat = o.FORMAT,
+    logprobs: o.Logprobs = o.LOGPROBS,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
     ctx_size: CtxPerSeqOpt = None,
     base: o.Load = o.LOAD.without("ctx_size"),
@@ -65,9 +68,11 @@ def batch(
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
+    keep_alive: o.Keep = o.KEEP_ALIVE,
     retries: Annotated[int, typer.Option("--retries", min=0, help="With --endpoint: tries after the first when the server is busy (429/503) or the connection fails.", rich_help_panel=o._SERVER)] = 4,
 ) -> None:
-    """Run many requests through one model, several sequences at a time; one JSON result per line."""
+    """Run many requests through one model, several sequences at a time; one JSON result per line.
+    --json-schema, --grammar or --format json constrain every answer; a line's response_format overrides them."""
     with handle_errors():
         from localinfer.batch import io as batchio
         from localinfer.batch import job as batchjob
@@ -108,7 +113,7 @@ def batch(
             parallel = parallel or DEFAULT_PARALLEL
         # a wrong URL or key, like a model that will not load, writes nothing: the output is opened after
         backend = open_backend(endpoint=endpoint, model=model, load_options=load_opts,
-                               offline=offline, on_note=say, pool=parallel or 1, retries=retries)  # fmt: skip
+                               offline=offline, on_note=say, pool=parallel or 1, retries=retries, keep_alive=keep_alive)  # fmt: skip
         assert parallel is not None
         try:
             if getattr(backend, "loaded", None) is not None:  # a template the sandbox refuses fails the job now
@@ -121,6 +126,9 @@ def batch(
             defaults = batchjob.BatchDefaults(
                 sampling=sampling,
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
+                response_format=response_format,
+                template_vars=template_vars,
+                logprobs=logprobs,
             )
             sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
             show = None if quiet else make_progress(len(pending))

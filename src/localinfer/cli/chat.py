@@ -23,6 +23,8 @@ def chat(
     sampling: o.Sampling = o.SAMPLING,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
+    response_format: o.ResponseFormat = o.FORMAT,
+    template_vars: o.TemplateVars = o.TEMPLATE,
     load_opts: o.Load = o.LOAD,
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
@@ -30,14 +32,17 @@ def chat(
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
+    keep_alive: o.Keep = o.KEEP_ALIVE,
 ) -> None:
-    """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn."""
+    """Chat with a model: a REPL on a terminal (/help lists its commands); piped, each line is a turn.
+    --json-schema, --grammar or --format json (or /set format) make every answer that JSON."""
     with handle_errors():
         from localinfer.chat.settings import ChatSettings
         from localinfer.cli.chat_repl import run_lines, run_repl
         from localinfer.cli.chat_session import ChatSession
 
-        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
+        settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, stop=tuple(stop or ()), response_format=response_format,
+                                template_vars=template_vars)  # fmt: skip
         from localinfer.render.term import is_tty
 
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)
@@ -50,6 +55,7 @@ def chat(
             no_log=no_log,
             interactive=interactive,
             endpoint=endpoint,  # a server: nothing is loaded here
+            keep_alive=keep_alive,  # the model stays loaded in the resident server
         )
         session.open(model, system, settings)
         failed = 0

@@ -36,6 +36,7 @@ class ChatSession:
     no_log: bool
     interactive: bool
     endpoint: Endpoint | None = None  # a server to chat with (--endpoint), with its key and timeout
+    keep_alive: Any = None  # --keep-alive (resident.place.KeepAlive): the model stays loaded between chats
     conv: Conversation | None = None
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
@@ -70,7 +71,7 @@ class ChatSession:
         load_opts = self.load_opts
         return open_backend(endpoint=self.endpoint, model=name,
                             load_options=lambda _resolved: load_opts, offline=self.offline, force=self.force,
-                            on_note=self.say, chat_only=True)  # fmt: skip
+                            on_note=self.say, chat_only=True, keep_alive=self.keep_alive)  # fmt: skip
 
     def open(self, name: str | None, system: str | None, settings: Any) -> None:
         from localinfer.chat.conversation import Conversation
@@ -91,7 +92,21 @@ class ChatSession:
     def turn(self, text: str, *, retry: bool = False) -> Answer:
         conv = self.conv
         assert conv is not None
-        result = conv.retry(self._write) if retry else conv.ask(text, self._write)
+        from localinfer.render.thinking import ThinkingWriter, shows_thinking
+
+        thinking = ThinkingWriter(self.err) if shows_thinking(self.quiet, self.err) else None
+        conv.on_reasoning = thinking.write if thinking is not None else None
+
+        def write(piece: str) -> None:
+            if thinking is not None:
+                thinking.end()
+            self._write(piece)
+
+        try:
+            result = conv.retry(write) if retry else conv.ask(text, write)
+        finally:
+            if thinking is not None:
+                thinking.end()
         if result.text and not result.text.endswith("\n"):
             self._write("\n")
         interrupted = result.finish_reason == "interrupted"
@@ -185,6 +200,12 @@ class ChatSession:
                 raise UsageError("/load needs a file name", hint="/load chat.json")
             n = conv.load(unquote(arg))
             self.tell(f"Loaded {n} messages from {arg}.")
+        elif name == "think":
+            on = {"on": True, "off": False}.get(arg.strip().lower())
+            if on is None:
+                raise UsageError("/think takes on or off", hint="/think off: ask a reasoning model to answer without thinking")
+            conv.settings = conv.settings.with_thinking(on)
+            self.tell(f"Thinking {'on' if on else 'off'} (enable_thinking, for templates that read it).")
         elif name == "model":
             if not arg:
                 self.tell(f"Model: {conv.name}")
@@ -197,7 +218,7 @@ class ChatSession:
         else:
             from localinfer.fuzzy import did_you_mean
 
-            known = ("help", "clear", "system", "set", "show", "stats", "retry", "save", "load", "model", *_EXIT)
+            known = ("help", "clear", "system", "set", "show", "stats", "retry", "save", "load", "model", "think", *_EXIT)
             hint = did_you_mean(name, known, "/") or "type /help for the commands"
             raise UsageError(f"unknown command /{name}", hint=f"{hint}; //text sends a message starting with /")
         return True

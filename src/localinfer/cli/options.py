@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions, SamplingOptions
     from localinfer.remote.connection import Endpoint
     from localinfer.structured import Format
+    from localinfer.resident.place import KeepAlive
     from localinfer.usage.cost import Pricing
 
 _SAMPLING = "Sampling"
@@ -107,13 +108,18 @@ def choices(name: str, *values: str) -> Any:
 Overflow = choices("Overflow", "error", "truncate")  # --on-overflow: a prompt that does not fit the context
 
 
-def parse_gpu_layers(value: str) -> int:
+def parse_gpu_layers(value: str, *, probe: bool = True) -> int:
     """auto | all | N -> LoadOptions.n_gpu_layers (-1 = all; auto = GPU_LAYERS_AUTO, which the
     pre-flight in generate.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
-    the engine alone reads any negative value as all)."""
+    the engine alone reads any negative value as all). ``probe=False``: auto stays GPU_LAYERS_AUTO
+    without asking llama.cpp (a resident server's pre-flight resolves it; the client imports no llama_cpp)."""
     v = value.strip().lower()
     if v == "all":
         return -1
+    if v == "auto" and not probe:
+        from localinfer.engine.types import GPU_LAYERS_AUTO  # not system.estimate: heavy for a client
+
+        return GPU_LAYERS_AUTO
     if v == "auto":
         from localinfer.engine.backend import supports_gpu_offload
         from localinfer.system.estimate import GPU_LAYERS_AUTO
@@ -223,6 +229,7 @@ def _load(
     rpc: RpcOpt = None,
     *,
     verbose: bool = False,
+    keep_alive: Any = None,
 ) -> "LoadOptions":
     from localinfer.engine.rpc import parse_endpoints
     from localinfer.engine.types import LoadOptions
@@ -230,7 +237,7 @@ def _load(
     return LoadOptions(
         n_ctx=ctx_size,
         n_threads=threads,
-        n_gpu_layers=parse_gpu_layers(gpu_layers),
+        n_gpu_layers=parse_gpu_layers(gpu_layers, probe=not _resident(keep_alive)),
         verbose=verbose,
         flash_attn=_choice("--flash-attn", flash_attn, ("auto", "on", "off")),
         cache_type_k=_choice("--cache-type-k", cache_type_k, _CACHE_TYPES),
@@ -267,6 +274,12 @@ def _cost(
     return cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
 
 
+def _logprobs(
+    logprobs: Annotated[Optional[int], typer.Option("--logprobs", **rules.option("top_logprobs", typer.BadParameter), help="Each answer token's log probability and the N likeliest alternatives, in the JSON output (0 = the token's alone).", rich_help_panel=_SAMPLING)] = None,
+) -> "int | None":
+    return logprobs
+
+
 def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: TimeoutOpt = None) -> "Endpoint | None":
     if not endpoint:
         return None
@@ -295,7 +308,9 @@ def _response_format(
     if grammar_file is not None:
         return from_grammar(_read_text(grammar_file, "--grammar-file"))
     if response_format is not None and response_format != "json":
-        raise UsageError(f"--format takes json, not {response_format!r}", hint="use --json-schema for a schema")
+        batch_input = response_format in ("auto", "jsonl", "text")  # batch's input format was --format once
+        raise UsageError(f"--format takes json, not {response_format!r}",
+                         hint="batch's input format is --input-format" if batch_input else "use --json-schema for a schema")
     return pick(response_format, json_schema, grammar)
 
 
@@ -315,11 +330,68 @@ def _read_text(path: Path, flag: str) -> str:
         raise UsageError(f"{flag}: {path} is not UTF-8 (byte {exc.start})") from None
 
 
+# --keep-alive: the model stays loaded in this user's resident server (localinfer.resident)
+_RESIDENT = "Keep the model loaded (resident server)"
+KeepAliveOpt = Annotated[
+    Optional[str],
+    typer.Option("--keep-alive", envvar="LOCALINFER_KEEP_ALIVE", metavar="DURATION", help="Keep the model loaded after the command, in this user's resident server, for this long idle (5m, 30s, 1h; 0: off, the default; -1: forever). See `localinfer ps`.", rich_help_panel=_RESIDENT),
+]
+MaxModelsOpt = Annotated[Optional[int], typer.Option("--max-models", envvar="LOCALINFER_MAX_MODELS", min=1, help="Models the resident server keeps loaded at once (the least recently used is unloaded). Default: what fits in memory.", rich_help_panel=_RESIDENT)]
+
+
+def _keep_alive(keep_alive: KeepAliveOpt = None, max_models: MaxModelsOpt = None, *, endpoint: Any = None) -> "KeepAlive | None":
+    from localinfer.resident.place import KeepAlive, parse_keep_alive
+
+    seconds = parse_keep_alive(keep_alive)
+    if seconds is None or endpoint:  # a server of one's own choosing answers; nothing stays loaded here
+        return None
+    return KeepAlive(seconds, max_models)
+
+
+def _resident(keep_alive: Any) -> bool:
+    """Whether --keep-alive is on: read by the load group as the flag's text or the group's value
+    (whichever the command's group order leaves in its arguments)."""
+    if keep_alive is None or not isinstance(keep_alive, str):
+        return keep_alive is not None
+    from localinfer.resident.place import parse_keep_alive
+
+    try:
+        return parse_keep_alive(keep_alive) is not None
+    except UsageError:
+        return False  # reported by the keep-alive group
+
+
+def _template_kwargs(text: Any) -> Any:
+    """--chat-template-kwargs: a JSON object (bad JSON, or not an object: exit 2 naming it)."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return rules.chat_template_kwargs_text("--chat-template-kwargs", text)
+    except rules.RuleError as exc:
+        raise typer.BadParameter(exc.problem) from None
+
+
+_TEMPLATE = "Chat template"
+
+
+def _template(
+    chat_template_kwargs: Annotated[Optional[dict], typer.Option("--chat-template-kwargs", metavar="JSON", parser=_template_kwargs, help='Variables for the chat template, as a JSON object: \'{"enable_thinking": false}\', \'{"reasoning_effort": "high"}\'.', rich_help_panel=_TEMPLATE)] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="Ask a reasoning model to think first, or not (enable_thinking, where its template reads it).", rich_help_panel=_TEMPLATE)] = None,
+) -> "dict[str, Any] | None":
+    out = dict(chat_template_kwargs or {})
+    if think is not None:
+        out["enable_thinking"] = think
+    return out or None
+
+
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
 SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
 FORMAT = OptionGroup(_response_format)  # -> structured.Format (None: free text)
+KEEP_ALIVE = OptionGroup(_keep_alive)  # -> resident.place.KeepAlive (None: off, or with --endpoint)
+TEMPLATE = OptionGroup(_template)  # -> the chat template's variables (None: none given)
+LOGPROBS = OptionGroup(_logprobs)  # -> the top N of Request.logprobs (None: off); run --json and batch
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
@@ -328,3 +400,6 @@ Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint
 Server: TypeAlias = "Endpoint | None"  # None without --endpoint
 ResponseFormat: TypeAlias = "Format | None"  # None: free text
+Keep: TypeAlias = "KeepAlive | None"  # None: off (the default), or with --endpoint
+TemplateVars: TypeAlias = "dict[str, Any] | None"  # --chat-template-kwargs, --think/--no-think
+Logprobs: TypeAlias = "int | None"  # None: no log probabilities

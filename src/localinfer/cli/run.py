@@ -63,11 +63,16 @@ def run(
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = o.Overflow.error,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, reasoning, usage, timings) instead of streaming.")] = False,
+    logprobs: o.Logprobs = o.LOGPROBS,
+    template_vars: o.TemplateVars = o.TEMPLATE,
+    hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (shown dim on stderr on a terminal; never on stdout).")] = False,
+    show_prompt: Annotated[bool, typer.Option("--show-prompt", "--verbose-prompt", help="Print the exact prompt the chat template built, and its token count, on stderr.")] = False,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
     response_format: o.ResponseFormat = o.FORMAT,
+    keep_alive: o.Keep = o.KEEP_ALIVE,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr. With --json-schema, --grammar
     or --format json, stdout is exactly the document (and a newline)."""
@@ -76,6 +81,10 @@ def run(
 
     with handle_errors(), recording("run", no_log=no_log, warn=warn_line) as rec:
         from localinfer.api import DEFAULT_COMPLETION_TOKENS
+        from localinfer.errors import UsageError
+
+        if logprobs is not None and not json_out:  # streamed text has no room for them
+            raise UsageError("--logprobs needs --json (they are the JSON's 'logprobs' list)")
         from localinfer.cli.backend import open_backend
         from localinfer.render.stats import warn
 
@@ -89,7 +98,7 @@ def run(
             rec.model = named
 
         backend = open_backend(endpoint=endpoint, model=model, load_options=lambda _resolved: load_opts,
-                               offline=offline, force=force, on_note=say, on_model=on_model)  # fmt: skip
+                               offline=offline, force=force, on_note=say, on_model=on_model, keep_alive=keep_alive)  # fmt: skip
         # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last
         # run's: a process running the command again (CliRunner) frees the one before.
         _until_exit[:] = [backend]
@@ -100,9 +109,15 @@ def run(
             request = backend.request(
                 text, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                 stop=tuple(stop or ()), on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
-                response_format=response_format,
+                response_format=response_format, chat_template_kwargs=template_vars,
+                logprobs=logprobs,
             )  # fmt: skip
-            result = _stream(backend, request, json_out=json_out, quiet=quiet, verbose=verbose)
+            if show_prompt:
+                _show_prompt(backend, request, say)
+            from localinfer.render.thinking import ThinkingWriter, shows_thinking
+
+            thinking = ThinkingWriter() if shows_thinking(hide_thinking or quiet or json_out) else None
+            result = _stream(backend, request, json_out=json_out, quiet=quiet, verbose=verbose, thinking=thinking)
             rec.result = result
             if json_out:
                 import json
@@ -155,11 +170,33 @@ def _print_summary(answer: Any, verbose: bool) -> None:
     print_summary(answer, verbose=verbose)
 
 
-def _stream(backend: Any, request: Any, *, json_out: bool, quiet: bool, verbose: bool) -> Any:
-    """Stream the answer to stdout (unless ``json_out``); its Answer. On Ctrl-C, the answer so far
-    ends its line and its stats are shown before the interruption is reported."""
+def _show_prompt(backend: Any, request: Any, say: Any) -> None:
+    """--show-prompt: the prompt as the model gets it, on stderr (stdout carries only the answer)."""
+    shown = backend.prompt_text(request)
+    if shown is None:
+        say("--show-prompt: the server builds the prompt with --endpoint; nothing to show here")
+        return
+    text, n_tokens = shown
+    sys.stderr.write(f"--- prompt ({n_tokens} tokens) ---\n{text}\n--- end of prompt ---\n")
+    sys.stderr.flush()
+
+
+def _stream(backend: Any, request: Any, *, json_out: bool, quiet: bool, verbose: bool, thinking: Any = None) -> Any:
+    """Stream the answer to stdout (unless ``json_out``) and the thinking to ``thinking`` (a
+    ThinkingWriter, or None: not shown); its Answer. On Ctrl-C, the answer so far ends its line
+    and its stats are shown before the interruption is reported."""
+
+    def write(text: str) -> None:
+        if thinking is not None:
+            thinking.end()
+        _write_stdout(text)
+
     try:
-        return backend.answer(request, None if json_out else _write_stdout)
+        try:
+            return backend.answer(request, None if json_out else write, on_reasoning=thinking.write if thinking else None)
+        finally:
+            if thinking is not None:
+                thinking.end()
     except KeyboardInterrupt as exc:
         partial = getattr(exc, "partial_answer", None)  # the engine settled its stats for what was generated
         if partial is not None and partial.text and not json_out:

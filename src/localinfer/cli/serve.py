@@ -36,13 +36,15 @@ def serve(
     max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; past it the longest idle one is closed (or 503).", rich_help_panel=_SECURITY)] = 1024,
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, help="Seconds a client has to send a request's headers (408 after).", rich_help_panel=_SECURITY)] = 10.0,
     ctx_size: CtxPerSeqOpt = None,
+    template_vars: o.TemplateVars = o.TEMPLATE,
+    embedding_ctx: Annotated[int, typer.Option("--embedding-ctx", min=16, help="/v1/embeddings: tokens per llama_decode, and so the longest input (its context is made on the first request).", rich_help_panel=_SERVER)] = 512,
     base: o.Load = o.LOAD.without("ctx_size"),
     force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     verbose: o.VerboseOpt = False,
 ) -> None:
-    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings)."""
     with handle_errors():
         from localinfer.batch import job as batchjob
         from localinfer.render.stats import warn
@@ -58,7 +60,7 @@ def serve(
             drain_s=drain_timeout, no_log=no_log, verbose=verbose,
             allowed_hosts=tuple(check_allowed_host(h) for h in allowed_host or ()),
             cors_origins=tuple(check_origin(c) for c in cors_origin or ()), max_connections=max_connections,
-            header_timeout_s=header_timeout,
+            header_timeout_s=header_timeout, chat_template_kwargs=template_vars, embedding_ctx=embedding_ctx,
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")

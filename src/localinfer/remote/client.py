@@ -22,7 +22,7 @@ from localinfer.remote.connection import (
     transport_error,
 )
 from localinfer.answer import Outcome  # noqa: F401 - what the client returns, re-exported
-from localinfer.remote.sse import SSEDecoder, choice_text, parse_event
+from localinfer.remote.sse import SSEDecoder, choice_logprobs, choice_text, parse_event
 
 if TYPE_CHECKING:
     from localinfer.engine.types import SamplingOptions
@@ -37,12 +37,13 @@ def _int_or_none(value: Any) -> int | None:
 class StreamState:
     """Lines of one SSE response in, an :class:`Outcome` out."""
 
-    def __init__(self, where: str, t_start: float, on_text: OnText | None = None) -> None:
-        self.where, self.on_text = where, on_text
+    def __init__(self, where: str, t_start: float, on_text: OnText | None = None, on_reasoning: OnText | None = None) -> None:
+        self.where, self.on_text, self.on_reasoning = where, on_text, on_reasoning
         self.outcome = Outcome(t_start=t_start)
         self.decoder = SSEDecoder()
         self.done = False
         self._pieces: list[str] = []
+        self._logprobs: list[dict[str, Any]] | None = None
 
     def line(self, line: str, now: float) -> None:
         event = self.decoder.feed(line)
@@ -58,6 +59,11 @@ class StreamState:
         o = self.outcome
         o.model = o.model or (chunk.get("model") if isinstance(chunk.get("model"), str) else None)
         for choice in chunk.get("choices") or ():
+            thought = _reasoning_of(choice)
+            if thought:
+                o.reasoning += thought
+                if self.on_reasoning is not None:
+                    self.on_reasoning(thought)
             text = choice_text(choice, self.where)
             if text:
                 if o.t_first is None:
@@ -69,12 +75,18 @@ class StreamState:
                 self._pieces.append(text)
                 if self.on_text is not None:
                     self.on_text(text)
+            entries = choice_logprobs(choice)
+            if entries is not None:
+                self._logprobs = (self._logprobs or []) + entries
             if choice.get("finish_reason"):
                 o.finish_reason = str(choice["finish_reason"])
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             o.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
             o.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+            out_details = usage.get("completion_tokens_details")
+            if isinstance(out_details, dict):
+                o.reasoning_tokens = _int_or_none(out_details.get("reasoning_tokens"))
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and _int_or_none(details.get("cached_tokens")) is not None:
                 o.cached_tokens = details["cached_tokens"]
@@ -96,6 +108,7 @@ class StreamState:
         """What was received before Ctrl-C, finish reason ``interrupted``."""
         o = self.outcome
         o.t_end, o.text, o.finish_reason = now, "".join(self._pieces), "interrupted"
+        o.logprobs = self._logprobs
         return o
 
     def finish(self, now: float) -> Outcome:
@@ -103,6 +116,7 @@ class StreamState:
         o = self.outcome
         o.t_end = now
         o.text = "".join(self._pieces)
+        o.logprobs = self._logprobs
         if not self.done and o.finish_reason is None:
             what = "in the middle of an event" if self.decoder.pending() else "before the answer ended"
             raise RemoteError(f"{self.where} closed the stream {what}", retryable=True,
@@ -110,6 +124,18 @@ class StreamState:
         if o.cached_tokens is None and o.server_timings and _int_or_none(o.server_timings.get("cache_n")) is not None:
             o.cached_tokens = o.server_timings["cache_n"]
         return o
+
+
+def _reasoning_of(choice: dict[str, Any]) -> str:
+    """A reasoning model's thinking in a chunk: ``reasoning_content`` (llama-server, DeepSeek, our
+    serve) or ``reasoning`` (Ollama, newer vLLM)."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(delta.get(key), str):
+            return delta[key]
+    return ""
 
 
 # -- requests ---------------------------------------------------------------------------------------
@@ -124,8 +150,12 @@ def request_body(
     max_tokens: int | None = None,
     stop: Iterable[str] = (),
     ignore_eos: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    reasoning_format: str | None = None,
+    logprobs: int | None = None,
 ) -> dict[str, Any]:
-    """A streaming chat (``messages``) or completion (``prompt``) request.
+    """A streaming chat (``messages``) or completion (``prompt``) request; ``logprobs`` (the top N)
+    as the API asks it: chat's ``logprobs: true`` + ``top_logprobs``, the completions' ``logprobs: N``.
 
     Only OpenAI's own fields unless asked: top_k, min_p, repeat_penalty and repeat_last_n are sent
     when they differ from llama.cpp's defaults (which llama.cpp-based servers already use, and which
@@ -154,6 +184,12 @@ def request_body(
         body["stop"] = stop
     if ignore_eos:
         body["ignore_eos"] = True
+    if chat_template_kwargs and messages is not None:  # vLLM's and llama-server's field
+        body["chat_template_kwargs"] = chat_template_kwargs
+    if reasoning_format is not None and messages is not None:  # llama-server's
+        body["reasoning_format"] = reasoning_format
+    if logprobs is not None:
+        body.update({"logprobs": True, "top_logprobs": logprobs} if messages is not None else {"logprobs": logprobs})
     return body
 
 
@@ -209,10 +245,24 @@ class Client:
             raise RemoteError(f"{self.ep.display} serves no model (its /models list is empty)", fatal=True)
         return ids[0]
 
-    def stream(self, body: dict[str, Any], on_text: OnText | None = None) -> Outcome:
-        """Send one streaming request; ``on_text`` gets each piece of text as it comes."""
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One JSON request, one JSON object back (``embeddings``); an error answer raises."""
+        try:
+            r = self._http.post(self.ep.url(path), json=body)
+            data = r.json() if r.status_code == 200 else None
+        except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+            raise (_translate(exc, self.ep, started=True) or exc) from None
+        if r.status_code != 200:
+            raise status_error(r.status_code, r.content, r.headers, self.ep)
+        if not isinstance(data, dict):
+            raise ProtocolError(f"{self.ep.display}/{path} answered {type(data).__name__}, not a JSON object")
+        return data
+
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Outcome:
+        """Send one streaming request; ``on_text`` gets each piece of text as it comes (``on_reasoning``
+        a reasoning model's thinking, where the server sends it apart)."""
         t0 = time.perf_counter()
-        state = StreamState(self.ep.display, t0, on_text)
+        state = StreamState(self.ep.display, t0, on_text, on_reasoning)
         started = False
         try:
             with self._http.stream("POST", self.ep.url(_path(body)), json=body) as r:

@@ -7,7 +7,6 @@ Python 3.11), else httpx: the same API, TLS and proxies (HTTPS_PROXY, NO_PROXY, 
 
 from __future__ import annotations
 
-import email.utils
 import os
 import time
 from dataclasses import dataclass
@@ -105,6 +104,8 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
+    import email.utils  # here: the resident client reads no dates, and email costs milliseconds to import
+
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError):

@@ -24,13 +24,15 @@ HELP = '''Commands:
   /clear               start a new conversation (same system prompt; empties the KV cache)
   /system [TEXT]       show or set the system prompt (/system "" removes it)
   /set [KEY VALUE]     show or change a setting: temperature, top_p, top_k, min_p, repeat_penalty,
-                       repeat_last_n, seed (N or random), max_tokens (N or none), stop (TEXT or none)
+                       repeat_last_n, seed (N or random), max_tokens (N or none), stop (TEXT or none),
+                       format (json, schema FILE, grammar FILE or off: each answer is that JSON)
   /show                the model, the context and the current settings
   /stats               the last turn in detail and the session's totals
   /retry               regenerate the last answer
   /save FILE           save the conversation (OpenAI-style messages JSON)
   /load FILE           load a saved conversation
   /model [NAME]        switch to another model, keeping the conversation
+  /think on|off        ask a reasoning model to think first or not (enable_thinking)
 Input:
   """ starts a multi-line message and """ ends it; Alt+Enter (Esc, Enter) inserts a newline;
   pasted text keeps its lines. //text sends a message that starts with "/".

@@ -28,12 +28,14 @@ def summary_line(result: Result) -> str:
         f"prefill {_tps(s.prefill_tps)} ({s.evaluated_tokens} evaluated, {s.cached_tokens} cached)",
         f"decode {_tps(s.decode_tps)}",
         f"total {_ms(result.total_s)}",
-        f"load {_ms(result.load_s)}",
+        "load 0 (resident)" if getattr(result, "resident", False) else f"load {_ms(result.load_s)}",
         f"peak RSS {human_bytes(result.peak_rss)}",
         f"finish {s.finish_reason or '-'}",
     ]
     if s.truncated_tokens:
         parts.append(f"prompt truncated by {s.truncated_tokens} tokens")
+    if getattr(result, "reasoning_tokens", None):  # a reasoning model's: TTFT is its first answer text
+        parts.insert(2, f"{result.reasoning_tokens} thinking (first after {_ms(result.reasoning_ttft_s)})")
     if getattr(result, "gpu_layers", None):
         parts.append(f"GPU layers {result.gpu_layers}")
     return " · ".join(parts)

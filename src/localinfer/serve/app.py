@@ -33,8 +33,8 @@ from localinfer.serve.responses import DONE, Answer, dumps, sse
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
-             "/health": "health", "/metrics": "metrics"}  # fmt: skip
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
+             "/v1/models": "models", "/health": "health", "/metrics": "metrics"}  # fmt: skip
 STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
@@ -64,6 +64,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
     config = state.config
@@ -188,15 +189,44 @@ async def _complete(request: Request, kind: str) -> Response:
             prepared = await run_in_threadpool(engine.prepare, req)
             assert state.hub is not None
             channel: Channel[Outcome] = Channel(state.hub)
-            ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close)
+            with_logprobs = req.stream and req.logprobs is not None
+            extra = {"on_logprobs": channel.push_logprobs} if with_logprobs else {}  # a stream's pieces with their entries
+            if req.stream and not with_logprobs:
+                extra["on_reasoning"] = channel.push_reasoning
+            ticket = engine.submit(prepared, channel.push if req.stream and not with_logprobs else None, channel.close, **extra)
     except Overloaded:
-        exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
-                       type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip
-        return error_response(exc)
+        return error_response(_overloaded(state))
     except ApiError as exc:
         return error_response(exc)
     answer = Answer.new(kind, state.names[0], req.include_usage)
-    return AnswerResponse(ticket, channel, answer, req.stream)  # type: ignore[return-value]
+    return AnswerResponse(ticket, channel, answer, req.stream, req.logprobs is not None)  # type: ignore[return-value]
+
+
+async def embeddings(request: Request) -> Response:
+    from localinfer.serve import embeddings as emb
+
+    state = _state(request)
+    try:
+        _authorize(request, state)
+        engine = _engine(state)
+        req = emb.parse(parse_body(await _read_body(request, state.config.max_body)))
+        if not serves(state.names, req.model):
+            raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
+                           code="model_not_found", param="model")  # fmt: skip
+        tokens = await run_in_threadpool(emb.tokenize, engine, req)
+        outcome = await emb.run(engine, tokens)
+    except Overloaded:
+        return error_response(_overloaded(state))
+    except ApiError as exc:
+        return error_response(exc)
+    if outcome.error is not None:
+        return error_response(ApiError(500, f"the embedding failed: {outcome.error}", type="server_error", code="engine_error"))
+    return Response(dumps(emb.response(state.names[0], req, outcome)), media_type="application/json")
+
+
+def _overloaded(state: ServerState) -> ApiError:
+    return ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
+                    type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip
 
 
 def serves(names: tuple[str, ...], model: str | None) -> bool:
@@ -225,8 +255,9 @@ class AnswerResponse:
     """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool) -> None:
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool, logprobs: bool = False) -> None:
         self.ticket, self.channel, self.answer, self.stream = ticket, channel, answer, stream
+        self.logprobs = logprobs  # a stream whose chunks carry their tokens' log probabilities
         self.gone = False
         self.ended = False  # the engine's outcome arrived
 
@@ -254,11 +285,20 @@ class AnswerResponse:
         if answer.kind == "chat":  # OpenAI's first chunk names the role
             await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
         before, after = answer.text_chunks()
+        offset = 0  # characters sent: the completions API's text_offset
         while True:
-            text, end = await self.channel.get()
+            if self.logprobs:
+                text, entries, end = await self.channel.get_logprobs()
+                body = answer.chunk(text, logprobs=answer.logprobs(entries, offset)) if text or entries else b""
+                offset += len(text)
+            else:
+                text, end = await self.channel.get()
+                body = before + encode_basestring(text).encode() + after if text else b""
+                thought = self.channel.take_reasoning()
+                if thought:  # thinking comes before any answer text
+                    body = answer.reasoning_chunk(thought) + body
             if self.gone:
                 return 499
-            body = before + encode_basestring(text).encode() + after if text else b""
             if end is not None:
                 self.ended = True
                 body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)

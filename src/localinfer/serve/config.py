@@ -16,6 +16,7 @@ class ServeConfig:
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY  # bytes; a larger request body is a 413
     max_queue: int = 64  # requests waiting for a sequence; more are a 503 with Retry-After
+    embedding_ctx: int = 512  # /v1/embeddings: tokens per decode, and so the longest input
     drain_s: float = 30.0  # on SIGTERM / Ctrl-C: how long running requests may finish before they are cancelled
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides localhost and --host ("*": any)
     cors_origins: tuple[str, ...] = ()  # web page origins allowed to call the API ("*": any page)
@@ -23,6 +24,7 @@ class ServeConfig:
     header_timeout_s: float = 10.0  # a request's head must arrive whole within this
     no_log: bool = False  # do not record requests in the usage history
     verbose: bool = False  # uvicorn's access log and llama.cpp's log
+    chat_template_kwargs: dict | None = None  # the template's variables; a request's chat_template_kwargs win
 
     @property
     def public(self) -> bool:

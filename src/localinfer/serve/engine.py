@@ -6,10 +6,16 @@ joins them at the next step, in the slot whose KV cache shares the longest prefi
 ``on_text`` as it is sampled, and its ``Outcome`` through ``on_end``; both are called on the engine
 thread, so they must be quick (``bridge`` hands them to the event loop). Cancelling a request frees
 its sequence at the next step.
+
+Embedding requests (``submit_embed``) run on the same thread, in an embedding context beside the
+generation one (made on first use), just before the next decoding step - or at once when nothing
+decodes (a marker in the queue wakes the thread): llama.cpp never runs two decodes at once on our
+model, and an embedding needs no sequence, so it waits for none to free up.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -18,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.types import GenerationStats
 from localinfer.errors import ContextOverflowError, UsageError
@@ -26,7 +32,9 @@ from localinfer.serve.protocol import ApiError, CompletionRequest
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
+    from localinfer.engine.embed import Embedder
     from localinfer.generate import LoadedModel
+    from localinfer.reasoning import Splitter, Thinking
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class Prepared:
     request: CompletionRequest
     tokens: list[int]
     stop: tuple[str, ...]
+    splitter: Splitter | None = None  # a reasoning model's thinking, apart from the answer
 
 
 @dataclass(frozen=True)
@@ -47,11 +56,40 @@ class Outcome:
     finish_reason: str | None
     stats: GenerationStats
     queue_s: float  # waiting for a slot
-    ttft_s: float | None  # to the first token sampled
+    ttft_s: float | None  # to the first token sampled (of the answer, after any thinking)
+    total_s: float
+    error: str | None = None
+    reasoning: str | None = None  # the thinking, split from ``text`` (None: not a reasoning answer)
+    reasoning_tokens: int | None = None
+    reasoning_ttft_s: float | None = None  # to the first piece of thinking
+
+
+@dataclass(frozen=True)
+class EmbedOutcome:
+    """An embedding request's vectors (in input order) and tokens, or its ``error``."""
+
+    vectors: list[list[float]]
+    tokens: int
+    queue_s: float
     total_s: float
     error: str | None = None
 
 
+class EmbedTicket:
+    """An embedding request in the queue: token lists in, ``on_end(EmbedOutcome)`` out."""
+
+    __slots__ = ("inputs", "on_end", "t_arrival", "cancelled")
+
+    def __init__(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> None:
+        self.inputs, self.on_end = inputs, on_end
+        self.t_arrival = time.perf_counter()
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+_WAKE = object()  # in the queue: embedding requests are waiting (``Engine._embeds``)
 GATHER_S = 0.002  # an idle engine's first step waits this long for the next request of a burst...
 GATHER_MAX_S = 0.05  # ...and at most this long in all, while requests are still being prepared
 
@@ -63,10 +101,11 @@ class Overloaded(Exception):
 class Ticket:
     """One submitted request, as its owner holds it: ``cancel()`` may be called from any thread."""
 
-    __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared")
+    __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared", "thinking")
 
-    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None]) -> None:
-        self.key, self.job, self.prepared, self.on_end = key, job, prepared, on_end
+    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None],
+                 thinking: Thinking | None = None) -> None:  # fmt: skip
+        self.key, self.job, self.prepared, self.on_end, self.thinking = key, job, prepared, on_end, thinking
         self.t_arrival = time.perf_counter()
         self.cancelled = job.cancel  # the decoder checks it at every step
 
@@ -81,16 +120,25 @@ class Engine:
     def __init__(
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
         on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        embed_ctx: int = 512, on_embedded: Callable[[EmbedOutcome], None] | None = None,
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
-        request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``)."""
+        request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``).
+        ``embed_ctx``: the embedding context's tokens per decode (the longest input); ``on_embedded``:
+        called on the engine thread after each embedding request (the usage history)."""
         self.loaded = loaded
         self.parallel = parallel
         self.max_queue = max_queue
+        self.template_kwargs = template_kwargs or {}  # --chat-template-kwargs: a request's own win, key by key
         self.n_ctx_seq = loaded.model.n_ctx_seq
         self._on_finish = on_finish
         self._on_step = on_step
-        self._queue: queue.Queue[Ticket | None] = queue.Queue()
+        self.embed_ctx = embed_ctx
+        self._on_embedded = on_embedded
+        self._embedder: Embedder | None = None  # made by the engine thread on first use
+        self._queue: queue.Queue[Ticket | object | None] = queue.Queue()
+        self._embeds: collections.deque[EmbedTicket] = collections.deque()
         self._running: dict[int, Ticket] = {}
         self._keys = itertools.count()
         self._decoder: BatchDecoder | None = None
@@ -99,11 +147,17 @@ class Engine:
 
     # -- what the HTTP side calls --------------------------------------------------------------------
     def prepare(self, request: CompletionRequest) -> Prepared:
-        """Render and tokenize the prompt (any thread: the template and the tokenizer are thread-safe);
-        a prompt that does not fit one sequence's context with ``max_tokens`` is a 400."""
+        """Render and tokenize the prompt and compile the format (any thread: the template, the
+        tokenizer and the compiler are thread-safe); a prompt that does not fit one sequence's context
+        with ``max_tokens``, or a format that does not compile, is a 400."""
+        prepared = self._prepare(request)
+        self._compiled(request)
+        return prepared
+
+    def _prepare(self, request: CompletionRequest) -> Prepared:
         from localinfer import request as rq
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt
+        from localinfer.generate import build_prompt, reasoning_splitter
 
         model = self.loaded.model
         if isinstance(request.prompt, tuple):
@@ -115,13 +169,29 @@ class Engine:
             raise ApiError(400, f"{self.loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
         try:
             chat = request.kind == "chat"  # max_tokens: checked below
-            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat)
+            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat,
+                           chat_template_kwargs={**self.template_kwargs, **(request.chat_template_kwargs or {})},
+                           reasoning_format=request.reasoning_format)  # fmt: skip
             tokens, stops, _ = build_prompt(self.loaded, req, n_ctx=self.n_ctx_seq)
         except ContextOverflowError as exc:
             raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded") from None
         except (UsageError, TemplateRefusedError) as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
-        return self._checked(Prepared(request, tokens, stops))
+        return self._checked(Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens)))
+
+    def _compiled(self, request: CompletionRequest) -> None:
+        """Compile the request's format here, off the engine thread (the engine finds it in the model's
+        cache): a grammar or schema that does not compile is a 400 before the request is queued."""
+        if request.response_format is None:
+            return
+        from localinfer.engine.constrain import compile_for
+        from localinfer.structured import FormatError
+
+        try:
+            compile_for(self.loaded.model, request.response_format)
+        except FormatError as exc:
+            raise ApiError(400, f"'{request.format_field}' cannot be enforced: {exc}", param=request.format_field,
+                           code="invalid_schema") from None  # fmt: skip
 
     def _checked(self, p: Prepared) -> Prepared:
         """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API)."""
@@ -141,22 +211,45 @@ class Engine:
         finally:
             self._arriving -= 1
 
-    def submit(self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None]) -> Ticket:
-        """Queue a request (``on_text``: None when the text is wanted only at the end); ``Overloaded``
-        when more than ``max_queue`` would wait for a slot."""
+    def submit(
+        self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None],
+        on_logprobs: Callable[[str, list], None] | None = None,
+        on_reasoning: Callable[[str], None] | None = None,
+    ) -> Ticket:  # fmt: skip
+        """Queue a request (``on_text``: None when the text is wanted only at the end; ``on_logprobs``:
+        instead of it, a stream that asked for logprobs; ``on_reasoning``: a reasoning model's
+        thinking); ``Overloaded`` when more than ``max_queue`` would wait for a slot."""
         from localinfer.engine.batch import SeqJob
 
-        waiting = self._queue.qsize() - (self.parallel - self.running)
-        if waiting >= self.max_queue:
+        if self._waiting_chats() - (self.parallel - self.running) >= self.max_queue:
             raise Overloaded()
         r = prepared.request
+        from localinfer.reasoning import Thinking
+
+        # a stream with logprobs gets its pieces through on_logprobs: its thinking stays inline
+        split = prepared.splitter if on_logprobs is None else None
+        thinking = None if split is None else Thinking(split, on_text, on_reasoning)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
-            r.ignore_eos, on_text=on_text, cancel=threading.Event(), cache_prompt=r.cache_prompt,
+            r.ignore_eos, on_text=on_text if thinking is None else thinking.feed, cancel=threading.Event(),
+            cache_prompt=r.cache_prompt, constraint=r.response_format, logprobs=r.logprobs, on_logprobs=on_logprobs,
         )  # fmt: skip
-        ticket = Ticket(job.key, job, prepared, on_end)
+        ticket = Ticket(job.key, job, prepared, on_end, thinking)
         self._queue.put(ticket)
         return ticket
+
+    def submit_embed(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> EmbedTicket:
+        """Queue an embedding request (token lists that fit ``embed_ctx``); ``Overloaded`` when
+        ``max_queue`` of them wait already."""
+        if len(self._embeds) >= self.max_queue:
+            raise Overloaded()
+        ticket = EmbedTicket(inputs, on_end)
+        self._embeds.append(ticket)
+        self._queue.put(_WAKE)
+        return ticket
+
+    def _waiting_chats(self) -> int:
+        return sum(t is not _WAKE and t is not None for t in list(self._queue.queue))
 
     # -- figures (any thread) --------------------------------------------------------------------------
     @property
@@ -165,7 +258,7 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return max(0, self._queue.qsize())
+        return self._waiting_chats() + len(self._embeds)
 
     @property
     def cells_used(self) -> int:
@@ -182,9 +275,9 @@ class Engine:
 
     def cancel_all(self) -> None:
         """Cancel every running and waiting request (their answers end as ``interrupted``)."""
-        for ticket in list(self._running.values()) + list(self._queue.queue):
-            if ticket is not None:
-                ticket.cancel()
+        for ticket in list(self._running.values()) + list(self._queue.queue) + list(self._embeds):
+            if isinstance(ticket, (Ticket, EmbedTicket)):
+                ticket.cancel()  # an embedding request cancelled is answered as an error
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel what is left, end the engine thread and free the model."""
@@ -192,6 +285,8 @@ class Engine:
         self._queue.put(None)
         self._thread.join(timeout)
         if not self._thread.is_alive():
+            if self._embedder is not None:
+                self._embedder.close()  # before the model it was made on
             self.loaded.close()
 
     # -- the engine thread ------------------------------------------------------------------------------
@@ -201,7 +296,7 @@ class Engine:
         while True:
             try:
                 with BatchDecoder(self.loaded.model, self.parallel, keep_cache=True) as decoder:
-                    decoder.before_decode = self._on_step
+                    decoder.before_decode = self._before_decode
                     self._decoder = decoder
                     for result in decoder.run(self._source(decoder)):
                         self._finish(result)
@@ -237,7 +332,11 @@ class Engine:
                 yield None
                 continue
             if ticket is None:
+                self._run_embeds()  # cancelled by stop(): answered, not left waiting
                 return
+            if ticket is _WAKE:
+                self._run_embeds()
+                continue
             if ticket.cancelled is not None and ticket.cancelled.is_set():
                 self._end(ticket, _failed(ticket, None, "interrupted"))
                 continue
@@ -255,6 +354,40 @@ class Engine:
                     raise
         raise queue.Empty
 
+    def _before_decode(self) -> None:
+        if self._embeds:
+            self._run_embeds()
+        if self._on_step is not None:
+            self._on_step()
+
+    def _run_embeds(self) -> None:
+        """Run the waiting embedding requests now, between two decoding steps (engine thread)."""
+        while self._embeds:
+            self._embed(self._embeds.popleft())
+
+    def _embed(self, ticket: EmbedTicket) -> None:
+        from localinfer.engine.embed import Embedder
+
+        t0 = time.perf_counter()
+        vectors: list[list[float]] = []
+        error = "the request was cancelled" if ticket.cancelled.is_set() else None
+        if error is None:
+            try:
+                if self._embedder is None:
+                    self._embedder = Embedder(self.loaded.model, n_ctx=self.embed_ctx)
+                vectors = self._embedder.embed(ticket.inputs)
+            except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
+                error = f"{type(exc).__name__}: {exc}"
+        now = time.perf_counter()
+        outcome = EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error)
+        try:
+            ticket.on_end(outcome)
+            if self._on_step is not None:
+                self._on_step()
+        finally:
+            if self._on_embedded is not None:
+                self._on_embedded(outcome)
+
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)
         if result.error is not None:
@@ -262,10 +395,16 @@ class Engine:
             return
         st = result.stats
         ttft = None if st.first_token_s is None else result.t_admit + st.first_token_s - ticket.t_arrival
-        self._end(ticket, Outcome(
-            result.text, st.finish_reason, st, queue_s=result.t_admit - ticket.t_arrival, ttft_s=ttft,
+        finish = st.finish_reason
+        if finish == "stop" and st.document == "incomplete":  # a stop string inside the document cut it
+            finish = "length"  # never "stop" for a document that does not parse (clients trust it)
+        outcome = Outcome(
+            result.text, finish, st, queue_s=result.t_admit - ticket.t_arrival, ttft_s=ttft,
             total_s=result.t_end - ticket.t_arrival,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if ticket.thinking is not None:
+            outcome = _with_thinking(outcome, ticket.thinking, ticket.t_arrival)
+        self._end(ticket, outcome)
 
     def _end(self, ticket: Ticket, outcome: Outcome) -> None:
         try:
@@ -275,6 +414,18 @@ class Engine:
         finally:
             if self._on_finish is not None:
                 self._on_finish(ticket, outcome)
+
+
+def _with_thinking(raw: Outcome, thinking: Thinking, t_arrival: float) -> Outcome:
+    """``raw`` (the whole text) as answer and thinking; TTFT to the first answer text."""
+    import dataclasses
+
+    thinking.finish()
+    since = (lambda t: None if t is None else t - t_arrival)  # noqa: E731
+    return dataclasses.replace(
+        raw, text=thinking.split.answer, reasoning=thinking.split.reasoning or None, ttft_s=since(thinking.t_text),
+        reasoning_tokens=min(thinking.tokens, raw.stats.completion_tokens), reasoning_ttft_s=since(thinking.t_reasoning),
+    )  # fmt: skip
 
 
 def _report(exc: BaseException) -> None:

@@ -1,19 +1,24 @@
 """The OpenAI request bodies we accept, checked field by field: a ``CompletionRequest`` or an
 ``ApiError`` that says which field is wrong and why (HTTP 400), never a 500.
 
-Fields llama.cpp cannot honour (tools, logprobs, n > 1...) are refused by name rather than ignored,
+Fields this server does not honour yet (tools, n > 1...) are refused by name rather than ignored,
 and so are unknown fields: a client never gets an answer to a different question than it asked.
+Structured output (``response_format``, llama-server's ``json_schema`` and ``grammar``) is checked
+here, so a schema we cannot enforce is a 400 naming its keyword before anything runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localinfer import rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.limits import NotText, loads, require_text
+
+if TYPE_CHECKING:
+    from localinfer.structured import Format
 
 MAX_STOPS = rules.MAX_STOPS
 MAX_MESSAGES = rules.MAX_MESSAGES
@@ -54,6 +59,11 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
+    response_format: Format | None = None  # the answer must be this JSON or grammar (None: free text)
+    format_field: str | None = None  # the field that asked for it (response_format | json_schema | grammar)
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's, llama-server's)
+    reasoning_format: str | None = None  # llama-server's: "none" keeps the thinking in content
+    logprobs: int | None = None  # None: off; N: each token's log probability and the top N
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -114,12 +124,9 @@ def _only(allowed: Callable[[Any], bool], what: str) -> Callable[[str, Any], Non
 
 _UNSUPPORTED = {
     "n": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
-    "logprobs": _only(lambda v: v in (None, False, 0), "(log probabilities)"),
-    "top_logprobs": _only(lambda v: v in (None, 0), "(log probabilities)"),
     "logit_bias": _only(lambda v: not v, "(biasing tokens)"),
     "tools": _only(lambda v: not v, "(tool calls)"),
     "tool_choice": _only(lambda v: v in (None, "none"), "(tool calls)"),
-    "response_format": _only(lambda v: v is None or v == {"type": "text"}, "other than text"),
     "modalities": _only(lambda v: v in (None, ["text"]), "other than [\"text\"]"),
     "echo": _only(lambda v: v in (None, False), "(echoing the prompt)"),
     "suffix": _only(lambda v: v in (None, ""), "(fill in the middle)"),
@@ -147,10 +154,19 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
+    "chat_template_kwargs": rules.chat_template_kwargs,
+    "reasoning_format": rules.reasoning_format,
     **_IGNORED,
 }
-_CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "response_format", "modalities"}
-_TEXT_ONLY = {"n", "logprobs", "logit_bias", "echo", "suffix", "best_of"}
+# One way to ask for a structured answer, on chat and completions alike: OpenAI's, or llama-server's
+_FORMATS: dict[str, Callable[[str, Any], Any]] = {
+    "response_format": rules.response_format,
+    "json_schema": rules.json_schema,
+    "grammar": rules.grammar,
+}
+_LOGPROBS = {"logprobs", "top_logprobs"}  # chat's pair; completions take logprobs: N (rules.logprobs_fields)
+_CHAT_ONLY = {"n", "logit_bias", "tools", "tool_choice", "modalities"}
+_TEXT_ONLY = {"n", "logit_bias", "echo", "suffix", "best_of"}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -182,7 +198,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
-        if name != main and name not in _COMMON and name not in unsupported:
+        if name != main and name not in _COMMON and name not in unsupported and name not in _LOGPROBS | _FORMATS.keys():
             raise _bad(name, f"unknown field '{name}'", "unknown_parameter")
     for name in unsupported & set(body):
         _UNSUPPORTED[name](name, body[name])
@@ -196,6 +212,9 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     sampling = SamplingOptions(**{k: v[k] for k in _SAMPLING if k in v})
     if "stream_options" in v and not v.get("stream"):
         raise _bad("stream_options", "'stream_options' is only allowed with 'stream': true")
+    formats = [(name, body[name]) for name in _FORMATS if body.get(name) is not None]
+    if len(formats) > 1:
+        raise _bad(formats[1][0], f"'{formats[0][0]}' and '{formats[1][0]}' both ask for the answer's format: give one")
     return CompletionRequest(
         kind=kind,
         model=v.get("model"),
@@ -208,6 +227,11 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
+        response_format=_FORMATS[formats[0][0]](*formats[0]) if formats else None,
+        format_field=formats[0][0] if formats else None,
+        chat_template_kwargs=v.get("chat_template_kwargs"),
+        reasoning_format=v.get("reasoning_format"),
+        logprobs=rules.logprobs_fields(body.get("logprobs"), body.get("top_logprobs"), legacy=kind == "text"),
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Outcome, Ticket
+    from localinfer.serve.engine import EmbedOutcome, Outcome, Ticket
     from localinfer.store import ResolvedModel
     from localinfer.usage.history import UsageRecord
 
@@ -33,13 +33,25 @@ class UsageWriter:
 
         request = ticket.prepared.request
         mode = "chat" if request.kind == "chat" else "raw"
-        result = Answer(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode)
+        result = Answer(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode,
+                        reasoning=outcome.reasoning, reasoning_tokens=outcome.reasoning_tokens)  # fmt: skip
         extra = {"endpoint": "chat" if request.kind == "chat" else "completions", "stream": request.stream,
                  "parallel": self.parallel, "queue_ms": round(outcome.queue_s * 1000.0, 3)}  # fmt: skip
         prompt = "\n".join(m["content"] for m in request.messages) if request.kind == "chat" else request.prompt
         self._queue.put(record_of(
             "serve", result, self.resolved, exit_status=0 if outcome.error is None else 1,
             prompt_text=prompt if isinstance(prompt, str) else None, extra=extra,
+        ))  # fmt: skip
+
+    def add_embedding(self, outcome: EmbedOutcome) -> None:
+        """Any thread (the engine's): one /v1/embeddings request, its tokens as prompt tokens."""
+        from localinfer.usage.history import UsageRecord
+
+        self._queue.put(UsageRecord(
+            command="serve", model=self.name, model_sha256=self.resolved.sha256, prompt_tokens=outcome.tokens,
+            prompt_eval_tokens=outcome.tokens, total_ms=outcome.total_s * 1000.0, exit_status=0 if outcome.error is None else 1,
+            finish_reason="stop" if outcome.error is None else "error",
+            extra={"endpoint": "embeddings", "inputs": len(outcome.vectors), "queue_ms": round(outcome.queue_s * 1000.0, 3)},
         ))  # fmt: skip
 
     def close(self, timeout: float = 5.0) -> None:

@@ -25,12 +25,15 @@ def sse(obj: Any) -> bytes:
 
 def usage(outcome: Outcome) -> dict[str, Any]:
     s = outcome.stats
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "total_tokens": s.prompt_tokens + s.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
     }
+    if outcome.reasoning_tokens is not None:  # OpenAI's name for the thinking's share
+        out["completion_tokens_details"] = {"reasoning_tokens": outcome.reasoning_tokens}
+    return out
 
 
 def timings(outcome: Outcome) -> dict[str, Any]:
@@ -51,6 +54,26 @@ def timings(outcome: Outcome) -> dict[str, Any]:
         "predicted_per_second": round(s.decode_tps, 3) if s.decode_tps else None,
         "queue_ms": round(outcome.queue_s * 1000.0, 3),
         "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000.0, 3),
+        **({} if outcome.reasoning_tokens is None else {"reasoning_ttft_ms": _ms(outcome.reasoning_ttft_s)}),
+    }
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1000.0, 3)
+
+
+def legacy_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """The completions API's shape of content entries; ``text_offset``: each token's first character
+    in the answer, counted from ``offset`` (what earlier chunks of a stream held)."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
     }
 
 
@@ -76,16 +99,32 @@ class Answer:
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+    def logprobs(self, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+        """A choice's ``logprobs``: chat's ``{"content": [...]}``, or the completions API's legacy shape."""
+        if entries is None:
+            return None
+        return {"content": entries} if self.kind == "chat" else legacy_logprobs(entries, offset)
+
+    def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False, logprobs: Any = None) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if role else ({} if text is None else {"content": text})
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"text": text or "", "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, **extra: Any) -> bytes:
-        body = {**self._head(True), "choices": [self._choice(text, finish_reason, role=role)], **extra}
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, logprobs: Any = None,
+              **extra: Any) -> bytes:  # fmt: skip
+        body = {**self._head(True), "choices": [self._choice(text, finish_reason, role=role, logprobs=logprobs)], **extra}
         if self.include_usage:
             body.setdefault("usage", None)  # OpenAI's chunks say so until the last one
+        return sse(body)
+
+    def reasoning_chunk(self, text: str) -> bytes:
+        """Thinking, streamed apart: ``delta.reasoning_content`` (llama-server's, DeepSeek's) and
+        ``delta.reasoning`` (Ollama's, newer vLLM's), the same text under both names."""
+        delta = {"reasoning_content": text, "reasoning": text}
+        body = {**self._head(True), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        if self.include_usage:
+            body["usage"] = None
         return sse(body)
 
     def text_chunks(self) -> tuple[bytes, bytes]:
@@ -102,9 +141,12 @@ class Answer:
         return out + DONE
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
+        logprobs = self.logprobs(outcome.stats.logprobs)
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": None,
-                      "finish_reason": outcome.finish_reason}  # fmt: skip
+            message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+            if outcome.reasoning is not None:
+                message.update(reasoning_content=outcome.reasoning, reasoning=outcome.reasoning)
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         else:
-            choice = {"text": outcome.text, "index": 0, "logprobs": None, "finish_reason": outcome.finish_reason}
+            choice = {"text": outcome.text, "index": 0, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}

@@ -75,7 +75,9 @@ class _Loader:
             hub = state.hub
             assert hub is not None  # made by the server's startup, before this thread starts
             hub.deferred = True  # the engine flushes before each decode
-            engine = Engine(loaded, config.parallel, max_queue=config.max_queue, on_finish=self._finished, on_step=hub.flush)
+            engine = Engine(loaded, config.parallel, max_queue=config.max_queue, on_finish=self._finished, on_step=hub.flush,
+                            template_kwargs=config.chat_template_kwargs, embed_ctx=config.embedding_ctx,
+                            on_embedded=self.writer.add_embedding if self.writer else None)  # fmt: skip
             engine.start()
             state.engine = engine
             self.say(f"ready: {state.names[0]} loaded in {time.perf_counter() - t0:.1f} s, {config.parallel} sequences "

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from localinfer.engine.types import GPU_LAYERS_AUTO  # noqa: F401 - LoadOptions' value, defined with it
 from localinfer.gguf import ggml_type_size
 # What llama.cpp reported of the same buffers lives in system/buffers.py; importable here as before.
 from localinfer.system.buffers import BufferReport, parse_buffer_report  # noqa: F401
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 GiB = 1 << 30
 CTX_PAD = 256  # llama.cpp pads the context (per sequence) to a multiple of this
-GPU_LAYERS_AUTO = -2  # LoadOptions.n_gpu_layers: resolved by the pre-flight (-1 = all)
 DEFAULT_GPU_HEADROOM = GiB  # what auto leaves free on the GPU (llama.cpp's --fit leaves 1 GiB too)
 
 # Sliding-window layout llama.cpp hard-codes per architecture (set_swa_pattern): layer il uses the

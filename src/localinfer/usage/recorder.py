@@ -64,6 +64,8 @@ def record_of(
     unknown = [k for k in ("prompt_tokens", "completion_tokens") if getattr(answer, k) is None]
     if unknown:
         extra = {**(extra or {}), "unknown": unknown}
+    if answer.reasoning_tokens is not None:  # of completion_tokens, a reasoning model's thinking
+        extra = {**(extra or {}), "reasoning_tokens": answer.reasoning_tokens}
     evaluated = answer.prompt_eval_tokens
     return UsageRecord(
         command=command,
@@ -216,3 +218,25 @@ class RequestLog:
         except Exception as err:  # noqa: BLE001 - never let the history break the command
             if self.warn is not None:
                 self.warn(f"could not record these requests in the usage history: {err}")
+
+
+def record_embeddings(
+    command: str, model: Named, *, inputs: int, embedded: int, tokens: int, total_s: float, load_s: float | None = None,
+    exit_status: int = 0, no_log: bool = False, warn: Warn | None = None, extra: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """One row for an embedding job (`embed`): its tokens are prompt tokens, it generates none; the
+    rate is tokens embedded per second. Never raises (a failure is one ``warn``)."""
+    if not logging_enabled(no_log):
+        return
+    row = UsageRecord(
+        command=command, model=model.name, model_sha256=getattr(model, "sha256", None), endpoint=getattr(model, "endpoint", None),
+        prompt_tokens=tokens, prompt_eval_tokens=tokens, load_ms=None if load_s is None else load_s * 1000.0,
+        total_ms=total_s * 1000.0, prefill_tps=tokens / total_s if total_s > 0 and tokens else None,
+        finish_reason="stop" if exit_status == 0 else "error", exit_status=exit_status,
+        extra={"inputs": inputs, "embedded": embedded, **(extra or {})},
+    )  # fmt: skip
+    try:
+        append(row, warn=warn)
+    except Exception as exc:  # noqa: BLE001 - never let the history break the command
+        if warn is not None:
+            warn(f"could not record this job in the usage history: {exc}")

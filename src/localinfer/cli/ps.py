@@ -1,0 +1,51 @@
+"""`localinfer ps` and `localinfer stop`: the models this user's resident server keeps loaded
+(``--keep-alive``), and unloading them. Neither starts a server."""
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.cli.common import handle_errors
+
+
+def ps(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """List the models kept loaded by --keep-alive (size, sequences, context, idle time, unload time)."""
+    with handle_errors():
+        import json
+
+        from localinfer.resident import control
+
+        state = control.ps()
+        if json_out:
+            sys.stdout.write(json.dumps(state) + "\n")
+            return
+        if not state["models"]:
+            sys.stderr.write("no model is resident (run a command with --keep-alive 5m to keep one loaded)\n")
+            return
+        sys.stdout.write(control.table(state["models"]))
+
+
+def stop(
+    name: Annotated[Optional[str], typer.Argument(metavar="[NAME]", help="The model to unload (a name or path `ps` shows).", show_default=False)] = None,
+    all_models: Annotated[bool, typer.Option("--all", help="Unload every model; the resident server exits.")] = False,
+) -> None:
+    """Unload a resident model (or all of them: the server then exits)."""
+    with handle_errors():
+        from localinfer.errors import UsageError
+        from localinfer.resident import control
+
+        if name and all_models:
+            raise UsageError("give a NAME or --all, not both")
+        stopped = control.stop(None if all_models else name)
+        for model in stopped:
+            sys.stderr.write(f"unloaded {model}\n")
+        if not stopped:
+            sys.stderr.write("no model is resident\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="ps")(ps)
+    app.command(name="stop")(stop)

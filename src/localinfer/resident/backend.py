@@ -1,0 +1,191 @@
+"""The resident server's model as a Backend: a RemoteBackend on the private socket whose answers
+read as a local run's (no endpoint, the engine's stats rebuilt from the server's ``timings``, load 0),
+so ``--json``, the stats line and the usage history are those of a model loaded here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from localinfer.backends.remote import RemoteBackend
+from localinfer.errors import GenerationError, LocalInferError
+from localinfer.remote.connection import RemoteError
+
+if TYPE_CHECKING:
+    from localinfer.answer import Answer, Outcome
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request import Request
+    from localinfer.resident.client import UnixClient
+    from localinfer.resident.place import Place
+    from localinfer.store import ResolvedModel
+
+Note = Callable[[str], None]
+
+
+class ResidentBackend(RemoteBackend):
+    """A model loaded in the resident server (``info``: what ``/resident/load`` said of it)."""
+
+    def __init__(self, client: UnixClient, name: str, info: dict[str, Any], place: Place, *, retries: int = 4) -> None:
+        super().__init__(client, name, retries=retries)
+        self.info, self.place = info, place
+        self.sha256 = info.get("sha256")  # type: ignore[misc]
+
+    @property
+    def endpoint(self) -> None:  # type: ignore[override]
+        return None  # answered on this machine, by this user's own server
+
+    @property
+    def can_chat(self) -> bool:
+        return bool(self.info.get("can_chat"))
+
+    def request(self, prompt: Any, **fields: Any) -> Request:  # type: ignore[override]
+        from localinfer.backends import Backend
+
+        return Backend.request(self, prompt, **fields)  # the local default limit of plain completion stays
+
+    def body(self, request: Request) -> dict[str, Any]:
+        body = super().body(request)
+        if request.max_tokens is None and request.default_max_tokens is not None:
+            body["max_tokens"] = request.default_max_tokens
+        return body
+
+    def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
+        from localinfer.answer import Answer
+        from localinfer.engine.types import GenerationStats
+
+        t = outcome.server_timings or {}
+        prompt, completion = outcome.prompt_tokens or 0, outcome.completion_tokens or 0
+        stats = GenerationStats(
+            prompt_tokens=prompt, cached_tokens=outcome.cached_tokens or 0, completion_tokens=completion,
+            prefill_s=(t.get("prompt_ms") or 0.0) / 1000.0, decode_s=(t.get("predicted_ms") or 0.0) / 1000.0,
+            first_token_s=outcome.ttft_s, finish_reason=outcome.finish_reason, n_ctx=int(self.info.get("n_ctx") or 0),
+            context_used=prompt + completion,
+        )  # fmt: skip
+        if seed and request.sampling.seed is not None:
+            stats.extra["seed"] = request.sampling.seed
+        load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident
+        return Answer(outcome.text, self.name, stats, load_s=load_s, ttft_s=outcome.ttft_s, total_s=outcome.total_s,
+                      peak_rss=int(self.info.get("rss") or 0), mode=request.mode, resident=not load_s,
+                      logprobs=getattr(outcome, "logprobs", None))  # fmt: skip
+
+    def answer(self, request: Request, on_text: Any = None) -> Answer:
+        try:
+            return super().answer(request, on_text)
+        except RemoteError as exc:
+            raise self._died(exc) from None
+
+    def _died(self, exc: RemoteError) -> LocalInferError:
+        """The server failing mid-answer is a runtime failure here (exit 1), as the engine's would be."""
+        return GenerationError(f"the resident server failed during the answer: {exc}",
+                               hint=f"see {self.place.log}; the next command starts a new server")  # fmt: skip
+
+    def switch(self, name: str) -> ResidentBackend:
+        raise LocalInferError("/model is not available with --keep-alive", hint="start chat again with -m NAME")
+
+
+def open_resident(
+    spec: str | None, options: LoadOptions | None, *, keep_alive: float, resolve: Callable[[], ResolvedModel],
+    load_options: Callable[[ResolvedModel], LoadOptions], max_models: int | None = None, force: bool = False,
+    on_note: Note | None = None, warn: Note | None = None, retries: int = 4, chat_only: bool = False,
+) -> ResidentBackend | None:
+    """The model ``spec`` names, loaded (or found loaded) in the resident server, which is started
+    if none runs; None, after one line to ``warn``, when no resident server can be had (run locally).
+
+    ``options``: the load flags when they alone decide them (run, chat): the server then resolves the
+    model itself and the client touches no store; None (batch sizes its load by the model):
+    ``resolve()`` here first. A model the server does not find installed is resolved here too (a
+    pull, with its progress), then asked for again."""
+    from localinfer import paths
+    from localinfer.errors import ModelNotFoundError
+    from localinfer.resident.place import place, unix_sockets
+
+    tell = warn or (lambda _m: None)
+    if not unix_sockets():
+        tell("--keep-alive needs Unix domain sockets, which this platform lacks: running locally")
+        return None
+    where = place(paths.data_dir())
+    resolved = None
+    if options is None:
+        resolved = resolve()
+        options = load_options(resolved)
+    extra = {"keep_alive": -1 if keep_alive == float("inf") else keep_alive, "max_models": max_models, "force": force}
+    body = _load_body(_spec(spec, resolved), options, extra)
+    opened = _ask(where, body, max_models, tell)
+    if opened is None:
+        return None
+    server, status, info = opened
+    if status != 200 and resolved is None and (info or {}).get("error", {}).get("type") == ModelNotFoundError.__name__:
+        resolved = resolve()  # not installed: fetched here as a local run would, or its own error
+        body["spec"] = _spec(spec, resolved)
+        opened = _ask(where, body, max_models, tell)
+        if opened is None:
+            return None
+        server, status, info = opened
+    if status != 200:
+        raise _load_error(info)
+    for note in info.get("notes", ()):
+        (on_note or tell)(note)  # a reload, an unload to make room: one line each
+    name = spec if spec and _is_path(spec) else info["name"]
+    if chat_only and not info.get("can_chat"):
+        from localinfer.backends import no_template_error
+
+        raise no_template_error(name)
+    return ResidentBackend(server.route(f"/m/{info['id']}"), name, info, where, retries=retries)
+
+
+def _ask(where: Place, body: dict[str, Any], max_models: int | None, tell: Note) -> tuple[UnixClient, int, Any] | None:
+    """POST /resident/load, starting the server if needed (None: no server can run here)."""
+    import time
+
+    from localinfer.resident import client as rc
+
+    for attempt in range(3):
+        try:
+            server = rc.find_or_start(where, max_models=max_models, preload=body)
+            status, info = server.call("POST", "/resident/load", body)
+        except OSError as exc:
+            tell(f"cannot use a resident server in {where.folder} ({exc.strerror or exc}): running locally")
+            return None
+        except (rc.NoServer, RemoteError):  # it was exiting as we came: start another
+            if attempt == 2:
+                raise
+            time.sleep(0.05)
+            continue
+        if status == 503 and attempt < 2:
+            time.sleep(0.05)  # it removes its socket as it stops: the next try starts a new one
+            continue
+        return server, status, info
+    raise AssertionError("unreachable")
+
+
+def _is_path(spec: str) -> bool:
+    return spec.lower().endswith(".gguf") or os.path.exists(spec)
+
+
+def _spec(spec: str | None, resolved: ResolvedModel | None) -> str | None:
+    """What the server resolves: a file by its absolute path (its working directory is not ours)."""
+    if resolved is not None:
+        return os.fspath(resolved.path.resolve()) if resolved.source.startswith("local") else resolved.name
+    if spec is not None and _is_path(spec):
+        return os.path.abspath(os.path.expanduser(spec))
+    return spec
+
+
+def _load_body(spec: str | None, options: LoadOptions, extra: dict[str, Any]) -> dict[str, Any]:
+    from localinfer.resident.pool import load_fields
+
+    sequences = max(1, options.n_seq_max)
+    ctx = options.n_ctx // sequences if options.n_ctx else None  # None: the server's default for the model
+    return {"spec": spec, "options": load_fields(options), "sequences": sequences, "ctx_per_seq": ctx, **extra}
+
+
+def _load_error(info: Any) -> LocalInferError:
+    """The server's load failure as the error a local load would have raised (same exit code)."""
+    from localinfer import errors
+
+    err = (info or {}).get("error") or {}
+    kind = getattr(errors, str(err.get("type")), None)
+    if not (isinstance(kind, type) and issubclass(kind, LocalInferError)):
+        kind = errors.ModelLoadError
+    return kind(str(err.get("message") or "the resident server could not load the model"), hint=err.get("hint"))

@@ -1,0 +1,258 @@
+"""Find the resident server (or start it, once, under a lock) and talk to it over its Unix socket.
+
+The HTTP is a few lines of HTTP/1.1 on an AF_UNIX socket and the stream is read by our remote
+client's ``StreamState``: the same OpenAI protocol as ``--endpoint``, without importing httpx, so a
+command whose model is resident sends its request before ``--help`` would have printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
+
+from localinfer.errors import LocalInferError
+from localinfer.remote.client import OnText, Outcome, StreamState
+from localinfer.remote.connection import Endpoint, RemoteError, status_error
+from localinfer.resident.place import Place, private_folder
+
+START_TIMEOUT_S = 60.0  # a fresh interpreter importing the server's packages on a loaded machine
+_HOST = "localhost"  # what the Host header says: the serve app's guard answers localhost
+
+
+class NoServer(Exception):
+    """Nothing listens on the socket (no file, or a stale one left by a crashed server)."""
+
+
+def _alive(path: Path) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EINVAL):
+            return False
+        raise
+    finally:
+        sock.close()
+
+
+class _Headers(dict):
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+
+class _Response:
+    """One HTTP/1.1 response read off the socket: status, headers, then the body (sized or chunked)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.file = sock, sock.makefile("rb")
+        status_line = self.file.readline(65536)
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection without answering")
+        self.status = int(status_line.split(b" ", 2)[1])
+        self.headers = _Headers()
+        while (line := self.file.readline(65536)) not in (b"\r\n", b"\n", b""):
+            key, _, value = line.decode("latin-1").partition(":")
+            self.headers[key.strip().lower()] = value.strip()
+        self.chunked = self.headers.get("transfer-encoding", "").lower() == "chunked"
+        self.left = int(self.headers["content-length"]) if "content-length" in self.headers else None
+
+    def lines(self) -> Iterator[bytes]:
+        """The body's lines as they arrive (SSE), to its end."""
+        if not self.chunked:
+            while self.left is None or self.left > 0:
+                line = self.file.readline(1 << 20 if self.left is None else min(self.left, 1 << 20))
+                if not line:
+                    break
+                if self.left is not None:
+                    self.left -= len(line)
+                yield line
+            return
+        carry = b""
+        while True:
+            size = int(self.file.readline(1024).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.file.readline(1024)
+                break
+            data = self.file.read(size + 2)
+            if len(data) < size + 2:
+                raise ConnectionResetError("the stream was cut in the middle of a chunk")
+            *complete, carry = (carry + data[:-2]).split(b"\n")
+            for line in complete:
+                yield line + b"\n"
+        if carry:
+            yield carry
+
+    def read(self) -> bytes:
+        return b"".join(self.lines())
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+class UnixClient:
+    """Requests to the resident server: management calls (:meth:`call`) and streamed completions for
+    the model whose route is ``prefix`` (:meth:`stream`, as ``remote.client.Client.stream``).
+    One connection per request (a Unix socket connects in microseconds): thread-safe as it is."""
+
+    def __init__(self, path: Path, *, timeout_s: float = 600.0, prefix: str = "") -> None:
+        self.path, self.timeout_s, self.prefix = path, timeout_s, prefix
+        self.ep = Endpoint(f"http://{_HOST}{prefix}/v1", None, timeout_s)
+
+    def route(self, prefix: str) -> UnixClient:
+        """A client for one model's routes (``/m/ID/v1``)."""
+        return UnixClient(self.path, timeout_s=self.timeout_s, prefix=prefix)
+
+    def close(self) -> None:
+        pass
+
+    def _send(self, method: str, path: str, body: Any | None) -> _Response:
+        data = b"" if body is None else json.dumps(body).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {_HOST}\r\nAccept: text/event-stream, application/json\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(str(self.path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise NoServer() from None
+        except OSError:
+            sock.close()
+            raise
+        try:
+            sock.sendall(head.encode("latin-1") + data)
+            return _Response(sock)
+        except (OSError, ValueError, IndexError) as exc:
+            sock.close()
+            raise RemoteError(f"the resident server at {self.path} did not answer: {exc or type(exc).__name__}",
+                              retryable=True) from None  # fmt: skip
+
+    def call(self, method: str, path: str, body: Any | None = None) -> tuple[int, Any]:
+        """One JSON request and its JSON answer (status, body)."""
+        r = self._send(method, path, body)
+        try:
+            data = r.read()
+        except (OSError, ValueError) as exc:
+            raise RemoteError(f"the resident server at {self.path} broke the connection: {exc}", retryable=True) from None
+        finally:
+            r.close()
+        try:
+            return r.status, json.loads(data) if data else None
+        except ValueError:
+            raise RemoteError(f"the resident server sent a body that is not JSON ({r.status})") from None
+
+    # -- what RemoteBackend calls -------------------------------------------------------------------
+    def models(self) -> list[str]:
+        status, body = self.call("GET", f"{self.prefix}/v1/models")
+        if status != 200:
+            raise status_error(status, json.dumps(body).encode(), {}, self.ep, "the model list")
+        return [m["id"] for m in body.get("data", ())]
+
+    def pick_model(self, name: str | None) -> str:
+        return name or self.models()[0]
+
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None) -> Outcome:
+        path = f"{self.prefix}/v1/" + ("chat/completions" if "messages" in body else "completions")
+        t0 = time.perf_counter()
+        state = StreamState(self.ep.display, t0, on_text)
+        try:
+            r = self._send("POST", path, body)
+        except NoServer:
+            raise RemoteError(f"the resident server at {self.path} is gone", retryable=True) from None
+        try:
+            if r.status != 200:
+                raise status_error(r.status, r.read(), r.headers, self.ep)
+            if r.headers.get("content-type", "").startswith("application/json"):
+                state.whole(json.loads(r.read()), time.perf_counter())
+            else:
+                for line in r.lines():
+                    state.line(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), time.perf_counter())
+        except KeyboardInterrupt as exc:
+            exc.partial_outcome = state.interrupted(time.perf_counter())  # type: ignore[attr-defined]
+            raise
+        except (OSError, ValueError) as exc:
+            raise RemoteError(f"the connection to the resident server broke during the answer: {exc or type(exc).__name__}",
+                              retryable=True) from None  # fmt: skip
+        finally:
+            r.close()
+        return state.finish(time.perf_counter())
+
+
+# -- finding or starting the server -------------------------------------------------------------------
+def find(place: Place) -> UnixClient | None:
+    """The running server's client, or None when none runs (never starts one: ``ps``, ``stop``)."""
+    try:
+        return UnixClient(place.socket) if _alive(place.socket) else None
+    except OSError:
+        return None
+
+
+def find_or_start(place: Place, *, max_models: int | None = None, preload: dict[str, Any] | None = None,
+                  timeout_s: float = START_TIMEOUT_S) -> UnixClient:
+    """The server's client, starting the server first when none runs. Two commands starting at once
+    start one: the starter holds ``place.lock`` (flock) until the new server accepts connections.
+    ``preload``: the load request a new server starts on at once (its model loads while the server
+    imports the rest). OSError: the folder or socket cannot be made (the caller then runs locally)."""
+    import fcntl
+
+    if _alive(place.socket):
+        return UnixClient(place.socket)
+    private_folder(place.folder)
+    private_folder(place.socket.parent)
+    with open(place.lock, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _alive(place.socket):  # another command started it while we waited
+            return UnixClient(place.socket)
+        with contextlib.suppress(FileNotFoundError):
+            place.socket.unlink()  # stale: its server is gone
+        child = _spawn(place, max_models, preload)
+        deadline = time.monotonic() + timeout_s
+        while not _alive(place.socket):
+            if child.poll() is not None:
+                raise LocalInferError(f"the resident server exited at start (status {child.returncode}): {_log_tail(place.log)}",
+                                      hint=f"see {place.log}")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise LocalInferError(f"the resident server did not start within {timeout_s:g} s", hint=f"see {place.log}")
+            time.sleep(0.01)
+    return UnixClient(place.socket)
+
+
+def _spawn(place: Place, max_models: int | None, preload: dict[str, Any] | None) -> subprocess.Popen:
+    """The server, detached (its own session, no terminal), its output appended to its log; the
+    first request on its stdin (not its command line, which other users can read)."""
+    args = [sys.executable, "-m", "localinfer.resident.server", "--socket", str(place.socket), "--lock", str(place.lock)]
+    if max_models:
+        args += ["--max-models", str(max_models)]
+    if preload is not None:
+        args.append("--preload")
+    fd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        child = subprocess.Popen(args, stdin=subprocess.PIPE if preload is not None else subprocess.DEVNULL, stdout=fd,
+                                 stderr=fd, start_new_session=True, close_fds=True)  # fmt: skip
+    finally:
+        os.close(fd)
+    if child.stdin is not None:
+        with contextlib.suppress(OSError):
+            child.stdin.write(json.dumps(preload).encode())
+        child.stdin.close()
+    return child
+
+
+def _log_tail(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no log"
+

@@ -1,0 +1,429 @@
+"""The resident server: one process per user on a private Unix socket (``python -m
+localinfer.resident.server``, started by ``client.find_or_start``). Each loaded model is our serve
+app (``serve.app``) on its own engine, reached at ``/m/ID/v1/...``; ``/resident/load`` loads or
+reloads one as a request needs (``pool``), ``/resident/ps`` and ``/resident/stop`` are ``ps`` and
+``stop``. A model idle for its keep-alive is unloaded; with nothing loaded the server exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localinfer.resident import pool
+from localinfer.resident.pool import Loaded, Want
+
+TICK_S = 0.1  # how often idle models are looked at: unloads are on time to this
+EMPTY_GRACE_S = 1.0  # with nothing loaded (a fresh server, the last model unloaded), exit after this
+
+
+def model_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+@dataclass
+class Slot:
+    """One loaded model: its serve app and engine, and how it is used (``info``)."""
+
+    id: str
+    info: Loaded
+    app: Any
+    engine: Any
+    size_bytes: int
+    path: str
+    fresh_load_s: float | None = None  # set when loaded, told to the request that loaded it
+
+
+class Resident:
+    """The loaded models and the routes in front of them (an ASGI app)."""
+
+    def __init__(self, *, max_models: int | None, say: Callable[[str], None]) -> None:
+        self.slots: dict[str, Slot] = {}
+        self.max_models = max_models
+        self.say = say
+        self.lock = asyncio.Lock()  # one load or unload at a time
+        self.busy = 0  # requests in flight, all routes
+        self.empty_since = time.monotonic()
+        self.exiting = False
+        self.on_exit: Callable[[], None] = lambda: None
+        self._resolved: dict[str | None, tuple[Any, Any]] = {}  # spec -> (ResolvedModel, its file's identity)
+        self.preload: Preload | None = None
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        self.busy += 1
+        try:
+            if path.startswith("/m/"):
+                await self._model_route(scope, receive, send)
+            elif path == "/resident/load" and scope["method"] == "POST":
+                await self._reply(send, *await self._load(await _json_body(receive)))
+            elif path == "/resident/ps":
+                await self._reply(send, 200, self.ps())
+            elif path == "/resident/stop" and scope["method"] == "POST":
+                await self._reply(send, 200, await self._stop(await _json_body(receive)))
+            else:
+                await self._reply(send, 404, _error(f"no route {path}", "not_found"))
+        finally:
+            self.busy -= 1
+            if not self.slots:
+                self.empty_since = time.monotonic()
+
+    async def _model_route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        _, _, ident, rest = scope["path"].split("/", 3)
+        slot = self.slots.get(ident)
+        if slot is None:
+            await self._reply(send, 404, _error("that model is no longer loaded: run the command again", "model_unloaded"))
+            return
+        slot.info.busy += 1
+        try:
+            inner = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode()}
+            await slot.app(inner, receive, send)
+        finally:
+            slot.info.busy -= 1
+            slot.info.last_used = time.monotonic()
+
+    @staticmethod
+    async def _reply(send: Callable, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    # -- loading -------------------------------------------------------------------------------------
+    async def _load(self, body: dict[str, Any]) -> tuple[int, Any]:
+        if self.exiting:
+            return 503, _error("the resident server is stopping", "stopping")
+        try:
+            if body.get("max_models"):  # the latest command's limit holds from its own load on
+                self.max_models = int(body["max_models"])
+            pre, self.preload = self.preload, None
+            if pre is not None and pre.body != body:
+                asyncio.ensure_future(asyncio.to_thread(pre.discard))
+                pre = None
+            if pre is not None:  # the model this server was started for, loading since it started
+                await asyncio.to_thread(pre.done.wait)
+            if pre is not None and pre.error is None:
+                resolved, want, loaded = pre.result
+                async with self.lock:
+                    slot, notes = self._start(model_id(want.key), want, resolved.name, loaded), []
+            else:
+                resolved = await asyncio.to_thread(self._resolve, body.get("spec"))
+                want = _want(body, resolved)
+                async with self.lock:
+                    slot, notes = await self._ensure(want, resolved, default_ctx=body.get("ctx_per_seq") is None,
+                                                     force=bool(body.get("force")))  # fmt: skip
+            keep = float(body.get("keep_alive", 300))
+            slot.info.keep_alive = math.inf if keep < 0 else keep
+            slot.info.last_used = time.monotonic()
+            load_s, slot.fresh_load_s = slot.fresh_load_s or 0.0, None
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the command as its own error
+            from localinfer.errors import LocalInferError
+
+            if not isinstance(exc, LocalInferError):
+                self.say(f"load failed: {type(exc).__name__}: {exc}")
+            return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
+        loaded = slot.engine.loaded
+        return 200, {"id": slot.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
+                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid()}  # fmt: skip
+
+    def _resolve(self, spec: str | None) -> Any:
+        """The model ``spec`` names, as installed (never pulled here: the command pulls, with its
+        progress); remembered while its file is unchanged, so a resident answer skips the store."""
+        from localinfer.paths import file_identity
+        from localinfer.store import resolve_model
+
+        known = self._resolved.get(spec)
+        if known is not None and file_identity(known[0].path) == known[1]:
+            return known[0]
+        resolved = resolve_model(spec, offline=True, auto_pull=False)
+        self._resolved[spec] = (resolved, file_identity(resolved.path))
+        return resolved
+
+    async def _ensure(self, want: Want, resolved: Any, *, default_ctx: bool, force: bool) -> tuple[Slot, list[str]]:
+        notes: list[str] = []
+        name = resolved.name
+        ident = model_id(want.key)
+        slot = self.slots.get(ident)
+        if slot is not None:
+            reason = pool.reload_reason(slot.info, want)
+            if reason is None:
+                return slot, notes
+            while slot.info.busy:  # let the answers in flight end first
+                await asyncio.sleep(0.02)
+            want = pool.grown(slot.info, want)
+            notes.append(f"reloading {name}: {reason}")
+            default_ctx = False
+            await self._unload(slot, "reloaded")
+        for old in pool.victims([s.info for s in self.slots.values()], max_models=self.max_models, adding=True):
+            notes.append(f"unloaded {old.name} to keep at most {self.max_models} model(s) loaded")
+            await self._unload(self.slots[model_id(old.key)], "--max-models")
+        from localinfer.errors import ResourceError
+
+        while True:
+            try:
+                loaded = await asyncio.to_thread(_load_model, resolved, want, default_ctx=default_ctx, force=force)
+                break
+            except ResourceError:
+                old = pool.least_recent([s.info for s in self.slots.values()])
+                if old is None:
+                    raise
+                notes.append(f"unloaded {old.name} to make room for {name}")
+                await self._unload(self.slots[model_id(old.key)], "room for another model")
+        return self._start(ident, want, name, loaded), notes
+
+    def _start(self, ident: str, want: Want, name: str, loaded: Any) -> Slot:
+        from localinfer.serve.app import ServerState, create_app
+        from localinfer.serve.bridge import Hub
+        from localinfer.serve.config import ServeConfig
+        from localinfer.serve.engine import Engine
+
+        state = ServerState(ServeConfig(parallel=want.sequences, no_log=True), (name, want.key), created=int(time.time()))
+        state.hub = Hub(asyncio.get_running_loop(), deferred=True)
+        engine = Engine(loaded, want.sequences, max_queue=64, on_step=state.hub.flush)
+        engine.start()
+        state.engine = engine
+        info = Loaded(want.key, name, want.options, want.sequences, want.ctx_per_seq, engine.n_ctx_seq,
+                      keep_alive=300.0, last_used=time.monotonic())  # fmt: skip
+        buffers = loaded.buffers
+        size = buffers.total() if buffers is not None and buffers.buffers else os.path.getsize(want.key)
+        slot = Slot(ident, info, create_app(state), engine, size, want.key, fresh_load_s=loaded.load_s)
+        self.slots[ident] = slot
+        self.say(f"loaded {name} in {loaded.load_s:.1f} s: {want.sequences} sequence(s) x {engine.n_ctx_seq} tokens")
+        return slot
+
+    async def _unload(self, slot: Slot, why: str) -> None:
+        self.slots.pop(slot.id, None)
+        await asyncio.to_thread(slot.engine.stop)
+        self.say(f"unloaded {slot.info.name} ({why})")
+        if not self.slots:
+            self.empty_since = time.monotonic()
+
+    # -- ps and stop -------------------------------------------------------------------------------------
+    def ps(self) -> dict[str, Any]:
+        now = time.monotonic()
+        models = [{
+            "name": s.info.name, "path": s.path, "size_bytes": s.size_bytes, "sequences": s.info.sequences,
+            "context": s.info.n_ctx_seq, "busy": s.info.busy, "idle_s": round(s.info.idle_for(now), 3),
+            "keep_alive_s": None if s.info.keep_alive == math.inf else s.info.keep_alive,
+            "unloads_in_s": None if s.info.keep_alive == math.inf else round(s.info.unloads_in(now), 3),
+        } for s in self.slots.values()]  # fmt: skip
+        return {"pid": os.getpid(), "rss": _rss(), "models": models}
+
+    async def _stop(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("name")
+        async with self.lock:
+            chosen = [s for s in self.slots.values() if name is None or name in (s.info.name, s.path, s.id)]
+            for slot in chosen:
+                await self._unload(slot, "stop")
+        return {"stopped": [s.info.name for s in chosen], "left": len(self.slots), "pid": os.getpid()}
+
+    # -- the clock -----------------------------------------------------------------------------------------
+    async def reap(self) -> None:
+        """Unload models idle past their keep-alive; exit once nothing is loaded or asked for."""
+        while not self.exiting:
+            await asyncio.sleep(TICK_S)
+            if self.lock.locked():
+                continue
+            now = time.monotonic()
+            async with self.lock:
+                for info in pool.expired([s.info for s in self.slots.values()], now):
+                    slot = self.slots[model_id(info.key)]
+                    if slot.engine.running == 0 and slot.engine.queued == 0:
+                        await self._unload(slot, f"idle for {info.keep_alive:g} s")
+                idle = not self.slots and not self.busy and self.preload is None
+                if idle and time.monotonic() - self.empty_since >= EMPTY_GRACE_S:
+                    self.exiting = True
+                    self.on_exit()
+
+
+def _want(body: dict[str, Any], resolved: Any) -> Want:
+    """What a load request needs, for the model it resolved to."""
+    asked = body.get("ctx_per_seq")
+    return Want(key=os.fspath(resolved.path.resolve()), options=pool.load_fields(body["options"]),
+                sequences=int(body.get("sequences", 1)), ctx_per_seq=int(asked or _default_ctx(resolved)))  # fmt: skip
+
+
+class Preload:
+    """The first request's model, loaded on a thread from the server's start (the command hands it
+    the request on stdin): llama.cpp loads while uvicorn and Starlette are imported."""
+
+    def __init__(self, body: dict[str, Any], resident: Resident) -> None:
+        self.body, self.resident = body, resident
+        self.done = threading.Event()
+        self.result: tuple[Any, Want, Any] | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, name="localinfer-preload", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            resolved = self.resident._resolve(self.body.get("spec"))
+            want = _want(self.body, resolved)
+            loaded = _load_model(resolved, want, default_ctx=self.body.get("ctx_per_seq") is None, force=bool(self.body.get("force")))
+            self.result = (resolved, want, loaded)
+        except BaseException as exc:  # the request that asked for it gets the error (loading again)
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def discard(self) -> None:
+        self.done.wait()
+        if self.result is not None:
+            self.result[2].close()
+
+
+def _default_ctx(resolved: Any) -> int:
+    from localinfer.batch.job import default_ctx_per_seq
+
+    return default_ctx_per_seq(resolved)
+
+
+def _load_model(resolved: Any, want: Want, *, default_ctx: bool, force: bool) -> Any:
+    """The model as ``run`` (one sequence, its -c or the default context) or ``batch`` loads it."""
+    from localinfer import generate
+    from localinfer.batch import job as batchjob
+    from localinfer.engine.types import LoadOptions
+
+    base = LoadOptions(**want.options)
+    if want.sequences == 1 and default_ctx:
+        options = base  # the pre-flight sizes the context exactly as a local run's
+    else:
+        options = batchjob.batch_load_options(base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
+    loaded = generate.load(resolved, options, force=force)
+    try:
+        batchjob.check_template(loaded)
+    except BaseException:
+        loaded.close()
+        raise
+    return loaded
+
+
+async def _json_body(receive: Callable) -> dict[str, Any]:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    data = b"".join(chunks)
+    return json.loads(data) if data else {}
+
+
+def _error(message: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "code": code, "param": None}}
+
+
+def _rss() -> int:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+# -- the process -------------------------------------------------------------------------------------------
+def bind(path: Path) -> socket.socket:
+    """The listening socket, 0600 from its creation (umask), in the private folder."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(256)
+    return sock
+
+
+def _server(config: Any, resident: Resident) -> Any:
+    """uvicorn with the reaper started beside it, and signals that stop it cleanly (exit 0)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            resident.empty_since = time.monotonic()  # the grace runs from now, not from before the imports
+            self._reaper = asyncio.ensure_future(resident.reap())
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            import signal
+
+            previous = {sig: signal.signal(sig, lambda *_: setattr(self, "should_exit", True)) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localinfer.resident.server")
+    parser.add_argument("--socket", required=True, type=Path)
+    parser.add_argument("--lock", required=True, type=Path)
+    parser.add_argument("--max-models", type=int, default=None)
+    parser.add_argument("--preload", action="store_true", help="read the first load request on stdin and start loading it")
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} localinfer resident[{os.getpid()}]: {message}\n")
+        sys.stderr.flush()
+
+    sock = bind(args.socket)
+    mine = os.stat(args.socket).st_ino
+    resident = Resident(max_models=args.max_models, say=say)
+    if args.preload:
+        with contextlib.suppress(ValueError):
+            resident.preload = Preload(json.loads(sys.stdin.read()), resident)
+    import uvicorn  # after the socket is bound and the model loading: commands wait on both
+
+    config = uvicorn.Config(resident, lifespan="off", ws="none", log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
+    server = _server(config, resident)
+
+    def leave() -> None:
+        _unlink_if(args.socket, mine, args.lock)  # new commands start a new server from now on
+        server.should_exit = True
+
+    resident.on_exit = leave
+    say(f"listening on {args.socket}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        resident.exiting = True
+        _unlink_if(args.socket, mine, args.lock)
+        for slot in list(resident.slots.values()):
+            slot.engine.stop()
+        say("stopped")
+    return 0
+
+
+def _unlink_if(path: Path, inode: int, lock: Path) -> None:
+    """Remove our socket (not a newer server's), holding the start lock so no starter races us."""
+    import fcntl
+
+    with contextlib.suppress(OSError), open(lock, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        if os.stat(path).st_ino == inode:
+            path.unlink()
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "localinfer-resident"
+    sys.exit(main())
