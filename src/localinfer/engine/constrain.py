@@ -91,7 +91,8 @@ class Compiler:
         if matcher.is_error():  # its first line names the problem; the rest quotes the grammar
             first = (matcher.get_error() or "").strip().splitlines() or ["unknown error"]
             raise FormatError(f"cannot compile the {_what(fmt)}: {_one_line(first[0])}")
-        if not any(matcher.deep_copy().compute_bitmask()):  # not even the first token: nothing matches
+        probe = matcher.deep_copy()  # its first mask: an error, or no token, means nothing can match
+        if not any(probe.compute_bitmask()) or probe.is_error():
             raise FormatError(f"nothing can satisfy the {_what(fmt)}")
         return matcher
 
