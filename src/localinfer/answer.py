@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from localinfer.engine.types import GenerationStats
     from localinfer.system.estimate import BufferReport
     from localinfer.system.preflight import LoadPlan
+    from localinfer.toolcalls.spec import ToolCall
 
 
 # What a server sent, as the client timed it (``remote.client``); here, so that the answer reads it
@@ -101,6 +102,7 @@ class Answer:
     outcome: Outcome | None = None  # what a server sent and the client timed (``--endpoint``)
     backend: str | None = None  # the server that answered (Endpoint.display, no credentials); None: here
     sampling_seed: int | None = None  # the seed asked of a server (the engine reports its own)
+    tool_calls: list[ToolCall] | None = None  # the calls the model made (``text`` is then the rest)
 
     @classmethod
     def of_outcome(cls, outcome: Outcome, model: str, backend: str, mode: str = "chat", seed: int | None = None) -> Answer:
@@ -201,6 +203,7 @@ class Answer:
         out.update({
             "text": self.text,
             "finish_reason": self.finish_reason,
+            **self._calls_json(),
             "mode": self.mode,
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
@@ -226,6 +229,10 @@ class Answer:
             out["server_timings"] = self.server_timings
         out["seed"] = self.seed
         return out
+
+    def _calls_json(self) -> dict[str, Any]:
+        """``tool_calls`` (OpenAI's shape), only in an answer to a request with tools that made calls."""
+        return {"tool_calls": [c.to_openai() for c in self.tool_calls]} if self.tool_calls else {}
 
     def _load_json(self, s: GenerationStats) -> dict[str, Any]:
         plan, buffers = self.plan, self.buffers
@@ -255,6 +262,7 @@ class Answer:
             "id": rid,
             "text": self.text,
             "finish_reason": self.finish_reason,
+            **self._calls_json(),
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

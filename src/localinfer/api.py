@@ -18,6 +18,7 @@ from localinfer.errors import UsageError
 if TYPE_CHECKING:
     from localinfer.request import Request
     from localinfer.store import ResolvedModel
+    from localinfer.toolcalls.spec import ToolCall
 
 # What one answer measured (README, "Metrics"): the one answer record, None where nothing was measured.
 Stats = Result = Answer
@@ -41,6 +42,11 @@ class Response:
     finish_reason: str | None
     stats: Stats
     result: Result
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The calls the model made (a request with ``tools``); ``text`` is the rest of its answer."""
+        return self.result.tool_calls or []
 
 
 Messages = Sequence[dict[str, Any]]
@@ -103,10 +109,14 @@ class Model(LocalBackend):
         on_overflow: str = "error",
         ignore_eos: bool = False,
         sampling: SamplingOptions | None = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool = True,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
-        ``sampling``: all the sampler's settings at once, instead of one by one."""
+        ``sampling``: all the sampler's settings at once, instead of one by one. ``tools`` and
+        ``tool_choice``: OpenAI's shapes; the calls come back in ``Response.tool_calls``."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -114,7 +124,8 @@ class Model(LocalBackend):
         # A base model never chooses to stop a plain completion: without a limit it writes until
         # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
-                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
+                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""

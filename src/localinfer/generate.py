@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from localinfer.system.hardware import MemoryBudget
     from localinfer.system.preflight import LoadPlan
     from localinfer.store import ResolvedModel
+    from localinfer.toolcalls.parser import CallParser
+    from localinfer.toolcalls.plan import ToolPlan
 
 Warn = Callable[[str], None]
 Result = Answer  # what a generation gives: the one answer record (localinfer.answer)
@@ -153,6 +155,8 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     if budget <= 0:
         raise _overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
+    tools = tool_plan(loaded, request)
+
     def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
         if request.raw_text is not None:
             text = request.raw_text if text_override is None else text_override
@@ -161,7 +165,11 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         messages = list(request.messages)
         if text_override is not None:
             messages[-1] = {**messages[-1], "content": text_override}
-        prompt = loaded.template.render(messages)
+        if tools is None:
+            prompt = loaded.template.render(messages)
+        else:  # the tools through the template; a forced call's opening after it
+            prompt = loaded.template.render(tools.messages(messages), **tools.variables())
+            prompt = dataclasses.replace(prompt, text=prompt.text + tools.opening)
         return model.tokenize(prompt.text, add_special=prompt.add_special, parse_special=True), prompt.stop
 
     tokens, stops = render(None)
@@ -187,6 +195,15 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     )
 
 
+def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
+    """How ``request``'s tools go through this model's template and come back out of its answer."""
+    if request.raw_text is not None or (not request.tools and request.tool_choice is None):
+        return None
+    from localinfer.toolcalls.plan import plan_for
+
+    return plan_for(request, loaded.template.template if loaded.template is not None else None)
+
+
 class Generation:
     """One answer, streamed: iterate for its text pieces; ``result`` is complete once the iteration
     ends, however it ends (the last piece, an exception, or the consumer closing it early).
@@ -209,6 +226,7 @@ class Generation:
         tokens, stops, dropped = prompt if prompt is not None else build_prompt(loaded, request)
         stats.truncated_tokens = dropped
         self.result = Answer("", loaded.name, stats, load_s, mode=request.mode, plan=loaded.plan, buffers=loaded.buffers)
+        self._tools = tool_plan(loaded, request)
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
             stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
@@ -216,18 +234,35 @@ class Generation:
 
     def __iter__(self) -> Iterator[str]:
         result, pieces = self.result, []
+        calls = self._tools.parser() if self._tools is not None else None  # the text is content only
         try:
             for step in self._steps:
-                if step.text:
-                    if result.ttft_s is None:
-                        result.ttft_s = time.perf_counter() - self._t_request
-                    yield step.text
-                    pieces.append(step.text)  # only once the consumer took it (it may raise instead)
+                for text in _content(calls, step.text) if calls is not None else (step.text,):
+                    if text:
+                        if result.ttft_s is None:
+                            result.ttft_s = time.perf_counter() - self._t_request
+                        yield text
+                        pieces.append(text)  # only once the consumer took it (it may raise instead)
+            if calls is not None:
+                for text in _content(calls, None):
+                    yield text
+                    pieces.append(text)
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
             result.text = "".join(pieces)
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
+            if calls is not None and calls.calls:
+                result.tool_calls = list(calls.calls)
+                result.stats.finish_reason = "tool_calls"
+
+
+def _content(calls: CallParser, text: str | None) -> list[str]:
+    """The content in a piece of the answer (None: its end), the calls kept in the parser."""
+    from localinfer.toolcalls.parser import Text
+
+    events = calls.finish() if text is None else calls.feed(text)
+    return [e.text for e in events if isinstance(e, Text)]
 
 
 def generate(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localinfer.engine.types import SamplingOptions
+from localinfer.toolcalls.spec import Tool, ToolChoice
 
 Messages = Sequence[dict[str, Any]]
 
@@ -29,6 +30,9 @@ class Request:
     sampling: SamplingOptions = SamplingOptions()
     on_overflow: str = "error"  # error | truncate
     ignore_eos: bool = False
+    tools: tuple[Tool, ...] = ()  # functions the model may call (localinfer.toolcalls)
+    tool_choice: ToolChoice | None = None  # None: auto when tools are given
+    parallel_tool_calls: bool = True
 
     @property
     def mode(self) -> str:
@@ -56,11 +60,16 @@ def build(
     stop: Sequence[str] = (),
     on_overflow: str = "error",
     ignore_eos: bool = False,
+    tools: Sequence[Any] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool = True,
 ) -> Request:
     """``messages`` are used as given (``system`` is for a prompt); a ``prompt`` becomes a user
     message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
     model without a chat template), the text after the system prompt and a blank line.
-    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error."""
+    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error.
+    ``tools``: OpenAI's tool objects (or ``Tool``s), ``tool_choice`` its choice (or a ``ToolChoice``);
+    a bad one is a usage error."""
     from localinfer.limits import require_utf8
 
     for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
@@ -68,7 +77,16 @@ def build(
             require_utf8(text, what)
     common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
                                   on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+    if tools or tool_choice is not None:
+        from localinfer.toolcalls.plan import checked_tools
+
+        offered, choice = checked_tools(tools, tool_choice)
+        common.update(tools=offered, tool_choice=choice, parallel_tool_calls=parallel_tool_calls)
     if messages is not None:
+        if any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages):
+            from localinfer.toolcalls.plan import checked_messages
+
+            messages = checked_messages(messages)  # the API's tool turns, as serve reads them
         return Request(messages=tuple(messages), **common)
     text = prompt or ""
     if raw:
@@ -92,6 +110,9 @@ class BatchRequest:
     stop: tuple[str, ...] | None = None
     ignore_eos: bool = False  # not settable from the input; for benchmarks
     sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     def sampling_over(self, base: SamplingOptions) -> SamplingOptions:
         """``base`` (the command's settings) with what this line sets."""

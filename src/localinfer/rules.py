@@ -200,17 +200,21 @@ def stop(field: str, value: Any) -> tuple[str, ...]:
     return tuple(text(field, s) for s in items if s)
 
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _MESSAGE_KEYS = ("role", "content", "name")
+_TOOL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id",)}  # what a conversation with tools adds
 
 
-def message(where: str, m: Any) -> dict[str, str]:
+def message(where: str, m: Any) -> dict[str, Any]:
     """One OpenAI-style message as ``{"role", "content"[, "name"]}``: a role of ROLES (developer
     is OpenAI's new name for system), content a string or a list of text parts (null for an
-    assistant, who may say nothing). Other keys with a value are refused: we cannot honour them."""
+    assistant, who may say nothing). An assistant's ``tool_calls`` and a tool message's
+    ``tool_call_id`` are kept (``toolcalls.spec``). Other keys with a value are refused: we cannot
+    honour them."""
     if not isinstance(m, dict):
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
-    extra = sorted(k for k, v in m.items() if k not in _MESSAGE_KEYS and v is not None)
+    allowed = _MESSAGE_KEYS + _TOOL_KEYS.get(m.get("role"), ()) if isinstance(m.get("role"), str) else _MESSAGE_KEYS
+    extra = sorted(k for k, v in m.items() if k not in allowed and v is not None)
     if extra:
         raise RuleError(where, f"has '{extra[0]}', which is not supported (text messages only)", "unsupported_parameter")
     role = m.get("role")
@@ -230,18 +234,30 @@ def message(where: str, m: Any) -> dict[str, str]:
         content = ""
     elif not isinstance(content, str):
         raise RuleError(f"{where}.content", f"must be a string or a list of text parts, not {_kind(content)}", "invalid_type")
-    out = {"role": ROLES[role], "content": text(f"{where}.content", content)}
+    out: dict[str, Any] = {"role": ROLES[role], "content": text(f"{where}.content", content)}
     if m.get("name") is not None:
         out["name"] = text(f"{where}.name", m["name"])
+    if role == "tool":
+        out["tool_call_id"] = text(f"{where}.tool_call_id", m.get("tool_call_id"))
+    if m.get("tool_calls") is not None:
+        from localinfer.toolcalls.spec import assistant_calls
+
+        out["tool_calls"] = assistant_calls(f"{where}.tool_calls", m["tool_calls"])
     return out
 
 
-def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | None = MAX_MESSAGES) -> tuple[dict[str, str], ...]:
+def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | None = MAX_MESSAGES) -> tuple[dict[str, Any], ...]:
+    """A conversation; a ``tool`` message must answer a call an earlier assistant message made."""
     if not isinstance(value, list) or (not value and not allow_empty):
         raise RuleError(field, "must be a non-empty list of messages", "invalid_type")
     if limit is not None and len(value) > limit:
         raise RuleError(field, f"takes at most {limit} messages")
-    return tuple(message(f"{field}[{i}]", m) for i, m in enumerate(value))
+    out = tuple(message(f"{field}[{i}]", m) for i, m in enumerate(value))
+    if any(m["role"] == "tool" for m in out):
+        from localinfer.toolcalls.spec import check_tool_turns
+
+        check_tool_turns(field, out)
+    return out
 
 
 def _kind(v: Any) -> str:

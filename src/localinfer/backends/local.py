@@ -68,11 +68,11 @@ class LocalBackend(Backend):
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt
+        from localinfer.generate import build_prompt, tool_plan
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
-        started: dict[int, tuple[BatchRequest, float, int, str]] = {}
+        started: dict[int, tuple[BatchRequest, float, int, Request]] = {}
         decoder = BatchDecoder(loaded.model, parallel)
 
         def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
@@ -92,7 +92,7 @@ class LocalBackend(Backend):
                     exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
                     outbox.append(failed(index, item, reason, exc))
                     continue
-                started[index] = (item, t0, dropped, request.mode)
+                started[index] = (item, t0, dropped, request)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos)
 
@@ -102,13 +102,18 @@ class LocalBackend(Backend):
             for res in decoder.run(jobs()):
                 while outbox:
                     yield outbox.popleft()
-                item, t0, dropped, mode = started.pop(res.key)
+                item, t0, dropped, request = started.pop(res.key)
                 if res.error is not None:
                     yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
                     continue
                 res.stats.truncated_tokens = dropped
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode)
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=request.mode)
+                tools = tool_plan(loaded, request)
+                if tools is not None:
+                    answer.text, calls = tools.parse(res.text)
+                    if calls:
+                        answer.tool_calls, res.stats.finish_reason = calls, "tool_calls"
                 yield BatchResult(res.key, item.id, item.line, answer)
             while outbox:
                 yield outbox.popleft()

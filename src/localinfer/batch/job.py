@@ -69,6 +69,7 @@ def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) ->
         max_tokens=item.max_tokens if item.max_tokens is not None else defaults.max_tokens,
         stop=item.stop if item.stop is not None else defaults.stop,
         sampling=sampling, on_overflow=defaults.on_overflow, ignore_eos=item.ignore_eos,
+        tools=item.tools, tool_choice=item.tool_choice, parallel_tool_calls=item.parallel_tool_calls,
     )  # fmt: skip
 
 

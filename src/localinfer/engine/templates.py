@@ -193,11 +193,12 @@ class ChatTemplate:
     bos_text: str = ""
     eos_text: str = ""
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> ChatPrompt:
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **variables: Any) -> ChatPrompt:
+        """``variables``: more of the template's variables (``tools``); a named format takes none."""
         if self.template is not None:
             text = render_template(
                 self.template, messages, eos_token=self.eos_text, bos_token=self.bos_text,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt, **variables,
             )  # fmt: skip
             # The template writes BOS itself where it wants one (llama-cpp-python: added_special).
             return ChatPrompt(text, (self.eos_text,) if self.eos_text else (), add_special=False)

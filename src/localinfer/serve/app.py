@@ -195,7 +195,7 @@ async def _complete(request: Request, kind: str) -> Response:
         return error_response(exc)
     except ApiError as exc:
         return error_response(exc)
-    answer = Answer.new(kind, state.names[0], req.include_usage)
+    answer = Answer.new(kind, state.names[0], req.include_usage, prepared.tools)
     return AnswerResponse(ticket, channel, answer, req.stream)  # type: ignore[return-value]
 
 
@@ -254,14 +254,19 @@ class AnswerResponse:
         if answer.kind == "chat":  # OpenAI's first chunk names the role
             await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
         before, after = answer.text_chunks()
+        calls = answer.tools.parser() if answer.tools is not None else None  # text becomes content and calls
         while True:
             text, end = await self.channel.get()
             if self.gone:
                 return 499
-            body = before + encode_basestring(text).encode() + after if text else b""
+            if calls is not None:
+                body = answer.event_chunks(calls.feed(text) + (calls.finish() if end is not None else []))
+            else:
+                body = before + encode_basestring(text).encode() + after if text else b""
             if end is not None:
                 self.ended = True
-                body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
+                finish = "tool_calls" if calls is not None and calls.calls else None
+                body += answer.last_chunks(end, finish) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return 200
             if body:

@@ -27,6 +27,7 @@ from localinfer.serve.protocol import ApiError, CompletionRequest
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
     from localinfer.generate import LoadedModel
+    from localinfer.toolcalls.plan import ToolPlan
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Prepared:
     request: CompletionRequest
     tokens: list[int]
     stop: tuple[str, ...]
+    tools: ToolPlan | None = None  # how the answer's tool calls are parsed (and constrained)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class Engine:
         a prompt that does not fit one sequence's context with ``max_tokens`` is a 400."""
         from localinfer import request as rq
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt
+        from localinfer.generate import build_prompt, tool_plan
 
         model = self.loaded.model
         if isinstance(request.prompt, tuple):
@@ -115,13 +117,14 @@ class Engine:
             raise ApiError(400, f"{self.loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
         try:
             chat = request.kind == "chat"  # max_tokens: checked below
-            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat)
+            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat,
+                           tools=request.tools, tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls)  # fmt: skip
             tokens, stops, _ = build_prompt(self.loaded, req, n_ctx=self.n_ctx_seq)
         except ContextOverflowError as exc:
             raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded") from None
         except (UsageError, TemplateRefusedError) as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
-        return self._checked(Prepared(request, tokens, stops))
+        return self._checked(Prepared(request, tokens, stops, tool_plan(self.loaded, req)))
 
     def _checked(self, p: Prepared) -> Prepared:
         """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API)."""

@@ -1,7 +1,7 @@
 """The OpenAI request bodies we accept, checked field by field: a ``CompletionRequest`` or an
 ``ApiError`` that says which field is wrong and why (HTTP 400), never a 500.
 
-Fields llama.cpp cannot honour (tools, logprobs, n > 1...) are refused by name rather than ignored,
+Fields llama.cpp cannot honour (logprobs, n > 1...) are refused by name rather than ignored,
 and so are unknown fields: a client never gets an answer to a different question than it asked.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 from localinfer import rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.limits import NotText, loads, require_text
+from localinfer.toolcalls.spec import Tool, ToolChoice
 
 MAX_STOPS = rules.MAX_STOPS
 MAX_MESSAGES = rules.MAX_MESSAGES
@@ -54,6 +55,9 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -117,8 +121,6 @@ _UNSUPPORTED = {
     "logprobs": _only(lambda v: v in (None, False, 0), "(log probabilities)"),
     "top_logprobs": _only(lambda v: v in (None, 0), "(log probabilities)"),
     "logit_bias": _only(lambda v: not v, "(biasing tokens)"),
-    "tools": _only(lambda v: not v, "(tool calls)"),
-    "tool_choice": _only(lambda v: v in (None, "none"), "(tool calls)"),
     "response_format": _only(lambda v: v is None or v == {"type": "text"}, "other than text"),
     "modalities": _only(lambda v: v in (None, ["text"]), "other than [\"text\"]"),
     "echo": _only(lambda v: v in (None, False), "(echoing the prompt)"),
@@ -132,7 +134,6 @@ _IGNORED: dict[str, Callable[[str, Any], Any]] = {
     "store": _bool,  # OpenAI keeps the answer for its dashboard; we keep nothing
     "metadata": _metadata,
     "service_tier": _text,  # a price and latency class
-    "parallel_tool_calls": _bool,  # meaningful only with tools, which are refused
     "prompt_cache_key": _text,  # OpenAI's cache routing hint
     "safety_identifier": _text,
 }
@@ -149,7 +150,8 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
     **_IGNORED,
 }
-_CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "response_format", "modalities"}
+_CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "response_format", "modalities"}
+_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only (localinfer.toolcalls)
 _TEXT_ONLY = {"n", "logprobs", "logit_bias", "echo", "suffix", "best_of"}
 
 
@@ -182,7 +184,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
-        if name != main and name not in _COMMON and name not in unsupported:
+        if name != main and name not in _COMMON and name not in unsupported and not (kind == "chat" and name in _TOOL_FIELDS):
             raise _bad(name, f"unknown field '{name}'", "unknown_parameter")
     for name in unsupported & set(body):
         _UNSUPPORTED[name](name, body[name])
@@ -208,7 +210,23 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
+        **(_tools(body) if kind == "chat" else {}),
     )
+
+
+def _tools(body: dict[str, Any]) -> dict[str, Any]:
+    """``tools`` (each parameters schema checked), ``tool_choice`` among them, ``parallel_tool_calls``."""
+    from localinfer.toolcalls import spec
+    from localinfer.toolcalls.plan import check_schema
+
+    offered = spec.tools("tools", body["tools"], check_schema) if body.get("tools") is not None else ()
+    choice = body.get("tool_choice")
+    out: dict[str, Any] = {"tools": offered}
+    if choice is not None:
+        out["tool_choice"] = spec.tool_choice("tool_choice", choice, offered)
+    if body.get("parallel_tool_calls") is not None:
+        out["parallel_tool_calls"] = _bool("parallel_tool_calls", body["parallel_tool_calls"])
+    return out
 
 
 def _prompt(value: Any) -> str | tuple[int, ...]:

@@ -1,0 +1,112 @@
+"""One request's tools, planned for one template: the messages and variables its template gets, what
+a forced answer starts with, the constraint that guarantees the call, and the parser for the answer.
+Pure: the prompt builder and the server's answer each make the same plan from the same request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from localinfer.errors import UsageError
+from localinfer.rules import RuleError
+from localinfer.toolcalls import families, spec
+from localinfer.toolcalls.families import Family
+from localinfer.toolcalls.parser import CallParser, parse
+from localinfer.toolcalls.spec import Tool, ToolChoice
+
+if TYPE_CHECKING:
+    from localinfer.request import Request
+
+
+def check_schema(field: str, schema: dict[str, Any]) -> None:
+    """A tool's ``parameters`` as JSON Schema: refused here when the constraint could not enforce it."""
+    try:
+        from localinfer.structured import check_json_schema  # type: ignore[attr-defined]
+    except ImportError:  # structured output not in this build: the shape checks of spec.tools only
+        return
+    check_json_schema(field, schema)
+
+
+def checked_tools(tools: Sequence[Any] | None, choice: Any) -> tuple[tuple[Tool, ...], ToolChoice]:
+    """The API's ``tools=`` and ``tool_choice=`` (OpenAI's JSON shapes, or ours), checked: UsageError."""
+    try:
+        offered = tuple(tools) if tools and all(isinstance(t, Tool) for t in tools) else spec.tools("tools", list(tools or ()), check_schema)
+        if isinstance(choice, ToolChoice):
+            if choice.name is not None and choice.name not in {t.name for t in offered}:
+                raise RuleError("tool_choice", f"names {choice.name!r}, which is not one of the tools")
+            return offered, choice
+        return offered, spec.tool_choice("tool_choice", "auto" if choice is None else choice, offered) if offered or choice else ToolChoice()
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def checked_messages(messages: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    """A conversation with tool turns (the API's), checked and shaped as serve's: UsageError."""
+    from localinfer import rules
+
+    try:
+        return rules.messages("messages", list(messages))
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    family: Family
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    parallel: bool = True
+
+    @property
+    def offered(self) -> bool:
+        """Whether the tools reach the model at all (``none``: they do not, and no call is parsed)."""
+        return bool(self.tools) and self.choice.mode != "none"
+
+    def messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return families.template_messages(self.family, list(messages), self.tools, self.choice)
+
+    def variables(self) -> dict[str, Any]:
+        """What the template's render gets besides the messages (``tools``, as transformers passes it)."""
+        if self.family.native and self.offered:
+            return {"tools": [t.to_openai() for t in self.tools]}
+        return {}
+
+    @property
+    def opening(self) -> str:
+        """Written into the prompt after the generation prompt: a forced answer opens with its marker."""
+        return self.family.opening if self.offered and self.choice.forced else ""
+
+    def constraint(self) -> tuple[dict[str, Any], str | None] | None:
+        """The schema the answer must follow and the marker after which it applies (None: from the
+        first token); None: no constraint (``none``, or ``auto`` in a family without a marker)."""
+        if not self.offered:
+            return None
+        schema = families.schema(self.family, self.tools, self.choice, self.parallel)
+        if self.choice.forced or not self.family.native:
+            return schema, None
+        start = self.family.starts[0] if self.family.starts else None
+        return (schema, start) if start else None
+
+    def parser(self) -> CallParser | None:
+        """A parser for the streamed answer (None with ``none``: the answer is all text)."""
+        if not self.offered:
+            return None
+        p = CallParser(self.family, self.parallel)
+        p.feed(self.opening)
+        return p
+
+    def parse(self, text: str) -> tuple[str, list[spec.ToolCall]]:
+        """A whole answer's content and calls."""
+        if not self.offered:
+            return text, []
+        p = parse(self.family, text, opening=self.opening, parallel=self.parallel)
+        return p.content, p.calls
+
+
+def plan_for(request: Request, template: str | None) -> ToolPlan | None:
+    """The plan for ``request`` with this chat template's source (None: it offers no tools)."""
+    if not request.tools and request.tool_choice is None:
+        return None
+    choice = request.tool_choice or ToolChoice()
+    return ToolPlan(families.detect(template), request.tools, choice, request.parallel_tool_calls)
