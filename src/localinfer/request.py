@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.types import SamplingOptions
 from localinfer.toolcalls.spec import Tool, ToolChoice
+
+if TYPE_CHECKING:
+    from localinfer.structured import Format
 
 Messages = Sequence[dict[str, Any]]
 
@@ -30,6 +33,7 @@ class Request:
     sampling: SamplingOptions = SamplingOptions()
     on_overflow: str = "error"  # error | truncate
     ignore_eos: bool = False
+    response_format: Format | None = None  # None: free text; else the answer is this JSON or grammar
     tools: tuple[Tool, ...] = ()  # functions the model may call (localinfer.toolcalls)
     tool_choice: ToolChoice | None = None  # None: auto when tools are given
     parallel_tool_calls: bool = True
@@ -60,6 +64,9 @@ def build(
     stop: Sequence[str] = (),
     on_overflow: str = "error",
     ignore_eos: bool = False,
+    response_format: Any = None,
+    json_schema: Any = None,
+    grammar: str | None = None,
     tools: Sequence[Any] | None = None,
     tool_choice: Any = None,
     parallel_tool_calls: bool = True,
@@ -68,15 +75,19 @@ def build(
     message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
     model without a chat template), the text after the system prompt and a blank line.
     ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error.
+    At most one of ``response_format`` (a Format, OpenAI's object, or "json"), ``json_schema`` (a
+    schema or its text) and ``grammar`` (GBNF) constrains the answer (localinfer.structured.pick).
     ``tools``: OpenAI's tool objects (or ``Tool``s), ``tool_choice`` its choice (or a ``ToolChoice``);
     a bad one is a usage error."""
     from localinfer.limits import require_utf8
+    from localinfer.structured import pick
 
     for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
         if isinstance(text, str):
             require_utf8(text, what)
     common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
-                                  on_overflow=on_overflow, ignore_eos=ignore_eos)  # fmt: skip
+                                  on_overflow=on_overflow, ignore_eos=ignore_eos,
+                                  response_format=pick(response_format, json_schema, grammar))  # fmt: skip
     if tools or tool_choice is not None:
         from localinfer.toolcalls.plan import checked_tools
 

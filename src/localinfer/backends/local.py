@@ -94,7 +94,10 @@ class LocalBackend(Backend):
                     continue
                 started[index] = (item, t0, dropped, request)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
-                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos)
+                tools = tool_plan(loaded, request)
+                constraint, after = (tools.constraint() if tools is not None else None) or (None, None)
+                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
+                             constraint=constraint, constraint_after=after)  # fmt: skip
 
         try:
             if stats is not None:

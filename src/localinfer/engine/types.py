@@ -14,6 +14,8 @@ from localinfer.engine import defaults
 if TYPE_CHECKING:
     import threading
 
+    from localinfer.structured import Format
+
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -125,6 +127,8 @@ class SeqJob:
     on_text: Callable[[str], None] | None = None  # each piece of answer text, on the decoding thread
     cancel: threading.Event | None = None  # set from any thread: the job ends at the next step
     cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached prefix
+    constraint: Format | None = None  # the answer must be this JSON / grammar (engine/constrain.py)
+    constraint_after: str | None = None  # the constraint starts once the answer has passed this text (</think>)
 
 
 @dataclass

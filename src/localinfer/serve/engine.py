@@ -153,9 +153,11 @@ class Engine:
         if waiting >= self.max_queue:
             raise Overloaded()
         r = prepared.request
+        constraint, after = (prepared.tools.constraint() if prepared.tools is not None else None) or (None, None)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=on_text, cancel=threading.Event(), cache_prompt=r.cache_prompt,
+            constraint=constraint, constraint_after=after,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end)
         self._queue.put(ticket)

@@ -17,15 +17,18 @@ from localinfer.toolcalls.spec import Tool, ToolChoice
 
 if TYPE_CHECKING:
     from localinfer.request import Request
+    from localinfer.structured import Format
 
 
 def check_schema(field: str, schema: dict[str, Any]) -> None:
-    """A tool's ``parameters`` as JSON Schema: refused here when the constraint could not enforce it."""
+    """A tool's ``parameters`` as JSON Schema, checked by structured output's rules: a schema the
+    constraint could not enforce is refused, by the field's name (RuleError)."""
+    from localinfer.structured import FormatError, check_schema as check
+
     try:
-        from localinfer.structured import check_json_schema  # type: ignore[attr-defined]
-    except ImportError:  # structured output not in this build: the shape checks of spec.tools only
-        return
-    check_json_schema(field, schema)
+        check(schema)
+    except FormatError as exc:
+        raise RuleError(field, f"is not a schema we can enforce: {exc}") from None
 
 
 def checked_tools(tools: Sequence[Any] | None, choice: Any) -> tuple[tuple[Tool, ...], ToolChoice]:
@@ -77,16 +80,19 @@ class ToolPlan:
         """Written into the prompt after the generation prompt: a forced answer opens with its marker."""
         return self.family.opening if self.offered and self.choice.forced else ""
 
-    def constraint(self) -> tuple[dict[str, Any], str | None] | None:
-        """The schema the answer must follow and the marker after which it applies (None: from the
-        first token); None: no constraint (``none``, or ``auto`` in a family without a marker)."""
+    def constraint(self) -> tuple[Format, str | None] | None:
+        """The format the answer must follow and the marker after which it applies (None: from the
+        first token); None: no constraint (``none``, or ``auto`` in a family without a marker).
+        A forced call is the whole answer (after ``opening``): its arguments are ``parameters``."""
+        from localinfer.structured import from_schema
+
         if not self.offered:
             return None
-        schema = families.schema(self.family, self.tools, self.choice, self.parallel)
+        fmt = from_schema(families.schema(self.family, self.tools, self.choice, self.parallel), name="tool_calls")
         if self.choice.forced or not self.family.native:
-            return schema, None
+            return fmt, None
         start = self.family.starts[0] if self.family.starts else None
-        return (schema, start) if start else None
+        return (fmt, start) if start else None
 
     def parser(self) -> CallParser | None:
         """A parser for the streamed answer (None with ``none``: the answer is all text)."""
