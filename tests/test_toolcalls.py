@@ -184,3 +184,42 @@ def test_batch_lines_and_the_api_take_tools_and_tool_turns():
     assert r.messages[2] == {"role": "tool", "content": "12 C", "tool_call_id": "c1", "name": "get_weather"}
     with pytest.raises(UsageError, match="tool_call_id"):
         rq.build(messages=[*turns[:1], turns[2]], tools=[WEATHER])
+
+
+# -- the tools through real templates, as transformers renders them ----------------------------------------
+REAL = ["Qwen-Qwen2.5-7B-Instruct.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+        "meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja", "Qwen-Qwen3-0.6B.jinja"]  # fmt: skip
+FAMILY = {"Qwen-Qwen2.5-7B-Instruct.jinja": F.HERMES, "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": F.HERMES,
+          "meta-llama-Llama-3.1-8B-Instruct.jinja": F.LLAMA3, "meta-llama-Llama-3.2-3B-Instruct.jinja": F.LLAMA3,
+          "mistralai-Mistral-Nemo-Instruct-2407.jinja": F.MISTRAL, "Qwen-Qwen3-0.6B.jinja": F.HERMES}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_templates_get_the_tools_and_tool_turns_as_transformers_renders_them(name):
+    """Our render of a conversation with tools, a call and its result (the request's messages, as
+    serve checks them) is transformers' ``apply_chat_template`` render of the same, byte for byte."""
+    chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    from realtemplates import real_template
+
+    from localinfer.engine.templates import ChatTemplate
+    from localinfer.rules import messages as checked
+
+    source = real_template(name)
+    assert F.detect(source) is FAMILY[name]
+    turns = checked("messages", [
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "abc123def", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "abc123def", "content": "12 C"},
+    ])  # fmt: skip
+    plan = plan_for(rq.build(messages=turns, tools=[WEATHER, TIME]), source)
+    ours = ChatTemplate("gguf", source, bos_text="<s>", eos_text="</s>").render(plan.messages(turns), **plan.variables()).text
+    theirs = chat_template_utils.render_jinja_template(
+        conversations=[plan.messages(turns)], tools=plan.variables()["tools"], chat_template=source, add_generation_prompt=True,
+        bos_token="<s>", eos_token="</s>",
+    )  # fmt: skip
+    theirs = theirs[0][0] if isinstance(theirs, tuple) else theirs
+    theirs = theirs[0] if isinstance(theirs, list) else theirs
+    assert "get_weather" in ours and "12 C" in ours
+    assert ours == theirs

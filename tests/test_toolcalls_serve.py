@@ -7,28 +7,17 @@ which knows none (the generic JSON format). ``required`` and named calls always 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
-import tarfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 from ggufmutate import T_STRING, read_layout, write_layout
-from models import cache_dir
+from realtemplates import real_template
 from test_serve_model import ServeProcess
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
-
-SDIST = "llama_cpp_python-0.3.36.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # benchmarks/llama_cpp_source.sh
-TEMPLATES = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/"
-REPO = Path(__file__).resolve().parent.parent
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -45,28 +34,6 @@ TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASKS = ["What is the weather like in Paris?", "Add 17 and 25.", "Hello! Who are you?"]
 GREEDY = {"temperature": 0, "max_tokens": 96}
-
-
-def _sdist() -> Path:
-    """The sdist whose vendored templates we read: given, built next to the benchmarks, or fetched."""
-    for path in (os.environ.get("LLAMA_CPP_PYTHON_SDIST"), REPO / "benchmarks/.build/sdist" / SDIST, cache_dir() / "sdist" / SDIST):
-        if path and Path(path).is_file():
-            return Path(path)
-    out = cache_dir() / "sdist"
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                           "llama-cpp-python==0.3.36", "-d", str(out)], capture_output=True, timeout=600)  # fmt: skip
-    if proc.returncode != 0 or not (out / SDIST).is_file():
-        pytest.skip(f"the llama-cpp-python sdist is not available: {proc.stderr.decode()[-300:]}")
-    return out / SDIST
-
-
-def real_template(name: str) -> str:
-    sdist = _sdist()
-    assert hashlib.sha256(sdist.read_bytes()).hexdigest() == SDIST_SHA256, sdist
-    with tarfile.open(sdist) as tar:
-        member = tar.extractfile(TEMPLATES + name)
-        assert member is not None
-        return member.read().decode()
 
 
 @pytest.fixture(scope="module", params=["qwen2.5", "chatml"])

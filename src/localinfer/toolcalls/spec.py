@@ -26,10 +26,9 @@ class Tool:
     parameters: Any = None  # a dict; None: takes any object
 
     def to_openai(self) -> dict[str, Any]:
-        """As the chat templates read it (transformers passes ``tools`` in this shape)."""
-        fn: dict[str, Any] = {"name": self.name}
-        if self.description:
-            fn["description"] = self.description
+        """As the chat templates read it (transformers passes ``tools`` in this shape; the description
+        always there, as llama.cpp gives it: templates such as Hermes 3's read it unguarded)."""
+        fn: dict[str, Any] = {"name": self.name, "description": self.description}
         fn["parameters"] = self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
         return {"type": "function", "function": fn}
 
