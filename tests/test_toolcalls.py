@@ -200,12 +200,12 @@ def test_real_templates_get_the_tools_and_tool_turns_as_transformers_renders_the
     """Our render of a conversation with tools, a call and its result (the request's messages, as
     serve checks them) is transformers' ``apply_chat_template`` render of the same, byte for byte."""
     chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
-    from realtemplates import real_template
+    from templatesource import real_template
 
     from localinfer.engine.templates import ChatTemplate
     from localinfer.rules import messages as checked
 
-    source = real_template(name)
+    source = real_template(name.removesuffix(".jinja"))
     assert F.detect(source) is FAMILY[name]
     turns = checked("messages", [
         {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Oslo?"},

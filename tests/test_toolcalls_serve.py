@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from ggufmutate import T_STRING, read_layout, write_layout
-from realtemplates import real_template
+from templatesource import real_template
 from test_serve_model import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def served(request, smollm2_path, tmp_path_factory):
     model = smollm2_path
     if request.param == "qwen2.5":
         layout = read_layout(smollm2_path)
-        layout.set_scalar("tokenizer.chat_template", T_STRING, real_template("Qwen-Qwen2.5-7B-Instruct.jinja"))
+        layout.set_scalar("tokenizer.chat_template", T_STRING, real_template("Qwen-Qwen2.5-7B-Instruct"))
         model = write_layout(layout, tmp_path_factory.mktemp("qwen-template") / "smollm2-qwen25-template.gguf")
     with ServeProcess(model, "-np", "2", "-c", "2048", home=tmp_path_factory.mktemp("serve-home")) as s:
         yield request.param, s

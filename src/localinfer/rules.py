@@ -213,8 +213,9 @@ def message(where: str, m: Any) -> dict[str, Any]:
     honour them."""
     if not isinstance(m, dict):
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
+    thought = m.get("reasoning_content") if m.get("role") == "assistant" else None  # a past answer's thinking
     allowed = _MESSAGE_KEYS + _TOOL_KEYS.get(m.get("role"), ()) if isinstance(m.get("role"), str) else _MESSAGE_KEYS
-    extra = sorted(k for k, v in m.items() if k not in allowed and v is not None)
+    extra = sorted(k for k, v in m.items() if k not in allowed and v is not None and not (k == "reasoning_content" and thought is not None))
     if extra:
         raise RuleError(where, f"has '{extra[0]}', which is not supported (text messages only)", "unsupported_parameter")
     role = m.get("role")
@@ -243,6 +244,8 @@ def message(where: str, m: Any) -> dict[str, Any]:
         from localinfer.toolcalls.spec import assistant_calls
 
         out["tool_calls"] = assistant_calls(f"{where}.tool_calls", m["tool_calls"])
+    if thought is not None:  # the template renders it, or not (most drop past thinking)
+        out["reasoning_content"] = text(f"{where}.reasoning_content", thought)
     return out
 
 
@@ -258,6 +261,51 @@ def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | 
 
         check_tool_turns(field, out)
     return out
+
+
+# -- the chat template's variables and the reasoning format ---------------------------------------------
+TEMPLATE_OWN = ("messages", "add_generation_prompt", "raise_exception", "strftime_now")  # set by the render
+MAX_TEMPLATE_KWARGS_CHARS = 1024 * 1024
+
+
+def chat_template_kwargs(field: str, value: Any) -> dict[str, Any] | None:
+    """Variables for the chat template (vLLM's and llama-server's ``chat_template_kwargs``): an
+    object of JSON values, none of them a name the render sets itself; empty means none."""
+    import json
+
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RuleError(field, f"must be an object (template variable: value), not {_kind(value)}", "invalid_type")
+    own = sorted(k for k in value if k in TEMPLATE_OWN)
+    if own:
+        raise RuleError(field, f"may not set '{own[0]}': the render sets it itself")
+    for key in value:
+        text(f"{field} key", key)
+    if len(json.dumps(value, ensure_ascii=False, default=str)) > MAX_TEMPLATE_KWARGS_CHARS:
+        raise RuleError(field, f"is longer than {MAX_TEMPLATE_KWARGS_CHARS:,} characters")
+    return dict(value) or None
+
+
+def chat_template_kwargs_text(field: str, raw: str) -> dict[str, Any] | None:
+    """``--chat-template-kwargs JSON``: a JSON object, as ``chat_template_kwargs`` checks it."""
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise RuleError(field, f"is not valid JSON: {exc}", "invalid_json") from None
+    return chat_template_kwargs(field, value)
+
+
+def reasoning_format(field: str, value: Any) -> str:
+    """llama-server's: ``none`` keeps a reasoning model's thinking in the text; ``auto`` and
+    ``deepseek`` put it apart (``reasoning_content``), as when it is not given."""
+    from localinfer.reasoning import FORMATS
+
+    if not isinstance(value, str) or value not in FORMATS:
+        raise RuleError(field, f"must be one of {', '.join(FORMATS)}, not {shown(value)}")
+    return value
 
 
 def _kind(v: Any) -> str:

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from localinfer.errors import InvalidModelError, UsageError
+from localinfer.rules import TEMPLATE_OWN
 
 # Bounds on one render, far above what any real template needs for a long conversation.
 MAX_RANGE_ITEMS = 1_000_000  # range() items over a whole render (a loop over messages needs none)
@@ -47,6 +48,8 @@ class _Exceeded(Exception):
 
 
 _BUDGET = "_localinfer_budget"  # the render's _Budget, passed in its context (renders may run on several threads)
+# What a render sets itself; a template variable (chat_template_kwargs) cannot replace these
+RESERVED = frozenset({*TEMPLATE_OWN, _BUDGET})
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,6 +145,9 @@ def render_template(template: str, messages: list[dict[str, Any]], **variables: 
     """``template`` rendered with ``messages`` and ``variables``, within the bounds above."""
     import jinja2
 
+    clash = sorted(RESERVED & set(variables) - {"add_generation_prompt"})
+    if clash:
+        raise UsageError(f"the template variable {clash[0]!r} is set by the render itself")
     compiled = compile_template(template)
     budget = _Budget(sum(len(str(m.get("content") or "")) for m in messages))
     out: list[str] = []
@@ -194,11 +200,13 @@ class ChatTemplate:
     eos_text: str = ""
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **variables: Any) -> ChatPrompt:
-        """``variables``: more of the template's variables (``tools``); a named format takes none."""
+        """``variables``: the template's own (``chat_template_kwargs``: ``enable_thinking``,
+        ``reasoning_effort``; ``tools``), as transformers' ``apply_chat_template`` passes them; they
+        may not replace the names the render sets (RESERVED). A named format ignores them."""
         if self.template is not None:
             text = render_template(
-                self.template, messages, eos_token=self.eos_text, bos_token=self.bos_text,
-                add_generation_prompt=add_generation_prompt, **variables,
+                self.template, messages, **{"eos_token": self.eos_text, "bos_token": self.bos_text, **variables},
+                add_generation_prompt=add_generation_prompt,
             )  # fmt: skip
             # The template writes BOS itself where it wants one (llama-cpp-python: added_special).
             return ChatPrompt(text, (self.eos_text,) if self.eos_text else (), add_special=False)
