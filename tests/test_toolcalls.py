@@ -143,8 +143,11 @@ def test_forced_choices_constrain_to_calls_whose_arguments_follow_parameters():
 
 
 def test_plan_is_made_only_for_requests_with_tools():
-    assert plan_for(rq.build("hi"), "x") is None
-    plan = plan_for(rq.build("hi", tools=[WEATHER], tool_choice="required"), "{{ tools }}<tool_call>")
+    def plan(r, template):
+        return plan_for(r.tools, r.tool_choice, r.parallel_tool_calls, template)
+
+    assert plan(rq.build("hi"), "x") is None
+    plan = plan(rq.build("hi", tools=[WEATHER], tool_choice="required"), "{{ tools }}<tool_call>")
     assert plan is not None and plan.family is F.HERMES and plan.choice == ToolChoice("required")
 
 
@@ -213,7 +216,8 @@ def test_real_templates_get_the_tools_and_tool_turns_as_transformers_renders_the
             {"id": "abc123def", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "abc123def", "content": "12 C"},
     ])  # fmt: skip
-    plan = plan_for(rq.build(messages=turns, tools=[WEATHER, TIME]), source)
+    r = rq.build(messages=turns, tools=[WEATHER, TIME])
+    plan = plan_for(r.tools, r.tool_choice, r.parallel_tool_calls, source)
     ours = ChatTemplate("gguf", source, bos_text="<s>", eos_text="</s>").render(plan.messages(turns), **plan.variables()).text
     theirs = chat_template_utils.render_jinja_template(
         conversations=[plan.messages(turns)], tools=plan.variables()["tools"], chat_template=source, add_generation_prompt=True,

@@ -201,7 +201,8 @@ def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
         return None
     from localinfer.toolcalls.plan import plan_for
 
-    return plan_for(request, loaded.template.template if loaded.template is not None else None)
+    template = loaded.template.template if loaded.template is not None else None
+    return plan_for(request.tools, request.tool_choice, request.parallel_tool_calls, template)
 
 
 class Generation:

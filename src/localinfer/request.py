@@ -89,13 +89,13 @@ def build(
                                   on_overflow=on_overflow, ignore_eos=ignore_eos,
                                   response_format=pick(response_format, json_schema, grammar))  # fmt: skip
     if tools or tool_choice is not None:
-        from localinfer.toolcalls.plan import checked_tools
+        from localinfer.toolcalls.spec import checked
 
-        offered, choice = checked_tools(tools, tool_choice)
+        offered, choice = checked(tools, tool_choice)
         common.update(tools=offered, tool_choice=choice, parallel_tool_calls=parallel_tool_calls)
     if messages is not None:
         if any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages):
-            from localinfer.toolcalls.plan import checked_messages
+            from localinfer.toolcalls.spec import checked_messages
 
             messages = checked_messages(messages)  # the API's tool turns, as serve reads them
         return Request(messages=tuple(messages), **common)

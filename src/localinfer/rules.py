@@ -7,6 +7,7 @@ Python only: the CLI imports it for `--help`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -241,9 +242,7 @@ def message(where: str, m: Any) -> dict[str, Any]:
     if role == "tool":
         out["tool_call_id"] = text(f"{where}.tool_call_id", m.get("tool_call_id"))
     if m.get("tool_calls") is not None:
-        from localinfer.toolcalls.spec import assistant_calls
-
-        out["tool_calls"] = assistant_calls(f"{where}.tool_calls", m["tool_calls"])
+        out["tool_calls"] = _assistant_calls(f"{where}.tool_calls", m["tool_calls"])
     if thought is not None:  # the template renders it, or not (most drop past thinking)
         out["reasoning_content"] = text(f"{where}.reasoning_content", thought)
     return out
@@ -257,10 +256,48 @@ def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | 
         raise RuleError(field, f"takes at most {limit} messages")
     out = tuple(message(f"{field}[{i}]", m) for i, m in enumerate(value))
     if any(m["role"] == "tool" for m in out):
-        from localinfer.toolcalls.spec import check_tool_turns
-
-        check_tool_turns(field, out)
+        _check_tool_turns(field, out)
     return out
+
+
+def _assistant_calls(where: str, value: Any) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls``, as templates read them: ``arguments`` an object (the
+    API sends a JSON string; llama.cpp and transformers' templates expect the object)."""
+    if not isinstance(value, list) or not value:
+        raise RuleError(where, "must be a non-empty list of tool calls", "invalid_type")
+    out = []
+    for i, call in enumerate(value):
+        w = f"{where}[{i}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function" or not isinstance(call.get("function"), dict):
+            raise RuleError(w, 'must be {"id": ..., "type": "function", "function": {"name", "arguments"}}', "invalid_type")
+        fn = call["function"]
+        name = text(f"{w}.function.name", fn.get("name"))
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise RuleError(f"{w}.function.arguments", "must be a JSON object (as a string)") from None
+        if not isinstance(args, dict):
+            raise RuleError(f"{w}.function.arguments", f"must be a JSON object, not {shown(args)}", "invalid_type")
+        cid = call.get("id")
+        if not isinstance(cid, str) or not cid:
+            raise RuleError(f"{w}.id", f"must be the call's id (a string), not {shown(cid)}", "invalid_type")
+        out.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
+    return out
+
+
+def _check_tool_turns(field: str, messages: tuple[dict[str, Any], ...]) -> None:
+    """Every ``tool`` message answers a call an earlier assistant message made (by ``tool_call_id``)."""
+    calls: dict[str, str] = {}
+    for i, m in enumerate(messages):
+        for call in m.get("tool_calls") or ():
+            calls[call["id"]] = call["function"]["name"]
+        if m.get("role") == "tool":
+            cid = m.get("tool_call_id")
+            if cid not in calls:
+                raise RuleError(f"{field}[{i}].tool_call_id", f"is {shown(cid)}, which no earlier assistant message's tool_calls has")
+            m.setdefault("name", calls[cid])  # templates (Llama's, the generic) name the function answered
 
 
 # -- the chat template's variables and the reasoning format ---------------------------------------------

@@ -122,11 +122,10 @@ def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
 def _tools(obj: dict[str, Any]) -> dict[str, Any]:
     """A line's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked as serve checks them."""
     from localinfer.toolcalls import spec
-    from localinfer.toolcalls.plan import check_schema
 
     if obj.get("tools") is None and obj.get("tool_choice") is None:
         return {}
-    offered = spec.tools("tools", obj.get("tools") or [], check_schema)
+    offered = spec.tools("tools", obj.get("tools") or [], spec.check_schema)
     choice = spec.tool_choice("tool_choice", obj.get("tool_choice", "auto"), offered) if offered or obj.get("tool_choice") else None
     parallel = obj.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):

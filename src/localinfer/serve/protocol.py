@@ -217,9 +217,8 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
     """``tools`` (each parameters schema checked), ``tool_choice`` among them, ``parallel_tool_calls``."""
     from localinfer.toolcalls import spec
-    from localinfer.toolcalls.plan import check_schema
 
-    offered = spec.tools("tools", body["tools"], check_schema) if body.get("tools") is not None else ()
+    offered = spec.tools("tools", body["tools"], spec.check_schema) if body.get("tools") is not None else ()
     choice = body.get("tool_choice")
     out: dict[str, Any] = {"tools": offered}
     if choice is not None:

@@ -8,50 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.errors import UsageError
-from localinfer.rules import RuleError
 from localinfer.toolcalls import families, spec
 from localinfer.toolcalls.families import Family
 from localinfer.toolcalls.parser import CallParser, parse
 from localinfer.toolcalls.spec import Tool, ToolChoice
 
 if TYPE_CHECKING:
-    from localinfer.request import Request
     from localinfer.structured import Format
-
-
-def check_schema(field: str, schema: dict[str, Any]) -> None:
-    """A tool's ``parameters`` as JSON Schema, checked by structured output's rules: a schema the
-    constraint could not enforce is refused, by the field's name (RuleError)."""
-    from localinfer.structured import FormatError, check_schema as check
-
-    try:
-        check(schema)
-    except FormatError as exc:
-        raise RuleError(field, f"is not a schema we can enforce: {exc}") from None
-
-
-def checked_tools(tools: Sequence[Any] | None, choice: Any) -> tuple[tuple[Tool, ...], ToolChoice]:
-    """The API's ``tools=`` and ``tool_choice=`` (OpenAI's JSON shapes, or ours), checked: UsageError."""
-    try:
-        offered = tuple(tools) if tools and all(isinstance(t, Tool) for t in tools) else spec.tools("tools", list(tools or ()), check_schema)
-        if isinstance(choice, ToolChoice):
-            if choice.name is not None and choice.name not in {t.name for t in offered}:
-                raise RuleError("tool_choice", f"names {choice.name!r}, which is not one of the tools")
-            return offered, choice
-        return offered, spec.tool_choice("tool_choice", "auto" if choice is None else choice, offered) if offered or choice else ToolChoice()
-    except RuleError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def checked_messages(messages: Sequence[Any]) -> tuple[dict[str, Any], ...]:
-    """A conversation with tool turns (the API's), checked and shaped as serve's: UsageError."""
-    from localinfer import rules
-
-    try:
-        return rules.messages("messages", list(messages))
-    except RuleError as exc:
-        raise UsageError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -110,9 +73,8 @@ class ToolPlan:
         return p.content, p.calls
 
 
-def plan_for(request: Request, template: str | None) -> ToolPlan | None:
-    """The plan for ``request`` with this chat template's source (None: it offers no tools)."""
-    if not request.tools and request.tool_choice is None:
+def plan_for(tools: tuple[Tool, ...], choice: ToolChoice | None, parallel: bool, template: str | None) -> ToolPlan | None:
+    """The plan for a request's tools with this chat template's source (None: it has none)."""
+    if not tools and choice is None:
         return None
-    choice = request.tool_choice or ToolChoice()
-    return ToolPlan(families.detect(template), request.tools, choice, request.parallel_tool_calls)
+    return ToolPlan(families.detect(template), tools, choice or ToolChoice(), parallel)

@@ -1,16 +1,16 @@
-"""What a request says about tools, checked: ``tools`` (functions with a JSON-schema ``parameters``),
-``tool_choice``, and the messages of a conversation that used them (an assistant's ``tool_calls``,
-a ``tool`` message answering one). Each problem is a ``RuleError`` naming the field (serve: a 400,
-the CLI: exit 2)."""
+"""What a request says about tools, checked: ``tools`` (functions with a JSON-schema ``parameters``)
+and ``tool_choice``. Each problem is a ``RuleError`` naming the field (serve: a 400), or for the
+API a ``UsageError``. The messages of a conversation that used tools are ``rules.message``'s."""
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localinfer.errors import UsageError
 from localinfer.rules import RuleError, shown, text
 
 MAX_TOOLS = 128
@@ -137,42 +137,40 @@ def tool_choice(field: str, value: Any, offered: tuple[Tool, ...]) -> ToolChoice
     return choice
 
 
-# -- messages ---------------------------------------------------------------------------------------
-def assistant_calls(where: str, value: Any) -> list[dict[str, Any]]:
-    """An assistant message's ``tool_calls``, as templates read them: ``arguments`` an object (the
-    API sends a JSON string; llama.cpp and transformers' templates expect the object)."""
-    if not isinstance(value, list) or not value:
-        raise RuleError(where, "must be a non-empty list of tool calls", "invalid_type")
-    out = []
-    for i, call in enumerate(value):
-        w = f"{where}[{i}]"
-        if not isinstance(call, dict) or call.get("type", "function") != "function" or not isinstance(call.get("function"), dict):
-            raise RuleError(w, 'must be {"id": ..., "type": "function", "function": {"name", "arguments"}}', "invalid_type")
-        fn = call["function"]
-        name = text(f"{w}.function.name", fn.get("name"))
-        args = fn.get("arguments", "{}")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise RuleError(f"{w}.function.arguments", "must be a JSON object (as a string)") from None
-        if not isinstance(args, dict):
-            raise RuleError(f"{w}.function.arguments", f"must be a JSON object, not {shown(args)}", "invalid_type")
-        cid = call.get("id")
-        if not isinstance(cid, str) or not cid:
-            raise RuleError(f"{w}.id", f"must be the call's id (a string), not {shown(cid)}", "invalid_type")
-        out.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
-    return out
+def check_schema(field: str, schema: dict[str, Any]) -> None:
+    """A tool's ``parameters`` as JSON Schema, checked by structured output's rules: a schema the
+    constraint could not enforce is refused, by the field's name."""
+    from localinfer.structured import FormatError, check_schema as check
+
+    try:
+        check(schema)
+    except FormatError as exc:
+        raise RuleError(field, f"is not a schema we can enforce: {exc}") from None
 
 
-def check_tool_turns(field: str, messages: tuple[dict[str, Any], ...]) -> None:
-    """Every ``tool`` message answers a call an earlier assistant message made (by ``tool_call_id``)."""
-    calls: dict[str, str] = {}
-    for i, m in enumerate(messages):
-        for call in m.get("tool_calls") or ():
-            calls[call["id"]] = call["function"]["name"]
-        if m.get("role") == "tool":
-            cid = m.get("tool_call_id")
-            if cid not in calls:
-                raise RuleError(f"{field}[{i}].tool_call_id", f"is {shown(cid)}, which no earlier assistant message's tool_calls has")
-            m.setdefault("name", calls[cid])  # templates (Llama's, the generic) name the function answered
+def checked(offered: Sequence[Any] | None, choice: Any) -> tuple[tuple[Tool, ...], ToolChoice]:
+    """The API's ``tools=`` and ``tool_choice=`` (OpenAI's JSON shapes, or ours), checked: UsageError."""
+    try:
+        if offered and all(isinstance(t, Tool) for t in offered):
+            given = tuple(offered)
+        else:
+            given = tools("tools", list(offered or ()), check_schema)
+        if isinstance(choice, ToolChoice):
+            if choice.name is not None and choice.name not in {t.name for t in given}:
+                raise RuleError("tool_choice", f"names {choice.name!r}, which is not one of the tools")
+            return given, choice
+        if not given and choice is None:
+            return given, ToolChoice()
+        return given, tool_choice("tool_choice", "auto" if choice is None else choice, given)
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def checked_messages(messages: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    """A conversation with tool turns (the API's), checked and shaped as serve's: UsageError."""
+    from localinfer import rules
+
+    try:
+        return rules.messages("messages", list(messages))
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None
