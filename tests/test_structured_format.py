@@ -95,6 +95,10 @@ def test_grammar_checks():
         from_grammar('answer ::= "yes"')
     with pytest.raises(FormatError, match="empty"):
         from_grammar("  ")
+    with pytest.raises(FormatError, match="not valid GBNF.*'nope' not found"):
+        from_grammar('root ::= "a" nope')
+    with pytest.raises(FormatError, match="not valid GBNF"):
+        from_grammar('root ::= "unterminated')
 
 
 def test_pick_and_build():

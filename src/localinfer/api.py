@@ -109,14 +109,19 @@ class Model(LocalBackend):
         on_overflow: str = "error",
         ignore_eos: bool = False,
         sampling: SamplingOptions | None = None,
+        response_format: Any = None,
+        json_schema: Any = None,
+        grammar: str | None = None,
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
         parallel_tool_calls: bool = True,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
-        ``sampling``: all the sampler's settings at once, instead of one by one. ``tools`` and
-        ``tool_choice``: OpenAI's shapes; the calls come back in ``Response.tool_calls``."""
+        ``sampling``: all the sampler's settings at once, instead of one by one. The answer is JSON
+        with ``response_format`` ("json", OpenAI's object, or a structured.Format) or ``json_schema``
+        (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError.
+        ``tools`` and ``tool_choice``: OpenAI's shapes; the calls come back in ``Response.tool_calls``."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -125,6 +130,7 @@ class Model(LocalBackend):
         # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                                sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
+                               response_format=response_format, json_schema=json_schema, grammar=grammar,
                                tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from localinfer.system.hardware import MemoryBudget
     from localinfer.system.preflight import LoadPlan
     from localinfer.store import ResolvedModel
+    from localinfer.structured import Format
     from localinfer.toolcalls.parser import CallParser
     from localinfer.toolcalls.plan import ToolPlan
 
@@ -205,6 +206,14 @@ def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
     return plan_for(request.tools, request.tool_choice, request.parallel_tool_calls, template)
 
 
+def constraint_of(loaded: LoadedModel, request: Request, tools: ToolPlan | None = None) -> tuple[Format | None, str | None]:
+    """What the answer must follow, and the text after which (None: from its start): a request's
+    tool calls (``tool_choice``: the call is the constraint) before its ``response_format``."""
+    tools = tools or tool_plan(loaded, request)
+    planned = tools.constraint() if tools is not None else None
+    return planned if planned is not None else (request.response_format, None)
+
+
 class Generation:
     """One answer, streamed: iterate for its text pieces; ``result`` is complete once the iteration
     ends, however it ends (the last piece, an exception, or the consumer closing it early).
@@ -228,9 +237,11 @@ class Generation:
         stats.truncated_tokens = dropped
         self.result = Answer("", loaded.name, stats, load_s, mode=request.mode, plan=loaded.plan, buffers=loaded.buffers)
         self._tools = tool_plan(loaded, request)
+        constraint, after = constraint_of(loaded, request, self._tools)
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
             stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
+            constraint=constraint, constraint_after=after,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:

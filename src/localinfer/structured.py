@@ -58,15 +58,20 @@ class Format:
     def schema(self) -> dict[str, Any] | None:
         return json.loads(self.text) if self.kind == "json_schema" else None
 
-    def to_response_format(self) -> dict[str, Any]:
-        """OpenAI's ``response_format`` for this format; a grammar is llama-server's ``grammar`` field
-        (see backends/remote.py)."""
+    def to_response_format(self) -> dict[str, Any] | None:
+        """OpenAI's ``response_format`` for this format (None for a grammar: OpenAI has none)."""
         if self.kind == "json":
             return {"type": "json_object"}
         if self.kind == "json_schema":
             spec = {"name": self.name or "schema", "schema": self.schema, "strict": self.strict}
             return {"type": "json_schema", "json_schema": spec}
-        return {"type": "grammar", "grammar": self.text}
+        return None
+
+    def request_fields(self) -> dict[str, Any]:
+        """The fields of a request to an OpenAI-compatible server: ``response_format``, or for a
+        grammar llama-server's ``grammar`` extension."""
+        rf = self.to_response_format()
+        return {"response_format": rf} if rf is not None else {"grammar": self.text}
 
 
 JSON_OBJECT = Format("json")
@@ -95,15 +100,25 @@ def from_schema(schema: Mapping[str, Any] | str, *, name: str | None = None, str
 
 
 def from_grammar(text: str) -> Format:
-    """A GBNF grammar (llama.cpp's syntax, a ``root`` rule). Its full syntax is checked when it is
-    compiled, before anything is generated."""
+    """A GBNF grammar (llama.cpp's syntax, a ``root`` rule), its syntax and rule names checked."""
     if not isinstance(text, str) or not text.strip():
         raise FormatError("the grammar is empty")
     if len(text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
         raise FormatError(f"the grammar is larger than {MAX_GRAMMAR_BYTES // 1024} KiB")
     if not re.search(r"^\s*root\s*::=", text, re.MULTILINE):
         raise FormatError("the grammar has no 'root ::= ...' rule")
+    gbnf_to_lark(text)
     return Format("grammar", text)
+
+
+def gbnf_to_lark(text: str) -> str:
+    """The GBNF grammar in Lark syntax (llguidance's converter: pure Python), or FormatError."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark as convert
+
+    try:
+        return convert(text)
+    except Exception as exc:  # its GbnfToLarkError, or a ValueError from deeper in the parser
+        raise FormatError(f"the grammar is not valid GBNF: {' '.join(str(exc).split())[:300]}") from None
 
 
 def from_response_format(obj: Any) -> Format | None:

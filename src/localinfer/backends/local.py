@@ -68,7 +68,7 @@ class LocalBackend(Backend):
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt, tool_plan
+        from localinfer.generate import build_prompt, constraint_of, tool_plan
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
@@ -94,8 +94,7 @@ class LocalBackend(Backend):
                     continue
                 started[index] = (item, t0, dropped, request)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
-                tools = tool_plan(loaded, request)
-                constraint, after = (tools.constraint() if tools is not None else None) or (None, None)
+                constraint, after = constraint_of(loaded, request)
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
                              constraint=constraint, constraint_after=after)  # fmt: skip
 

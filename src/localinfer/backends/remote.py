@@ -53,8 +53,11 @@ class RemoteBackend(Backend):
         from localinfer.remote.client import request_body
 
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
-        return request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
+        body = request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
                             ignore_eos=request.ignore_eos, **text)  # fmt: skip
+        if request.response_format is not None:
+            body.update(request.response_format.request_fields())
+        return body
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
         from localinfer.answer import Answer

@@ -1,11 +1,12 @@
 """Option types shared by the commands (Annotated aliases, as huggingface_hub's CLI does), and the
-option groups (load, sampling, cost, server) that a command takes as one plain value for the core."""
+option groups (load, sampling, cost, server, format) that a command takes as one plain value for the core."""
 
 import copy
 import enum
 import functools
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeAlias
 
 import typer
@@ -17,6 +18,7 @@ from localinfer.errors import UsageError
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions, SamplingOptions
     from localinfer.remote.connection import Endpoint
+    from localinfer.structured import Format
     from localinfer.usage.cost import Pricing
 
 _SAMPLING = "Sampling"
@@ -83,6 +85,12 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line, no
 
 # --endpoint: the same command against an OpenAI-compatible server (localinfer.backends.remote)
 _SERVER = "Server (--endpoint)"
+_OUTPUT = "Structured output"
+JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", metavar="SCHEMA", help="The answer is JSON valid against this JSON Schema (inline JSON).", rich_help_panel=_OUTPUT)]
+JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option("--json-schema-file", metavar="FILE", help="As --json-schema, the schema read from FILE.", rich_help_panel=_OUTPUT)]
+GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", help="The answer follows this GBNF grammar (llama.cpp's syntax).", rich_help_panel=_OUTPUT)]
+GrammarFileOpt = Annotated[Optional[Path], typer.Option("--grammar-file", metavar="FILE", help="As --grammar, the grammar read from FILE.", rich_help_panel=_OUTPUT)]
+FormatOpt = Annotated[Optional[str], typer.Option("--format", metavar="json", help="json: the answer is one JSON object (any shape).", rich_help_panel=_OUTPUT)]
 EndpointOpt = Annotated[
     Optional[str],
     typer.Option("--endpoint", envvar="LOCALINFER_ENDPOINT", metavar="URL", help="Ask this OpenAI-compatible server instead of a local model: its base URL, e.g. http://127.0.0.1:8080/v1.", rich_help_panel=_SERVER),
@@ -267,10 +275,51 @@ def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: Ti
     return checked(endpoint, api_key, timeout)
 
 
+def _response_format(
+    json_schema: JsonSchemaOpt = None,
+    json_schema_file: JsonSchemaFileOpt = None,
+    grammar: GrammarOpt = None,
+    grammar_file: GrammarFileOpt = None,
+    response_format: FormatOpt = None,
+) -> "Format | None":
+    """One of the five, checked now (a bad schema is exit 2 before anything loads)."""
+    from localinfer.structured import from_grammar, from_schema, pick
+
+    given = [f for f, v in (("--json-schema", json_schema), ("--json-schema-file", json_schema_file),
+                            ("--grammar", grammar), ("--grammar-file", grammar_file),
+                            ("--format", response_format)) if v is not None]  # fmt: skip
+    if len(given) > 1:
+        raise UsageError(f"give one of {', '.join(given)}, not several")
+    if json_schema_file is not None:
+        return from_schema(_read_text(json_schema_file, "--json-schema-file"))
+    if grammar_file is not None:
+        return from_grammar(_read_text(grammar_file, "--grammar-file"))
+    if response_format is not None and response_format != "json":
+        raise UsageError(f"--format takes json, not {response_format!r}", hint="use --json-schema for a schema")
+    return pick(response_format, json_schema, grammar)
+
+
+def _read_text(path: Path, flag: str) -> str:
+    from localinfer.structured import MAX_SCHEMA_BYTES
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCHEMA_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_SCHEMA_BYTES:
+        raise UsageError(f"{flag}: {path} is larger than {MAX_SCHEMA_BYTES // 1024} KiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{flag}: {path} is not UTF-8 (byte {exc.start})") from None
+
+
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
 SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
+FORMAT = OptionGroup(_response_format)  # -> structured.Format (None: free text)
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
@@ -278,3 +327,4 @@ Load: TypeAlias = "LoadOptions | None"  # None with --endpoint
 Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint
 Server: TypeAlias = "Endpoint | None"  # None without --endpoint
+ResponseFormat: TypeAlias = "Format | None"  # None: free text

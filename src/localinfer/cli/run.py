@@ -67,8 +67,10 @@ def run(
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
+    response_format: o.ResponseFormat = o.FORMAT,
 ) -> None:
-    """Run a prompt and stream the answer to stdout; stats go to stderr."""
+    """Run a prompt and stream the answer to stdout; stats go to stderr. With --json-schema, --grammar
+    or --format json, stdout is exactly the document (and a newline)."""
     from localinfer.render.stats import warn as warn_line
     from localinfer.usage.recorder import recording
 
@@ -98,6 +100,7 @@ def run(
             request = backend.request(
                 text, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                 stop=tuple(stop or ()), on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
+                response_format=response_format,
             )  # fmt: skip
             result = _stream(backend, request, json_out=json_out, quiet=quiet, verbose=verbose)
             rec.result = result
@@ -111,6 +114,9 @@ def run(
                 n = request.default_max_tokens
                 if n is not None and (result.completion_tokens or 0) >= n:
                     say(f"plain completion stopped at its default limit of {n} tokens; -n sets another")
+            if response_format is not None and _incomplete(result):
+                what = "it does not complete the grammar" if response_format.kind == "grammar" else "the JSON is incomplete"
+                say(f"the answer stopped ({result.finish_reason}) before the end of the document: {what}")
             if result.truncated_tokens:
                 say(f"the prompt was truncated: its first {result.truncated_tokens} tokens were dropped to fit the context")
             if not quiet:
@@ -121,6 +127,13 @@ def run(
 
 
 _until_exit: list = []
+
+
+def _incomplete(answer: Any) -> bool:
+    """The constrained document did not end (the engine's verdict; a server's: cut by its length)."""
+    if answer.stats is not None:
+        return answer.stats.document == "incomplete"
+    return answer.finish_reason == "length"
 
 
 def _prompt_text(prompt_words: list[str] | None, prompt: str | None, **stdin: Any) -> str:

@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.model import Model
+from localinfer.engine.sampling import constraint_of
 from localinfer.engine.slots import Slot, SlotTable
 from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
 from localinfer.errors import GenerationError, ResourceError
+from localinfer.structured import FormatError
 
 __all__ = ["BatchDecoder", "BatchStats", "SeqJob", "SeqResult"]  # the jobs' types live in engine.types
 
@@ -195,7 +197,12 @@ class BatchDecoder:
             if job is None:
                 break
             assert isinstance(job, SeqJob)
-            problem = self._refuse(job)
+            problem, limiter = self._refuse(job), None
+            if problem is None and job.constraint is not None:
+                try:
+                    limiter = self.model.constraint_sampler(job.constraint, job.constraint_after)
+                except FormatError as exc:
+                    problem = str(exc)
             if problem is not None:
                 yield SeqResult(job.key, "", GenerationStats(prompt_tokens=len(job.tokens)), error=problem)
                 continue
@@ -205,7 +212,7 @@ class BatchDecoder:
                 yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
                 continue
             seq, cached = self._slots.take(job.tokens, reuse=job.cache_prompt)
-            chain, seed = self.model.new_sampler(job.sampling, job.tokens)
+            chain, seed = self.model.new_sampler(job.sampling, job.tokens, limiter)
             slot = Slot(seq, job, chain, clock(), cached)
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed
@@ -219,6 +226,9 @@ class BatchDecoder:
 
     def _retire(self, s: Slot, t_end: float) -> SeqResult:
         """Free a finished sequence's slot (the table keeps or drops its cells) and give its result."""
+        limiter = constraint_of(s.chain)
+        if limiter is not None:
+            s.stats.document = "complete" if limiter.complete else "incomplete"
         self.model.free_sampler(s.chain)
         s.chain = None
         self._slots.release(s)

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from localinfer.engine.backend import ensure_backend, llama_cpp, stdout_to_stderr
 from localinfer.engine.load_errors import diagnose_load_failure
@@ -24,6 +24,9 @@ from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, SamplingOptions, Step
 from localinfer.errors import GenerationError, ResourceError
+
+if TYPE_CHECKING:
+    from localinfer.structured import Format
 
 
 class Model:
@@ -203,9 +206,16 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     # -- the public face for several sequences (engine.batch) ---------------------------------------
-    def new_sampler(self, opts: SamplingOptions, history: Sequence[int]) -> tuple[Any, int]:
-        """A native sampler chain for one sequence, and its seed; free it with ``free_sampler``."""
-        return build_sampler(opts, self.n_vocab, history, self.n_ctx_seq)
+    def new_sampler(self, opts: SamplingOptions, history: Sequence[int], constraint: Any = None) -> tuple[Any, int]:
+        """A native sampler chain for one sequence, and its seed; free it with ``free_sampler``.
+        ``constraint``: a :meth:`constraint_sampler` of its own."""
+        return build_sampler(opts, self.n_vocab, history, self.n_ctx_seq, constraint)
+
+    def constraint_sampler(self, fmt: Format, start_after: str | None = None) -> Any:
+        """One sequence's sampler for ``fmt`` (compiled once per format; FormatError if it cannot be)."""
+        from localinfer.engine.constrain import ConstraintSampler, compile_for
+
+        return ConstraintSampler(compile_for(self, fmt), start_after, lambda t: self._piece(t, special=True))
 
     free_sampler = staticmethod(free_sampler)
 
@@ -299,8 +309,12 @@ class Model:
         max_tokens: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        constraint: Format | None = None,
+        constraint_after: str | None = None,
     ) -> Iterator[Step]:
         """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer.
+        ``constraint``: the answer is this JSON / grammar (from ``constraint_after`` on, if given);
+        a format that cannot be compiled raises FormatError before anything is evaluated.
 
         ``stats`` is filled in as the stream goes, so a consumer that stops early still has
         correct figures. The last token sampled is not evaluated (nobody needs its logits).
@@ -311,6 +325,7 @@ class Model:
         stats.n_ctx = self.n_ctx
         stats.prompt_tokens = len(prompt)
         stats.finish_reason = None
+        limiter = self.constraint_sampler(constraint, constraint_after) if constraint is not None else None
         try:
             cached = self._reuse_prefix(prompt)
             stats.cached_tokens = cached
@@ -320,11 +335,13 @@ class Model:
             # work is queued, so the time is taken once it is done (on the CPU this costs nothing)
             llama_cpp.llama_synchronize(self._ctx)
             stats.prefill_s = time.perf_counter() - t0
-            chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx)
+            chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx, limiter)
             stats.extra["seed"] = seed
             try:
                 yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos)
             finally:
+                if limiter is not None:
+                    stats.document = "complete" if limiter.complete else "incomplete"
                 free_sampler(chain)
         except (KeyboardInterrupt, GeneratorExit):
             stats.finish_reason = stats.finish_reason or "interrupted"

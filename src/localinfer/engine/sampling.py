@@ -1,20 +1,31 @@
 """llama.cpp's native sampler chain, built from our SamplingOptions (the order llama.cpp's own
-common sampler uses: penalties (repeat, frequency, presence), then top-k, top-p, min-p, temperature, and the draw)."""
+common sampler uses: penalties (repeat, frequency, presence), then top-k, top-p, min-p, temperature, and the draw).
+A constraint (engine/constrain.py) goes right after the penalties, on the whole vocabulary."""
 
 from __future__ import annotations
 
+import ctypes
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.types import SamplingOptions
 
+if TYPE_CHECKING:
+    from localinfer.engine.constrain import ConstraintSampler
 
-def build_sampler(opts: SamplingOptions, n_vocab: int, history: Sequence[int], n_ctx: int) -> tuple[Any, int]:
-    """A new sampler chain (the caller frees it with ``llama_sampler_free``) and the seed it draws with.
+# The Python side of each chain's constraint sampler, by chain address: it keeps the ctypes callbacks
+# alive as long as the native chain, and answers constraint_of(chain). Freed with the chain.
+_constraints: dict[int, ConstraintSampler] = {}
+
+
+def build_sampler(
+    opts: SamplingOptions, n_vocab: int, history: Sequence[int], n_ctx: int, constraint: ConstraintSampler | None = None
+) -> tuple[Any, int]:
+    """A new sampler chain (the caller frees it with :func:`free_sampler`) and the seed it draws with.
     ``history``: tokens the penalties already count (the prompt); ``n_ctx``: the sequence's context,
-    the window of ``repeat_last_n = -1``."""
+    the window of ``repeat_last_n = -1``; ``constraint``: the sequence's own (constrain.sampler_for)."""
     seed = opts.seed if opts.seed is not None else secrets.randbits(31)
     # llama.cpp's sampler reads a negative window as 0 (off); its tools turn -1 into the context size.
     last_n = opts.repeat_last_n if opts.repeat_last_n >= 0 else n_ctx
@@ -24,9 +35,15 @@ def build_sampler(opts: SamplingOptions, n_vocab: int, history: Sequence[int], n
         opts.repeat_penalty != 1.0 or opts.frequency_penalty != 0.0 or opts.presence_penalty != 0.0
     )
     if penalize:
-        add(chain, llama_cpp.llama_sampler_init_penalties(
+        penalties = llama_cpp.llama_sampler_init_penalties(
             n_vocab, last_n, opts.repeat_penalty, opts.frequency_penalty, opts.presence_penalty
-        ))  # fmt: skip
+        )
+        add(chain, penalties)
+        for tok in history[-last_n:]:  # into the penalties alone: the prompt is not the constraint's
+            llama_cpp.llama_sampler_accept(penalties, tok)
+    if constraint is not None:
+        add(chain, constraint.sampler)
+        _constraints[ctypes.cast(chain, ctypes.c_void_p).value or 0] = constraint
     if opts.greedy:
         add(chain, llama_cpp.llama_sampler_init_greedy())
     else:
@@ -38,11 +55,14 @@ def build_sampler(opts: SamplingOptions, n_vocab: int, history: Sequence[int], n
             add(chain, llama_cpp.llama_sampler_init_min_p(opts.min_p, 1))
         add(chain, llama_cpp.llama_sampler_init_temp(opts.temperature))
         add(chain, llama_cpp.llama_sampler_init_dist(seed))
-    if penalize:
-        for tok in history[-last_n:]:
-            llama_cpp.llama_sampler_accept(chain, tok)
     return chain, seed
 
 
+def constraint_of(chain: Any) -> ConstraintSampler | None:
+    """The constraint in ``chain``, if any (its ``complete`` says whether the document is whole)."""
+    return _constraints.get(ctypes.cast(chain, ctypes.c_void_p).value or 0)
+
+
 def free_sampler(chain: Any) -> None:
+    _constraints.pop(ctypes.cast(chain, ctypes.c_void_p).value or 0, None)
     llama_cpp.llama_sampler_free(chain)

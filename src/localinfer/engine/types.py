@@ -85,6 +85,7 @@ class GenerationStats:
     truncated_tokens: int = 0  # dropped from the prompt by --on-overflow truncate
     n_ctx: int = 0
     context_used: int = 0  # tokens in the context when the request ended
+    document: str | None = None  # under a constraint: "complete", or "incomplete" (cut, or never begun)
     extra: dict = field(default_factory=dict)
 
     @property
