@@ -227,3 +227,17 @@ def test_real_templates_get_the_tools_and_tool_turns_as_transformers_renders_the
     theirs = theirs[0] if isinstance(theirs, list) else theirs
     assert "get_weather" in ours and "12 C" in ours
     assert ours == theirs
+
+
+def test_a_forced_call_takes_only_the_declared_arguments_unless_parameters_allow_more():
+    jsonschema = pytest.importorskip("jsonschema")
+    add = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}  # fmt: skip
+    open_ = {"type": "function", "function": {"name": "open", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}}}  # fmt: skip
+    fmt, _ = ToolPlan(F.HERMES, _tools(add, open_), ToolChoice("function", "add")).constraint()
+    jsonschema.validate({"name": "add", "arguments": {"a": 1}}, fmt.schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "add", "arguments": {"a": 1, "c": 3}}, fmt.schema)
+    fmt, _ = ToolPlan(F.HERMES, _tools(add, open_), ToolChoice("function", "open")).constraint()
+    jsonschema.validate({"name": "open", "arguments": {"a": 1, "c": 3}}, fmt.schema)

@@ -34,8 +34,13 @@ class Tool:
 
     @property
     def schema(self) -> dict[str, Any]:
-        """The arguments' schema, as a constraint enforces it."""
-        return self.parameters if self.parameters is not None else {"type": "object"}
+        """The arguments' schema, as a constraint enforces it: an object with declared properties and
+        no word on others takes only those (OpenAI's strict calls; a small model otherwise invents
+        keys until its token limit cuts the call short)."""
+        params = self.parameters if self.parameters is not None else {"type": "object"}
+        if "properties" in params and "additionalProperties" not in params:
+            return {**params, "additionalProperties": False}
+        return params
 
 
 @dataclass(frozen=True)
