@@ -241,3 +241,13 @@ def test_a_forced_call_takes_only_the_declared_arguments_unless_parameters_allow
         jsonschema.validate({"name": "add", "arguments": {"a": 1, "c": 3}}, fmt.schema)
     fmt, _ = ToolPlan(F.HERMES, _tools(add, open_), ToolChoice("function", "open")).constraint()
     jsonschema.validate({"name": "open", "arguments": {"a": 1, "c": 3}}, fmt.schema)
+
+
+def test_tools_are_refused_for_a_server_not_dropped():
+    from localinfer.backends.remote import RemoteBackend
+
+    backend = RemoteBackend.__new__(RemoteBackend)
+    backend.name = "m"
+    assert "tools" not in backend.body(rq.build("hi"))
+    with pytest.raises(UsageError, match="--endpoint"):
+        backend.body(rq.build("hi", tools=[WEATHER]))

@@ -71,15 +71,15 @@ def _valid_calls(message: Any, names: set[str]) -> list[tuple[str, dict]]:
 def test_required_and_named_calls_always_validate(served):
     kind, s = served
     c = _client(s)
-    for ask in ASKS:
-        for choice, names in [("required", {"get_weather", "add"}),
-                              ({"type": "function", "function": {"name": "add"}}, {"add"}),
-                              ({"type": "function", "function": {"name": "get_weather"}}, {"get_weather"})]:  # fmt: skip
-            r = c.chat.completions.create(model="m", messages=_ask(ask), tools=TOOLS, tool_choice=choice, **GREEDY)
-            choice0 = r.choices[0]
-            assert choice0.finish_reason == "tool_calls", (kind, ask, choice, choice0)
-            assert choice0.message.content is None
-            _valid_calls(choice0.message, names)
+    named = {name: {"type": "function", "function": {"name": name}} for name in SCHEMAS}
+    # a question no tool answers too: a forced choice calls anyway
+    for ask, choice, names in [(ASKS[0], "required", set(SCHEMAS)), (ASKS[2], "required", set(SCHEMAS)),
+                               (ASKS[1], named["add"], {"add"}), (ASKS[2], named["get_weather"], {"get_weather"})]:  # fmt: skip
+        r = c.chat.completions.create(model="m", messages=_ask(ask), tools=TOOLS, tool_choice=choice, **GREEDY)
+        choice0 = r.choices[0]
+        assert choice0.finish_reason == "tool_calls", (kind, ask, choice, choice0)
+        assert choice0.message.content is None
+        _valid_calls(choice0.message, names)
 
 
 def test_streamed_deltas_assemble_to_the_calls_unstreamed(served):
