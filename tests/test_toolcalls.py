@@ -251,3 +251,44 @@ def test_tools_are_refused_for_a_server_not_dropped():
     assert "tools" not in backend.body(rq.build("hi"))
     with pytest.raises(UsageError, match="--endpoint"):
         backend.body(rq.build("hi", tools=[WEATHER]))
+
+
+def test_serve_answers_in_openai_shapes_whole_and_streamed():
+    from localinfer.engine.types import GenerationStats
+    from localinfer.serve.engine import Outcome
+    from localinfer.serve.responses import Answer
+
+    text = 'Sure. <tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>'
+    plan = ToolPlan(F.HERMES, _tools(WEATHER), ToolChoice())
+    stats = GenerationStats(prompt_tokens=5, completion_tokens=20)
+    answer = Answer.new("chat", "m", tools=plan)
+    whole = answer.whole(Outcome(text, "stop", stats, 0.0, 0.1, 0.2))["choices"][0]
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] == "Sure. "
+    (call,) = whole["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city":"Oslo"}'}
+    only = answer.whole(Outcome(text[6:], "stop", stats, 0.0, 0.1, 0.2))["choices"][0]
+    assert only["message"]["content"] is None  # OpenAI: null when the answer is only calls
+    cut = answer.whole(Outcome(text[:-20], "length", stats, 0.0, 0.1, 0.2))["choices"][0]
+    assert cut["finish_reason"] == "length" and cut["message"]["tool_calls"]  # cut short: not "tool_calls"
+
+    parser = plan.parser()
+    events = parser.feed(text[:30]) + parser.feed(text[30:]) + parser.finish()
+    chunks = [json.loads(c[6:]) for c in answer.event_chunks(events).split(b"\n\n") if c]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"content": "Sure. "}
+    first = deltas[1]["tool_calls"][0]
+    assert first["index"] == 0 and first["id"] == parser.calls[0].id and first["function"] == {"name": "get_weather", "arguments": ""}
+    rest = [d["tool_calls"][0] for d in deltas[2:]]
+    assert all(set(r) == {"index", "function"} and r["index"] == 0 for r in rest)
+    assert "".join(r["function"]["arguments"] for r in rest) == '{"city":"Oslo"}'
+
+
+def test_the_api_and_batch_answers_carry_the_calls():
+    from localinfer.answer import Answer
+    from localinfer.toolcalls.spec import ToolCall
+
+    a = Answer("", "m", tool_calls=[ToolCall("call_1", "get_time", "{}")])
+    expected = [{"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]
+    assert a.to_json()["tool_calls"] == expected and a.batch_json(7)["tool_calls"] == expected
+    assert "tool_calls" not in Answer("hi", "m").batch_json(7)

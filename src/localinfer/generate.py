@@ -265,8 +265,10 @@ class Generation:
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
             if calls is not None and calls.calls:
+                from localinfer.toolcalls.plan import finish_reason
+
                 result.tool_calls = list(calls.calls)
-                result.stats.finish_reason = "tool_calls"
+                result.stats.finish_reason = finish_reason(calls.calls, result.stats.finish_reason)
 
 
 def _content(calls: CallParser, text: str | None) -> list[str]:

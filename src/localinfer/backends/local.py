@@ -69,6 +69,7 @@ class LocalBackend(Backend):
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
         from localinfer.generate import build_prompt, constraint_of, tool_plan
+        from localinfer.toolcalls.plan import finish_reason
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
@@ -115,7 +116,7 @@ class LocalBackend(Backend):
                 if tools is not None:
                     answer.text, calls = tools.parse(res.text)
                     if calls:
-                        answer.tool_calls, res.stats.finish_reason = calls, "tool_calls"
+                        answer.tool_calls, res.stats.finish_reason = calls, finish_reason(calls, res.stats.finish_reason)
                 yield BatchResult(res.key, item.id, item.line, answer)
             while outbox:
                 yield outbox.popleft()

@@ -29,6 +29,7 @@ from localinfer.serve.guard import Guard, allowed_names
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
 from localinfer.serve.responses import DONE, Answer, dumps, sse
+from localinfer.toolcalls.plan import finish_reason
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome
@@ -265,7 +266,7 @@ class AnswerResponse:
                 body = before + encode_basestring(text).encode() + after if text else b""
             if end is not None:
                 self.ended = True
-                finish = "tool_calls" if calls is not None and calls.calls else None
+                finish = finish_reason(calls.calls, end.finish_reason) if calls is not None else None
                 body += answer.last_chunks(end, finish) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return 200

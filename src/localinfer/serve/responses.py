@@ -129,10 +129,12 @@ class Answer:
             message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
             finish = outcome.finish_reason
             if self.tools is not None:
+                from localinfer.toolcalls.plan import finish_reason
+
                 content, calls = self.tools.parse(outcome.text)
                 message["content"] = content if content.strip() or not calls else None  # OpenAI: null when only calls
                 if calls:
-                    message["tool_calls"], finish = [c.to_openai() for c in calls], "tool_calls"
+                    message["tool_calls"], finish = [c.to_openai() for c in calls], finish_reason(calls, finish)
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"text": outcome.text, "index": 0, "logprobs": None, "finish_reason": outcome.finish_reason}

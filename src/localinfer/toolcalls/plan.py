@@ -73,6 +73,12 @@ class ToolPlan:
         return p.content, p.calls
 
 
+def finish_reason(calls: Sequence[Any], reason: str | None) -> str | None:
+    """OpenAI's: ``tool_calls`` when an answer that ended by itself made calls; a call cut short by
+    the token limit stays ``length`` (its arguments are not whole)."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
 def plan_for(tools: tuple[Tool, ...], choice: ToolChoice | None, parallel: bool, template: str | None) -> ToolPlan | None:
     """The plan for a request's tools with this chat template's source (None: it has none)."""
     if not tools and choice is None:
