@@ -64,7 +64,8 @@ class FakeModel:
         return " ".join(self._words[t] for t in tokens if t < len(self._words))
 
     def generate(self, prompt: Sequence[int], sampling: SamplingOptions, stats: GenerationStats, *,
-                 max_tokens: int | None = None, stop: Sequence[str] = (), ignore_eos: bool = False) -> Iterator[Step]:  # fmt: skip
+                 max_tokens: int | None = None, stop: Sequence[str] = (), ignore_eos: bool = False,
+                 logprobs: int | None = None) -> Iterator[Step]:  # fmt: skip
         self.script.prompts.append(list(prompt))
         self.script.texts.append(self.detokenize(prompt))
         pieces = self.script.answers.pop(0) if self.script.answers else ["ok"]

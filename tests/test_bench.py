@@ -204,6 +204,23 @@ def test_bench_context_too_small_is_a_usage_error(smollm2_path, isolated_home):
     assert proc.stdout == b""
 
 
+@pytest.mark.parametrize("extra", [[], ["--parallel", "2"]], ids=["sequential", "parallel"])
+def test_bench_loads_through_the_one_loader_its_preflight_refuses_what_does_not_fit(smollm2_path, isolated_home, extra):
+    # bench loads as run does: a model that does not fit the memory is refused with the pre-flight's
+    # figures (exit 6) before llama.cpp is asked for it, instead of being loaded into a swapping machine;
+    # --force tries anyway, as with run
+    from localinfer.system.hardware import FAKE_RAM_ENV
+
+    env = {FAKE_RAM_ENV: "20MB"}
+    proc = run_cli("bench", "-m", str(smollm2_path), "-p", "8", "-n", "4", "-r", "1", "-t", "1", *extra, env=env)
+    assert proc.returncode == 6, proc.stderr
+    assert b"not enough memory" in proc.stderr and b"20.0 MB is available" in proc.stderr
+    assert b"Traceback" not in proc.stderr and proc.stdout == b""
+    forced = run_cli("bench", "-m", str(smollm2_path), "-p", "8", "-n", "4", "-r", "1", "-t", "1", "-o", "json", "--force", *extra, env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)
+
+
 def test_bench_bad_list_is_a_usage_error(isolated_home):
     proc = run_cli("bench", "-t", "one,two")
     assert proc.returncode == 2

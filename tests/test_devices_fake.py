@@ -65,7 +65,7 @@ def test_a_cuda_device_is_listed_planned_for_and_named(fake, smollm2_info):
     budget = hardware.memory_budget()
     assert (budget.gpu_offload, budget.vram_free, budget.unified, budget.gpu_devices) == (True, 23 * GiB, False, 1)
     assert plan_load(smollm2_info, LoadOptions(n_gpu_layers=GPU_LAYERS_AUTO)).n_gpu_layers == 31
-    from localinfer.bench.method import backend_name
+    from localinfer.bench.facts import backend_name
 
     assert backend_name(99) == "CUDA" and backend_name(0) == "CPU"
 
@@ -74,13 +74,13 @@ def test_a_cuda_build_that_sees_no_gpu_says_check_the_driver(fake):
     fake([CPU], ["CUDA", "CPU"])
     item = _kinds(report())["gpu_not_visible"]
     assert "built with CUDA" in item["message"] and "nvidia-smi" in item["message"]
-    from localinfer.bench.method import backend_name
+    from localinfer.bench.facts import backend_name
 
     assert backend_name(99) == "CPU"  # nothing to offload to: bench's backend column says where it ran
 
 
 def test_bench_names_the_backends_the_layers_go_to_rpc_last_as_llama_bench(fake):
-    from localinfer.bench.method import backend_name
+    from localinfer.bench.facts import backend_name
 
     fake([CPU], ["CPU", "RPC"])  # an RPC build without servers
     assert backend_name(99) == "CPU"

@@ -21,7 +21,8 @@ from conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
-LLAMA_SERVER = Path(__file__).resolve().parents[1] / "benchmarks" / ".build" / "bin" / "llama-server"
+NATIVE_BIN = Path(os.environ.get("LLAMA_NATIVE_BIN", Path(__file__).resolve().parents[1] / "benchmarks" / ".build" / "bin"))
+LLAMA_SERVER = NATIVE_BIN / "llama-server"
 PROMPT = "Name three colors."
 
 

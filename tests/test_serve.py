@@ -70,7 +70,10 @@ def test_message_forms():
         ({"messages": HI, "stop": ["a"] * 17}, "chat", "stop", "invalid_value"),
         ({"messages": HI, "stop": [1]}, "chat", "stop", "invalid_type"),
         ({"messages": HI, "n": 2}, "chat", "n", "unsupported_parameter"),
-        ({"messages": HI, "logprobs": True}, "chat", "logprobs", "unsupported_parameter"),
+        ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "chat", "top_logprobs", "invalid_value"),
+        ({"messages": HI, "logprobs": 3}, "chat", "logprobs", "invalid_type"),  # chat's is true or false
+        ({"messages": HI, "top_logprobs": 2}, "chat", "top_logprobs", "invalid_value"),  # without logprobs: true
+        ({"prompt": "x", "logprobs": 21}, "text", "logprobs", "invalid_value"),
         ({"messages": HI, "tools": [{"type": "function"}]}, "chat", "tools[0].function", "invalid_type"),
         ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
          "chat", "tools[0].function.parameters", "invalid_value"),

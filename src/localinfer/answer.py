@@ -41,6 +41,7 @@ class Outcome:
     t_end: float = 0.0  # the stream ended
     itl: list[float] = field(default_factory=list)  # seconds between successive text chunks
     chunks: int = 0  # chunks carrying text
+    logprobs: list[dict[str, Any]] | None = None  # what the server sent, in OpenAI's content shape
 
     @property
     def ttft_s(self) -> float | None:
@@ -103,11 +104,14 @@ class Answer:
     backend: str | None = None  # the server that answered (Endpoint.display, no credentials); None: here
     sampling_seed: int | None = None  # the seed asked of a server (the engine reports its own)
     tool_calls: list[ToolCall] | None = None  # the calls the model made (``text`` is then the rest)
+    # asked for (Request.logprobs): one entry per answer token, in OpenAI's content shape
+    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}
+    logprobs: list[dict[str, Any]] | None = None
 
     @classmethod
     def of_outcome(cls, outcome: Outcome, model: str, backend: str, mode: str = "chat", seed: int | None = None) -> Answer:
         return cls(outcome.text, model, ttft_s=outcome.ttft_s, total_s=outcome.total_s, mode=mode, outcome=outcome,
-                   backend=backend, sampling_seed=seed)  # fmt: skip
+                   backend=backend, sampling_seed=seed, logprobs=outcome.logprobs)  # fmt: skip
 
     # -- the figures, wherever they came from ------------------------------------------------------
     finish_reason = _Either("finish_reason")
@@ -228,6 +232,8 @@ class Answer:
         else:
             out["server_timings"] = self.server_timings
         out["seed"] = self.seed
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
         return out
 
     def _calls_json(self) -> dict[str, Any]:
@@ -277,6 +283,7 @@ class Answer:
                 "total_ms": _ms(self.total_s),
             },
             "seed": self.seed,
+            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
 
 

@@ -42,6 +42,7 @@ class Response:
     finish_reason: str | None
     stats: Stats
     result: Result
+    logprobs: list[dict[str, Any]] | None = None  # asked with logprobs=N: one entry per answer token
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -115,13 +116,16 @@ class Model(LocalBackend):
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
         parallel_tool_calls: bool = True,
+        logprobs: int | None = None,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
         ``sampling``: all the sampler's settings at once, instead of one by one. The answer is JSON
         with ``response_format`` ("json", OpenAI's object, or a structured.Format) or ``json_schema``
         (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError.
-        ``tools`` and ``tool_choice``: OpenAI's shapes; the calls come back in ``Response.tool_calls``."""
+        ``tools`` and ``tool_choice``: OpenAI's shapes; the calls come back in ``Response.tool_calls``.
+        ``logprobs=N``: each answer token's log probability and the N likeliest alternatives (0-20),
+        in ``Response.logprobs`` (OpenAI's content shape)."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
@@ -131,7 +135,8 @@ class Model(LocalBackend):
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                                sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
                                response_format=response_format, json_schema=json_schema, grammar=grammar,
-                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)  # fmt: skip
+                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                               logprobs=logprobs)  # fmt: skip
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""
@@ -150,7 +155,7 @@ class Model(LocalBackend):
         for last in self.stream(prompt, **options):
             pass
         assert last.result is not None and last.stats is not None
-        return Response(last.result.text, last.result.finish_reason, last.result, last.result)
+        return Response(last.result.text, last.result.finish_reason, last.result, last.result, last.result.logprobs)
 
     def chat(self, messages: Messages, **options: Any) -> Response:
         """The assistant's reply to a conversation (a list of ``{"role", "content"}``)."""

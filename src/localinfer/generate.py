@@ -241,7 +241,7 @@ class Generation:
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
             stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
-            constraint=constraint, constraint_after=after,
+            constraint=constraint, constraint_after=after, logprobs=request.logprobs,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
@@ -262,6 +262,10 @@ class Generation:
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
             result.text = "".join(pieces)
+            if result.stats is not None and result.stats.logprobs is not None:  # aligned with the text returned
+                from localinfer.engine.logprobs import trim
+
+                result.logprobs = trim(result.stats.logprobs, result.text)
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
             if calls is not None and calls.calls:

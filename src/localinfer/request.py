@@ -37,6 +37,7 @@ class Request:
     tools: tuple[Tool, ...] = ()  # functions the model may call (localinfer.toolcalls)
     tool_choice: ToolChoice | None = None  # None: auto when tools are given
     parallel_tool_calls: bool = True
+    logprobs: int | None = None  # None: off; N: each answer token's log probability and the top N (0-20)
 
     @property
     def mode(self) -> str:
@@ -70,23 +71,31 @@ def build(
     tools: Sequence[Any] | None = None,
     tool_choice: Any = None,
     parallel_tool_calls: bool = True,
+    logprobs: int | None = None,
 ) -> Request:
     """``messages`` are used as given (``system`` is for a prompt); a ``prompt`` becomes a user
     message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
     model without a chat template), the text after the system prompt and a blank line.
-    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error.
+    ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error,
+    and so is a ``logprobs`` out of rules.py's bounds.
     At most one of ``response_format`` (a Format, OpenAI's object, or "json"), ``json_schema`` (a
     schema or its text) and ``grammar`` (GBNF) constrains the answer (localinfer.structured.pick).
     ``tools``: OpenAI's tool objects (or ``Tool``s), ``tool_choice`` its choice (or a ``ToolChoice``);
     a bad one is a usage error."""
+    from localinfer.errors import UsageError
     from localinfer.limits import require_utf8
+    from localinfer.rules import RuleError, top_logprobs
     from localinfer.structured import pick
 
     for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
         if isinstance(text, str):
             require_utf8(text, what)
-    common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling,
-                                  on_overflow=on_overflow, ignore_eos=ignore_eos,
+    try:
+        n_top = top_logprobs(logprobs, name="logprobs")
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None
+    common: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), sampling=sampling, on_overflow=on_overflow,
+                                  ignore_eos=ignore_eos, logprobs=n_top,
                                   response_format=pick(response_format, json_schema, grammar))  # fmt: skip
     if tools or tool_choice is not None:
         from localinfer.toolcalls.spec import checked
@@ -119,6 +128,7 @@ class BatchRequest:
     temperature: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] | None = None
+    logprobs: int | None = None  # the line's top N (its logprobs/top_logprobs fields); None: the command's
     ignore_eos: bool = False  # not settable from the input; for benchmarks
     sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
     tools: tuple[Tool, ...] = ()

@@ -84,6 +84,7 @@ RULES: dict[str, Rule] = {
     "frequency_penalty": Rule(float, -2.0, 2.0),
     "seed": Rule(int, 0, SEED_MAX, unset=("random", "none")),
     "max_tokens": Rule(int, 1, unset=("none", "unlimited")),
+    "top_logprobs": Rule(int, 0, 20),  # OpenAI's bound; llama.cpp's too (the server's top_logprobs)
 }
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
                    "presence_penalty", "frequency_penalty", "seed")  # fmt: skip
@@ -92,6 +93,28 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "
 def check(field: str, value: Any, *, name: str | None = None) -> Any:
     """``value`` checked by ``field``'s rule; ``name``: how the message names it (``max_completion_tokens``)."""
     return RULES[field].check(name or field, value)
+
+
+def top_logprobs(value: Any, *, name: str = "top_logprobs") -> int | None:
+    """How many alternatives to report with each token's log probability (None: no logprobs),
+    wherever it is asked (``--logprobs``, a batch line, serve, ``build(logprobs=)``)."""
+    return None if value is None else RULES["top_logprobs"].check(name, value)
+
+
+def logprobs_fields(logprobs: Any, top: Any, *, legacy: bool) -> int | None:
+    """OpenAI's pair of fields as one value: chat's ``logprobs: true`` with ``top_logprobs: N``
+    (0 when absent), or, with ``legacy`` (completions, batch lines), ``logprobs: N`` alone too."""
+    if not logprobs and (isinstance(logprobs, bool) or logprobs is None):
+        if top is not None and top_logprobs(top):  # top_logprobs: 0 alone asks for nothing
+            raise RuleError("top_logprobs", "needs 'logprobs': true")
+        return None
+    if logprobs is True:
+        return top_logprobs(0 if top is None else top)
+    if not legacy:
+        raise RuleError("logprobs", f"must be true or false, not {shown(logprobs)}", "invalid_type")
+    if top is not None:
+        raise RuleError("top_logprobs", "goes with 'logprobs': true, not with a number of 'logprobs'")
+    return top_logprobs(logprobs, name="logprobs")
 
 
 def parse_text(field: str, text: str) -> Any:

@@ -97,7 +97,7 @@ class LocalBackend(Backend):
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
                 constraint, after = constraint_of(loaded, request)
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
-                             constraint=constraint, constraint_after=after)  # fmt: skip
+                             constraint=constraint, constraint_after=after, logprobs=request.logprobs)  # fmt: skip
 
         try:
             if stats is not None:
@@ -111,7 +111,8 @@ class LocalBackend(Backend):
                     continue
                 res.stats.truncated_tokens = dropped
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=request.mode)
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=request.mode,
+                                logprobs=res.stats.logprobs)  # fmt: skip
                 tools = tool_plan(loaded, request)
                 if tools is not None:
                     answer.text, calls = tools.parse(res.text)

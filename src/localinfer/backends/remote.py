@@ -57,7 +57,7 @@ class RemoteBackend(Backend):
             raise UsageError("tool calls are not sent to a server (--endpoint) yet", hint="use a local model, or the server's API directly")
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
         body = request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
-                            ignore_eos=request.ignore_eos, **text)  # fmt: skip
+                            ignore_eos=request.ignore_eos, logprobs=request.logprobs, **text)  # fmt: skip
         if request.response_format is not None:
             body.update(request.response_format.request_fields())
         return body

@@ -1,7 +1,7 @@
 """`localinfer batch` input and output: requests from JSONL or text, results as resumable JSONL.
 
 Input: JSONL, one request per line (``{"id": .., "prompt": ".."}`` or ``{"id": .., "messages": [..]}``,
-optional ``max_tokens``, ``stop`` and serve's sampling fields), or plain text, one prompt per line (the
+optional ``max_tokens``, ``stop``, serve's sampling fields and ``logprobs``/``top_logprobs``), or plain text, one prompt per line (the
 id is the line number). Blank lines are not requests. A line that is not a valid request becomes an
 :class:`InputError` carrying its line number and the reason - never dropped silently.
 
@@ -24,7 +24,8 @@ from localinfer.request import BatchRequest, InputError  # noqa: F401 - the line
 from localinfer.rules import SAMPLING_FIELDS
 
 # A line takes serve's sampling fields, checked by the same rules (localinfer.rules).
-_FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop", "tools", "tool_choice", "parallel_tool_calls")
+_FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop", "logprobs", "top_logprobs",
+           "tools", "tool_choice", "parallel_tool_calls")  # fmt: skip
 
 
 def detect_format(text: str, name: str | None = None) -> str:
@@ -100,6 +101,7 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
             temperature=given.pop("temperature", None),
             seed=given.pop("seed", None),
             stop=rules.stop("stop", obj["stop"]) if obj.get("stop") is not None else None,
+            logprobs=rules.logprobs_fields(obj.get("logprobs"), obj.get("top_logprobs"), legacy=True),
             sampling=tuple(given.items()),
             **_tools(obj),
         )

@@ -55,6 +55,7 @@ class BatchDefaults:
     system: str | None = None  # for prompt requests; messages are used as given
     raw: bool = False  # prompt requests as plain completion, even when the model has a template
     on_overflow: str = "error"  # error | truncate
+    logprobs: int | None = None  # the top N of each token's log probabilities (None: off)
 
 
 def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) -> Request:
@@ -70,6 +71,7 @@ def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) ->
         stop=item.stop if item.stop is not None else defaults.stop,
         sampling=sampling, on_overflow=defaults.on_overflow, ignore_eos=item.ignore_eos,
         tools=item.tools, tool_choice=item.tool_choice, parallel_tool_calls=item.parallel_tool_calls,
+        logprobs=item.logprobs if item.logprobs is not None else defaults.logprobs,
     )  # fmt: skip
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from localinfer.bench.facts import ModelFacts, Progress, build_version, loaded_model
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_number as _r
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from localinfer.usage.cost import Pricing
     from localinfer.engine.model import Model
     from localinfer.store import ResolvedModel
-
-Progress = Callable[[str], None]
 
 # The sampler chain of `run` with its defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8),
 # with a fixed seed: sampling is part of what a real request pays for each token.
@@ -100,28 +98,6 @@ class Rep:
     @property
     def raw_tps(self) -> float:
         return self.tokens / self.raw_seconds if self.raw_seconds > 0 else math.nan
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the results table says about a model (llama-bench's model/size/params/backend columns)."""
-
-    name: str
-    path: str
-    sha256: str | None
-    description: str  # llama.cpp's: "llama 135M Q4_1"
-    quant: str | None
-    size_bytes: int
-    n_params: int
-    backend: str
-
-    @classmethod
-    def of(cls, resolved: ResolvedModel, model: Model, n_gpu_layers: int) -> ModelFacts:
-        return cls(
-            name=resolved.name, path=str(resolved.path), sha256=resolved.sha256, description=model.description,
-            quant=resolved.info.quantization, size_bytes=model.size_bytes, n_params=model.n_params,
-            backend=backend_name(n_gpu_layers),
-        )
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -322,28 +298,6 @@ def run_test(
     return tuple(out)
 
 
-def build_version() -> str:
-    """llama-cpp-python's version: which llama.cpp the figures come from."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("llama_cpp_python")
-    except PackageNotFoundError:  # pragma: no cover - installed some other way
-        return "unknown"
-
-
-def backend_name(n_gpu_layers: int) -> str:
-    """llama-bench's backend column: the backends of the devices the layers can go to (RPC last, as
-    llama-bench lists it); "CPU" with -ngl 0, on a CPU-only build, or on an offload-capable build that
-    sees no device (an RPC build without servers: everything ran on the CPU)."""
-    from localinfer.engine.backend import devices, supports_gpu_offload
-
-    if n_gpu_layers == 0 or not supports_gpu_offload():
-        return "CPU"
-    names = dict.fromkeys(d["backend"] for d in devices() if d["type"] in ("gpu", "igpu") and d["backend"])
-    return ",".join(sorted(names, key=lambda name: name == "RPC")) or "CPU"
-
-
 def context_for(tests: Sequence[BenchTest], requested: int | None) -> int:
     """The context every test fits in (as llama-bench: no bigger than needed), or the user's -c."""
     needed = max(t.ctx_needed for t in tests)
@@ -368,6 +322,7 @@ def run_bench(
     seed: int = 0,
     sampling: SamplingOptions = BENCH_SAMPLING,
     progress: Progress | None = None,
+    force: bool = False,
 ) -> Iterator[BenchResult]:
     """Every test, for every model under every configuration; results come as they are measured.
 
@@ -376,21 +331,14 @@ def run_bench(
     """
     import datetime
 
-    from localinfer.engine.model import Model
-    from localinfer.engine.rpc import add_servers
-
-    add_servers(s for c in configs for s in c.rpc_servers)  # before any load: llama.cpp picks its devices then
     build = build_version()
     for resolved in models:
         for options in configs:
             opts = replace(options, n_ctx=context_for(tests, options.n_ctx))
             if progress:
                 progress(f"loading {resolved.name} (threads {opts.n_threads or 'default'}, ctx {opts.n_ctx})")
-            t0 = time.perf_counter()
-            with Model(resolved.path, opts) as model:
+            with loaded_model(resolved, opts, progress, force=force) as model:
                 facts = ModelFacts.of(resolved, model, opts.n_gpu_layers)
-                if progress:
-                    progress(f"loaded {resolved.name} in {time.perf_counter() - t0:.2f} s")
                 for test in tests:
                     reps_done = run_test(
                         model, test, reps, warmup=warmup, seed=seed, sampling=sampling, progress=progress

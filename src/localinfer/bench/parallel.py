@@ -18,7 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.bench.method import BENCH_SAMPLING, ModelFacts, Progress, bos_token, build_version, mean_sd, random_tokens
+from localinfer.bench.facts import ModelFacts, Progress, build_version, loaded_model
+from localinfer.bench.method import BENCH_SAMPLING, bos_token, mean_sd, random_tokens
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_ms as _ms
@@ -179,13 +180,11 @@ def run_parallel(
     seed: int = 0,
     sampling: SamplingOptions = BENCH_SAMPLING,
     progress: Progress | None = None,
+    force: bool = False,
 ) -> Iterator[ParallelResult]:
     """Every shape at every level, for every model and configuration (one load per level)."""
     from localinfer.batch.job import batch_load_options
-    from localinfer.engine.model import Model
-    from localinfer.engine.rpc import add_servers
 
-    add_servers(s for c in configs for s in c.rpc_servers)  # before any load: llama.cpp picks its devices then
     per_seq = max(p + n for p, n in shapes) + 1
     build = build_version()
     for resolved in models:
@@ -194,7 +193,7 @@ def run_parallel(
                 opts = batch_load_options(options, parallel=level, ctx_per_seq=max(per_seq, options.n_ctx or 0))
                 if progress:
                     progress(f"loading {resolved.name} for {level} parallel sequences (ctx {opts.n_ctx})")
-                with Model(resolved.path, opts) as model:
+                with loaded_model(resolved, opts, progress, force=force) as model:
                     facts = ModelFacts.of(resolved, model, opts.n_gpu_layers)
                     for p, n in shapes:
                         rng = random.Random(seed)

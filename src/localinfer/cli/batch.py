@@ -57,6 +57,7 @@ def batch(
     sampling: o.Sampling = o.SAMPLING,
     max_tokens: o.MaxTokensOpt = None,
     stop: o.StopOpt = None,
+    logprobs: o.Logprobs = o.LOGPROBS,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
     ctx_size: CtxPerSeqOpt = None,
     base: o.Load = o.LOAD.without("ctx_size"),
@@ -121,6 +122,7 @@ def batch(
             defaults = batchjob.BatchDefaults(
                 sampling=sampling,
                 max_tokens=max_tokens, stop=tuple(stop or ()), system=system, raw=raw, on_overflow=on_overflow.value,
+                logprobs=logprobs,
             )
             sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
             show = None if quiet else make_progress(len(pending))

@@ -98,6 +98,7 @@ def bench(
     pricing: o.Cost = o.COST,
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format on stdout.")] = OutputFormat.table,
     progress: Annotated[bool, typer.Option("--progress", help="Progress lines on stderr even when it is not a terminal.")] = False,
+    force: o.ForceOpt = False,
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr; only the results on stdout.")] = False,
@@ -157,7 +158,7 @@ def bench(
         current = None
         try:
             for result in () if parallel_levels else core.run_bench(
-                resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say
+                resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say, force=force
             ):
                 current = result.model
                 writer.add(result.to_json(pricing))
@@ -167,7 +168,8 @@ def bench(
                 from localinfer.bench.parallel import run_parallel
 
                 for presult in run_parallel(
-                    resolved, configs, shapes, parallel_levels, repetitions, warmup=not no_warmup, seed=seed, progress=say
+                    resolved, configs, shapes, parallel_levels, repetitions, warmup=not no_warmup, seed=seed, progress=say,
+                    force=force,
                 ):
                     current = presult.model
                     writer.add(presult.to_json(pricing))

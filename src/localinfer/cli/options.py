@@ -267,6 +267,12 @@ def _cost(
     return cost.pricing(price_per_hour=price_per_hour, watts=watts, kwh_price=kwh_price, compare_api_price=compare_api_price)
 
 
+def _logprobs(
+    logprobs: Annotated[Optional[int], typer.Option("--logprobs", **rules.option("top_logprobs", typer.BadParameter), help="Each answer token's log probability and the N likeliest alternatives, in the JSON output (0 = the token's alone).", rich_help_panel=_SAMPLING)] = None,
+) -> "int | None":
+    return logprobs
+
+
 def _server(endpoint: EndpointOpt = None, api_key: ApiKeyOpt = None, timeout: TimeoutOpt = None) -> "Endpoint | None":
     if not endpoint:
         return None
@@ -320,6 +326,7 @@ SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
 SERVER = OptionGroup(_server)  # -> remote.connection.Endpoint, checked (None without --endpoint)
 FORMAT = OptionGroup(_response_format)  # -> structured.Format (None: free text)
+LOGPROBS = OptionGroup(_logprobs)  # -> the top N of Request.logprobs (None: off); run --json and batch
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
@@ -328,3 +335,4 @@ Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint
 Server: TypeAlias = "Endpoint | None"  # None without --endpoint
 ResponseFormat: TypeAlias = "Format | None"  # None: free text
+Logprobs: TypeAlias = "int | None"  # None: no log probabilities

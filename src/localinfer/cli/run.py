@@ -64,6 +64,7 @@ def run(
     offline: o.OfflineOpt = False,
     no_log: o.NoLogOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, usage, timings) instead of streaming.")] = False,
+    logprobs: o.Logprobs = o.LOGPROBS,
     quiet: o.QuietOpt = False,
     verbose: o.VerboseOpt = False,
     endpoint: o.Server = o.SERVER,
@@ -76,6 +77,10 @@ def run(
 
     with handle_errors(), recording("run", no_log=no_log, warn=warn_line) as rec:
         from localinfer.api import DEFAULT_COMPLETION_TOKENS
+        from localinfer.errors import UsageError
+
+        if logprobs is not None and not json_out:  # streamed text has no room for them
+            raise UsageError("--logprobs needs --json (they are the JSON's 'logprobs' list)")
         from localinfer.cli.backend import open_backend
         from localinfer.render.stats import warn
 
@@ -101,6 +106,7 @@ def run(
                 text, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                 stop=tuple(stop or ()), on_overflow=on_overflow.value, sampling=sampling, ignore_eos=ignore_eos,
                 response_format=response_format,
+                logprobs=logprobs,
             )  # fmt: skip
             result = _stream(backend, request, json_out=json_out, quiet=quiet, verbose=verbose)
             rec.result = result

@@ -29,6 +29,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from localinfer.engine.backend import llama_cpp
+from localinfer.engine.logprobs import trim
 from localinfer.engine.model import Model
 from localinfer.engine.sampling import constraint_of
 from localinfer.engine.slots import Slot, SlotTable
@@ -213,7 +214,7 @@ class BatchDecoder:
                 continue
             seq, cached = self._slots.take(job.tokens, reuse=job.cache_prompt)
             chain, seed = self.model.new_sampler(job.sampling, job.tokens, limiter)
-            slot = Slot(seq, job, chain, clock(), cached)
+            slot = Slot(seq, job, chain, clock(), cached, self.model)
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed
             self.stats.cached_tokens += cached
@@ -374,6 +375,8 @@ class BatchDecoder:
             s.n_gen += 1
             st.completion_tokens = s.n_gen
             st.decode_s = now - s.t_first
+            if s.logprobs is not None:  # before the next llama_decode overwrites the row
+                s.logprobs.add(s.idx, token)
             text, hit = s.matcher.feed(s.decoder.decode(raw))
             if text:
                 s.pieces.append(text)
@@ -402,4 +405,7 @@ class BatchDecoder:
 
     def _result(self, s: Slot, t_end: float) -> SeqResult:
         s.stats.context_used = s.pos
-        return SeqResult(s.job.key, "".join(s.pieces), s.stats, t_admit=s.t_admit, t_end=t_end)
+        text = "".join(s.pieces)
+        if s.logprobs is not None:  # aligned with the text returned (a stop string's tokens cut)
+            s.stats.logprobs = trim(s.logprobs.entries(), text)
+        return SeqResult(s.job.key, text, s.stats, t_admit=s.t_admit, t_end=t_end)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from localinfer.engine.backend import ensure_backend, llama_cpp, stdout_to_stderr
 from localinfer.engine.load_errors import diagnose_load_failure
+from localinfer.engine.logprobs import Logprobs
 from localinfer.engine.params import context_params, model_params
 from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
@@ -219,6 +220,10 @@ class Model:
 
     free_sampler = staticmethod(free_sampler)
 
+    def new_logprobs(self, top_n: int) -> Logprobs:
+        """A reader of each sampled token's log probabilities and its ``top_n`` alternatives."""
+        return Logprobs(self._ctx, self.n_vocab, self.piece, top_n)
+
     def decode_batch(self, batch: Any) -> int:
         """``llama_decode`` on this model's context, finished (GPU backends run it asynchronously: see
         generate): 0 on success, 1 when the cache has no room."""
@@ -311,10 +316,12 @@ class Model:
         ignore_eos: bool = False,
         constraint: Format | None = None,
         constraint_after: str | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[Step]:
         """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer.
         ``constraint``: the answer is this JSON / grammar (from ``constraint_after`` on, if given);
         a format that cannot be compiled raises FormatError before anything is evaluated.
+        ``logprobs``, the top N: every counted token's in ``stats.logprobs``.
 
         ``stats`` is filled in as the stream goes, so a consumer that stops early still has
         correct figures. The last token sampled is not evaluated (nobody needs its logits).
@@ -337,12 +344,15 @@ class Model:
             stats.prefill_s = time.perf_counter() - t0
             chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx, limiter)
             stats.extra["seed"] = seed
+            lp = self.new_logprobs(logprobs) if logprobs is not None else None
             try:
-                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos)
+                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, lp)
             finally:
                 if limiter is not None:
                     stats.document = "complete" if limiter.complete else "incomplete"
                 free_sampler(chain)
+                if lp is not None:
+                    stats.logprobs = lp.entries()
         except (KeyboardInterrupt, GeneratorExit):
             stats.finish_reason = stats.finish_reason or "interrupted"
             self._resync()
@@ -358,6 +368,7 @@ class Model:
         max_tokens: int | None,
         stop: Sequence[str],
         ignore_eos: bool,
+        lp: Logprobs | None = None,
     ) -> Iterator[Step]:
         # The per-token path: it runs with the CPU caches just flushed by llama_decode, so it touches
         # little - one dict lookup per token, the decoder and stop matcher only when a piece needs them.
@@ -388,6 +399,8 @@ class Model:
             n_gen += 1
             stats.completion_tokens = n_gen
             stats.decode_s = now - t_first
+            if lp is not None:  # before the next llama_decode overwrites the row
+                lp.add(-1, token)
             if text is None or held:
                 text = decoder.decode(raw)
                 held = bool(decoder.getstate()[0])

@@ -11,6 +11,7 @@ from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, SeqJob
 
 if TYPE_CHECKING:
+    from localinfer.engine.logprobs import Logprobs
     from localinfer.engine.model import Model
 
 
@@ -19,10 +20,10 @@ class Slot:
 
     __slots__ = (
         "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
-        "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos", "gen", "emit", "cancel",
+        "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos", "gen", "emit", "cancel", "logprobs",
     )
 
-    def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0) -> None:
+    def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0, model: Model | None = None) -> None:
         self.seq = seq
         self.job = job
         self.chain = chain
@@ -43,6 +44,24 @@ class Slot:
         self.gen: list[int] = []  # sampled tokens that go into the cache (what a SlotTable keeps)
         self.emit = job.on_text
         self.cancel = job.cancel
+        self.logprobs: Logprobs | None = None
+        if job.logprobs is not None:
+            assert model is not None, "a job asking for logprobs needs the model"
+            self._track_logprobs(model, job)
+
+    def _track_logprobs(self, model: Model, job: SeqJob) -> None:
+        """Read each token's log probabilities; ``on_logprobs`` streams them with their text."""
+        lp = self.logprobs = model.new_logprobs(job.logprobs or 0)
+        hand_on = job.on_logprobs
+        if hand_on is None:
+            return
+        sent = [0]  # bytes of text emitted so far
+
+        def emit_with_logprobs(text: str) -> None:
+            sent[0] += len(text.encode("utf-8", errors="surrogatepass"))
+            hand_on(text, lp.take(sent[0]))
+
+        self.emit = emit_with_logprobs
 
     def cached_tokens(self) -> list[int]:
         """The tokens this sequence's cells hold, in order."""

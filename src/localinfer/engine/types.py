@@ -86,6 +86,8 @@ class GenerationStats:
     n_ctx: int = 0
     context_used: int = 0  # tokens in the context when the request ended
     document: str | None = None  # under a constraint: "complete", or "incomplete" (cut, or never begun)
+    # asked for (SeqJob.logprobs): one entry per counted token, OpenAI's content shape (engine.logprobs)
+    logprobs: list[dict[str, Any]] | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -130,6 +132,9 @@ class SeqJob:
     cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached prefix
     constraint: Format | None = None  # the answer must be this JSON / grammar (engine/constrain.py)
     constraint_after: str | None = None  # the constraint starts once the answer has passed this text (</think>)
+    logprobs: int | None = None  # None: off; N: each token's log probability and the top N (0-20)
+    # with logprobs, instead of on_text: each piece of text with the entries of the tokens it holds
+    on_logprobs: Callable[[str, list[dict[str, Any]]], None] | None = None
 
 
 @dataclass

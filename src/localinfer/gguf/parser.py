@@ -157,6 +157,16 @@ class _Parser:
             raise _invalid(f"metadata strings add up to more than {MAX_DECODED_STRING_BYTES} bytes")
         return data.decode("utf-8", errors="replace")
 
+    def name(self, what: str, limit: int, if_empty: str) -> str:
+        """A key or tensor name: non-empty, strict UTF-8 (llama.cpp looks them up by exact bytes)."""
+        raw = self.raw_string(what, limit)
+        if not raw:
+            raise _invalid(if_empty)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _invalid(f"{what} is not valid UTF-8") from None
+
     # -- header ----------------------------------------------------------------------------
 
     def header(self) -> tuple[int, int, int]:
@@ -200,13 +210,7 @@ class _Parser:
         metadata: dict[str, object] = {}
         types: dict[str, int] = {}
         for i in range(n_kv):
-            raw = self.raw_string(f"key #{i}", MAX_KEY_BYTES)
-            if not raw:
-                raise _invalid(f"key #{i} is empty")
-            try:
-                key = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise _invalid(f"key #{i} is not valid UTF-8") from None
+            key = self.name(f"key #{i}", MAX_KEY_BYTES, f"key #{i} is empty")
             if key in metadata:
                 raise _invalid(f"duplicate key {key!r}")
             vtype = self.u32(f"the value type of key {key!r}")
@@ -324,13 +328,7 @@ class _Parser:
         infos = []
         seen: set[str] = set()
         for i in range(n_tensors):
-            raw = self.raw_string(f"the name of tensor #{i}", MAX_TENSOR_NAME_BYTES)
-            if not raw:
-                raise _invalid(f"tensor #{i} has an empty name")
-            try:
-                name = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise _invalid(f"the name of tensor #{i} is not valid UTF-8") from None
+            name = self.name(f"the name of tensor #{i}", MAX_TENSOR_NAME_BYTES, f"tensor #{i} has an empty name")
             if name in seen:
                 raise _invalid(f"duplicate tensor name {name!r}")
             seen.add(name)

@@ -22,7 +22,7 @@ from localinfer.remote.connection import (
     transport_error,
 )
 from localinfer.answer import Outcome  # noqa: F401 - what the client returns, re-exported
-from localinfer.remote.sse import SSEDecoder, choice_text, parse_event
+from localinfer.remote.sse import SSEDecoder, choice_logprobs, choice_text, parse_event
 
 if TYPE_CHECKING:
     from localinfer.engine.types import SamplingOptions
@@ -43,6 +43,7 @@ class StreamState:
         self.decoder = SSEDecoder()
         self.done = False
         self._pieces: list[str] = []
+        self._logprobs: list[dict[str, Any]] | None = None
 
     def line(self, line: str, now: float) -> None:
         event = self.decoder.feed(line)
@@ -69,6 +70,9 @@ class StreamState:
                 self._pieces.append(text)
                 if self.on_text is not None:
                     self.on_text(text)
+            entries = choice_logprobs(choice)
+            if entries is not None:
+                self._logprobs = (self._logprobs or []) + entries
             if choice.get("finish_reason"):
                 o.finish_reason = str(choice["finish_reason"])
         usage = chunk.get("usage")
@@ -96,6 +100,7 @@ class StreamState:
         """What was received before Ctrl-C, finish reason ``interrupted``."""
         o = self.outcome
         o.t_end, o.text, o.finish_reason = now, "".join(self._pieces), "interrupted"
+        o.logprobs = self._logprobs
         return o
 
     def finish(self, now: float) -> Outcome:
@@ -103,6 +108,7 @@ class StreamState:
         o = self.outcome
         o.t_end = now
         o.text = "".join(self._pieces)
+        o.logprobs = self._logprobs
         if not self.done and o.finish_reason is None:
             what = "in the middle of an event" if self.decoder.pending() else "before the answer ended"
             raise RemoteError(f"{self.where} closed the stream {what}", retryable=True,
@@ -124,8 +130,10 @@ def request_body(
     max_tokens: int | None = None,
     stop: Iterable[str] = (),
     ignore_eos: bool = False,
+    logprobs: int | None = None,
 ) -> dict[str, Any]:
-    """A streaming chat (``messages``) or completion (``prompt``) request.
+    """A streaming chat (``messages``) or completion (``prompt``) request; ``logprobs`` (the top N)
+    as the API asks it: chat's ``logprobs: true`` + ``top_logprobs``, the completions' ``logprobs: N``.
 
     Only OpenAI's own fields unless asked: top_k, min_p, repeat_penalty and repeat_last_n are sent
     when they differ from llama.cpp's defaults (which llama.cpp-based servers already use, and which
@@ -154,6 +162,8 @@ def request_body(
         body["stop"] = stop
     if ignore_eos:
         body["ignore_eos"] = True
+    if logprobs is not None:
+        body.update({"logprobs": True, "top_logprobs": logprobs} if messages is not None else {"logprobs": logprobs})
     return body
 
 

@@ -95,3 +95,40 @@ def choice_text(choice: dict[str, Any], where: str) -> str:
     if not isinstance(text, str):
         raise ProtocolError(f"{where} sent a malformed event: the content must be a string, not {type(text).__name__}")
     return text
+
+
+def choice_logprobs(choice: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A choice's log probabilities as content entries (``{"token", "logprob", "bytes",
+    "top_logprobs"}``): chat's ``logprobs.content`` (llama-server's completions send it too), or the
+    completions API's legacy ``tokens``/``token_logprobs``/``top_logprobs`` lists; None when absent."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    content = lp.get("content")
+    if isinstance(content, list):
+        return [_entry(e) for e in content if isinstance(e, dict)]
+    tokens, values = lp.get("tokens"), lp.get("token_logprobs")
+    if not isinstance(tokens, list) or not isinstance(values, list):
+        return None
+    tops = lp.get("top_logprobs") if isinstance(lp.get("top_logprobs"), list) else []
+    out = []
+    for i, (tok, value) in enumerate(zip(tokens, values)):
+        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+        out.append(_entry({"token": tok, "logprob": value,
+                           "top_logprobs": [{"token": t, "logprob": v} for t, v in top.items()]}))  # fmt: skip
+    return out
+
+
+def _entry(e: dict[str, Any], top: bool = True) -> dict[str, Any]:
+    """One entry with every key (``bytes`` from the text where a server sent none)."""
+    token = e.get("token") if isinstance(e.get("token"), str) else ""
+    raw = e.get("bytes")
+    out: dict[str, Any] = {
+        "token": token,
+        "logprob": e.get("logprob") if isinstance(e.get("logprob"), (int, float)) else None,
+        "bytes": raw if isinstance(raw, list) else list(token.encode("utf-8", errors="surrogatepass")),
+    }
+    if top:
+        alts = e.get("top_logprobs")
+        out["top_logprobs"] = [_entry(t, top=False) for t in alts if isinstance(t, dict)] if isinstance(alts, list) else []
+    return out

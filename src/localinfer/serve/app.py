@@ -189,7 +189,9 @@ async def _complete(request: Request, kind: str) -> Response:
             prepared = await run_in_threadpool(engine.prepare, req)
             assert state.hub is not None
             channel: Channel[Outcome] = Channel(state.hub)
-            ticket = engine.submit(prepared, channel.push if req.stream else None, channel.close)
+            with_logprobs = req.stream and req.logprobs is not None
+            extra = {"on_logprobs": channel.push_logprobs} if with_logprobs else {}  # a stream's pieces with their entries
+            ticket = engine.submit(prepared, channel.push if req.stream and not with_logprobs else None, channel.close, **extra)
     except Overloaded:
         exc = ApiError(503, f"too many requests are waiting ({state.config.max_queue}): retry shortly",
                        type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"})  # fmt: skip
@@ -197,7 +199,7 @@ async def _complete(request: Request, kind: str) -> Response:
     except ApiError as exc:
         return error_response(exc)
     answer = Answer.new(kind, state.names[0], req.include_usage, prepared.tools)
-    return AnswerResponse(ticket, channel, answer, req.stream)  # type: ignore[return-value]
+    return AnswerResponse(ticket, channel, answer, req.stream, req.logprobs is not None)  # type: ignore[return-value]
 
 
 def serves(names: tuple[str, ...], model: str | None) -> bool:
@@ -226,8 +228,9 @@ class AnswerResponse:
     """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool) -> None:
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool, logprobs: bool = False) -> None:
         self.ticket, self.channel, self.answer, self.stream = ticket, channel, answer, stream
+        self.logprobs = logprobs  # a stream whose chunks carry their tokens' log probabilities
         self.gone = False
         self.ended = False  # the engine's outcome arrived
 
@@ -256,14 +259,19 @@ class AnswerResponse:
             await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
         before, after = answer.text_chunks()
         calls = answer.tools.parser() if answer.tools is not None else None  # text becomes content and calls
+        offset = 0  # characters sent: the completions API's text_offset
         while True:
-            text, end = await self.channel.get()
+            if self.logprobs:
+                text, entries, end = await self.channel.get_logprobs()
+                body = answer.chunk(text, logprobs=answer.logprobs(entries, offset)) if text or entries else b""
+                offset += len(text)
+            else:
+                text, end = await self.channel.get()
+                body = before + encode_basestring(text).encode() + after if text else b""
             if self.gone:
                 return 499
-            if calls is not None:
+            if calls is not None:  # the text as content and tool calls (their logprobs are not streamed)
                 body = answer.event_chunks(calls.feed(text) + (calls.finish() if end is not None else []))
-            else:
-                body = before + encode_basestring(text).encode() + after if text else b""
             if end is not None:
                 self.ended = True
                 finish = finish_reason(calls.calls, end.finish_reason) if calls is not None else None

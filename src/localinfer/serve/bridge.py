@@ -61,6 +61,11 @@ class Channel(Generic[T]):
         self._pieces.append(text)
         self._hub.notify(self)
 
+    def push_logprobs(self, text: str, entries: list) -> None:
+        """A piece with its tokens' log probabilities, in one append (read with ``get_logprobs``)."""
+        self._pieces.append((text, entries))  # type: ignore[arg-type]
+        self._hub.notify(self)
+
     def close(self, end: T) -> None:
         self._end = end
         self._hub.notify(self)
@@ -74,6 +79,15 @@ class Channel(Generic[T]):
         pieces = self._pieces
         text = pieces.popleft() if len(pieces) == 1 else "".join(pieces.popleft() for _ in range(len(pieces)))
         return text, end
+
+    async def get_logprobs(self) -> tuple[str, list, T | None]:
+        """``get`` for a channel fed by ``push_logprobs``: the text and its entries, in order."""
+        await self.event.wait()
+        self.event.clear()
+        end = self._end
+        pieces = self._pieces
+        items = [pieces.popleft() for _ in range(len(pieces))]
+        return "".join(t for t, _ in items), [e for _, es in items for e in es], end  # type: ignore[misc]
 
     def wake(self) -> None:
         """Event loop: make a waiting ``get`` return (the client went away)."""

@@ -144,9 +144,13 @@ class Engine:
         finally:
             self._arriving -= 1
 
-    def submit(self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None]) -> Ticket:
-        """Queue a request (``on_text``: None when the text is wanted only at the end); ``Overloaded``
-        when more than ``max_queue`` would wait for a slot."""
+    def submit(
+        self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None],
+        on_logprobs: Callable[[str, list], None] | None = None,
+    ) -> Ticket:  # fmt: skip
+        """Queue a request (``on_text``: None when the text is wanted only at the end; ``on_logprobs``:
+        instead of it, a stream that asked for logprobs); ``Overloaded`` when more than ``max_queue``
+        would wait for a slot."""
         from localinfer.engine.batch import SeqJob
 
         waiting = self._queue.qsize() - (self.parallel - self.running)
@@ -157,7 +161,7 @@ class Engine:
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=on_text, cancel=threading.Event(), cache_prompt=r.cache_prompt,
-            constraint=constraint, constraint_after=after,
+            constraint=constraint, constraint_after=after, logprobs=r.logprobs, on_logprobs=on_logprobs,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end)
         self._queue.put(ticket)

@@ -1,7 +1,7 @@
 """The OpenAI request bodies we accept, checked field by field: a ``CompletionRequest`` or an
 ``ApiError`` that says which field is wrong and why (HTTP 400), never a 500.
 
-Fields llama.cpp cannot honour (logprobs, n > 1...) are refused by name rather than ignored,
+Fields llama.cpp cannot honour (n > 1...) are refused by name rather than ignored,
 and so are unknown fields: a client never gets an answer to a different question than it asked.
 """
 
@@ -58,6 +58,7 @@ class CompletionRequest:
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    logprobs: int | None = None  # None: off; N: each token's log probability and the top N
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -118,8 +119,6 @@ def _only(allowed: Callable[[Any], bool], what: str) -> Callable[[str, Any], Non
 
 _UNSUPPORTED = {
     "n": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
-    "logprobs": _only(lambda v: v in (None, False, 0), "(log probabilities)"),
-    "top_logprobs": _only(lambda v: v in (None, 0), "(log probabilities)"),
     "logit_bias": _only(lambda v: not v, "(biasing tokens)"),
     "response_format": _only(lambda v: v is None or v == {"type": "text"}, "other than text"),
     "modalities": _only(lambda v: v in (None, ["text"]), "other than [\"text\"]"),
@@ -150,9 +149,10 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
     **_IGNORED,
 }
-_CHAT_ONLY = {"n", "logprobs", "top_logprobs", "logit_bias", "response_format", "modalities"}
+_LOGPROBS = {"logprobs", "top_logprobs"}  # chat's pair; completions take logprobs: N (rules.logprobs_fields)
+_CHAT_ONLY = {"n", "logit_bias", "response_format", "modalities"}
 _TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only (localinfer.toolcalls)
-_TEXT_ONLY = {"n", "logprobs", "logit_bias", "echo", "suffix", "best_of"}
+_TEXT_ONLY = {"n", "logit_bias", "echo", "suffix", "best_of"}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -184,7 +184,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
-        if name != main and name not in _COMMON and name not in unsupported and not (kind == "chat" and name in _TOOL_FIELDS):
+        if name != main and name not in _COMMON and name not in unsupported and name not in _LOGPROBS and not (kind == "chat" and name in _TOOL_FIELDS):
             raise _bad(name, f"unknown field '{name}'", "unknown_parameter")
     for name in unsupported & set(body):
         _UNSUPPORTED[name](name, body[name])
@@ -211,6 +211,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
         **(_tools(body) if kind == "chat" else {}),
+        logprobs=rules.logprobs_fields(body.get("logprobs"), body.get("top_logprobs"), legacy=kind == "text"),
     )
 
 

@@ -58,6 +58,21 @@ def timings(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def legacy_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """The completions API's shape of content entries; ``text_offset``: each token's first character
+    in the answer, counted from ``offset`` (what earlier chunks of a stream held)."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
 @dataclass(frozen=True)
 class Answer:
     """What every chunk of one answer shares."""
@@ -81,14 +96,21 @@ class Answer:
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+    def logprobs(self, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+        """A choice's ``logprobs``: chat's ``{"content": [...]}``, or the completions API's legacy shape."""
+        if entries is None:
+            return None
+        return {"content": entries} if self.kind == "chat" else legacy_logprobs(entries, offset)
+
+    def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False, logprobs: Any = None) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if role else ({} if text is None else {"content": text})
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"text": text or "", "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, **extra: Any) -> bytes:
-        body = {**self._head(True), "choices": [self._choice(text, finish_reason, role=role)], **extra}
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, logprobs: Any = None,
+              **extra: Any) -> bytes:  # fmt: skip
+        body = {**self._head(True), "choices": [self._choice(text, finish_reason, role=role, logprobs=logprobs)], **extra}
         if self.include_usage:
             body.setdefault("usage", None)  # OpenAI's chunks say so until the last one
         return sse(body)
@@ -125,6 +147,7 @@ class Answer:
         return out + DONE
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
+        logprobs = self.logprobs(outcome.stats.logprobs)
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
             finish = outcome.finish_reason
@@ -135,7 +158,7 @@ class Answer:
                 message["content"] = content if content.strip() or not calls else None  # OpenAI: null when only calls
                 if calls:
                     message["tool_calls"], finish = [c.to_openai() for c in calls], finish_reason(calls, finish)
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"text": outcome.text, "index": 0, "logprobs": None, "finish_reason": outcome.finish_reason}
+            choice = {"text": outcome.text, "index": 0, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}
