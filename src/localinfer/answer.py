@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from localinfer.engine.types import GenerationStats
     from localinfer.system.estimate import BufferReport
     from localinfer.system.preflight import LoadPlan
+    from localinfer.toolcalls.spec import ToolCall
 
 
 # What a server sent, as the client timed it (``remote.client``); here, so that the answer reads it
@@ -108,6 +109,7 @@ class Answer:
     reasoning: str | None = None  # a reasoning model's thinking, apart from ``text`` (localinfer.reasoning)
     reasoning_tokens: int | None = None  # of completion_tokens, the thinking's; None: not split or not reported
     reasoning_ttft_s: float | None = None  # to the first piece of thinking (ttft_s: to the first answer text)
+    tool_calls: list[ToolCall] | None = None  # the calls the model made (``text`` is then the rest)
     # asked for (Request.logprobs): one entry per answer token, in OpenAI's content shape
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}
     logprobs: list[dict[str, Any]] | None = None
@@ -213,6 +215,7 @@ class Answer:
             "text": self.text,
             "reasoning": self.reasoning,
             "finish_reason": self.finish_reason,
+            **self._calls_json(),
             "mode": self.mode,
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
@@ -243,6 +246,10 @@ class Answer:
             out["logprobs"] = self.logprobs
         return out
 
+    def _calls_json(self) -> dict[str, Any]:
+        """``tool_calls`` (OpenAI's shape), only in an answer to a request with tools that made calls."""
+        return {"tool_calls": [c.to_openai() for c in self.tool_calls]} if self.tool_calls else {}
+
     def _load_json(self, s: GenerationStats) -> dict[str, Any]:
         plan, buffers = self.plan, self.buffers
         return {
@@ -272,6 +279,7 @@ class Answer:
             "text": self.text,
             "reasoning": self.reasoning,
             "finish_reason": self.finish_reason,
+            **self._calls_json(),
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

@@ -18,6 +18,7 @@ from localinfer.errors import UsageError
 if TYPE_CHECKING:
     from localinfer.request import Request
     from localinfer.store import ResolvedModel
+    from localinfer.toolcalls.spec import ToolCall
 
 # What one answer measured (README, "Metrics"): the one answer record, None where nothing was measured.
 Stats = Result = Answer
@@ -49,6 +50,11 @@ class Response:
     def reasoning(self) -> str | None:
         """A reasoning model's thinking, apart from ``text`` (None: none)."""
         return self.result.reasoning
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The calls the model made (a request with ``tools``); ``text`` is the rest of its answer."""
+        return self.result.tool_calls or []
 
 
 Messages = Sequence[dict[str, Any]]
@@ -115,6 +121,9 @@ class Model(LocalBackend):
         response_format: Any = None,
         json_schema: Any = None,
         grammar: str | None = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool = True,
         logprobs: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         reasoning_format: str | None = None,
@@ -124,6 +133,7 @@ class Model(LocalBackend):
         ``sampling``: all the sampler's settings at once, instead of one by one. The answer is JSON
         with ``response_format`` ("json", OpenAI's object, or a structured.Format) or ``json_schema``
         (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError.
+        ``tools`` and ``tool_choice``: OpenAI's shapes; the calls come back in ``Response.tool_calls``.
         ``logprobs=N``: each answer token's log probability and the N likeliest alternatives (0-20),
         in ``Response.logprobs`` (OpenAI's content shape). ``chat_template_kwargs``: the template's
         variables (``{"enable_thinking": False}``); ``reasoning_format="none"``: a reasoning
@@ -137,6 +147,7 @@ class Model(LocalBackend):
         return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
                                sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
                                response_format=response_format, json_schema=json_schema, grammar=grammar,
+                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                                logprobs=logprobs, chat_template_kwargs=chat_template_kwargs,
                                reasoning_format=reasoning_format)  # fmt: skip
 

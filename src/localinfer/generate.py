@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from localinfer.system.hardware import MemoryBudget
     from localinfer.system.preflight import LoadPlan
     from localinfer.store import ResolvedModel
+    from localinfer.structured import Format
+    from localinfer.toolcalls.parser import CallParser
+    from localinfer.toolcalls.plan import ToolPlan
 
 Warn = Callable[[str], None]
 Result = Answer  # what a generation gives: the one answer record (localinfer.answer)
@@ -154,6 +157,8 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     if budget <= 0:
         raise _overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
+    tools = tool_plan(loaded, request)
+
     def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
         if request.raw_text is not None:
             text = request.raw_text if text_override is None else text_override
@@ -162,7 +167,11 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         messages = list(request.messages)
         if text_override is not None:
             messages[-1] = {**messages[-1], "content": text_override}
-        prompt = loaded.template.render(messages, **request.template_variables)
+        if tools is None:
+            prompt = loaded.template.render(messages, **request.template_variables)
+        else:  # the tools through the template; a forced call's opening after it
+            prompt = loaded.template.render(tools.messages(messages), **{**request.template_variables, **tools.variables()})
+            prompt = dataclasses.replace(prompt, text=prompt.text + tools.opening)
         return model.tokenize(prompt.text, add_special=prompt.add_special, parse_special=True), prompt.stop
 
     tokens, stops = render(None)
@@ -207,6 +216,30 @@ def reasoning_splitter(loaded: LoadedModel, request: Request, tokens: Sequence[i
         return None
     tail = "".join(loaded.model.token_text(t) for t in tokens[-8:])
     return reasoning.Splitter(markers, opened=reasoning.opened_by(markers, tail))
+def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
+    """How ``request``'s tools go through this model's template and come back out of its answer."""
+    if request.raw_text is not None or (not request.tools and request.tool_choice is None):
+        return None
+    from localinfer.toolcalls.plan import plan_for
+
+    template = loaded.template.template if loaded.template is not None else None
+    return plan_for(request.tools, request.tool_choice, request.parallel_tool_calls, template)
+
+
+def constraint_of(
+    loaded: LoadedModel, request: Request, tools: ToolPlan | None = None, splitter: Splitter | None = None
+) -> tuple[Format | None, str | None]:
+    """What the answer must follow, and the text after which (None: from its start): a request's
+    tool calls (``tool_choice``: the call is the constraint) before its ``response_format``. Where
+    the prompt opened a reasoning model's thinking (``splitter``), the format applies after its close
+    marker: the thinking stays free, the answer is the document."""
+    tools = tools or tool_plan(loaded, request)
+    planned = tools.constraint() if tools is not None else None
+    if planned is not None:
+        return planned
+    fmt = request.response_format
+    after = splitter.markers.close if fmt is not None and splitter is not None and splitter.opened else None
+    return fmt, after
 
 
 class Generation:
@@ -233,10 +266,12 @@ class Generation:
         self.result = Answer("", loaded.name, stats, load_s, mode=request.mode, plan=loaded.plan, buffers=loaded.buffers)
         self._splitter = reasoning_splitter(loaded, request, tokens)
         self.on_reasoning: Callable[[str], None] | None = None  # each piece of thinking, as it comes
+        self._tools = tool_plan(loaded, request)
+        constraint, after = constraint_of(loaded, request, self._tools, self._splitter)
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
-            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos, logprobs=request.logprobs,
-            constraint=request.response_format,
+            stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,
+            constraint=constraint, constraint_after=after, logprobs=request.logprobs,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
@@ -249,18 +284,23 @@ class Generation:
 
     def parts(self) -> Iterator[tuple[str, str]]:
         """``("reasoning" | "text", piece)`` as they come (a model whose template marks no thinking
-        gives text alone). TTFT is the first answer text; ``reasoning_ttft_s`` the first thinking."""
+        gives text alone). TTFT is the first answer text; ``reasoning_ttft_s`` the first thinking.
+        With tools, the answer's text is its content: the calls are parsed out of it (after the thinking)."""
         from localinfer.reasoning import Thinking
 
         result, pieces, thoughts = self.result, [], []
         thinking = None if self._splitter is None else Thinking(self._splitter)
+        calls = self._tools.parser() if self._tools is not None else None
         try:
             for step in self._steps:
                 if step.text:
-                    split = ("", step.text) if thinking is None else thinking.feed(step.text)
-                    yield from self._hand(*split, pieces, thoughts)
+                    reasoning, text = ("", step.text) if thinking is None else thinking.feed(step.text)
+                    yield from self._hand(reasoning, _content(calls, text), pieces, thoughts)
             if thinking is not None:
-                yield from self._hand(*thinking.finish(), pieces, thoughts)
+                reasoning, text = thinking.finish()
+                yield from self._hand(reasoning, _content(calls, text), pieces, thoughts)
+            if calls is not None:
+                yield from self._hand("", _content(calls, None), pieces, thoughts)
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
             result.text = "".join(pieces)
@@ -273,6 +313,11 @@ class Generation:
                 result.logprobs = trim(result.stats.logprobs, result.text)
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
+            if calls is not None and calls.calls:
+                from localinfer.toolcalls.plan import finish_reason
+
+                result.tool_calls = list(calls.calls)
+                result.stats.finish_reason = finish_reason(calls.calls, result.stats.finish_reason)
 
     def _hand(self, reasoning: str, text: str, pieces: list[str], thoughts: list[str]) -> Iterator[tuple[str, str]]:
         now = time.perf_counter() - self._t_request
@@ -287,6 +332,17 @@ class Generation:
             yield "text", text
             pieces.append(text)
 
+
+def _content(calls: CallParser | None, text: str | None) -> str:
+    """The content in a piece of the answer (None: its end), the calls kept in the parser."""
+    if calls is None:
+        return text or ""
+    if text == "":
+        return ""
+    from localinfer.toolcalls.parser import Text
+
+    events = calls.finish() if text is None else calls.feed(text)
+    return "".join(e.text for e in events if isinstance(e, Text))
 
 def generate(
     loaded: LoadedModel,

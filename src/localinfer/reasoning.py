@@ -79,6 +79,11 @@ class Splitter:
         self.answer = ""
 
     @property
+    def opened(self) -> bool:
+        """Whether the prompt opened the block (the answer starts as thinking)."""
+        return self._opened
+
+    @property
     def thinking(self) -> bool:
         """Whether the text fed last is (still) thinking, or may be: for counting reasoning tokens."""
         return self._state in (_REASONING, _BETWEEN) or (self._state == _START and self._opened)

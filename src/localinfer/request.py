@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.types import SamplingOptions
+from localinfer.toolcalls.spec import Tool, ToolChoice
 
 if TYPE_CHECKING:
     from localinfer.structured import Format
@@ -33,6 +34,9 @@ class Request:
     on_overflow: str = "error"  # error | truncate
     ignore_eos: bool = False
     response_format: Format | None = None  # None: free text; else the answer is this JSON or grammar
+    tools: tuple[Tool, ...] = ()  # functions the model may call (localinfer.toolcalls)
+    tool_choice: ToolChoice | None = None  # None: auto when tools are given
+    parallel_tool_calls: bool = True
     logprobs: int | None = None  # None: off; N: each answer token's log probability and the top N (0-20)
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the chat template (enable_thinking...)
     reasoning_format: str | None = None  # None/auto: thinking apart from the answer; "none": inline
@@ -75,6 +79,9 @@ def build(
     response_format: Any = None,
     json_schema: Any = None,
     grammar: str | None = None,
+    tools: Sequence[Any] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool = True,
     logprobs: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     reasoning_format: str | None = None,
@@ -87,7 +94,9 @@ def build(
     variables (checked by ``rules.chat_template_kwargs``); ``reasoning_format``: "none" keeps a
     reasoning model's thinking in the text.
     At most one of ``response_format`` (a Format, OpenAI's object, or "json"), ``json_schema`` (a
-    schema or its text) and ``grammar`` (GBNF) constrains the answer (localinfer.structured.pick)."""
+    schema or its text) and ``grammar`` (GBNF) constrains the answer (localinfer.structured.pick).
+    ``tools``: OpenAI's tool objects (or ``Tool``s), ``tool_choice`` its choice (or a ``ToolChoice``);
+    a bad one is a usage error."""
     from localinfer import rules
     from localinfer.errors import UsageError
     from localinfer.limits import require_utf8
@@ -107,7 +116,16 @@ def build(
                                   ignore_eos=ignore_eos, logprobs=n_top, chat_template_kwargs=chat_template_kwargs,
                                   reasoning_format=reasoning_format,
                                   response_format=pick(response_format, json_schema, grammar))  # fmt: skip
+    if tools or tool_choice is not None:
+        from localinfer.toolcalls.spec import checked
+
+        offered, choice = checked(tools, tool_choice)
+        common.update(tools=offered, tool_choice=choice, parallel_tool_calls=parallel_tool_calls)
     if messages is not None:
+        if any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages):
+            from localinfer.toolcalls.spec import checked_messages
+
+            messages = checked_messages(messages)  # the API's tool turns, as serve reads them
         return Request(messages=tuple(messages), **common)
     text = prompt or ""
     if raw:
@@ -133,6 +151,9 @@ class BatchRequest:
     ignore_eos: bool = False  # not settable from the input; for benchmarks
     sampling: tuple[tuple[str, Any], ...] = ()  # the line's other sampling fields: (name, value)
     response_format: Any = None  # a structured.Format; None: the command's; False: free text
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     def sampling_over(self, base: SamplingOptions) -> SamplingOptions:
         """``base`` (the command's settings) with what this line sets."""

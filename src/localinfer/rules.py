@@ -7,6 +7,7 @@ Python only: the CLI imports it for `--help`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -223,19 +224,22 @@ def stop(field: str, value: Any) -> tuple[str, ...]:
     return tuple(text(field, s) for s in items if s)
 
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _MESSAGE_KEYS = ("role", "content", "name")
+_TOOL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id",)}  # what a conversation with tools adds
 
 
-def message(where: str, m: Any) -> dict[str, str]:
+def message(where: str, m: Any) -> dict[str, Any]:
     """One OpenAI-style message as ``{"role", "content"[, "name"]}``: a role of ROLES (developer
     is OpenAI's new name for system), content a string or a list of text parts (null for an
-    assistant, who may say nothing). Other keys with a value are refused: we cannot honour them."""
+    assistant, who may say nothing). An assistant's ``tool_calls`` and a tool message's
+    ``tool_call_id`` are kept (``toolcalls.spec``). Other keys with a value are refused: we cannot
+    honour them."""
     if not isinstance(m, dict):
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
     thought = m.get("reasoning_content") if m.get("role") == "assistant" else None  # a past answer's thinking
-    keys = (*_MESSAGE_KEYS, "reasoning_content") if thought is not None else _MESSAGE_KEYS
-    extra = sorted(k for k, v in m.items() if k not in keys and v is not None)
+    allowed = _MESSAGE_KEYS + _TOOL_KEYS.get(m.get("role"), ()) if isinstance(m.get("role"), str) else _MESSAGE_KEYS
+    extra = sorted(k for k, v in m.items() if k not in allowed and v is not None and not (k == "reasoning_content" and thought is not None))
     if extra:
         raise RuleError(where, f"has '{extra[0]}', which is not supported (text messages only)", "unsupported_parameter")
     role = m.get("role")
@@ -255,20 +259,68 @@ def message(where: str, m: Any) -> dict[str, str]:
         content = ""
     elif not isinstance(content, str):
         raise RuleError(f"{where}.content", f"must be a string or a list of text parts, not {_kind(content)}", "invalid_type")
-    out = {"role": ROLES[role], "content": text(f"{where}.content", content)}
+    out: dict[str, Any] = {"role": ROLES[role], "content": text(f"{where}.content", content)}
     if m.get("name") is not None:
         out["name"] = text(f"{where}.name", m["name"])
+    if role == "tool":
+        out["tool_call_id"] = text(f"{where}.tool_call_id", m.get("tool_call_id"))
+    if m.get("tool_calls") is not None:
+        out["tool_calls"] = _assistant_calls(f"{where}.tool_calls", m["tool_calls"])
     if thought is not None:  # the template renders it, or not (most drop past thinking)
         out["reasoning_content"] = text(f"{where}.reasoning_content", thought)
     return out
 
 
-def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | None = MAX_MESSAGES) -> tuple[dict[str, str], ...]:
+def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | None = MAX_MESSAGES) -> tuple[dict[str, Any], ...]:
+    """A conversation; a ``tool`` message must answer a call an earlier assistant message made."""
     if not isinstance(value, list) or (not value and not allow_empty):
         raise RuleError(field, "must be a non-empty list of messages", "invalid_type")
     if limit is not None and len(value) > limit:
         raise RuleError(field, f"takes at most {limit} messages")
-    return tuple(message(f"{field}[{i}]", m) for i, m in enumerate(value))
+    out = tuple(message(f"{field}[{i}]", m) for i, m in enumerate(value))
+    if any(m["role"] == "tool" for m in out):
+        _check_tool_turns(field, out)
+    return out
+
+
+def _assistant_calls(where: str, value: Any) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls``, as templates read them: ``arguments`` an object (the
+    API sends a JSON string; llama.cpp and transformers' templates expect the object)."""
+    if not isinstance(value, list) or not value:
+        raise RuleError(where, "must be a non-empty list of tool calls", "invalid_type")
+    out = []
+    for i, call in enumerate(value):
+        w = f"{where}[{i}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function" or not isinstance(call.get("function"), dict):
+            raise RuleError(w, 'must be {"id": ..., "type": "function", "function": {"name", "arguments"}}', "invalid_type")
+        fn = call["function"]
+        name = text(f"{w}.function.name", fn.get("name"))
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise RuleError(f"{w}.function.arguments", "must be a JSON object (as a string)") from None
+        if not isinstance(args, dict):
+            raise RuleError(f"{w}.function.arguments", f"must be a JSON object, not {shown(args)}", "invalid_type")
+        cid = call.get("id")
+        if not isinstance(cid, str) or not cid:
+            raise RuleError(f"{w}.id", f"must be the call's id (a string), not {shown(cid)}", "invalid_type")
+        out.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
+    return out
+
+
+def _check_tool_turns(field: str, messages: tuple[dict[str, Any], ...]) -> None:
+    """Every ``tool`` message answers a call an earlier assistant message made (by ``tool_call_id``)."""
+    calls: dict[str, str] = {}
+    for i, m in enumerate(messages):
+        for call in m.get("tool_calls") or ():
+            calls[call["id"]] = call["function"]["name"]
+        if m.get("role") == "tool":
+            cid = m.get("tool_call_id")
+            if cid not in calls:
+                raise RuleError(f"{field}[{i}].tool_call_id", f"is {shown(cid)}, which no earlier assistant message's tool_calls has")
+            m.setdefault("name", calls[cid])  # templates (Llama's, the generic) name the function answered
 
 
 # -- the chat template's variables and the reasoning format ---------------------------------------------

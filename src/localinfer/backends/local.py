@@ -79,12 +79,13 @@ class LocalBackend(Backend):
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt, reasoning_splitter
+        from localinfer.generate import build_prompt, constraint_of, reasoning_splitter, tool_plan
         from localinfer.reasoning import Thinking
+        from localinfer.toolcalls.plan import finish_reason
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
-        started: dict[int, tuple[BatchRequest, float, int, str, Thinking | None]] = {}
+        started: dict[int, tuple[BatchRequest, float, int, Request, Thinking | None]] = {}
         decoder = BatchDecoder(loaded.model, parallel)
 
         def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
@@ -106,10 +107,11 @@ class LocalBackend(Backend):
                     continue
                 split = reasoning_splitter(loaded, request, tokens)
                 thinking = None if split is None else Thinking(split)
-                started[index] = (item, t0, dropped, request.mode, thinking)
+                started[index] = (item, t0, dropped, request, thinking)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
+                constraint, after = constraint_of(loaded, request, splitter=split)
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
-                             constraint=request.response_format, logprobs=request.logprobs,
+                             constraint=constraint, constraint_after=after, logprobs=request.logprobs,
                              on_text=thinking.feed if thinking is not None else None)  # fmt: skip
 
         try:
@@ -118,13 +120,13 @@ class LocalBackend(Backend):
             for res in decoder.run(jobs()):
                 while outbox:
                     yield outbox.popleft()
-                item, t0, dropped, mode, thinking = started.pop(res.key)
+                item, t0, dropped, request, thinking = started.pop(res.key)
                 if res.error is not None:
                     yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
                     continue
                 res.stats.truncated_tokens = dropped
                 # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
+                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=request.mode,
                                 logprobs=res.stats.logprobs)  # fmt: skip
                 if thinking is not None:  # TTFT to the first answer text, as for one sequence
                     thinking.finish()
@@ -132,6 +134,11 @@ class LocalBackend(Backend):
                     answer.reasoning_tokens = min(thinking.tokens, res.stats.completion_tokens)
                     answer.ttft_s, answer.reasoning_ttft_s = (None if t is None else t - res.t_admit
                                                               for t in (thinking.t_text, thinking.t_reasoning))  # fmt: skip
+                tools = tool_plan(loaded, request)
+                if tools is not None:  # the calls are parsed out of the answer, after the thinking
+                    answer.text, calls = tools.parse(answer.text)
+                    if calls:
+                        answer.tool_calls, res.stats.finish_reason = calls, finish_reason(calls, res.stats.finish_reason)
                 yield BatchResult(res.key, item.id, item.line, answer)
             while outbox:
                 yield outbox.popleft()

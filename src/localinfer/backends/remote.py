@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.backends import Backend, Items, OnText, ToRequest
+from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
@@ -53,6 +54,8 @@ class RemoteBackend(Backend):
     def body(self, request: Request) -> dict[str, Any]:
         from localinfer.remote.client import request_body
 
+        if request.tools or request.tool_choice is not None:  # refused, never dropped: the answer would not be what was asked
+            raise UsageError("tool calls are not sent to a server (--endpoint) yet", hint="use a local model, or the server's API directly")
         text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
         body = request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
                             ignore_eos=request.ignore_eos, logprobs=request.logprobs,

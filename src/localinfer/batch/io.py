@@ -26,7 +26,8 @@ from localinfer.request import BatchRequest, InputError  # noqa: F401 - the line
 from localinfer.rules import SAMPLING_FIELDS
 
 # A line takes serve's sampling fields, checked by the same rules (localinfer.rules).
-_FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop", "logprobs", "top_logprobs", "response_format")
+_FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop", "logprobs", "top_logprobs", "response_format",
+           "tools", "tool_choice", "parallel_tool_calls")  # fmt: skip
 
 
 def detect_format(text: str, name: str | None = None) -> str:
@@ -105,6 +106,7 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
             logprobs=rules.logprobs_fields(obj.get("logprobs"), obj.get("top_logprobs"), legacy=True),
             sampling=tuple(given.items()),
             response_format=_response_format(obj),
+            **_tools(obj),
         )
     except ValueError as exc:  # a RuleError (a schema we cannot enforce too), or _prompt's
         return InputError(number, str(exc), rid)
@@ -127,6 +129,20 @@ def _response_format(obj: dict[str, Any]) -> Any:
 def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
     messages = obj.get("messages")
     return None if messages is None else rules.messages("messages", messages)
+
+
+def _tools(obj: dict[str, Any]) -> dict[str, Any]:
+    """A line's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked as serve checks them."""
+    from localinfer.toolcalls import spec
+
+    if obj.get("tools") is None and obj.get("tool_choice") is None:
+        return {}
+    offered = spec.tools("tools", obj.get("tools") or [], spec.check_schema)
+    choice = spec.tool_choice("tool_choice", obj.get("tool_choice", "auto"), offered) if offered or obj.get("tool_choice") else None
+    parallel = obj.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise rules.RuleError("parallel_tool_calls", f"must be true or false, not {rules.shown(parallel)}", "invalid_type")
+    return {"tools": offered, "tool_choice": choice, "parallel_tool_calls": parallel}
 
 
 # -- output ------------------------------------------------------------------------------------------

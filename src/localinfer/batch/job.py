@@ -74,6 +74,7 @@ def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) ->
         stop=item.stop if item.stop is not None else defaults.stop,
         sampling=sampling, on_overflow=defaults.on_overflow, ignore_eos=item.ignore_eos, response_format=fmt,
         chat_template_kwargs=defaults.template_vars,
+        tools=item.tools, tool_choice=item.tool_choice, parallel_tool_calls=item.parallel_tool_calls,
         logprobs=item.logprobs if item.logprobs is not None else defaults.logprobs,
     )  # fmt: skip
 

@@ -29,6 +29,7 @@ from localinfer.serve.guard import Guard, allowed_names
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
 from localinfer.serve.responses import DONE, Answer, dumps, sse
+from localinfer.toolcalls.plan import finish_reason
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome
@@ -198,7 +199,7 @@ async def _complete(request: Request, kind: str) -> Response:
         return error_response(_overloaded(state))
     except ApiError as exc:
         return error_response(exc)
-    answer = Answer.new(kind, state.names[0], req.include_usage)
+    answer = Answer.new(kind, state.names[0], req.include_usage, prepared.tools)
     return AnswerResponse(ticket, channel, answer, req.stream, req.logprobs is not None)  # type: ignore[return-value]
 
 
@@ -285,6 +286,7 @@ class AnswerResponse:
         if answer.kind == "chat":  # OpenAI's first chunk names the role
             await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
         before, after = answer.text_chunks()
+        calls = answer.tools.parser() if answer.tools is not None else None  # text becomes content and calls
         offset = 0  # characters sent: the completions API's text_offset
         while True:
             if self.logprobs:
@@ -299,9 +301,12 @@ class AnswerResponse:
                     body = answer.reasoning_chunk(thought) + body
             if self.gone:
                 return 499
+            if calls is not None:  # the text as content and tool calls (their logprobs are not streamed)
+                body = answer.event_chunks(calls.feed(text) + (calls.finish() if end is not None else []))
             if end is not None:
                 self.ended = True
-                body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
+                finish = finish_reason(calls.calls, end.finish_reason) if calls is not None else None
+                body += answer.last_chunks(end, finish) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return 200
             if body:

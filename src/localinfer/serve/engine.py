@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from localinfer.engine.embed import Embedder
     from localinfer.generate import LoadedModel
     from localinfer.reasoning import Splitter, Thinking
+    from localinfer.toolcalls.plan import ToolPlan
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Prepared:
     tokens: list[int]
     stop: tuple[str, ...]
     splitter: Splitter | None = None  # a reasoning model's thinking, apart from the answer
+    tools: ToolPlan | None = None  # how the answer's tool calls are parsed (and constrained)
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class Engine:
     def _prepare(self, request: CompletionRequest) -> Prepared:
         from localinfer import request as rq
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt, reasoning_splitter
+        from localinfer.generate import build_prompt, reasoning_splitter, tool_plan
 
         model = self.loaded.model
         if isinstance(request.prompt, tuple):
@@ -171,13 +173,14 @@ class Engine:
             chat = request.kind == "chat"  # max_tokens: checked below
             req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat,
                            chat_template_kwargs={**self.template_kwargs, **(request.chat_template_kwargs or {})},
-                           reasoning_format=request.reasoning_format)  # fmt: skip
+                           reasoning_format=request.reasoning_format, tools=request.tools,
+                           tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls)  # fmt: skip
             tokens, stops, _ = build_prompt(self.loaded, req, n_ctx=self.n_ctx_seq)
         except ContextOverflowError as exc:
             raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded") from None
         except (UsageError, TemplateRefusedError) as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
-        return self._checked(Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens)))
+        return self._checked(Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens), tool_plan(self.loaded, req)))
 
     def _compiled(self, request: CompletionRequest) -> None:
         """Compile the request's format here, off the engine thread (the engine finds it in the model's
@@ -229,10 +232,12 @@ class Engine:
         # a stream with logprobs gets its pieces through on_logprobs: its thinking stays inline
         split = prepared.splitter if on_logprobs is None else None
         thinking = None if split is None else Thinking(split, on_text, on_reasoning)
+        constraint, after = _constraint(prepared)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=on_text if thinking is None else thinking.feed, cancel=threading.Event(),
-            cache_prompt=r.cache_prompt, constraint=r.response_format, logprobs=r.logprobs, on_logprobs=on_logprobs,
+            cache_prompt=r.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
+            on_logprobs=on_logprobs,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end, thinking)
         self._queue.put(ticket)
@@ -440,3 +445,13 @@ def _failed(ticket: Ticket, error: str | None, reason: str = "error") -> Outcome
     waited = time.perf_counter() - ticket.t_arrival
     stats = GenerationStats(prompt_tokens=len(ticket.job.tokens), finish_reason=reason)
     return Outcome("", reason, stats, queue_s=waited, ttft_s=None, total_s=waited, error=error)
+
+
+def _constraint(prepared: Prepared) -> tuple[Any, str | None]:
+    """A request's tool calls (tool_choice) before its response_format; the format after the close
+    marker where the prompt opened a reasoning model's thinking (as generate.constraint_of)."""
+    planned = prepared.tools.constraint() if prepared.tools is not None else None
+    if planned is not None:
+        return planned
+    fmt, split = prepared.request.response_format, prepared.splitter
+    return fmt, (split.markers.close if fmt is not None and split is not None and split.opened else None)

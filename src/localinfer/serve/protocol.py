@@ -1,7 +1,7 @@
 """The OpenAI request bodies we accept, checked field by field: a ``CompletionRequest`` or an
 ``ApiError`` that says which field is wrong and why (HTTP 400), never a 500.
 
-Fields this server does not honour yet (tools, n > 1...) are refused by name rather than ignored,
+Fields this server does not honour yet (n > 1...) are refused by name rather than ignored,
 and so are unknown fields: a client never gets an answer to a different question than it asked.
 Structured output (``response_format``, llama-server's ``json_schema`` and ``grammar``) is checked
 here, so a schema we cannot enforce is a 400 naming its keyword before anything runs.
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from localinfer import rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.limits import NotText, loads, require_text
+from localinfer.toolcalls.spec import Tool, ToolChoice
 
 if TYPE_CHECKING:
     from localinfer.structured import Format
@@ -63,6 +64,9 @@ class CompletionRequest:
     format_field: str | None = None  # the field that asked for it (response_format | json_schema | grammar)
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's, llama-server's)
     reasoning_format: str | None = None  # llama-server's: "none" keeps the thinking in content
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     logprobs: int | None = None  # None: off; N: each token's log probability and the top N
 
 
@@ -125,8 +129,6 @@ def _only(allowed: Callable[[Any], bool], what: str) -> Callable[[str, Any], Non
 _UNSUPPORTED = {
     "n": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
     "logit_bias": _only(lambda v: not v, "(biasing tokens)"),
-    "tools": _only(lambda v: not v, "(tool calls)"),
-    "tool_choice": _only(lambda v: v in (None, "none"), "(tool calls)"),
     "modalities": _only(lambda v: v in (None, ["text"]), "other than [\"text\"]"),
     "echo": _only(lambda v: v in (None, False), "(echoing the prompt)"),
     "suffix": _only(lambda v: v in (None, ""), "(fill in the middle)"),
@@ -139,7 +141,6 @@ _IGNORED: dict[str, Callable[[str, Any], Any]] = {
     "store": _bool,  # OpenAI keeps the answer for its dashboard; we keep nothing
     "metadata": _metadata,
     "service_tier": _text,  # a price and latency class
-    "parallel_tool_calls": _bool,  # meaningful only with tools, which are refused
     "prompt_cache_key": _text,  # OpenAI's cache routing hint
     "safety_identifier": _text,
 }
@@ -165,7 +166,8 @@ _FORMATS: dict[str, Callable[[str, Any], Any]] = {
     "grammar": rules.grammar,
 }
 _LOGPROBS = {"logprobs", "top_logprobs"}  # chat's pair; completions take logprobs: N (rules.logprobs_fields)
-_CHAT_ONLY = {"n", "logit_bias", "tools", "tool_choice", "modalities"}
+_CHAT_ONLY = {"n", "logit_bias", "modalities"}
+_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only (localinfer.toolcalls)
 _TEXT_ONLY = {"n", "logit_bias", "echo", "suffix", "best_of"}
 
 
@@ -198,7 +200,8 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
-        if name != main and name not in _COMMON and name not in unsupported and name not in _LOGPROBS | _FORMATS.keys():
+        if (name != main and name not in _COMMON and name not in unsupported and name not in _LOGPROBS | _FORMATS.keys()
+                and not (kind == "chat" and name in _TOOL_FIELDS)):  # fmt: skip
             raise _bad(name, f"unknown field '{name}'", "unknown_parameter")
     for name in unsupported & set(body):
         _UNSUPPORTED[name](name, body[name])
@@ -231,8 +234,23 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         format_field=formats[0][0] if formats else None,
         chat_template_kwargs=v.get("chat_template_kwargs"),
         reasoning_format=v.get("reasoning_format"),
+        **(_tools(body) if kind == "chat" else {}),
         logprobs=rules.logprobs_fields(body.get("logprobs"), body.get("top_logprobs"), legacy=kind == "text"),
     )
+
+
+def _tools(body: dict[str, Any]) -> dict[str, Any]:
+    """``tools`` (each parameters schema checked), ``tool_choice`` among them, ``parallel_tool_calls``."""
+    from localinfer.toolcalls import spec
+
+    offered = spec.tools("tools", body["tools"], spec.check_schema) if body.get("tools") is not None else ()
+    choice = body.get("tool_choice")
+    out: dict[str, Any] = {"tools": offered}
+    if choice is not None:
+        out["tool_choice"] = spec.tool_choice("tool_choice", choice, offered)
+    if body.get("parallel_tool_calls") is not None:
+        out["parallel_tool_calls"] = _bool("parallel_tool_calls", body["parallel_tool_calls"])
+    return out
 
 
 def _prompt(value: Any) -> str | tuple[int, ...]:

@@ -7,9 +7,13 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localinfer.serve.engine import Outcome
+
+if TYPE_CHECKING:
+    from localinfer.toolcalls.parser import Event
+    from localinfer.toolcalls.plan import ToolPlan
 
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
 DONE = b"data: [DONE]\n\n"
@@ -86,11 +90,12 @@ class Answer:
     include_usage: bool = False
     id: str = ""
     created: int = 0
+    tools: ToolPlan | None = None  # the request offered tools: its text is parsed for calls
 
     @classmethod
-    def new(cls, kind: str, model: str, include_usage: bool = False) -> Answer:
+    def new(cls, kind: str, model: str, include_usage: bool = False, tools: ToolPlan | None = None) -> Answer:
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()))
+        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), tools)
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         if self.kind == "chat":
@@ -133,9 +138,27 @@ class Answer:
         before, after = raw.split(json.dumps(_PIECE, ensure_ascii=False), 1)
         return before.encode(), after.encode()
 
-    def last_chunks(self, outcome: Outcome) -> bytes:
+    def event_chunks(self, events: list[Event]) -> bytes:
+        """A tool-call parser's events as chunks: content, or OpenAI's ``delta.tool_calls`` keyed by
+        ``index`` (the id and name in a call's first delta, then its arguments in pieces)."""
+        from localinfer.toolcalls.parser import CallStart, Text
+
+        out = []
+        for e in events:
+            if isinstance(e, Text):
+                out.append(self.chunk(e.text))
+                continue
+            if isinstance(e, CallStart):
+                call = {"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
+            else:
+                call = {"index": e.index, "function": {"arguments": e.text}}
+            body = {**self._head(True), "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}]}
+            out.append(sse({**body, "usage": None} if self.include_usage else body))
+        return b"".join(out)
+
+    def last_chunks(self, outcome: Outcome, finish_reason: str | None = None) -> bytes:
         """The finish reason (and timings), then usage in a chunk of its own if asked, then [DONE]."""
-        out = self.chunk(None, outcome.finish_reason, timings=timings(outcome))
+        out = self.chunk(None, finish_reason or outcome.finish_reason, timings=timings(outcome))
         if self.include_usage:
             out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome)})
         return out + DONE
@@ -146,7 +169,15 @@ class Answer:
             message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
             if outcome.reasoning is not None:
                 message.update(reasoning_content=outcome.reasoning, reasoning=outcome.reasoning)
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
+            finish = outcome.finish_reason
+            if self.tools is not None:
+                from localinfer.toolcalls.plan import finish_reason
+
+                content, calls = self.tools.parse(outcome.text)
+                message["content"] = content if content.strip() or not calls else None  # OpenAI: null when only calls
+                if calls:
+                    message["tool_calls"], finish = [c.to_openai() for c in calls], finish_reason(calls, finish)
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"text": outcome.text, "index": 0, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}

@@ -1,0 +1,207 @@
+"""The model's text, as it comes, turned into content and tool calls: one parser for a streamed
+answer and a whole one (a whole answer is the stream fed at once), so the deltas of a stream always
+assemble to the calls of the same answer unstreamed.
+
+Events: ``Text`` (content), ``CallStart`` (a call's index, id and name: OpenAI's first delta of a
+call) and ``CallArgs`` (a piece of its arguments' JSON text, as the model writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from localinfer.toolcalls.families import Family
+from localinfer.toolcalls.spec import ToolCall, new_call_id
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    index: int
+    text: str
+
+
+Event = Text | CallStart | CallArgs
+_HEADER = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*'
+
+
+@dataclass
+class _Args:
+    """Where the arguments' JSON value ends: depth of brackets outside strings."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    started: bool = False
+
+    def scan(self, text: str) -> int | None:
+        """The end of the value in ``text`` (an index past it), or None if it goes on."""
+        for i, ch in enumerate(text):
+            if not self.started:
+                if ch.isspace():
+                    continue
+                self.started = True
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return i + 1
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    return i + 1
+        return None
+
+
+@dataclass
+class CallParser:
+    """Feed it the answer's pieces; ``calls`` and ``content`` are whole after ``finish``."""
+
+    family: Family
+    parallel: bool = True  # False: calls after the first are dropped (``parallel_tool_calls``)
+    calls: list[ToolCall] = field(default_factory=list)
+    content: str = ""
+    _in_calls: bool = False
+    _pending: str = ""  # content held back: it may be the start of a marker
+    _seen_text: bool = False  # a non-space character came (an answer's leading JSON is no longer possible)
+    _region: str = ""  # the raw text since the calls opened (content again if no call is found)
+    _buf: str = ""  # of the region, what is not consumed yet
+    _args: _Args | None = None
+    _current: dict | None = None
+
+    def __post_init__(self) -> None:
+        self._header = re.compile(_HEADER % re.escape(self.family.args_key))
+
+    def feed(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        if self._in_calls:
+            return self._feed_calls(text)
+        self._pending += text
+        return self._scan_text()
+
+    def finish(self) -> list[Event]:
+        """The end of the answer: held-back text is content; opened calls that hold none are content."""
+        events: list[Event] = []
+        if not self._in_calls:
+            events += self._emit(self._pending)
+            self._pending = ""
+            return events
+        if self._current is not None:  # cut short (max_tokens): keep what was written, as OpenAI does
+            self._close_call()
+        if not self.calls:
+            events += self._emit(self._fallback(self._region))
+        return events
+
+    # -- content -----------------------------------------------------------------------------------
+    def _scan_text(self) -> list[Event]:
+        p = self._pending
+        if not self._seen_text and self.family.leading:
+            stripped = p.lstrip()
+            if not stripped:
+                return []
+            lead = next((m for m in self.family.leading if stripped.startswith(m)), None)
+            if lead is not None:
+                return self._open(p[len(p) - len(stripped):], prefix="")
+            if any(m.startswith(stripped) for m in self.family.leading):
+                return []  # "[" may become "[{"
+            self._seen_text = True
+        hits = [(p.find(m), m) for m in self.family.starts if m in p]
+        if hits:
+            i, marker = min(hits)
+            self._pending = ""
+            return self._emit(p[:i]) + self._open(p[i + len(marker):], prefix=marker)
+        keep = max((k for m in self.family.starts for k in range(1, len(m)) if p.endswith(m[:k])), default=0)
+        self._pending = p[len(p) - keep:] if keep else ""
+        return self._emit(p[: len(p) - keep])
+
+    def _emit(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self._seen_text = self._seen_text or bool(text.strip())
+        self.content += text
+        return [Text(text)]
+
+    def _open(self, rest: str, prefix: str) -> list[Event]:
+        self._in_calls, self._pending = True, ""
+        self._region = prefix
+        return self._feed_calls(rest)
+
+    # -- calls ----------------------------------------------------------------------------------
+    def _feed_calls(self, text: str) -> list[Event]:
+        self._region += text
+        self._buf += text
+        events: list[Event] = []
+        while self._buf:
+            if self._args is None:
+                m = self._header.search(self._buf)
+                if m is None:
+                    break
+                try:
+                    name = json.loads(f'"{m.group(1)}"')
+                except ValueError:
+                    name = m.group(1)
+                self._buf = self._buf[m.end():]
+                self._args, self._current = _Args(), {"name": name, "args": "", "index": len(self.calls)}
+                if self.parallel or not self.calls:
+                    self._current["id"] = new_call_id()
+                    events.append(CallStart(self._current["index"], self._current["id"], name))
+                continue
+            end = self._args.scan(self._buf)
+            piece = self._buf if end is None else self._buf[:end]
+            self._buf = "" if end is None else self._buf[end:]
+            if not self._current["args"]:
+                piece = piece.lstrip()
+            self._current["args"] += piece
+            if piece and "id" in self._current:
+                events.append(CallArgs(self._current["index"], piece))
+            if end is None:
+                break
+            self._close_call()
+        return events
+
+    def _close_call(self) -> None:
+        cur, self._current, self._args = self._current, None, None
+        if cur is not None and "id" in cur:
+            self.calls.append(ToolCall(cur["id"], cur["name"], cur["args"]))
+
+    def _fallback(self, region: str) -> str:
+        """Opened calls that hold none: the generic format's ``{"response": ...}`` is its text."""
+        if self.family.name == "generic":
+            try:
+                obj = json.loads(region)
+            except ValueError:
+                return region
+            if isinstance(obj, dict) and isinstance(obj.get("response"), str):
+                return obj["response"]
+        return region
+
+
+def parse(family: Family, text: str, *, opening: str = "", parallel: bool = True) -> CallParser:
+    """A whole answer (``opening``: what the prompt already wrote of it), parsed."""
+    parser = CallParser(family, parallel)
+    parser.feed(opening)
+    parser.feed(text)
+    parser.finish()
+    return parser

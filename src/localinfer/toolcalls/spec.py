@@ -1,0 +1,181 @@
+"""What a request says about tools, checked: ``tools`` (functions with a JSON-schema ``parameters``)
+and ``tool_choice``. Each problem is a ``RuleError`` naming the field (serve: a 400), or for the
+API a ``UsageError``. The messages of a conversation that used tools are ``rules.message``'s."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localinfer.errors import UsageError
+from localinfer.rules import RuleError, shown, text
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's rule for function names (and a dot, for Llama's builtins)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function the model may call. ``parameters``: a JSON schema for its arguments (an object)."""
+
+    name: str
+    description: str = ""
+    parameters: Any = None  # a dict; None: takes any object
+
+    def to_openai(self) -> dict[str, Any]:
+        """As the chat templates read it (transformers passes ``tools`` in this shape; the description
+        always there, as llama.cpp gives it: templates such as Hermes 3's read it unguarded)."""
+        fn: dict[str, Any] = {"name": self.name, "description": self.description}
+        fn["parameters"] = self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The arguments' schema, as a constraint enforces it: an object with declared properties and
+        no word on others takes only those (OpenAI's strict calls; a small model otherwise invents
+        keys until its token limit cuts the call short)."""
+        params = self.parameters if self.parameters is not None else {"type": "object"}
+        if "properties" in params and "additionalProperties" not in params:
+            return {**params, "additionalProperties": False}
+        return params
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """``auto`` (the model decides), ``none`` (no call), ``required`` (at least one call) or
+    ``function`` (a call of ``name``)."""
+
+    mode: str = "auto"
+    name: str | None = None
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("required", "function")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made: ``arguments`` is the JSON text it wrote (OpenAI's string)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def tools(field: str, value: Any, check_schema: Any = None) -> tuple[Tool, ...]:
+    """``value``: OpenAI's list of ``{"type": "function", "function": {name, description, parameters}}``
+    (the bare function object is taken too). ``check_schema(field, schema)`` refuses a schema."""
+    if not isinstance(value, list):
+        raise RuleError(field, f"must be a list of tools, not {shown(value)}", "invalid_type")
+    if len(value) > MAX_TOOLS:
+        raise RuleError(field, f"takes at most {MAX_TOOLS} tools")
+    out: list[Tool] = []
+    for i, item in enumerate(value):
+        where = f"{field}[{i}]"
+        if not isinstance(item, dict):
+            raise RuleError(where, f"must be an object, not {shown(item)}", "invalid_type")
+        if "function" in item or "type" in item:
+            if item.get("type") != "function":
+                raise RuleError(f"{where}.type", f"must be 'function', not {shown(item.get('type'))}")
+            fn, where = item.get("function"), f"{where}.function"
+        else:
+            fn = item
+        out.append(_tool(where, fn, check_schema))
+    seen: set[str] = set()
+    for i, t in enumerate(out):
+        if t.name in seen:
+            raise RuleError(f"{field}[{i}].function.name", f"repeats the name {t.name!r}: each tool needs its own")
+        seen.add(t.name)
+    return tuple(out)
+
+
+def _tool(where: str, fn: Any, check_schema: Any) -> Tool:
+    if not isinstance(fn, dict):
+        raise RuleError(where, f"must be an object with 'name', not {shown(fn)}", "invalid_type")
+    extra = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+    if extra:
+        raise RuleError(where, f"has an unknown field '{extra[0]}'", "unknown_parameter")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise RuleError(f"{where}.name", f"must be 1 to 64 letters, digits, '_', '-' or '.', not {shown(name)}")
+    description = fn.get("description")
+    if description is not None:
+        text(f"{where}.description", description)
+    params = fn.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise RuleError(f"{where}.parameters", f"must be a JSON schema (an object), not {shown(params)}", "invalid_type")
+        if params.get("type", "object") != "object":
+            raise RuleError(f"{where}.parameters", f"must describe an object (its 'type' is {shown(params.get('type'))})")
+        if check_schema is not None:
+            check_schema(f"{where}.parameters", params)
+    return Tool(name, description or "", params)
+
+
+def tool_choice(field: str, value: Any, offered: tuple[Tool, ...]) -> ToolChoice:
+    """A choice among ``offered``: a function it names must be one of them."""
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise RuleError(field, f"must be 'auto', 'none', 'required' or a function, not {shown(value)}")
+        choice = ToolChoice(value)
+    elif isinstance(value, dict):
+        fn = value.get("function")
+        if value.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RuleError(field, 'must be {"type": "function", "function": {"name": ...}}', "invalid_type")
+        choice = ToolChoice("function", fn["name"])
+    else:
+        raise RuleError(field, f"must be a string or an object, not {shown(value)}", "invalid_type")
+    if choice.mode != "none" and not offered:
+        raise RuleError(field, f"is {shown(value if isinstance(value, str) else 'function')} but no 'tools' are given")
+    if choice.name is not None and choice.name not in {t.name for t in offered}:
+        raise RuleError(f"{field}.function.name", f"names {choice.name!r}, which is not one of the tools")
+    return choice
+
+
+def check_schema(field: str, schema: dict[str, Any]) -> None:
+    """A tool's ``parameters`` as JSON Schema, checked by structured output's rules: a schema the
+    constraint could not enforce is refused, by the field's name."""
+    from localinfer.structured import FormatError, check_schema as check
+
+    try:
+        check(schema)
+    except FormatError as exc:
+        raise RuleError(field, f"is not a schema we can enforce: {exc}") from None
+
+
+def checked(offered: Sequence[Any] | None, choice: Any) -> tuple[tuple[Tool, ...], ToolChoice]:
+    """The API's ``tools=`` and ``tool_choice=`` (OpenAI's JSON shapes, or ours), checked: UsageError."""
+    try:
+        if offered and all(isinstance(t, Tool) for t in offered):
+            given = tuple(offered)
+        else:
+            given = tools("tools", list(offered or ()), check_schema)
+        if isinstance(choice, ToolChoice):
+            if choice.name is not None and choice.name not in {t.name for t in given}:
+                raise RuleError("tool_choice", f"names {choice.name!r}, which is not one of the tools")
+            return given, choice
+        if not given and choice is None:
+            return given, ToolChoice()
+        return given, tool_choice("tool_choice", "auto" if choice is None else choice, given)
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def checked_messages(messages: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    """A conversation with tool turns (the API's), checked and shaped as serve's: UsageError."""
+    from localinfer import rules
+
+    try:
+        return rules.messages("messages", list(messages))
+    except RuleError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,53 @@
+"""Tool calls on the real SmolLM2 model outside serve: the library API (``model.chat(tools=...)``,
+whole and streamed) and `localinfer batch` lines with a ``tools`` field, end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+jsonschema = pytest.importorskip("jsonschema")
+
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 100},
+                                     "b": {"type": "integer", "minimum": 0, "maximum": 100}}, "required": ["a", "b"]}}}  # fmt: skip
+PARAMS = ADD["function"]["parameters"]
+ASK = [{"role": "user", "content": "Add 17 and 25."}]
+
+
+def test_the_api_returns_calls_that_validate_and_streams_no_call_text(smollm2_path):
+    import localinfer
+
+    with localinfer.load(str(smollm2_path), n_ctx=1024, n_threads=2) as model:
+        r = model.chat(ASK, tools=[ADD], tool_choice="required", temperature=0, max_tokens=64)
+        assert r.finish_reason == "tool_calls" and r.text == ""
+        (call,) = r.tool_calls
+        assert call.name == "add" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.arguments), PARAMS)
+        chunks = list(model.stream(ASK, tools=[ADD], tool_choice="required", temperature=0, max_tokens=64))
+        assert "".join(c.text for c in chunks) == ""  # the call's JSON is not the answer's text
+        assert [(c.name, c.arguments) for c in chunks[-1].result.tool_calls] == [(call.name, call.arguments)]
+        plain = model.chat(ASK, tools=[ADD], tool_choice="none", temperature=0, max_tokens=16)
+        assert plain.tool_calls == [] and plain.text and plain.finish_reason in ("stop", "length")
+
+
+def test_batch_lines_with_tools_answer_with_calls(smollm2_path, tmp_path):
+    lines = [{"id": "call", "messages": ASK, "tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "add"}}},
+             {"id": "text", "messages": ASK},
+             {"id": "bad", "messages": ASK, "tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "sub"}}}]  # fmt: skip
+    reqs = tmp_path / "reqs.jsonl"
+    reqs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    proc = run_cli("batch", str(reqs), "-m", str(smollm2_path), "--parallel", "2", "-n", "64", "--temperature", "0",
+                   "-c", "1024", "-t", "1", "-q")  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr.decode()  # 1: a line failed (the bad one)
+    by_id = {r["id"]: r for r in map(json.loads, proc.stdout.decode().splitlines())}
+    call = by_id["call"]
+    assert call["finish_reason"] == "tool_calls" and call["text"] == ""
+    (c,) = call["tool_calls"]
+    assert c["type"] == "function" and c["function"]["name"] == "add"
+    jsonschema.validate(json.loads(c["function"]["arguments"]), PARAMS)
+    assert "tool_calls" not in by_id["text"] and by_id["text"]["text"]
+    assert "names 'sub', which is not one of the tools" in by_id["bad"]["error"]
