@@ -4,6 +4,7 @@ single-sequence engine and in one batch with different schemas; truncation is "l
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -23,18 +24,18 @@ def smol(smollm2_path):
         yield model
 
 
-# Seen failing on the loaded dev machine, the run cut before pytest said why (likely the 135M model
-# writing to max_tokens: unbounded digits, or the tree nesting on); to be diagnosed, not hidden.
-SUSPECT = {("invoice", 0.8), ("recursive_tree", 0.0), ("recursive_tree", 0.8)}
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("name", sorted(CORPUS))
-def test_corpus_answers_validate(smol, name, temperature, request):
-    if (name, temperature) in SUSPECT:
-        request.applymarker(pytest.mark.xfail(reason="seen failing; cause not yet diagnosed", strict=False))
+def test_corpus_answers_validate(smol, name, temperature):
     schema, prompt = CORPUS[name]
     r = smol.generate(prompt, json_schema=schema, temperature=temperature, seed=7, max_tokens=400)
+    if name == "recursive_tree" and r.finish_reason == "length":
+        # Seen here: SmolLM2-135M nests "children" until max_tokens (the schema lets a tree be as deep
+        # as it likes). The prefix it wrote must still be the schema's: only its keys, bounded names.
+        assert r.stats.stats.document == "incomplete"
+        assert set(re.findall(r'"(\w+)":', r.text)) <= {"name", "children"}, r.text
+        assert all(len(n) <= 20 for n in re.findall(r'"name":"([^"]*)"', r.text)), r.text
+        return
     assert r.finish_reason == "stop", r.text
     assert r.stats.stats.document == "complete"
     doc = json.loads(r.text)  # the answer is the document and nothing else

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -68,7 +68,9 @@ def loaded_model(
     as every command loads it; bench then drives its engine token by token, as llama-bench does."""
     from localinfer import backends
 
-    with backends.load(resolved, options, force=force, on_note=progress) as backend:
+    # the bench registered every configuration's RPC servers once, before its first load (llama.cpp
+    # picks its devices then): the loader is not asked to register them again
+    with backends.load(resolved, replace(options, rpc_servers=()), force=force, on_note=progress) as backend:
         if progress:
             progress(f"loaded {resolved.name} in {backend.load_s:.2f} s")
         yield backend.loaded.model

@@ -351,6 +351,9 @@ def run_bench(
     """
     import datetime
 
+    from localinfer.engine.rpc import add_servers
+
+    add_servers(s for c in configs for s in c.rpc_servers)  # before any load: llama.cpp picks its devices then
     build = build_version()
     for resolved in models:
         for options in configs:

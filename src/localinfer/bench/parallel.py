@@ -184,7 +184,9 @@ def run_parallel(
 ) -> Iterator[ParallelResult]:
     """Every shape at every level, for every model and configuration (one load per level)."""
     from localinfer.batch.job import batch_load_options
+    from localinfer.engine.rpc import add_servers
 
+    add_servers(s for c in configs for s in c.rpc_servers)  # before any load: llama.cpp picks its devices then
     per_seq = max(p + n for p, n in shapes) + 1
     build = build_version()
     for resolved in models:

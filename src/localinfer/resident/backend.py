@@ -69,9 +69,9 @@ class ResidentBackend(RemoteBackend):
                       peak_rss=int(self.info.get("rss") or 0), mode=request.mode, resident=not load_s,
                       logprobs=getattr(outcome, "logprobs", None))  # fmt: skip
 
-    def answer(self, request: Request, on_text: Any = None) -> Answer:
+    def answer(self, request: Request, on_text: Any = None, *, on_reasoning: Any = None) -> Answer:
         try:
-            return super().answer(request, on_text)
+            return super().answer(request, on_text, on_reasoning=on_reasoning)
         except RemoteError as exc:
             raise self._died(exc) from None
 

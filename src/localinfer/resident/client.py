@@ -162,10 +162,10 @@ class UnixClient:
     def pick_model(self, name: str | None) -> str:
         return name or self.models()[0]
 
-    def stream(self, body: dict[str, Any], on_text: OnText | None = None) -> Outcome:
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Outcome:
         path = f"{self.prefix}/v1/" + ("chat/completions" if "messages" in body else "completions")
         t0 = time.perf_counter()
-        state = StreamState(self.ep.display, t0, on_text)
+        state = StreamState(self.ep.display, t0, on_text, on_reasoning)
         try:
             r = self._send("POST", path, body)
         except NoServer:
