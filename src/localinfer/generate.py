@@ -229,15 +229,19 @@ def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
 def constraint_of(
     loaded: LoadedModel, request: Request, tools: ToolPlan | None = None, splitter: Splitter | None = None
 ) -> tuple[Format | None, str | None]:
-    """What the answer must follow, and the text after which (None: from its start): a request's
-    tool calls (``tool_choice``: the call is the constraint) before its ``response_format``. Where
-    the prompt opened a reasoning model's thinking (``splitter``), the format applies after its close
-    marker: the thinking stays free, the answer is the document."""
-    tools = tools or tool_plan(loaded, request)
+    """What ``request``'s answer must follow, and the text after which (None: from its start)."""
+    return constraint_for(tools or tool_plan(loaded, request), request.response_format, splitter)
+
+
+def constraint_for(
+    tools: ToolPlan | None, fmt: Format | None, splitter: Splitter | None
+) -> tuple[Format | None, str | None]:
+    """A request's tool calls (``tool_choice``: the call is the constraint) before its format
+    ``fmt``. Where the prompt opened a reasoning model's thinking (``splitter``), the format applies
+    after its close marker: the thinking stays free, the answer is the document."""
     planned = tools.constraint() if tools is not None else None
     if planned is not None:
         return planned
-    fmt = request.response_format
     after = splitter.markers.close if fmt is not None and splitter is not None and splitter.opened else None
     return fmt, after
 

@@ -227,12 +227,13 @@ class Engine:
         if self._waiting_chats() - (self.parallel - self.running) >= self.max_queue:
             raise Overloaded()
         r = prepared.request
+        from localinfer.generate import constraint_for
         from localinfer.reasoning import Thinking
 
         # a stream with logprobs gets its pieces through on_logprobs: its thinking stays inline
         split = prepared.splitter if on_logprobs is None else None
         thinking = None if split is None else Thinking(split, on_text, on_reasoning)
-        constraint, after = _constraint(prepared)
+        constraint, after = constraint_for(prepared.tools, r.response_format, prepared.splitter)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=on_text if thinking is None else thinking.feed, cancel=threading.Event(),
@@ -445,13 +446,3 @@ def _failed(ticket: Ticket, error: str | None, reason: str = "error") -> Outcome
     waited = time.perf_counter() - ticket.t_arrival
     stats = GenerationStats(prompt_tokens=len(ticket.job.tokens), finish_reason=reason)
     return Outcome("", reason, stats, queue_s=waited, ttft_s=None, total_s=waited, error=error)
-
-
-def _constraint(prepared: Prepared) -> tuple[Any, str | None]:
-    """A request's tool calls (tool_choice) before its response_format; the format after the close
-    marker where the prompt opened a reasoning model's thinking (as generate.constraint_of)."""
-    planned = prepared.tools.constraint() if prepared.tools is not None else None
-    if planned is not None:
-        return planned
-    fmt, split = prepared.request.response_format, prepared.splitter
-    return fmt, (split.markers.close if fmt is not None and split is not None and split.opened else None)
