@@ -226,18 +226,11 @@ def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
     return plan_for(request.tools, request.tool_choice, request.parallel_tool_calls, template)
 
 
-def constraint_of(
-    loaded: LoadedModel, request: Request, tools: ToolPlan | None = None, splitter: Splitter | None = None
-) -> tuple[Format | None, str | None]:
-    """What ``request``'s answer must follow, and the text after which (None: from its start)."""
-    return constraint_for(tools or tool_plan(loaded, request), request.response_format, splitter)
-
-
 def constraint_for(
     tools: ToolPlan | None, fmt: Format | None, splitter: Splitter | None
 ) -> tuple[Format | None, str | None]:
-    """A request's tool calls (``tool_choice``: the call is the constraint) before its format
-    ``fmt``. Where the prompt opened a reasoning model's thinking (``splitter``), the format applies
+    """What an answer must follow, and the text after which (None: from its start): a request's tool
+    calls (``tool_choice``: the call is the constraint) before its format ``fmt``. Where the prompt opened a reasoning model's thinking (``splitter``), the format applies
     after its close marker: the thinking stays free, the answer is the document."""
     planned = tools.constraint() if tools is not None else None
     if planned is not None:
@@ -271,7 +264,7 @@ class Generation:
         self._splitter = reasoning_splitter(loaded, request, tokens)
         self.on_reasoning: Callable[[str], None] | None = None  # each piece of thinking, as it comes
         self._tools = tool_plan(loaded, request)
-        constraint, after = constraint_of(loaded, request, self._tools, self._splitter)
+        constraint, after = constraint_for(self._tools, request.response_format, self._splitter)
         self._steps = loaded.model.generate(
             tokens, request.sampling, stats, max_tokens=request.max_tokens or request.default_max_tokens,
             stop=tuple(dict.fromkeys((*request.stop, *stops))), ignore_eos=request.ignore_eos,

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from localinfer.embedding import Embedding
     from localinfer.engine.batch import BatchStats, SeqJob
     from localinfer.engine.embed import Embedder
+    from localinfer.toolcalls.plan import ToolPlan
     from localinfer.generate import LoadedModel
     from localinfer.reasoning import Thinking
     from localinfer.request import Request
@@ -79,13 +80,13 @@ class LocalBackend(Backend):
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt, constraint_of, reasoning_splitter, tool_plan
+        from localinfer.generate import build_prompt, constraint_for, reasoning_splitter, tool_plan
         from localinfer.reasoning import Thinking
         from localinfer.toolcalls.plan import finish_reason
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
-        started: dict[int, tuple[BatchRequest, float, int, Request, Thinking | None]] = {}
+        started: dict[int, tuple[BatchRequest, float, int, Request, Thinking | None, ToolPlan | None]] = {}
         decoder = BatchDecoder(loaded.model, parallel)
 
         def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
@@ -107,9 +108,10 @@ class LocalBackend(Backend):
                     continue
                 split = reasoning_splitter(loaded, request, tokens)
                 thinking = None if split is None else Thinking(split)
-                started[index] = (item, t0, dropped, request, thinking)
+                tools = tool_plan(loaded, request)  # kept: the answer's calls are parsed with it
+                started[index] = (item, t0, dropped, request, thinking, tools)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
-                constraint, after = constraint_of(loaded, request, splitter=split)
+                constraint, after = constraint_for(tools, request.response_format, split)
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
                              constraint=constraint, constraint_after=after, logprobs=request.logprobs,
                              on_text=thinking.feed if thinking is not None else None)  # fmt: skip
@@ -120,7 +122,7 @@ class LocalBackend(Backend):
             for res in decoder.run(jobs()):
                 while outbox:
                     yield outbox.popleft()
-                item, t0, dropped, request, thinking = started.pop(res.key)
+                item, t0, dropped, request, thinking, tools = started.pop(res.key)
                 if res.error is not None:
                     yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
                     continue
@@ -134,7 +136,6 @@ class LocalBackend(Backend):
                     answer.reasoning_tokens = min(thinking.tokens, res.stats.completion_tokens)
                     answer.ttft_s, answer.reasoning_ttft_s = (None if t is None else t - res.t_admit
                                                               for t in (thinking.t_text, thinking.t_reasoning))  # fmt: skip
-                tools = tool_plan(loaded, request)
                 if tools is not None:  # the calls are parsed out of the answer, after the thinking
                     answer.text, calls = tools.parse(answer.text)
                     if calls:
