@@ -11,7 +11,7 @@ import pytest
 from structured_corpus import CORPUS
 
 from localinfer.engine.types import GenerationStats, SamplingOptions
-from localinfer.structured import JSON_OBJECT, FormatError, from_grammar, from_schema
+from localinfer.structured import FormatError, from_grammar, from_schema
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +24,11 @@ def smol(smollm2_path):
         yield model
 
 
-# (schema, temperature) where the 135M model can run to max_tokens inside a valid document
-ENDLESS = {("recursive_tree", 0.0), ("recursive_tree", 0.8), ("invoice", 0.8)}
+# Schemas whose documents have no length bound, where the 135M model can run to max_tokens inside a
+# valid document at any temperature: a tree may be as deep as it likes, JSON bounds no number's digits.
+# Which (schema, temperature) loops depends on the CPU's float rounding (invoice loops greedy on an
+# AMD EPYC, at 0.8 on an AMX Xeon), so the bound is the schema's, not one machine's observation.
+ENDLESS = {"recursive_tree", "invoice"}
 
 
 def _keys(schema: object) -> set[str]:
@@ -43,10 +46,9 @@ def _keys(schema: object) -> set[str]:
 def test_corpus_answers_validate(smol, name, temperature):
     schema, prompt = CORPUS[name]
     r = smol.generate(prompt, json_schema=schema, temperature=temperature, seed=7, max_tokens=400)
-    if (name, temperature) in ENDLESS and r.finish_reason == "length":
-        # Seen here: SmolLM2-135M nests "children" until max_tokens (a tree may be as deep as it likes),
-        # or at 0.8 writes a price's digits until then (JSON bounds no number's digits). The constraint
-        # held: the document is reported incomplete and its prefix uses only the schema's keys.
+    if name in ENDLESS and r.finish_reason == "length":
+        # SmolLM2-135M nests "children" until max_tokens, or writes a price's digits until then. The
+        # constraint held: the document is reported incomplete and its prefix uses only the schema's keys.
         assert r.stats.stats.document == "incomplete"
         assert set(re.findall(r'"(\w+)":', r.text)) <= _keys(schema), r.text
         return
@@ -94,8 +96,11 @@ def test_start_marker_leaves_the_text_before_it_free(smol):
     # unconstrained, this answer opens with a code fence (```python...): the constraint starts after it
     prompt = m.tokenize("<|im_start|>user\nWrite Python code that parses JSON.<|im_end|>\n<|im_start|>assistant\n", parse_special=True)
     stats = GenerationStats()
+    # a schema with one bounded document, so it completes within max_tokens on any CPU (a free JSON
+    # object may nest until then: seen on an AMD EPYC)
+    bounded = from_schema({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False})
     text = "".join(s.text for s in m.generate(prompt, SamplingOptions(temperature=0), stats, max_tokens=120,
-                                              constraint=JSON_OBJECT, constraint_after="```"))  # fmt: skip
+                                              constraint=bounded, constraint_after="```"))  # fmt: skip
     assert text.startswith("```"), text
     assert isinstance(json.loads(text[text.index("{"):]), dict) and stats.document == "complete"
 
