@@ -70,6 +70,44 @@ def test_every_command_taking_a_group_shows_each_of_its_flags_as_declared_once(g
             assert not {p.name for p in command.params} & set(declared) - own_elsewhere.get(name, set()), name
 
 
+# The common flags: run declares each with the same alias (its help shows them in its own order),
+# batch has no --force, serve no --quiet, bench its own --quiet and --verbose; pull its own --offline.
+COMMON_COMMANDS = {"run": (), "chat": (), "batch": ("force",), "embed": (), "serve": ("quiet",), "bench": ("quiet", "verbose")}
+
+
+def test_the_common_flags_are_declared_once_and_shown_alike_by_each_command():
+    declared = _declared(o.COMMON)
+    assert set(declared) == {"force", "offline", "no_log", "quiet", "verbose"}
+    commands = _commands()
+    for name, command in commands.items():
+        shown = {p.name: _described(p) for p in command.params}
+        own = COMMON_COMMANDS.get(name)
+        if own is None:
+            assert not set(shown) & set(declared) - ({"offline"} if name == "pull" else set()), name
+            continue
+        for flag, description in declared.items():
+            if flag not in own:
+                assert shown.get(flag) == description, (name, flag)
+
+
+def test_a_group_reads_the_flags_of_another_whichever_comes_first():
+    """The load group's --verbose comes from the common group, declared before or after it."""
+    seen = {}
+
+    def first(flags: object = o.COMMON, load: object = o.LOAD) -> None:
+        seen.update(first=(flags.verbose, load.verbose))
+
+    def second(load: object = o.LOAD, flags: object = o.COMMON) -> None:
+        seen.update(second=(flags.verbose, load.verbose))
+
+    for command in (first, second):
+        app = typer.Typer()
+        app.command()(o.grouped(command))
+        res = CliRunner().invoke(app, ["--verbose"])
+        assert res.exit_code == 0, res.output
+    assert seen == {"first": (True, True), "second": (True, True)}
+
+
 def test_the_command_body_gets_one_ready_value_for_each_group(monkeypatch):
     seen = {}
     app = typer.Typer()

@@ -132,7 +132,7 @@ def test_a_load_registers_its_rpc_servers_once(smollm2_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_bench_registers_the_rpc_servers_of_all_its_configurations_once(smollm2_path, monkeypatch):
-    from localinfer.bench import method
+    from localinfer.bench import method, sweep
     from localinfer.engine.types import LoadOptions
     from localinfer.store import resolve_model
 
@@ -140,5 +140,5 @@ def test_a_bench_registers_the_rpc_servers_of_all_its_configurations_once(smollm
     monkeypatch.setattr(rpc, "add_servers", lambda endpoints: calls.append(tuple(endpoints)) or [])
     configs = [LoadOptions(n_threads=t, rpc_servers=("10.0.0.2:50052",)) for t in (1, 2)]
     tests = method.expand_tests((8,), (), (), (0,))
-    results = list(method.run_bench([resolve_model(str(smollm2_path))], configs, tests, 1, warmup=False))
+    results = list(sweep.run_bench([resolve_model(str(smollm2_path))], configs, tests, 1, warmup=False))
     assert len(results) == 2 and calls == [("10.0.0.2:50052", "10.0.0.2:50052")]  # add_servers dedupes

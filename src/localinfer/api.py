@@ -105,51 +105,34 @@ class Model(LocalBackend):
         self,
         prompt: str | Messages,
         *,
-        system: str | None = None,
-        raw: bool = False,
-        max_tokens: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
         top_k: int | None = None,
         min_p: float | None = None,
         repeat_penalty: float | None = None,
         seed: int | None = None,
-        stop: Sequence[str] = (),
-        on_overflow: str = "error",
-        ignore_eos: bool = False,
         sampling: SamplingOptions | None = None,
-        response_format: Any = None,
-        json_schema: Any = None,
-        grammar: str | None = None,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-        parallel_tool_calls: bool = True,
-        logprobs: int | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        reasoning_format: str | None = None,
+        **fields: Any,
     ) -> Request:
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
-        ``sampling``: all the sampler's settings at once, instead of one by one. The answer is JSON
-        with ``response_format`` ("json", OpenAI's object, or a structured.Format) or ``json_schema``
-        (a schema or its text), or follows ``grammar`` (GBNF); a bad one raises FormatError.
-        ``tools`` and ``tool_choice``: OpenAI's shapes; the calls come back in ``Response.tool_calls``.
-        ``logprobs=N``: each answer token's log probability and the N likeliest alternatives (0-20),
-        in ``Response.logprobs`` (OpenAI's content shape). ``chat_template_kwargs``: the template's
-        variables (``{"enable_thinking": False}``); ``reasoning_format="none"``: a reasoning
-        model's thinking stays in the text."""
+        ``sampling``: all the sampler's settings at once, instead of one by one. ``fields``: the rest
+        of :func:`localinfer.request.build`'s: ``system``, ``raw``, ``max_tokens``, ``stop``,
+        ``on_overflow``, ``ignore_eos``... The answer is JSON with ``response_format`` ("json",
+        OpenAI's object, or a structured.Format) or ``json_schema`` (a schema or its text), or
+        follows ``grammar`` (GBNF); a bad one raises FormatError. ``tools`` and ``tool_choice``:
+        OpenAI's shapes; the calls come back in ``Response.tool_calls``. ``logprobs=N``: each answer
+        token's log probability and the N likeliest alternatives (0-20), in ``Response.logprobs``
+        (OpenAI's content shape). ``chat_template_kwargs``: the template's variables
+        (``{"enable_thinking": False}``); ``reasoning_format="none"``: a reasoning model's thinking
+        stays in the text."""
         if sampling is None:
             given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repeat_penalty": repeat_penalty, "seed": seed}  # fmt: skip
             sampling = SamplingOptions(**{k: v for k, v in given.items() if v is not None})
         # A base model never chooses to stop a plain completion: without a limit it writes until
         # the context is full (4,000 tokens of repeats). llama-completion's -n -1 does that too.
-        return super().request(prompt, system=system, raw=raw, max_tokens=max_tokens, default_max_tokens=DEFAULT_COMPLETION_TOKENS,
-                               sampling=sampling, stop=stop, on_overflow=on_overflow, ignore_eos=ignore_eos,
-                               response_format=response_format, json_schema=json_schema, grammar=grammar,
-                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                               logprobs=logprobs, chat_template_kwargs=chat_template_kwargs,
-                               reasoning_format=reasoning_format)  # fmt: skip
+        return super().request(prompt, sampling=sampling, default_max_tokens=DEFAULT_COMPLETION_TOKENS, **fields)
 
     def stream(self, prompt: str | Messages, **options: Any) -> Iterator[Chunk]:
         """The answer as it is generated; the last chunk carries the stats (``request`` for the options)."""

@@ -4,9 +4,9 @@ backend and build columns), and how the bench loads a model: as every command do
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from localinfer.engine.model import Model
@@ -36,6 +36,18 @@ class ModelFacts:
             quant=resolved.info.quantization, size_bytes=model.size_bytes, n_params=model.n_params,
             backend=backend_name(n_gpu_layers),
         )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every result says of the load it was measured under (llama-bench's model and params
+    columns): the fields BenchResult and ParallelResult begin with."""
+
+    model: ModelFacts
+    options: LoadOptions
+    n_threads: int
+    n_ctx: int
+    n_batch: int
 
 
 def build_version() -> str:

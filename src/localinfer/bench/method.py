@@ -13,24 +13,24 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from localinfer.bench.facts import ModelFacts, Progress, build_version, loaded_model
-from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+from localinfer.bench.facts import Progress, Setup
+from localinfer.engine.types import GenerationStats, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
     from localinfer.usage.cost import Pricing
     from localinfer.engine.model import Model
-    from localinfer.store import ResolvedModel
     from localinfer.structured import Format
 
 # The sampler chain of `run` with its defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8),
 # with a fixed seed: sampling is part of what a real request pays for each token.
 BENCH_SAMPLING = SamplingOptions(seed=1234)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,9 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class BenchResult:
+class BenchResult(Setup):
     """One test of one model under one configuration, with every repetition kept."""
 
-    model: ModelFacts
-    options: LoadOptions
-    n_threads: int
-    n_ctx: int
-    n_batch: int
     test: BenchTest
     reps: tuple[Rep, ...]
     sampling: str = "default"
@@ -305,14 +300,23 @@ def run_test(
     """Warm up once (a pp of n_prompt tokens and/or one decode, as llama-bench), then ``reps`` times."""
     if reps < 1:
         raise UsageError("--repetitions must be at least 1")
+    warm = BenchTest(n_prompt=test.n_prompt, n_gen=min(test.n_gen, 1))
+    return repeated(lambda rng, first: measure(model, warm if first else test, rng, sampling, constraint),
+                    reps, warmup=warmup, seed=seed, progress=progress, label=test.name)  # fmt: skip
+
+
+def repeated(once: Callable[[random.Random, bool], T], reps: int, *, warmup: bool, seed: int,
+             progress: Progress | None, label: str) -> tuple[T, ...]:  # fmt: skip
+    """``once(rng, warm_up)`` untimed once (unless not ``warmup``), then ``reps`` times, the random
+    prompts of all drawn from one generator seeded with ``seed``."""
     rng = random.Random(seed)
     if warmup:
-        measure(model, BenchTest(n_prompt=test.n_prompt, n_gen=min(test.n_gen, 1)), rng, sampling, constraint)
+        once(rng, True)
     out = []
     for i in range(reps):
         if progress:
-            progress(f"{test.name}: repetition {i + 1}/{reps}")
-        out.append(measure(model, test, rng, sampling, constraint))
+            progress(f"{label}: repetition {i + 1}/{reps}")
+        out.append(once(rng, False))
     return tuple(out)
 
 
@@ -330,56 +334,8 @@ def context_for(tests: Sequence[BenchTest], requested: int | None) -> int:
     return requested
 
 
-def run_bench(
-    models: Sequence[ResolvedModel],
-    configs: Sequence[LoadOptions],
-    tests: Sequence[BenchTest],
-    reps: int,
-    *,
-    warmup: bool = True,
-    seed: int = 0,
-    sampling: SamplingOptions = BENCH_SAMPLING,
-    progress: Progress | None = None,
-    force: bool = False,
-    constraint: Format | None = None,
-) -> Iterator[BenchResult]:
-    """Every test, for every model under every configuration; results come as they are measured.
-
-    A configuration's ``n_ctx`` of None means "just what the tests need". Each (model,
-    configuration) pair loads the model once (the file stays in the page cache after the first).
-    With a ``constraint``, a test that generates is measured again under it, in the next row.
-    """
+def now() -> str:
+    """A result's test_time: local time, to the second."""
     import datetime
 
-    from localinfer.engine.rpc import add_servers
-
-    add_servers(s for c in configs for s in c.rpc_servers)  # before any load: llama.cpp picks its devices then
-    build = build_version()
-    for resolved in models:
-        for options in configs:
-            opts = replace(options, n_ctx=context_for(tests, options.n_ctx))
-            if progress:
-                progress(f"loading {resolved.name} (threads {opts.n_threads or 'default'}, ctx {opts.n_ctx})")
-            with loaded_model(resolved, opts, progress, force=force) as model:
-                facts = ModelFacts.of(resolved, model, opts.n_gpu_layers)
-                for test in tests:
-                    reps_done = run_test(
-                        model, test, reps, warmup=warmup, seed=seed, sampling=sampling, progress=progress
-                    )
-                    plain = BenchResult(
-                        model=facts,
-                        options=opts,
-                        n_threads=model.n_threads,
-                        n_ctx=model.n_ctx,
-                        n_batch=model.n_batch,
-                        test=test,
-                        reps=reps_done,
-                        sampling="greedy" if sampling.greedy else "default",
-                        build=build,
-                        test_time=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                    )
-                    yield plain
-                    if constraint is not None and test.n_gen > 0:
-                        reps_done = run_test(model, test, reps, warmup=warmup, seed=seed, sampling=sampling,
-                                             progress=progress, constraint=constraint)  # fmt: skip
-                        yield replace(plain, reps=reps_done, constraint=constraint.kind, plain_avg_ts=plain.avg_ts)
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")

@@ -10,16 +10,15 @@ steps), and every sequence's TTFT and latency from the moment the N requests arr
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.bench.facts import ModelFacts, Progress, build_version, loaded_model
-from localinfer.bench.method import BENCH_SAMPLING, bos_token, mean_sd, random_tokens
+from localinfer.bench.facts import Progress, Setup
+from localinfer.bench.method import BENCH_SAMPLING, BenchTest, bos_token, mean_sd, now, random_tokens, repeated
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_ms as _ms
@@ -28,7 +27,6 @@ from localinfer.units import json_number as _r
 if TYPE_CHECKING:
     from localinfer.usage.cost import Pricing
     from localinfer.engine.model import Model
-    from localinfer.store import ResolvedModel
 
 
 @dataclass(frozen=True)
@@ -95,14 +93,9 @@ def measure_parallel(
 
 
 @dataclass(frozen=True)
-class ParallelResult:
+class ParallelResult(Setup):
     """One shape (prompt, generation) at one level of concurrency, every repetition kept."""
 
-    model: ModelFacts
-    options: LoadOptions
-    n_threads: int
-    n_ctx: int
-    n_batch: int
     n_parallel: int
     n_prompt: int
     n_gen: int
@@ -158,56 +151,38 @@ class ParallelResult:
         return out
 
 
-def shapes_for(n_prompt: Sequence[int], n_gen: Sequence[int], pg: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+def shapes_for(n_prompt: Sequence[int], n_gen: Sequence[int], pg: Sequence[tuple[int, int]]) -> tuple[BenchTest, ...]:
     """The request shapes to serve in parallel: the --pg pairs, else the first -p with the first -n."""
     if pg:
-        return tuple(pg)
+        return tuple(BenchTest(n_prompt=p, n_gen=n) for p, n in pg)
     p = next((x for x in n_prompt if x > 0), 0)
     n = next((x for x in n_gen if x > 0), 0)
     if p <= 0 or n <= 0:
         raise UsageError("--parallel needs a prompt size and a generation size", hint="give -p and -n, or --pg P,N")
-    return ((p, n),)
+    return (BenchTest(n_prompt=p, n_gen=n),)
 
 
-def run_parallel(
-    models: Sequence[ResolvedModel],
-    configs: Sequence[LoadOptions],
-    shapes: Sequence[tuple[int, int]],
-    levels: Sequence[int],
-    reps: int,
-    *,
-    warmup: bool = True,
-    seed: int = 0,
-    sampling: SamplingOptions = BENCH_SAMPLING,
-    progress: Progress | None = None,
-    force: bool = False,
-) -> Iterator[ParallelResult]:
-    """Every shape at every level, for every model and configuration (one load per level)."""
+def level_loads(shapes: Sequence[BenchTest], levels: Sequence[int]) -> Callable[[LoadOptions], Iterator[tuple[LoadOptions, int, str]]]:
+    """One load of a configuration per level, each sequence with room for the largest shape."""
     from localinfer.batch.job import batch_load_options
-    from localinfer.engine.rpc import add_servers
 
-    add_servers(s for c in configs for s in c.rpc_servers)  # before any load: llama.cpp picks its devices then
-    per_seq = max(p + n for p, n in shapes) + 1
-    build = build_version()
-    for resolved in models:
-        for options in configs:
-            for level in levels:
-                opts = batch_load_options(options, parallel=level, ctx_per_seq=max(per_seq, options.n_ctx or 0))
-                if progress:
-                    progress(f"loading {resolved.name} for {level} parallel sequences (ctx {opts.n_ctx})")
-                with loaded_model(resolved, opts, progress, force=force) as model:
-                    facts = ModelFacts.of(resolved, model, opts.n_gpu_layers)
-                    for p, n in shapes:
-                        rng = random.Random(seed)
-                        if warmup:
-                            measure_parallel(model, level, p, 1, rng, sampling)
-                        done = []
-                        for i in range(reps):
-                            if progress:
-                                progress(f"pp{p}+tg{n} x{level}: repetition {i + 1}/{reps}")
-                            done.append(measure_parallel(model, level, p, n, rng, sampling))
-                        yield ParallelResult(
-                            model=facts, options=opts, n_threads=model.n_threads, n_ctx=model.n_ctx,
-                            n_batch=model.n_batch, n_parallel=level, n_prompt=p, n_gen=n, reps=tuple(done),
-                            build=build, test_time=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                        )
+    per_seq = max(t.n_prompt + t.n_gen for t in shapes) + 1
+
+    def loads(options: LoadOptions) -> Iterator[tuple[LoadOptions, int, str]]:
+        for level in levels:
+            opts = batch_load_options(options, parallel=level, ctx_per_seq=max(per_seq, options.n_ctx or 0))
+            yield opts, level, f"for {level} parallel sequences (ctx {opts.n_ctx})"
+
+    return loads
+
+
+def serve_tests(
+    model: Model, level: int, shapes: Sequence[BenchTest], reps: int, stamp: dict[str, Any], *, warmup: bool, seed: int,
+    sampling: SamplingOptions, progress: Progress | None,
+) -> Iterator[ParallelResult]:  # fmt: skip
+    """Every shape served ``level`` requests at a time (``stamp``: the result fields of the load)."""
+    for shape in shapes:
+        p, n = shape.n_prompt, shape.n_gen
+        done = repeated(lambda rng, warm: measure_parallel(model, level, p, 1 if warm else n, rng, sampling),
+                        reps, warmup=warmup, seed=seed, progress=progress, label=f"pp{p}+tg{n} x{level}")  # fmt: skip
+        yield ParallelResult(**stamp, n_parallel=level, n_prompt=p, n_gen=n, reps=done, test_time=now())

@@ -63,10 +63,7 @@ def batch(
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
     ctx_size: CtxPerSeqOpt = None,
     base: o.Load = o.LOAD.without("ctx_size"),
-    offline: o.OfflineOpt = False,
-    no_log: o.NoLogOpt = False,
-    quiet: o.QuietOpt = False,
-    verbose: o.VerboseOpt = False,
+    flags: o.Common = o.COMMON.without("force"),
     endpoint: o.Server = o.SERVER,
     keep_alive: o.Keep = o.KEEP_ALIVE,
     retries: Annotated[int, typer.Option("--retries", min=0, help="With --endpoint: tries after the first when the server is busy (429/503) or the connection fails.", rich_help_panel=o._SERVER)] = 4,
@@ -80,7 +77,7 @@ def batch(
         from localinfer.render.batch import make_progress, print_summary
         from localinfer.render.stats import warn
 
-        say = (lambda msg: None) if quiet else warn
+        say = (lambda msg: None) if flags.quiet else warn
         if resume and output is None:
             raise UsageError("--resume needs --output FILE (the results to resume from)")
         if output is not None and input != "-" and output.exists() and output.resolve() == Path(input).resolve():
@@ -95,7 +92,7 @@ def batch(
         if not pending:
             if output is not None and not resume:
                 output.write_bytes(b"")
-            if not quiet:
+            if not flags.quiet:
                 print_summary(summary)
             return
         from localinfer.cli.backend import open_backend
@@ -113,7 +110,7 @@ def batch(
             parallel = parallel or DEFAULT_PARALLEL
         # a wrong URL or key, like a model that will not load, writes nothing: the output is opened after
         backend = open_backend(endpoint=endpoint, model=model, load_options=load_opts,
-                               offline=offline, on_note=say, pool=parallel or 1, retries=retries, keep_alive=keep_alive)  # fmt: skip
+                               offline=flags.offline, on_note=say, pool=parallel or 1, retries=retries, keep_alive=keep_alive)  # fmt: skip
         assert parallel is not None
         try:
             if getattr(backend, "loaded", None) is not None:  # a template the sandbox refuses fails the job now
@@ -131,10 +128,10 @@ def batch(
                 logprobs=logprobs,
             )
             sink = batchio.JsonlSink(path=output, append=resume) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
-            show = None if quiet else make_progress(len(pending))
+            show = None if flags.quiet else make_progress(len(pending))
             from localinfer.usage.recorder import RequestLog
 
-            log = RequestLog("batch", backend, no_log=no_log, extra={"parallel": parallel}, warn=warn)
+            log = RequestLog("batch", backend, no_log=flags.no_log, extra={"parallel": parallel}, warn=warn)
             try:
                 batchjob.execute(
                     pending, backend, parallel, defaults, log.wrap(sink),

@@ -99,9 +99,7 @@ def bench(
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format on stdout.")] = OutputFormat.table,
     progress: Annotated[bool, typer.Option("--progress", help="Progress lines on stderr even when it is not a terminal.")] = False,
     response_format: o.ResponseFormat = o.FORMAT,
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
-    no_log: o.NoLogOpt = False,
+    flags: o.Common = o.COMMON.only("force", "offline", "no_log"),  # its own --quiet and --verbose
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr; only the results on stdout.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log while models load and run.")] = False,
     endpoint: o.Server = o.SERVER,
@@ -127,11 +125,12 @@ def bench(
         return lt.run(
             endpoint, model=model, rate=rate, requests=requests, burstiness=burstiness,
             max_concurrency=max_concurrency, input_len=input_len, output_len=output_len, dataset=dataset, slo=slo,
-            percentiles=percentiles, sweep=sweep, report=report, seed=seed, output=output.value, no_log=no_log,
+            percentiles=percentiles, sweep=sweep, report=report, seed=seed, output=output.value, no_log=flags.no_log,
             quiet=quiet, local_only=local_only,
         )  # fmt: skip
     with handle_errors():
         from localinfer.bench import method as core
+        from localinfer.bench.sweep import run_bench
         from localinfer.usage import history
         from localinfer.render.bench import Writer
         from localinfer.render.stats import warn
@@ -156,32 +155,23 @@ def bench(
             from localinfer.errors import UsageError
 
             raise UsageError("--json-schema, --grammar and --format measure pp/tg tests, not --parallel")
-        shapes = _shapes(n_prompt, n_gen, pg) if parallel_levels else ()
-        resolved = [resolve_model(m, offline=offline, pull_progress=make_progress()) for m in _models(model)]
+        if parallel_levels:  # each a prompt and a generation, served N at a time
+            tests = _shapes(n_prompt, n_gen, pg)
+        resolved = [resolve_model(m, offline=flags.offline, pull_progress=make_progress()) for m in _models(model)]
         say = _progress_sink(quiet=quiet, forced=progress)
         writer = Writer(output.value, pricing)
-        log = history.logging_enabled(no_log)
+        log = history.logging_enabled(flags.no_log)
+        record = _parallel_record if parallel_levels else _record
         current = None
         try:
-            for result in () if parallel_levels else core.run_bench(
-                resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say, force=force,
-                constraint=response_format,
+            for result in run_bench(
+                resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say, force=flags.force,
+                constraint=response_format, parallel=parallel_levels,
             ):
                 current = result.model
                 writer.add(result.to_json(pricing))
                 if log:
-                    history.append(_record(result), warn=warn)
-            if parallel_levels:
-                from localinfer.bench.parallel import run_parallel
-
-                for presult in run_parallel(
-                    resolved, configs, shapes, parallel_levels, repetitions, warmup=not no_warmup, seed=seed, progress=say,
-                    force=force,
-                ):
-                    current = presult.model
-                    writer.add(presult.to_json(pricing))
-                    if log:
-                        history.append(_parallel_record(presult), warn=warn)
+                    history.append(record(result), warn=warn)
         except BaseException as exc:
             if log and resolved:
                 model_name = current.name if current is not None else resolved[0].name

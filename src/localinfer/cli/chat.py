@@ -26,11 +26,7 @@ def chat(
     response_format: o.ResponseFormat = o.FORMAT,
     template_vars: o.TemplateVars = o.TEMPLATE,
     load_opts: o.Load = o.LOAD,
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
-    no_log: o.NoLogOpt = False,
-    quiet: o.QuietOpt = False,
-    verbose: o.VerboseOpt = False,
+    flags: o.Common = o.COMMON,
     endpoint: o.Server = o.SERVER,
     keep_alive: o.Keep = o.KEEP_ALIVE,
 ) -> None:
@@ -48,11 +44,11 @@ def chat(
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)
         session = ChatSession(
             load_opts=load_opts,
-            offline=offline,  # with HF_HUB_OFFLINE, applied by resolve_model
-            force=force,
-            quiet=quiet,
-            verbose=verbose,
-            no_log=no_log,
+            offline=flags.offline,  # with HF_HUB_OFFLINE, applied by resolve_model
+            force=flags.force,
+            quiet=flags.quiet,
+            verbose=flags.verbose,
+            no_log=flags.no_log,
             interactive=interactive,
             endpoint=endpoint,  # a server: nothing is loaded here
             keep_alive=keep_alive,  # the model stays loaded in the resident server

@@ -48,11 +48,7 @@ def embed(
     input_format: Annotated[InputFormat, typer.Option("--input-format", help="Input format (as batch's); auto: JSONL if the first line starts with '{'.", rich_help_panel=_EMBED)] = InputFormat.auto,
     ctx_size: EmbedCtxOpt = None,
     base: o.Load = o.LOAD.without("ctx_size"),
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
-    no_log: o.NoLogOpt = False,
-    quiet: o.QuietOpt = False,
-    verbose: o.VerboseOpt = False,
+    flags: o.Common = o.COMMON,
     endpoint: o.Server = o.SERVER,
 ) -> None:
     """Embed texts (one vector per line) with a local model or a server's /v1/embeddings."""
@@ -66,11 +62,11 @@ def embed(
         from localinfer.render.stats import warn
         from localinfer.usage.recorder import record_embeddings
 
-        say = (lambda msg: None) if quiet else warn
+        say = (lambda msg: None) if flags.quiet else warn
         if output is not None:
             batchio.check_output(output)
         items = embedding.parse_lines(_read(input), input_format.value)
-        backend = open_backend(endpoint=endpoint, model=model, offline=offline, force=force, on_note=say,
+        backend = open_backend(endpoint=endpoint, model=model, offline=flags.offline, force=flags.force, on_note=say,
                                load_options=lambda _resolved: dataclasses.replace(base, n_ctx=GENERATION_CTX))  # fmt: skip
         t0 = time.perf_counter()
         summary, status = embedding.EmbedSummary(inputs=len(items)), 1
@@ -78,16 +74,16 @@ def embed(
             sink = batchio.JsonlSink(path=output) if output is not None else batchio.JsonlSink(stream=sys.stdout.buffer)
             try:
                 summary = embedding.run(items, backend, sink, normalize=normalize, pooling=pooling.value if pooling else None,
-                                        truncate=truncate, n_ctx=ctx_size, on_done=None if quiet else EmbedProgress(len(items)))  # fmt: skip
+                                        truncate=truncate, n_ctx=ctx_size, on_done=None if flags.quiet else EmbedProgress(len(items)))  # fmt: skip
                 status = 0
             finally:
                 sink.close()
         finally:
             wall = time.perf_counter() - t0
             record_embeddings("embed", backend, inputs=summary.inputs, embedded=summary.embedded, tokens=summary.tokens,
-                              total_s=wall, load_s=getattr(backend, "load_s", None), exit_status=status, no_log=no_log, warn=warn)  # fmt: skip
+                              total_s=wall, load_s=getattr(backend, "load_s", None), exit_status=status, no_log=flags.no_log, warn=warn)  # fmt: skip
             backend.close()
-        if not quiet:
+        if not flags.quiet:
             print_summary(summary, wall, backend.name if endpoint is None else f"{backend.name} @ {backend.endpoint}")
 
 

@@ -1,17 +1,15 @@
 """Option types shared by the commands (Annotated aliases, as huggingface_hub's CLI does), and the
-option groups (load, sampling, cost, server, format) that a command takes as one plain value for the core."""
+option groups (common, load, sampling, cost, server, format...) that a command takes as one plain value
+for the core (how a group is attached: cli/groups.py)."""
 
-import copy
 import enum
-import functools
-import inspect
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeAlias
 
 import typer
 
 from localinfer import rules
+from localinfer.cli.groups import OptionGroup, grouped  # noqa: F401 - what commands decorate with
 from localinfer.engine import defaults as DEFAULTS  # noqa: N812 - sampling defaults, read in signatures
 from localinfer.errors import UsageError
 
@@ -144,75 +142,19 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
     return v
 
 
-# Option groups: flags that several commands take, declared once as the parameters of the function
-# that turns them into the one value a command receives (as simonw/llm's option decorators do).
+class Flags:
+    """What the common group gives a command: its --force, --offline, --no-log, --quiet, --verbose
+    (False for a flag the command does not take)."""
+
+    __slots__ = ("force", "offline", "no_log", "quiet", "verbose")
+
+    def __init__(self, force: bool, offline: bool, no_log: bool, quiet: bool, verbose: bool) -> None:
+        self.force, self.offline, self.no_log, self.quiet, self.verbose = force, offline, no_log, quiet, verbose
 
 
-class OptionGroup:
-    """Flags declared once (the parameters of ``declare``) that a command takes as one value: a
-    parameter whose default is the group (``load_opts: o.Load = o.LOAD``), under :func:`grouped`.
-
-    A plain class, not a dataclass: building one is part of every ``--help``."""
-
-    __slots__ = ("declare", "flags", "defaults", "reads", "local_only")
-
-    def __init__(self, declare: Callable[..., Any], *, local_only: bool = False) -> None:
-        params = [_resolved(p, declare.__globals__) for p in inspect.signature(declare).parameters.values()]
-        self.declare = declare
-        self.flags = tuple(p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)  # what a command shows, in order
-        self.defaults = {p.name: p.default for p in self.flags}  # for the flags a command leaves out
-        self.reads = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)  # the command's own, e.g. verbose
-        self.local_only = local_only  # with --endpoint nothing is loaded here: no value, the flags unread
-
-    def _with(self, flags: tuple[inspect.Parameter, ...]) -> "OptionGroup":
-        part = copy.copy(self)
-        part.flags = flags
-        return part
-
-    def only(self, *names: str) -> "OptionGroup":
-        """These flags alone, in this order (the command declares its own variant of the others)."""
-        by_name = {p.name: p for p in self.flags}
-        return self._with(tuple(by_name[n] for n in names))
-
-    def without(self, *names: str) -> "OptionGroup":
-        return self._with(tuple(p for p in self.flags if p.name not in names))
-
-    def value(self, given: dict[str, Any], command: dict[str, Any]) -> Any:
-        if self.local_only and command.get("endpoint"):
-            return None
-        return self.declare(**{**self.defaults, **given}, **{k: command[k] for k in self.reads if k in command})
-
-
-def _resolved(param: inspect.Parameter, namespace: dict[str, Any]) -> inspect.Parameter:
-    """The parameter with its annotation evaluated (postponed by ``from __future__ import annotations``),
-    as ``inspect.signature(eval_str=True)`` would, but for this one parameter."""
-    if isinstance(param.annotation, str):
-        return param.replace(annotation=eval(param.annotation, namespace))  # noqa: S307 - our own source
-    return param
-
-
-def grouped(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The command with each group parameter replaced by the group's flags in its signature (Typer
-    builds the options from ``inspect.signature``), and called with the group's value in their place."""
-    signature = inspect.signature(command)
-    groups = {p.name: p.default for p in signature.parameters.values() if isinstance(p.default, OptionGroup)}
-    params: list[inspect.Parameter] = []
-    for p in signature.parameters.values():
-        params.extend(groups[p.name].flags if p.name in groups else (_resolved(p, command.__globals__),))
-
-    @functools.wraps(command)
-    def with_groups(**kwargs: Any) -> Any:
-        from localinfer.cli.common import handle_errors
-
-        with handle_errors():  # a bad value in a group is one line, as any other usage error
-            for name, group in groups.items():
-                given = {p.name: kwargs.pop(p.name) for p in group.flags}
-                kwargs[name] = group.value(given, kwargs)
-        return command(**kwargs)
-
-    with_groups.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-    with_groups.__annotations__ = {p.name: p.annotation for p in params if p.annotation is not p.empty}
-    return with_groups
+def _common(force: ForceOpt = False, offline: OfflineOpt = False, no_log: NoLogOpt = False, quiet: QuietOpt = False,
+            verbose: VerboseOpt = False) -> Flags:  # fmt: skip
+    return Flags(force, offline, no_log, quiet, verbose)
 
 
 def _load(
@@ -349,8 +291,8 @@ def _keep_alive(keep_alive: KeepAliveOpt = None, max_models: MaxModelsOpt = None
 
 
 def _resident(keep_alive: Any) -> bool:
-    """Whether --keep-alive is on: read by the load group as the flag's text or the group's value
-    (whichever the command's group order leaves in its arguments)."""
+    """Whether --keep-alive is on: read by the load group as the flag's text (or a group's value,
+    from a caller that passes one)."""
     if keep_alive is None or not isinstance(keep_alive, str):
         return keep_alive is not None
     from localinfer.resident.place import parse_keep_alive
@@ -384,6 +326,7 @@ def _template(
     return out or None
 
 
+COMMON = OptionGroup(_common)  # -> Flags (the load group reads --verbose too)
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
 COST = OptionGroup(_cost, local_only=True)  # -> usage.cost.Pricing (bench, stats)
@@ -395,6 +338,7 @@ LOGPROBS = OptionGroup(_logprobs)  # -> the top N of Request.logprobs (None: off
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
+Common: TypeAlias = Flags
 Load: TypeAlias = "LoadOptions | None"  # None with --endpoint
 Sampling: TypeAlias = "SamplingOptions"
 Cost: TypeAlias = "Pricing | None"  # None with --endpoint

@@ -39,10 +39,7 @@ def serve(
     template_vars: o.TemplateVars = o.TEMPLATE,
     embedding_ctx: Annotated[int, typer.Option("--embedding-ctx", min=16, help="/v1/embeddings: tokens per llama_decode, and so the longest input (its context is made on the first request).", rich_help_panel=_SERVER)] = 512,
     base: o.Load = o.LOAD.without("ctx_size"),
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
-    no_log: o.NoLogOpt = False,
-    verbose: o.VerboseOpt = False,
+    flags: o.Common = o.COMMON.without("quiet"),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings)."""
     with handle_errors():
@@ -57,20 +54,20 @@ def serve(
 
         config = ServeConfig(
             host=host, port=port, parallel=parallel, api_key=api_key or None, max_body=max_body, max_queue=max_queue,
-            drain_s=drain_timeout, no_log=no_log, verbose=verbose,
+            drain_s=drain_timeout, no_log=flags.no_log, verbose=flags.verbose,
             allowed_hosts=tuple(check_allowed_host(h) for h in allowed_host or ()),
             cors_origins=tuple(check_origin(c) for c in cors_origin or ()), max_connections=max_connections,
             header_timeout_s=header_timeout, chat_template_kwargs=template_vars, embedding_ctx=embedding_ctx,
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
-        resolved = resolve_model(model, offline=offline, pull_progress=make_progress())
+        resolved = resolve_model(model, offline=flags.offline, pull_progress=make_progress())
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:
             warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
         options = batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq)
-        server.serve(config, resolved, options, force=force, alias=alias)
+        server.serve(config, resolved, options, force=flags.force, alias=alias)
 
 
 def _import_server():

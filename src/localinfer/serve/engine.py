@@ -385,14 +385,7 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
                 error = f"{type(exc).__name__}: {exc}"
         now = time.perf_counter()
-        outcome = EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error)
-        try:
-            ticket.on_end(outcome)
-            if self._on_step is not None:
-                self._on_step()
-        finally:
-            if self._on_embedded is not None:
-                self._on_embedded(outcome)
+        self._end(ticket, EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error))
 
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)
@@ -412,13 +405,18 @@ class Engine:
             outcome = _with_thinking(outcome, ticket.thinking, ticket.t_arrival)
         self._end(ticket, outcome)
 
-    def _end(self, ticket: Ticket, outcome: Outcome) -> None:
+    def _end(self, ticket: Ticket | EmbedTicket, outcome: Any) -> None:
+        """The outcome (an Outcome, an EmbedOutcome for an EmbedTicket) to its request, then to the
+        engine's hook for it (the usage history)."""
         try:
             ticket.on_end(outcome)
             if self._on_step is not None:
                 self._on_step()
         finally:
-            if self._on_finish is not None:
+            if isinstance(ticket, EmbedTicket):
+                if self._on_embedded is not None:
+                    self._on_embedded(outcome)
+            elif self._on_finish is not None:
                 self._on_finish(ticket, outcome)
 
 

@@ -99,77 +99,72 @@ class ModelShape:
         n_embd = info.embedding_length
         if not arch or not n_layer or not n_embd:
             raise ShapeError("the header has no architecture, block_count or embedding_length")
-        md = info.metadata
-        head = _per_layer(md.get(f"{arch}.attention.head_count"), n_layer, "head_count")
-        head_kv_raw = md.get(f"{arch}.attention.head_count_kv", md.get(f"{arch}.attention.head_count"))
-        head_kv = _per_layer(head_kv_raw, n_layer, "head_count_kv")
-        n_head = max(head) or 1
-        key_len = md.get(f"{arch}.attention.key_length")
-        val_len = md.get(f"{arch}.attention.value_length")
-        lora = md.get(f"{arch}.attention.kv_lora_rank")
-        if isinstance(lora, int) and lora > 0:  # MLA (deepseek2): the cache holds the compressed latent
-            rope = md.get(f"{arch}.rope.dimension_count")
-            key_len, val_len = lora + (rope if isinstance(rope, int) else 64), lora
-            head_kv = tuple(1 if h else 0 for h in head_kv)
-        head_dim_k = key_len if isinstance(key_len, int) and key_len > 0 else n_embd // n_head
-        head_dim_v = val_len if isinstance(val_len, int) and val_len > 0 else head_dim_k
-
-        tensors = list(info.tensors) + list(extra_tensors)
-        layer = [0] * n_layer
-        input_b = output_b = other_b = 0
-        has_output = False
-        embd_shape: tuple[int, ...] = ()
-        for t in tensors:
-            m = re.match(r"blk\.(\d+)\.", t.name)
-            if m and int(m.group(1)) < n_layer:
-                layer[int(m.group(1))] += t.n_bytes
-            elif t.name.startswith("token_embd."):
-                input_b += t.n_bytes
-                if t.name == "token_embd.weight":
-                    embd_shape = t.shape
-            elif t.name.startswith("output"):
-                output_b += t.n_bytes
-                has_output = has_output or t.name == "output.weight"
-            else:
-                other_b += t.n_bytes
-
+        attention = _attention(info.metadata, arch, n_layer, n_embd)
+        weights, embd_shape = _weights(list(info.tensors) + list(extra_tensors), n_layer)
         if info.vocab_size is not None:
             n_vocab = info.vocab_size
         elif len(embd_shape) >= 2:
             n_vocab = embd_shape[1]
         else:
             raise ShapeError("cannot tell the vocabulary size")
+        return cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab, n_ctx_train=info.context_length or 0,
+                   **attention, **_sliding_window(info, arch, n_layer), **weights)  # fmt: skip
 
-        n_swa = info.sliding_window or 0
-        swa_layers = (False,) * n_layer
-        if n_swa > 0:
-            pattern = md.get(f"{arch}.attention.sliding_window_pattern")
-            if isinstance(pattern, list) and len(pattern) == n_layer:
-                swa_layers = tuple(bool(v) for v in pattern)
-            else:
-                n = pattern if isinstance(pattern, int) and pattern > 0 else _SWA_PATTERNS.get(arch)
-                if n:
-                    swa_layers = tuple(il % n < n - 1 for il in range(n_layer))
-        if not any(swa_layers):
-            n_swa = 0
-        return cls(
-            arch=arch,
-            n_layer=n_layer,
-            n_embd=n_embd,
-            n_head=n_head,
-            n_head_kv=head_kv,
-            head_dim_k=head_dim_k,
-            head_dim_v=head_dim_v,
-            n_vocab=n_vocab,
-            n_ctx_train=info.context_length or 0,
-            n_swa=n_swa,
-            swa_layers=swa_layers,
-            layer_bytes=tuple(layer),
-            input_bytes=input_b,
-            output_bytes=output_b,
-            output_tied=not has_output,
-            other_bytes=other_b,
-        )
+
+def _attention(md: dict, arch: str, n_layer: int, n_embd: int) -> dict:
+    """ModelShape's heads (the most of any layer, and the KV heads of each) and head sizes."""
+    head = _per_layer(md.get(f"{arch}.attention.head_count"), n_layer, "head_count")
+    head_kv_raw = md.get(f"{arch}.attention.head_count_kv", md.get(f"{arch}.attention.head_count"))
+    head_kv = _per_layer(head_kv_raw, n_layer, "head_count_kv")
+    n_head = max(head) or 1
+    key_len = md.get(f"{arch}.attention.key_length")
+    val_len = md.get(f"{arch}.attention.value_length")
+    lora = md.get(f"{arch}.attention.kv_lora_rank")
+    if isinstance(lora, int) and lora > 0:  # MLA (deepseek2): the cache holds the compressed latent
+        rope = md.get(f"{arch}.rope.dimension_count")
+        key_len, val_len = lora + (rope if isinstance(rope, int) else 64), lora
+        head_kv = tuple(1 if h else 0 for h in head_kv)
+    head_dim_k = key_len if isinstance(key_len, int) and key_len > 0 else n_embd // n_head
+    head_dim_v = val_len if isinstance(val_len, int) and val_len > 0 else head_dim_k
+    return {"n_head": n_head, "n_head_kv": head_kv, "head_dim_k": head_dim_k, "head_dim_v": head_dim_v}
+
+
+def _weights(tensors: list, n_layer: int) -> tuple[dict, tuple[int, ...]]:
+    """ModelShape's weight bytes by where llama.cpp puts them, and the shape of token_embd.weight."""
+    layer = [0] * n_layer
+    input_b = output_b = other_b = 0
+    has_output = False
+    embd_shape: tuple[int, ...] = ()
+    for t in tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        if m and int(m.group(1)) < n_layer:
+            layer[int(m.group(1))] += t.n_bytes
+        elif t.name.startswith("token_embd."):
+            input_b += t.n_bytes
+            if t.name == "token_embd.weight":
+                embd_shape = t.shape
+        elif t.name.startswith("output"):
+            output_b += t.n_bytes
+            has_output = has_output or t.name == "output.weight"
+        else:
+            other_b += t.n_bytes
+    placed = {"layer_bytes": tuple(layer), "input_bytes": input_b, "output_bytes": output_b, "other_bytes": other_b}
+    return {**placed, "output_tied": not has_output}, embd_shape
+
+
+def _sliding_window(info: GGUFInfo, arch: str, n_layer: int) -> dict:
+    """ModelShape's window (0: none) and which layers use it."""
+    n_swa = info.sliding_window or 0
+    swa_layers = (False,) * n_layer
+    if n_swa > 0:
+        pattern = info.metadata.get(f"{arch}.attention.sliding_window_pattern")
+        if isinstance(pattern, list) and len(pattern) == n_layer:
+            swa_layers = tuple(bool(v) for v in pattern)
+        else:
+            n = pattern if isinstance(pattern, int) and pattern > 0 else _SWA_PATTERNS.get(arch)
+            if n:
+                swa_layers = tuple(il % n < n - 1 for il in range(n_layer))
+    return {"n_swa": n_swa if any(swa_layers) else 0, "swa_layers": swa_layers}
 
 
 def type_bytes(cache_type: str, n_elements: int) -> int:
@@ -258,11 +253,16 @@ def estimate(
     swa_cells_seq = cells_seq if swa_full else min(cells_seq, _pad(shape.n_swa + ub))
     swa_cells = swa_cells_seq * n_seq
 
-    n_layer = shape.n_layer
-    k = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
-    first_gpu = n_layer - min(k, n_layer)  # llama.cpp offloads the last layers first
-    output_on_gpu = k > n_layer
+    k = shape.n_offloadable if n_gpu_layers < 0 else min(n_gpu_layers, shape.n_offloadable)
+    return Estimate(n_ctx=cells, n_ubatch=ub, n_gpu_layers=k, output=shape.n_vocab * 4 * n_seq,
+                    **_placed(shape, k, cells, swa_cells, cache_type_k, cache_type_v),
+                    **_compute(shape, k, ub, cells_seq, swa_cells_seq, flash_attn))  # fmt: skip
 
+
+def _placed(shape: ModelShape, k: int, cells: int, swa_cells: int, cache_type_k: str, cache_type_v: str) -> dict:
+    """Estimate's weights and KV cache, host and GPU, with the last ``k`` layers offloaded."""
+    n_layer = shape.n_layer
+    first_gpu = n_layer - min(k, n_layer)  # llama.cpp offloads the last layers first
     weights_cpu = shape.input_bytes + shape.other_bytes
     weights_gpu = 0
     kv_cpu = kv_gpu = 0
@@ -276,12 +276,15 @@ def estimate(
         else:
             weights_cpu += shape.layer_bytes[il]
             kv_cpu += kv
-    if output_on_gpu:
+    if k > n_layer:  # the output layer too
         weights_gpu += shape.output_bytes + (shape.input_bytes if shape.output_tied else 0)
     else:
         weights_cpu += shape.output_bytes
+    return {"weights_cpu": weights_cpu, "weights_gpu": weights_gpu, "kv_cpu": kv_cpu, "kv_gpu": kv_gpu}
 
-    # Compute buffer: the graph llama.cpp reserves for one ubatch, at its widest point.
+
+def _compute(shape: ModelShape, k: int, ub: int, cells_seq: int, swa_cells_seq: int, flash_attn: str) -> dict:
+    """Estimate's compute buffer: the graph llama.cpp reserves for one ubatch, at its widest point."""
     fa = flash_attn != "off"
     logits_phase = ub * 4 * (shape.n_vocab + 2 * shape.n_embd)
     n_kv = cells_seq
@@ -290,23 +293,10 @@ def estimate(
     if not fa:
         attn_phase += ub * n_kv * shape.n_head * 4  # the KQ matrix of one layer, f32
     if k == 0:
-        compute_cpu, compute_gpu = max(logits_phase, attn_phase), 0
-    elif output_on_gpu:
-        compute_cpu, compute_gpu = ub * 4 * 2 * shape.n_embd, max(logits_phase, attn_phase)
-    else:
-        compute_cpu, compute_gpu = logits_phase, attn_phase
-    return Estimate(
-        n_ctx=cells,
-        n_ubatch=ub,
-        n_gpu_layers=k,
-        weights_cpu=weights_cpu,
-        weights_gpu=weights_gpu,
-        kv_cpu=kv_cpu,
-        kv_gpu=kv_gpu,
-        compute_cpu=compute_cpu,
-        compute_gpu=compute_gpu,
-        output=shape.n_vocab * 4 * n_seq,
-    )
+        return {"compute_cpu": max(logits_phase, attn_phase), "compute_gpu": 0}
+    if k > shape.n_layer:  # the output layer on the GPU
+        return {"compute_cpu": ub * 4 * 2 * shape.n_embd, "compute_gpu": max(logits_phase, attn_phase)}
+    return {"compute_cpu": logits_phase, "compute_gpu": attn_phase}
 
 
 def fit_gpu_layers(shape: ModelShape, vram_free: int, *, headroom: int = DEFAULT_GPU_HEADROOM, **kw) -> int:
