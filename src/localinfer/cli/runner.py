@@ -32,6 +32,7 @@ _PRELOAD = (
     "localinfer.resident.client", "localinfer.resident.pool", "localinfer.backends.remote", "localinfer.remote.client",
     "localinfer.request", "localinfer.answer", "localinfer.generate", "localinfer.api", "localinfer.engine.types",
     "localinfer.limits", "localinfer.structured", "localinfer.rules", "localinfer.engine.rpc", "localinfer.units",
+    "localinfer.resident.place", "typer._click.decorators",
 )  # fmt: skip
 
 

@@ -16,10 +16,12 @@ import json
 import os
 import socket
 import stat
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import subprocess
 
 SUN_PATH_MAX = 100  # AF_UNIX paths are at most 104-108 bytes, by platform: a longer one moves to /tmp
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EINVAL)
@@ -114,6 +116,7 @@ def start(where: Place, *, max_models: int | None = None, preload: dict[str, Any
     (:func:`locked`); on return both sockets accept connections (the processes are still starting)."""
     if alive(where.socket):  # another command started it while we waited for the lock
         return None
+    import subprocess  # here: a command that finds the server running never needs it
     for path in (where.socket, where.commands):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # stale: its process is gone
