@@ -46,10 +46,12 @@ def wants_resident(args: list[str], environ: dict[str, str] | os._Environ) -> bo
 
 
 def identity() -> dict[str, str]:
-    """What must match between a command and the runner that runs it: the same installation."""
+    """What must match between a command and the runner that runs it: the same installation (an
+    upgrade rewrites the package's files: a runner started before it is not used)."""
     import localinfer
 
-    return {"localinfer": os.path.abspath(localinfer.__file__), "version": localinfer.__version__,
+    here = os.path.abspath(localinfer.__file__)
+    return {"localinfer": here, "version": localinfer.__version__, "installed": str(os.stat(here).st_mtime_ns),
             "python": sys.executable, "python_version": sys.version}  # fmt: skip
 
 
