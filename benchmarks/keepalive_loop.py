@@ -77,14 +77,14 @@ def stop_server(env: dict) -> None:
 
 
 def kill_leftovers(home: str) -> None:
-    """Any resident server of our temporary home still alive (stop should have ended it)."""
+    """Any resident server (or its command runner) of our temporary home still alive (stop should have ended it)."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 args = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"localinfer.resident.server" in args and home.encode() in args:
+            if (b"localinfer.resident.server" in args or b"localinfer.cli.runner" in args) and home.encode() in args:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 

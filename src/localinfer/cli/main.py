@@ -106,6 +106,12 @@ def main() -> None:
         sys.stdout.write(f"localinfer {__version__}\n")
         return
     try:
+        if sys.argv[1:2] == ["run"]:  # with keep-alive on: run by the resident server's runner, if it can
+            from localinfer.resident.command import hand_over
+
+            status = hand_over(sys.argv)
+            if status is not None:
+                raise SystemExit(status)
         # `localinfer run` builds only its own command: building every one costs ~10 ms of its way
         # to the first token.
         only = "run" if sys.argv[1:2] == ["run"] else None

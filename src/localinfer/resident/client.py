@@ -7,13 +7,9 @@ command whose model is resident sends its request before ``--help`` would have p
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from collections.abc import Iterator
@@ -22,7 +18,8 @@ from typing import Any
 from localinfer.errors import LocalInferError
 from localinfer.remote.client import OnText, Outcome, StreamState
 from localinfer.remote.connection import Endpoint, RemoteError, status_error
-from localinfer.resident.place import Place, private_folder
+from localinfer.resident import start
+from localinfer.resident.start import Place
 
 START_TIMEOUT_S = 60.0  # a fresh interpreter importing the server's packages on a loaded machine
 _HOST = "localhost"  # what the Host header says: the serve app's guard answers localhost
@@ -30,19 +27,6 @@ _HOST = "localhost"  # what the Host header says: the serve app's guard answers 
 
 class NoServer(Exception):
     """Nothing listens on the socket (no file, or a stale one left by a crashed server)."""
-
-
-def _alive(path: Path) -> bool:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EINVAL):
-            return False
-        raise
-    finally:
-        sock.close()
 
 
 class _Headers(dict):
@@ -193,7 +177,7 @@ class UnixClient:
 def find(place: Place) -> UnixClient | None:
     """The running server's client, or None when none runs (never starts one: ``ps``, ``stop``)."""
     try:
-        return UnixClient(place.socket) if _alive(place.socket) else None
+        return UnixClient(place.socket) if start.alive(place.socket) else None
     except OSError:
         return None
 
@@ -201,52 +185,33 @@ def find(place: Place) -> UnixClient | None:
 def find_or_start(place: Place, *, max_models: int | None = None, preload: dict[str, Any] | None = None,
                   timeout_s: float = START_TIMEOUT_S) -> UnixClient:
     """The server's client, starting the server first when none runs. Two commands starting at once
-    start one: the starter holds ``place.lock`` (flock) until the new server accepts connections.
-    ``preload``: the load request a new server starts on at once (its model loads while the server
-    imports the rest). OSError: the folder or socket cannot be made (the caller then runs locally)."""
-    import fcntl
-
-    if _alive(place.socket):
+    start one: the starter holds ``place.lock`` (flock) until the new server serves (it says so on
+    a pipe: no polling). ``preload``: the load request a new server starts on at once (its model
+    loads while the server imports the rest). OSError: the folder or socket cannot be made (the
+    caller then runs locally)."""
+    if start.alive(place.socket):
         return UnixClient(place.socket)
-    private_folder(place.folder)
-    private_folder(place.socket.parent)
-    with open(place.lock, "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if _alive(place.socket):  # another command started it while we waited
-            return UnixClient(place.socket)
-        with contextlib.suppress(FileNotFoundError):
-            place.socket.unlink()  # stale: its server is gone
-        child = _spawn(place, max_models, preload)
-        deadline = time.monotonic() + timeout_s
-        while not _alive(place.socket):
-            if child.poll() is not None:
-                raise LocalInferError(f"the resident server exited at start (status {child.returncode}): {_log_tail(place.log)}",
-                                      hint=f"see {place.log}")  # fmt: skip
-            if time.monotonic() > deadline:
-                raise LocalInferError(f"the resident server did not start within {timeout_s:g} s", hint=f"see {place.log}")
-            time.sleep(0.01)
+    with start.locked(place):
+        started = start.start(place, max_models=max_models, preload=preload)
+        if started is not None:
+            _wait_ready(place, started, timeout_s)
     return UnixClient(place.socket)
 
 
-def _spawn(place: Place, max_models: int | None, preload: dict[str, Any] | None) -> subprocess.Popen:
-    """The server, detached (its own session, no terminal), its output appended to its log; the
-    first request on its stdin (not its command line, which other users can read)."""
-    args = [sys.executable, "-m", "localinfer.resident.server", "--socket", str(place.socket), "--lock", str(place.lock)]
-    if max_models:
-        args += ["--max-models", str(max_models)]
-    if preload is not None:
-        args.append("--preload")
-    fd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def _wait_ready(place: Place, started: start.Started, timeout_s: float) -> None:
+    import select
+
     try:
-        child = subprocess.Popen(args, stdin=subprocess.PIPE if preload is not None else subprocess.DEVNULL, stdout=fd,
-                                 stderr=fd, start_new_session=True, close_fds=True)  # fmt: skip
+        readable, _, _ = select.select([started.ready], [], [], timeout_s)
+        said = os.read(started.ready, 1) if readable else None
     finally:
-        os.close(fd)
-    if child.stdin is not None:
-        with contextlib.suppress(OSError):
-            child.stdin.write(json.dumps(preload).encode())
-        child.stdin.close()
-    return child
+        os.close(started.ready)
+    if said is None:
+        raise LocalInferError(f"the resident server did not start within {timeout_s:g} s", hint=f"see {place.log}")
+    if not said:  # EOF: it exited before serving
+        status = started.server.wait()
+        raise LocalInferError(f"the resident server exited at start (status {status}): {_log_tail(place.log)}",
+                              hint=f"see {place.log}")  # fmt: skip
 
 
 def _log_tail(log: Path) -> str:
@@ -255,4 +220,3 @@ def _log_tail(log: Path) -> str:
     except OSError:
         return "no log"
     return lines[-1] if lines else "no log"
-

@@ -27,7 +27,8 @@ from localinfer.resident import pool
 from localinfer.resident.pool import Loaded, Want
 
 TICK_S = 0.1  # how often idle models are looked at: unloads are on time to this
-EMPTY_GRACE_S = 1.0  # with nothing loaded (a fresh server, the last model unloaded), exit after this
+EMPTY_GRACE_S = 1.0  # with nothing loaded (the last model unloaded, a load refused), exit after this
+FRESH_GRACE_S = 10.0  # a fresh server waits this long for its first request (its runner's command imports first)
 
 
 def model_id(key: str) -> str:
@@ -61,6 +62,7 @@ class Resident:
         self.on_exit: Callable[[], None] = lambda: None
         self._resolved: dict[str | None, tuple[Any, Any]] = {}  # spec -> (ResolvedModel, its file's identity)
         self.preload: Preload | None = None
+        self.asked = False  # any request served yet (a fresh server waits longer: FRESH_GRACE_S)
 
     # -- HTTP ------------------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -68,6 +70,7 @@ class Resident:
             return
         path: str = scope["path"]
         self.busy += 1
+        self.asked = True
         try:
             if path.startswith("/m/"):
                 await self._model_route(scope, receive, send)
@@ -247,7 +250,7 @@ class Resident:
                     if slot.engine.running == 0 and slot.engine.queued == 0:
                         await self._unload(slot, f"idle for {info.keep_alive:g} s")
                 idle = not self.slots and not self.busy and self.preload is None
-                if idle and time.monotonic() - self.empty_since >= EMPTY_GRACE_S:
+                if idle and time.monotonic() - self.empty_since >= (EMPTY_GRACE_S if self.asked else FRESH_GRACE_S):
                     self.exiting = True
                     self.on_exit()
 
@@ -336,21 +339,9 @@ def _rss() -> int:
 
 
 # -- the process -------------------------------------------------------------------------------------------
-def bind(path: Path) -> socket.socket:
-    """The listening socket, 0600 from its creation (umask), in the private folder."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(str(path))
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(256)
-    return sock
-
-
-def _server(config: Any, resident: Resident) -> Any:
-    """uvicorn with the reaper started beside it, and signals that stop it cleanly (exit 0)."""
+def _server(config: Any, resident: Resident, ready_fd: int | None) -> Any:
+    """uvicorn with the reaper started beside it, and signals that stop it cleanly (exit 0);
+    ``ready_fd``: a pipe told one byte once it serves (the starter waits on it)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -358,6 +349,10 @@ def _server(config: Any, resident: Resident) -> Any:
             await super().startup(sockets)
             resident.empty_since = time.monotonic()  # the grace runs from now, not from before the imports
             self._reaper = asyncio.ensure_future(resident.reap())
+            if ready_fd is not None:
+                with contextlib.suppress(OSError):  # a starter that did not wait has closed its end
+                    os.write(ready_fd, b"R")
+                os.close(ready_fd)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -377,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localinfer.resident.server")
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--lock", required=True, type=Path)
+    parser.add_argument("--socket-fd", type=int, default=None, help="the listening socket, bound by the starter")
+    parser.add_argument("--ready-fd", type=int, default=None, help="a pipe to write one byte to once serving")
+    parser.add_argument("--life-fd", type=int, default=None, help="a pipe held open while this server lives (the runner watches it)")
     parser.add_argument("--max-models", type=int, default=None)
     parser.add_argument("--preload", action="store_true", help="read the first load request on stdin and start loading it")
     args = parser.parse_args(argv)
@@ -385,20 +383,24 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} localinfer resident[{os.getpid()}]: {message}\n")
         sys.stderr.flush()
 
-    sock = bind(args.socket)
+    from localinfer.resident.start import bind, unlink_if
+
+    sock = bind(args.socket) if args.socket_fd is None else socket.socket(fileno=args.socket_fd)
     mine = os.stat(args.socket).st_ino
     resident = Resident(max_models=args.max_models, say=say)
     if args.preload:
         with contextlib.suppress(ValueError):
             resident.preload = Preload(json.loads(sys.stdin.read()), resident)
+    else:
+        threading.Thread(target=_warm, name="localinfer-warm", daemon=True).start()
     import uvicorn  # after the socket is bound and the model loading: commands wait on both
 
     config = uvicorn.Config(resident, lifespan="off", ws="none", log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
-    server = _server(config, resident)
+    server = _server(config, resident, args.ready_fd)
 
     def leave() -> None:
-        _unlink_if(args.socket, mine, args.lock)  # new commands start a new server from now on
+        unlink_if(args.socket, mine, args.lock)  # new commands start a new server from now on
         server.should_exit = True
 
     resident.on_exit = leave
@@ -407,21 +409,21 @@ def main(argv: list[str] | None = None) -> int:
         server.run(sockets=[sock])
     finally:
         resident.exiting = True
-        _unlink_if(args.socket, mine, args.lock)
+        unlink_if(args.socket, mine, args.lock)
         for slot in list(resident.slots.values()):
             slot.engine.stop()
         say("stopped")
     return 0
 
 
-def _unlink_if(path: Path, inode: int, lock: Path) -> None:
-    """Remove our socket (not a newer server's), holding the start lock so no starter races us."""
-    import fcntl
-
-    with contextlib.suppress(OSError), open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        if os.stat(path).st_ino == inode:
-            path.unlink()
+def _warm() -> None:
+    """What a first load needs, imported while uvicorn is (the first request names its model later)."""
+    with contextlib.suppress(Exception):
+        import localinfer.batch.job  # noqa: F401
+        import localinfer.engine.model  # noqa: F401 - llama_cpp
+        import localinfer.generate  # noqa: F401
+        import localinfer.serve.app  # noqa: F401
+        import localinfer.store  # noqa: F401
 
 
 if __name__ == "__main__":

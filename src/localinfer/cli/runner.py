@@ -1,0 +1,240 @@
+"""The resident server's command runner (``python -m localinfer.cli.runner``, started beside the
+server by ``start.start``): the CLI imported once, a process forked per command (``command.hand_over``).
+
+Each forked process takes the command's stdin, stdout and stderr (passed over the socket) as its
+own fds 0-2, its arguments, environment, working directory and umask, rebuilds ``sys.std*`` as the
+command's interpreter had them, and runs ``cli.main.main()`` - the full path, which finds the
+resident server as any command does. Only the exit status (or the signal it died of) goes back;
+a signal the command receives (Ctrl-C) is passed on to it. The runner is single-threaded (it forks)
+and exits when the server does (EOF on a pipe the server holds) or when it is gone from its socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+from pathlib import Path
+from typing import Any, NoReturn
+
+# What a resident `run` imports on its way to the answer: imported here once, not per command.
+_PRELOAD = (
+    "localinfer.cli.main", "localinfer.cli.run", "localinfer.cli.options", "localinfer.cli.common",
+    "localinfer.cli.backend", "localinfer.render.stats", "localinfer.render.thinking", "localinfer.render.remote",
+    "localinfer.usage.recorder", "localinfer.usage.history", "sqlite3", "localinfer.resident.backend",
+    "localinfer.resident.client", "localinfer.resident.pool", "localinfer.backends.remote", "localinfer.remote.client",
+    "localinfer.request", "localinfer.answer", "localinfer.generate", "localinfer.api", "localinfer.engine.types",
+    "localinfer.limits", "localinfer.structured", "localinfer.rules", "localinfer.engine.rpc", "localinfer.units",
+    "localinfer.resident.place", "typer._click.decorators",
+)  # fmt: skip
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in _PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the command imports it again, and fails as it would
+            sys.stderr.write(f"localinfer runner: could not preload {name}: {type(exc).__name__}: {exc}\n")
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """The peer is this user (Linux: SO_PEERCRED; elsewhere the socket's mode 0600 alone decides)."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:
+        return True
+    try:
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+    except OSError:
+        return False
+    return uid == os.getuid()
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The command: a 4-byte length and its JSON, the fds riding on the first bytes."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
+    body = bytearray(data)
+    while len(body) < 4 or len(body) < 4 + int.from_bytes(body[:4], "big"):
+        more = conn.recv(1 << 16)
+        if not more:
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionError("the command was cut short")
+        body += more
+    return json.loads(bytes(body[4:])), fds
+
+
+def _streams(stdio: list[dict[str, Any]]) -> list[io.TextIOWrapper]:
+    """sys.stdin/stdout/stderr over fds 0-2, as the command's interpreter built them (newline "\\n": POSIX)."""
+    out = []
+    for fd, how in enumerate(stdio):
+        raw = io.FileIO(fd, "rb" if fd == 0 else "wb", closefd=False)
+        buf: Any = raw
+        if how["buffered"]:
+            buf = io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
+        out.append(io.TextIOWrapper(buf, encoding=how["encoding"], errors=how["errors"], newline="\n",
+                                    line_buffering=how["line_buffering"], write_through=how["write_through"]))  # fmt: skip
+    return out
+
+
+def _watch(conn: socket.socket) -> None:
+    """Signals the command received, passed on; its client gone (killed): the process ends too."""
+    pending = b""
+    while True:
+        try:
+            data = conn.recv(64)
+        except OSError:
+            data = b""
+        if not data:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip().isdigit():
+                os.kill(os.getpid(), int(line))
+
+
+def _as_started() -> None:
+    """What an interpreter takes from its environment as it starts: the time zone, LC_CTYPE."""
+    import locale
+    import time
+
+    time.tzset()
+    try:
+        locale.setlocale(locale.LC_CTYPE, "")
+    except locale.Error:
+        pass
+
+
+def _exit_status(code: Any) -> int:
+    """What the interpreter makes of SystemExit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _child(conn: socket.socket, listener: socket.socket, life_fd: int) -> NoReturn:
+    """One command, in the forked process (never returns)."""
+    listener.close()
+    os.close(life_fd)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def reply(message: dict[str, Any]) -> None:
+        try:
+            conn.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass
+
+    try:
+        command, fds = _receive(conn)
+    except (OSError, ValueError):
+        os._exit(0)
+    from localinfer.resident import command as handed
+
+    if command.get("identity") != handed.identity() or len(fds) != 3:
+        reply({"refused": "another installation of localinfer"})
+        os._exit(0)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(command["cwd"])
+    os.umask(int(command["umask"]))
+    os.environ.clear()
+    os.environ.update(command["env"])
+    _as_started()
+    sys.argv = list(command["argv"])
+    sys.stdin, sys.stdout, sys.stderr = _streams(command["stdio"])
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    reply({"pid": os.getpid()})
+    threading.Thread(target=_watch, args=(conn,), name="localinfer-command-watch", daemon=True).start()
+    end = _run()
+    reply(end)
+    os._exit(0)
+
+
+def _run() -> dict[str, Any]:
+    """cli.main.main(), ended as the interpreter ends a script: its status, or the signal it died of."""
+    import atexit
+    import traceback
+
+    from localinfer.cli.main import main
+
+    end: dict[str, Any]
+    try:
+        main()
+        end = {"exit": 0}
+    except SystemExit as exc:
+        end = {"exit": _exit_status(exc.code)}
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        end = {"signal": int(signal.SIGINT)}
+    except BaseException:  # noqa: BLE001 - as the interpreter: the traceback, status 1
+        traceback.print_exc()
+        end = {"exit": 1}
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - the interpreter's own last flush failing is status 120
+            if "exit" in end and end["exit"] == 0:
+                end = {"exit": 120}
+    return end
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localinfer.cli.runner")
+    parser.add_argument("--socket", required=True, type=Path)
+    parser.add_argument("--lock", required=True, type=Path)
+    parser.add_argument("--socket-fd", required=True, type=int)
+    parser.add_argument("--life-fd", required=True, type=int)
+    args = parser.parse_args(argv)
+    listener = socket.socket(fileno=args.socket_fd)
+    mine = os.stat(args.socket).st_ino
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' processes are reaped by the kernel
+    from localinfer.resident import command
+
+    command.SERVING = True
+    _preload()
+    try:
+        while True:
+            readable, _, _ = select.select([listener, args.life_fd], [], [])
+            if args.life_fd in readable:
+                return 0  # the server is gone
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            if not _same_user(conn):
+                conn.close()
+                continue
+            if os.fork() == 0:
+                try:
+                    _child(conn, listener, args.life_fd)
+                finally:  # never back into this loop: before its "pid", the command runs where it was typed
+                    os._exit(1)
+            conn.close()
+    finally:
+        from localinfer.resident.start import unlink_if
+
+        unlink_if(args.socket, mine, args.lock)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

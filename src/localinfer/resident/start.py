@@ -1,0 +1,171 @@
+"""Where the resident server lives and how it is started, with the standard library alone: the lean
+`run` path (``resident.command``) imports this before anything of ours that is heavier.
+
+The starter (the first command, under ``place.lock``) binds both listening sockets itself and hands
+them to the two processes it spawns (socket activation): the server (``resident.server``: the models,
+HTTP on ``place.socket``) and its command runner (``cli.runner``: the CLI, imported once, on
+``place.commands``). A command connects at once and waits in the socket's backlog until the process
+accepts: nothing polls. The runner lives as long as the server: it watches a pipe the server holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import subprocess
+
+SUN_PATH_MAX = 100  # AF_UNIX paths are at most 104-108 bytes, by platform: a longer one moves to /tmp
+_GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EINVAL)
+
+
+class Place(NamedTuple):
+    """The resident server's files: ``folder`` (0700) holds the lock, the log and (usually) the sockets."""
+
+    folder: Path
+    socket: Path
+    lock: Path
+    log: Path
+    commands: Path  # the command runner's socket
+
+
+def place(data_dir: Path) -> Place:
+    folder = data_dir / "resident"
+    sock, commands = folder / "socket", folder / "commands"
+    if len(os.fsencode(commands)) > SUN_PATH_MAX:  # a deep data dir: the sockets in a private folder of /tmp
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]
+        base = Path(tempfile.gettempdir()) / f"localinfer-{os.getuid()}"
+        sock, commands = base / f"{digest}.sock", base / f"{digest}.cmd"
+    return Place(folder, sock, folder / "lock", folder / "server.log", commands)
+
+
+def unix_sockets() -> bool:
+    """Whether this platform has Unix domain sockets (Windows' Python does not expose AF_UNIX)."""
+    return hasattr(socket, "AF_UNIX") and os.name == "posix"
+
+
+def private_folder(path: Path) -> None:
+    """Create ``path`` (mode 0700) or check it: ours, and nobody else may enter it. OSError when the
+    folder cannot be made (a read-only data dir, a file in the way) or is not private."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a folder")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to another user")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"{path} is not writable")
+
+
+def connect(path: Path, timeout_s: float | None = None) -> socket.socket | None:
+    """A connection to the socket at ``path``; None when nothing listens there (no file, or a stale
+    one left by a crashed process). Other OSErrors are raised."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(str(path))
+        return sock
+    except OSError as exc:
+        sock.close()
+        if exc.errno in _GONE:
+            return None
+        raise
+
+
+def alive(path: Path) -> bool:
+    sock = connect(path)
+    if sock is None:
+        return False
+    sock.close()
+    return True
+
+
+def bind(path: Path) -> socket.socket:
+    """A listening socket at ``path``, 0600 from its creation (umask), in the private folder."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(256)
+    return sock
+
+
+class Started(NamedTuple):
+    server: subprocess.Popen
+    ready: int  # read end of a pipe: one byte once the server serves, EOF if it exits first
+
+
+def start(where: Place, *, max_models: int | None = None, preload: dict[str, Any] | None = None) -> Started | None:
+    """Start the server and its command runner unless one runs (None then). The caller holds the lock
+    (:func:`locked`); on return both sockets accept connections (the processes are still starting)."""
+    if alive(where.socket):  # another command started it while we waited for the lock
+        return None
+    import subprocess  # here: a command that finds the server running never needs it
+    for path in (where.socket, where.commands):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # stale: its process is gone
+    server_sock, commands_sock = bind(where.socket), bind(where.commands)
+    ready_r, ready_w = os.pipe()
+    life_r, life_w = os.pipe()  # the runner's read end sees EOF when the server (which holds the write end) exits
+    fd = os.open(where.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        args = [sys.executable, "-m", "localinfer.resident.server", "--socket", str(where.socket), "--lock", str(where.lock),
+                "--socket-fd", str(server_sock.fileno()), "--ready-fd", str(ready_w), "--life-fd", str(life_w)]  # fmt: skip
+        if max_models:
+            args += ["--max-models", str(max_models)]
+        if preload is not None:
+            args.append("--preload")
+        server = subprocess.Popen(args, stdin=subprocess.PIPE if preload is not None else subprocess.DEVNULL, stdout=fd,
+                                  stderr=fd, start_new_session=True, pass_fds=(server_sock.fileno(), ready_w, life_w))  # fmt: skip
+        runner = [sys.executable, "-m", "localinfer.cli.runner", "--socket", str(where.commands), "--lock", str(where.lock),
+                  "--socket-fd", str(commands_sock.fileno()), "--life-fd", str(life_r)]  # fmt: skip
+        subprocess.Popen(runner, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                         pass_fds=(commands_sock.fileno(), life_r))  # fmt: skip
+    finally:
+        for f in (fd, ready_w, life_r, life_w):
+            os.close(f)
+        server_sock.close()  # theirs now: a process that dies closes the last copy, and waiting commands learn it
+        commands_sock.close()
+    if server.stdin is not None:
+        with contextlib.suppress(OSError):
+            server.stdin.write(json.dumps(preload).encode())  # not on its command line, which other users can read
+        server.stdin.close()
+    return Started(server, ready_r)
+
+
+@contextlib.contextmanager
+def locked(where: Place) -> Any:
+    """The start lock (flock), after making the private folders; OSError when they cannot be made."""
+    import fcntl
+
+    private_folder(where.folder)
+    private_folder(where.socket.parent)
+    with open(where.lock, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def unlink_if(path: Path, inode: int, lock: Path) -> None:
+    """Remove our socket (not a newer process's), holding the start lock so no starter races us."""
+    import fcntl
+
+    with contextlib.suppress(OSError), open(lock, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        if os.stat(path).st_ino == inode:
+            path.unlink()
