@@ -122,8 +122,10 @@ def test_two_schemas_in_one_batch(smol):
 
 
 def test_masks_computed_ahead_are_the_samplers_own(smol, monkeypatch):
-    # in a batch, the constrained sequences' masks are computed during llama_decode (MaskPrefetch);
-    # without it each sampler computes its own: the same answers, token for token
+    # in a batch, the constrained sequences' masks are computed during llama_decode (MaskPrefetch,
+    # where the decode leaves CPU free: forced here); without it each sampler computes its own: the
+    # same answers, token for token
+    from localinfer.engine import constrain
     from localinfer.engine.batch import BatchDecoder, SeqJob
     from localinfer.engine.constrain import MaskPrefetch
 
@@ -137,6 +139,7 @@ def test_masks_computed_ahead_are_the_samplers_own(smol, monkeypatch):
         with BatchDecoder(m, 4) as decoder:
             return {r.key: (r.text, r.stats.finish_reason) for r in decoder.run(jobs)}
 
+    monkeypatch.setattr(constrain, "mask_prefetch", lambda model, n: MaskPrefetch(model.n_vocab, n))
     ahead = answers()
     monkeypatch.setattr(MaskPrefetch, "start", lambda self, limiters: None)
     assert answers() == ahead

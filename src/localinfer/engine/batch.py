@@ -111,7 +111,8 @@ class BatchDecoder:
         self._filler = bos if bos >= 0 else 0
         self._active: list[Slot] = []  # running sequences, in sequence id order
         self._slots = SlotTable(model, self.n_parallel, keep_cache)
-        self._masks: Any = None  # a constrain.MaskPrefetch, made for the first constrained job
+        self._masks: Any = None  # a constrain.MaskPrefetch (where it pays), made for the first constrained job
+        self._masks_checked = False
 
     def close(self) -> None:
         if self._masks is not None:
@@ -222,10 +223,10 @@ class BatchDecoder:
             slot = Slot(seq, job, chain, clock(), cached, self.model)
             if limiter is not None:
                 slot.limiter = limiter
-                if self._masks is None:
-                    from localinfer.engine.constrain import MaskPrefetch
+                if not self._masks_checked:
+                    from localinfer.engine.constrain import mask_prefetch
 
-                    self._masks = MaskPrefetch(self.model.n_vocab, self.n_parallel)
+                    self._masks, self._masks_checked = mask_prefetch(self.model, self.n_parallel), True
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed
             self.stats.cached_tokens += cached

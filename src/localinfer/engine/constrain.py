@@ -18,7 +18,7 @@ A sequence's sampler computes the mask before the other samplers run (it sits fi
 on the whole vocabulary), applies it (ConstraintSampler says how), and advances its matcher when the
 chain accepts a token. End of generation is allowed only where the document is complete, and once it
 is complete nothing else is; so the answer ends right after the document. In a batch, the masks of
-the next step are computed while llama_decode runs (MaskPrefetch).
+the next step are computed while llama_decode runs, where that leaves CPU free (MaskPrefetch).
 
 Bounds: structured.py bounds the schema's size and depth; llguidance's parser limits (below) bound
 the lexer's states and the work of one mask, so a pathological schema fails instead of hanging.
@@ -305,3 +305,17 @@ class MaskPrefetch:
     def close(self) -> None:
         self.wait()
         self._pool.shutdown(wait=True)
+
+
+def mask_prefetch(model: Any, n_seq: int) -> MaskPrefetch | None:
+    """A MaskPrefetch for a batch on ``model``, where computing masks beside llama_decode can pay: the
+    decode leaves CPU free (layers on a GPU or other devices, or fewer threads than physical cores).
+    Where every core decodes, the masks would only take turns with the decode's threads, plus a
+    hand-off between threads at each step: None, and each sampler computes its own."""
+    from localinfer.engine.backend import default_threads, supports_gpu_offload
+
+    opts = model.options
+    offloaded = bool(opts.rpc_servers) or (opts.n_gpu_layers != 0 and supports_gpu_offload())
+    if offloaded or max(model.n_threads, model.n_threads_batch) < default_threads():
+        return MaskPrefetch(model.n_vocab, n_seq)
+    return None
