@@ -9,6 +9,13 @@ Two measurements, each on one server after the other in an order that alternates
   schemas decode in the same batch); greedy, at most --tokens answer tokens. Aggregate completion
   tok/s = the completion tokens of all requests (usage, else timings.predicted_n) / wall time from
   the first request sent to the last chunk received. Floor: ours >= 0.9 x llama-server's.
+  The two servers' answers differ in length (llama-server's grammar lets the model emit whitespace
+  freely, so more of its answers run to the cap), and shorter answers mean more prompts to evaluate
+  per answer token and batches that empty sooner. So the same run also gives an **equal-work**
+  figure: completion tok/s over the periods when all --clients requests are generating (each between
+  its first and last text chunk; the chunks received in them, weighted by the request's tokens per
+  chunk): what --clients constrained sequences decode per second together, with no prompt
+  evaluation and no partly empty batch in it. Reported beside the floor's figure, not instead.
 * **TTFT with a new schema**: one client, --ttft-requests requests one at a time, each with a schema
   never seen before (a property renamed), so compiling it is part of the time to the first text
   chunk. Floor: our p50 <= 1.2 x llama-server's.
@@ -94,7 +101,7 @@ def ask(server: Server, name: str, question: str, schema: dict, n: int) -> dict:
     next(events)
     t0 = time.perf_counter()
     first = last = None
-    text, tokens, finish, chunks = [], None, None, 0
+    text, tokens, finish, times = [], None, None, []
     for obj in events:
         tokens = (obj.get("usage") or {}).get("completion_tokens") or (obj.get("timings") or {}).get("predicted_n") or tokens
         for c in obj.get("choices") or ():
@@ -104,9 +111,9 @@ def ask(server: Server, name: str, question: str, schema: dict, n: int) -> dict:
                 last = time.perf_counter()
                 first = first or last
                 text.append(piece)
-                chunks += 1
-    return {"t0": t0, "ttft": (first or t0) - t0, "end": last or t0, "tokens": tokens or chunks,
-            "finish": finish, "valid": valid("".join(text), schema)}  # fmt: skip
+                times.append(last)
+    return {"t0": t0, "ttft": (first or t0) - t0, "end": last or t0, "tokens": tokens or len(times),
+            "finish": finish, "valid": valid("".join(text), schema), "times": times}  # fmt: skip
 
 
 def valid(text: str, schema: dict) -> bool | None:
@@ -129,8 +136,23 @@ def throughput(server: Server, clients: int, requests: int, n: int) -> dict:
     results, t0 = concurrently(clients, requests, lambda c, _r: ask(server, *SCHEMAS[c % len(SCHEMAS)], n))
     wall = max(r["end"] for r in results) - t0
     tokens = sum(r["tokens"] for r in results)
+    full_s, full_tokens = all_generating(results, clients)
     return {"server": server.name, "test": "throughput", "clients": clients, "requests": len(results), "wall_s": wall,
-            "tokens": tokens, "agg_tps": tokens / wall, **_answers(results)}  # fmt: skip
+            "tokens": tokens, "agg_tps": tokens / wall, "full_s": full_s,
+            "full_tps": full_tokens / full_s if full_s > 0 else None, **_answers(results)}  # fmt: skip
+
+
+def all_generating(results: list[dict], clients: int) -> tuple[float, float]:
+    """The seconds during which ``clients`` requests were all generating (each between its first and
+    last chunk), and the tokens received in them (each chunk weighted by its request's tokens per chunk)."""
+    edges = sorted({t for r in results if r["times"] for t in (r["times"][0], r["times"][-1])})
+    spans = [(r["times"][0], r["times"][-1]) for r in results if r["times"]]
+    full = [(a, b) for a, b in zip(edges, edges[1:]) if sum(s <= a and b <= e for s, e in spans) >= clients]
+    tokens = 0.0
+    for r in results:
+        weight = r["tokens"] / len(r["times"]) if r["times"] else 0.0
+        tokens += weight * sum(any(a < t <= b for a, b in full) for t in r["times"])
+    return sum(b - a for a, b in full), tokens
 
 
 def new_schema_ttft(server: Server, requests: int, n: int, salt: int) -> dict:
@@ -153,12 +175,14 @@ def report(rows: list[dict]) -> list[str]:
         values = [r[key] for r in rows if r["server"] == name and r["test"] == test]
         return statistics.median(values) if values else None
 
-    lines = [f"{'server':<14}{'agg tok/s':>11}{'TTFT new schema p50':>21}{'p95':>9}{'invalid':>9}{'cut':>5}"]
+    lines = [f"{'server':<14}{'agg tok/s':>11}{'all-active tok/s':>18}{'TTFT new schema p50':>21}{'p95':>9}"
+             f"{'invalid':>9}{'cut':>5}"]  # fmt: skip
     for name in ("localinfer", "llama-server"):
         bad = sum(r["invalid"] for r in rows if r["server"] == name)
         cut = sum(r["cut"] for r in rows if r["server"] == name)
-        lines.append(f"{name:<14}{med(name, 'throughput', 'agg_tps') or 0:>11.1f}{med(name, 'ttft', 'ttft_p50_ms') or 0:>19.0f}ms"
-                     f"{med(name, 'ttft', 'ttft_p95_ms') or 0:>7.0f}ms{bad:>9}{cut:>5}")  # fmt: skip
+        lines.append(f"{name:<14}{med(name, 'throughput', 'agg_tps') or 0:>11.1f}{med(name, 'throughput', 'full_tps') or 0:>18.1f}"
+                     f"{med(name, 'ttft', 'ttft_p50_ms') or 0:>19.0f}ms{med(name, 'ttft', 'ttft_p95_ms') or 0:>7.0f}ms"
+                     f"{bad:>9}{cut:>5}")  # fmt: skip
     for what, key, test, floor, higher in (("aggregate completion tok/s", "agg_tps", "throughput", 0.9, True),
                                            ("TTFT p50 with a new schema", "ttft_p50_ms", "ttft", 1.2, False)):  # fmt: skip
         ours, theirs = med("localinfer", test, key), med("llama-server", test, key)
@@ -166,6 +190,9 @@ def report(rows: list[dict]) -> list[str]:
             r = ours / theirs
             ok = r >= floor if higher else r <= floor
             lines.append(f"{what + ' / llama-server':<46} {r:6.3f}  (floor {'>=' if higher else '<='} {floor})  {'PASS' if ok else 'MISS'}")
+    ours, theirs = med("localinfer", "throughput", "full_tps"), med("llama-server", "throughput", "full_tps")
+    if ours and theirs:  # the equal-work figure: no floor of its own, beside the floor's
+        lines.append(f"{'all-active tok/s (equal work) / llama-server':<46} {ours / theirs:6.3f}")
     return lines
 
 
@@ -201,7 +228,8 @@ def main() -> None:
                     rows.append(row)
                     if args.json:
                         print(json.dumps(row), flush=True)
-                    figure = f"{row['agg_tps']:.1f} tok/s" if row["test"] == "throughput" else f"TTFT p50 {row['ttft_p50_ms']:.0f} ms"
+                    figure = (f"{row['agg_tps']:.1f} tok/s (all-active {row['full_tps'] or 0:.1f} over {row['full_s']:.1f} s)"
+                              if row["test"] == "throughput" else f"TTFT p50 {row['ttft_p50_ms']:.0f} ms")  # fmt: skip
                     print(f"# {server.name:<13} {row['test']:<10} {figure}, {row['invalid']} invalid, {row['cut']} cut, "
                           f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     finally:

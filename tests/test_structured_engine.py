@@ -123,3 +123,28 @@ def test_two_schemas_in_one_batch(smol):
         jsonschema.validate(json.loads(results[n].text), CORPUS[n][0])
     assert results["free"].stats.document is None and results["free"].text
     assert "grammar" in results["bad"].error
+
+
+
+def test_masks_computed_ahead_are_the_samplers_own(smol, monkeypatch):
+    # in a batch, the constrained sequences' masks are computed during llama_decode (MaskPrefetch,
+    # where the decode leaves CPU free: forced here); without it each sampler computes its own: the
+    # same answers, token for token
+    from localinfer.engine import constrain
+    from localinfer.engine.batch import BatchDecoder, SeqJob
+    from localinfer.engine.constrain import MaskPrefetch
+
+    m = smol.loaded.model
+    chat = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    names = ["invoice", "classification", "nested_arrays", "nullable"]
+
+    def answers() -> dict:
+        jobs = [SeqJob(n, m.tokenize(chat.format(CORPUS[n][1]), parse_special=True), SamplingOptions(temperature=t, seed=2),
+                       max_tokens=120, constraint=from_schema(CORPUS[n][0])) for n, t in zip(names, (0, 0.8, 0, 0.8))]  # fmt: skip
+        with BatchDecoder(m, 4) as decoder:
+            return {r.key: (r.text, r.stats.finish_reason) for r in decoder.run(jobs)}
+
+    monkeypatch.setattr(constrain, "mask_prefetch", lambda model, n: MaskPrefetch(model.n_vocab, n))
+    ahead = answers()
+    monkeypatch.setattr(MaskPrefetch, "start", lambda self, limiters: None)
+    assert answers() == ahead

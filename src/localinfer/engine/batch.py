@@ -27,6 +27,7 @@ import ctypes
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.logprobs import trim
@@ -110,8 +111,13 @@ class BatchDecoder:
         self._filler = bos if bos >= 0 else 0
         self._active: list[Slot] = []  # running sequences, in sequence id order
         self._slots = SlotTable(model, self.n_parallel, keep_cache)
+        self._masks: Any = None  # a constrain.MaskPrefetch (where it pays), made for the first constrained job
+        self._masks_checked = False
 
     def close(self) -> None:
+        if self._masks is not None:
+            self._masks.close()
+            self._masks = None
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
@@ -215,6 +221,12 @@ class BatchDecoder:
             seq, cached = self._slots.take(job.tokens, reuse=job.cache_prompt)
             chain, seed = self.model.new_sampler(job.sampling, job.tokens, limiter)
             slot = Slot(seq, job, chain, clock(), cached, self.model)
+            if limiter is not None:
+                slot.limiter = limiter
+                if not self._masks_checked:
+                    from localinfer.engine.constrain import mask_prefetch
+
+                    self._masks, self._masks_checked = mask_prefetch(self.model, self.n_parallel), True
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed
             self.stats.cached_tokens += cached
@@ -313,9 +325,14 @@ class BatchDecoder:
         self._batch.n_tokens = n
         if self.before_decode is not None:
             self.before_decode()
+        masks = self._masks  # the constrained sequences' next masks: computed during the decode
+        if masks is not None:
+            masks.start([s.limiter for s in active if s.idx >= 0 and s.limiter is not None])
         t0 = time.perf_counter()
         rc = self.model.decode_batch(self._batch)
         self.stats.llama_decode_s += time.perf_counter() - t0
+        if masks is not None:
+            masks.wait()
         for sid in self._fillers:
             self._slots.drop_filler(sid)
         if rc != 0:

@@ -15,9 +15,10 @@ llama.cpp's own grammar sampler and xgrammar:
   model (under a second on 262k tokens) and kept.
 
 A sequence's sampler computes the mask before the other samplers run (it sits first in the chain,
-on the whole vocabulary), sets forbidden logits to -inf, and advances its matcher when the chain
-accepts a token. End of generation is allowed only where the document is complete, and once it is
-complete nothing else is; so the answer ends right after the document.
+on the whole vocabulary), applies it (ConstraintSampler says how), and advances its matcher when the
+chain accepts a token. End of generation is allowed only where the document is complete, and once it
+is complete nothing else is; so the answer ends right after the document. In a batch, the masks of
+the next step are computed while llama_decode runs, where that leaves CPU free (MaskPrefetch).
 
 Bounds: structured.py bounds the schema's size and depth; llguidance's parser limits (below) bound
 the lexer's states and the work of one mask, so a pathological schema fails instead of hanging.
@@ -154,21 +155,32 @@ def compile_for(model: Any, fmt: Format) -> Compiled:
 
 
 # -- the sampler ------------------------------------------------------------------------------------
+_BIT = np.arange(32, dtype=np.uint32)
+
+
 class ConstraintSampler:
     """One sequence's constraint as a native ``llama_sampler`` (its callbacks kept alive here).
 
     ``start_after``: the constraint is inactive until the sampled text has passed this marker (the end
-    of a reasoning block); ``piece(token) -> bytes`` gives that text."""
+    of a reasoning block); ``piece(token) -> bytes`` gives that text.
+
+    The mask goes onto the candidates by whichever side of it is smaller (from the bitmask's words,
+    n_vocab / 32 of them, then the few tokens in the words that matter): with few tokens allowed the
+    candidates are cut down to those, in id order, so the samplers after this one (top-k, softmax,
+    the draw) work on them only, not on the whole vocabulary; with few forbidden, those get -inf.
+    """
 
     def __init__(self, compiled: Compiled, start_after: str | None = None, piece: Any = None) -> None:
         self.matcher = compiled.matcher.deep_copy()
         n_words = (compiled.n_vocab + 31) // 32
         self._bits = np.full(n_words, -1, dtype=np.int32)
+        self.masks = 0  # masks applied
         self.active = not start_after
         self._marker = start_after or ""
         self._seen = ""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._piece = piece
+        self._ready: np.ndarray | None = None  # this step's mask, computed ahead by a MaskPrefetch
         self.error: str | None = None
         iface = llama_cpp.llama_sampler_i()
         self._callbacks = (
@@ -182,6 +194,11 @@ class ConstraintSampler:
         self.sampler = llama_cpp.llama_sampler_init(ctypes.pointer(iface), None)
 
     @property
+    def wants_mask(self) -> bool:
+        """Its next token needs a mask (it is active and not in error)."""
+        return self.active and self.error is None
+
+    @property
     def complete(self) -> bool:
         """The document is whole (the matcher accepts where it stands)."""
         return self.active and self.error is None and bool(self.matcher.is_accepting())
@@ -191,19 +208,39 @@ class ConstraintSampler:
             return  # a matcher in error would mask every token: the answer is reported incomplete instead
         try:
             arr = cur_p.contents
-            n, bits = arr.size, self._bits
-            self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+            n = arr.size
             # the candidates as rows of (id, logit, p): 3 x 4 bytes, viewed in place
             raw = (ctypes.c_char * (n * 12)).from_address(ctypes.cast(arr.data, ctypes.c_void_p).value)
             rows = np.frombuffer(raw, dtype=np.float32).reshape(n, 3)
-            ids = rows[:, 0].view(np.int32)
-            allowed = np.unpackbits(bits.view(np.uint8), bitorder="little").view(bool)
-            # first in the chain, the candidates are the whole vocabulary in id order
-            in_order = n <= len(allowed) and ids[0] == 0 and ids[-1] == n - 1
-            keep = allowed[:n] if in_order else allowed[ids]
-            rows[:, 1] = np.where(keep, rows[:, 1], -np.inf)  # faster than copyto(where=) on a strided column
+            self._mask(arr, rows, n)
         except Exception as exc:  # an exception must not cross the C callback: record it
             self.error = f"constraint failed: {exc}"
+
+    def _mask(self, arr: Any, rows: np.ndarray, n: int) -> None:
+        """The mask (computed now, or ahead by a MaskPrefetch) onto the candidates."""
+        bits, self._ready = self._ready, None
+        if bits is None:
+            bits = self._bits
+            self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        self.masks += 1
+        words = bits.view(np.uint32)
+        ids = rows[:, 0].view(np.int32)
+        if not (n <= 32 * len(words) and ids[0] == 0 and ids[-1] == n - 1):  # not the whole vocabulary in id order
+            keep = np.unpackbits(bits.view(np.uint8), bitorder="little").view(bool)[ids]
+            rows[:, 1] = np.where(keep, rows[:, 1], -np.inf)
+            return
+        some, full = np.flatnonzero(words), np.flatnonzero(words != 0xFFFFFFFF)
+        if len(some) <= len(full):  # few allowed: keep those candidates only
+            allowed = _tokens(some, words[some])
+            allowed = allowed[allowed < n]
+            if len(allowed) == 0:
+                rows[:, 1] = -np.inf  # nothing can follow (the matcher is in error): reported by accept
+                return
+            rows[: len(allowed)] = rows[allowed]
+            arr.size = len(allowed)
+        else:  # few forbidden: -inf for those
+            forbidden = _tokens(full, ~words[full])
+            rows[forbidden[forbidden < n], 1] = -np.inf
 
     def _accept(self, token: int) -> None:
         try:
@@ -216,3 +253,69 @@ class ConstraintSampler:
                 self.active = True
         except Exception as exc:
             self.error = f"constraint failed: {exc}"
+
+
+def _tokens(index: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """The token ids of the set bits of ``words``, the bitmask's words at ``index``, in order."""
+    return (index[:, None] * 32 + _BIT)[((words[:, None] >> _BIT) & 1).astype(bool)]
+
+
+class MaskPrefetch:
+    """The next masks of a batch's constrained sequences (``wants_mask``), computed on a worker thread
+    while ``llama_decode`` runs: a sequence's next mask depends only on the tokens its matcher has
+    accepted, all known before the decode starts, and both calls drop the GIL. llguidance's executor
+    spreads the batch's masks over its own threads. On a GPU the CPU is idle meanwhile; on a CPU it
+    is the work the samplers would do one mask after another, done beside the decode and in parallel.
+    ``start`` before the decode, ``wait`` after it (before sampling)."""
+
+    def __init__(self, n_vocab: int, n_seq: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import llguidance
+
+        self._buf = np.full((n_seq, (n_vocab + 31) // 32), -1, dtype=np.int32)
+        self._executor = llguidance.LLExecutor()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="localinfer-masks")
+        self._future: Any = None
+        self._given: list[ConstraintSampler] = []
+
+    def start(self, limiters: list[ConstraintSampler]) -> None:
+        for lim in self._given:  # a mask not taken last step is stale now
+            lim._ready = None
+        todo = [lim for lim in limiters if lim.wants_mask][: len(self._buf)]
+        self._given = todo
+        if not todo:
+            return
+        for i, lim in enumerate(todo):
+            lim._ready = self._buf[i]
+        buf = self._buf
+        work = [(lim.matcher, i) for i, lim in enumerate(todo)]
+        self._future = self._pool.submit(self._executor.unsafe_compute_mask_ptr, work, buf.ctypes.data, buf.shape[1] * 4, len(buf))
+
+    def wait(self) -> None:
+        future, self._future = self._future, None
+        if future is None:
+            return
+        try:
+            future.result()
+        except Exception:  # noqa: BLE001 - the samplers compute their own masks instead
+            for lim in self._given:
+                lim._ready = None
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown(wait=True)
+
+
+def mask_prefetch(model: Any, n_seq: int) -> MaskPrefetch | None:
+    """A MaskPrefetch for a batch on ``model``, where computing masks beside llama_decode can pay: the
+    decode leaves CPU free (layers on a GPU or other devices, or fewer threads than physical cores).
+    Where every core decodes, the masks would only take turns with the decode's threads, plus a
+    hand-off between threads at each step: None, and each sampler computes its own."""
+    from localinfer.engine.backend import default_threads, supports_gpu_offload
+
+    opts = model.options
+    offloaded = bool(opts.rpc_servers) or (opts.n_gpu_layers != 0 and supports_gpu_offload())
+    if offloaded or max(model.n_threads, model.n_threads_batch) < default_threads():
+        return MaskPrefetch(model.n_vocab, n_seq)
+    return None
