@@ -17,7 +17,7 @@ from conftest import run_cli
 from test_resident import GREEDY, PROMPT, alive, server_pids, wait_until
 
 from localinfer.resident.command import wants_resident
-from localinfer.resident.place import place
+from localinfer.resident.start import place
 
 
 def runner_pids(home: Path) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from localinfer.resident.place import place
+from localinfer.resident.start import place
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import pytest
 
 from localinfer.errors import UsageError
 from localinfer.resident import pool
-from localinfer.resident.place import SUN_PATH_MAX, parse_keep_alive, place, private_folder
+from localinfer.resident.place import parse_keep_alive
+from localinfer.resident.start import SUN_PATH_MAX, place, private_folder
 
 
 @pytest.mark.parametrize(

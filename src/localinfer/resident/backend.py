@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions
     from localinfer.request import Request
     from localinfer.resident.client import UnixClient
-    from localinfer.resident.place import Place
+    from localinfer.resident.start import Place
     from localinfer.store import ResolvedModel
 
 Note = Callable[[str], None]
@@ -98,7 +98,7 @@ def open_resident(
     pull, with its progress), then asked for again."""
     from localinfer import paths
     from localinfer.errors import ModelNotFoundError
-    from localinfer.resident.place import place, unix_sockets
+    from localinfer.resident.start import place, unix_sockets
 
     tell = warn or (lambda _m: None)
     if not unix_sockets():

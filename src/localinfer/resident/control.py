@@ -14,7 +14,7 @@ STOP_WAIT_S = 10.0  # `stop --all` returns once the server has exited
 def _server() -> tuple[Any, Any]:
     from localinfer import paths
     from localinfer.resident import client
-    from localinfer.resident.place import place, unix_sockets
+    from localinfer.resident.start import place, unix_sockets
 
     where = place(paths.data_dir())
     return where, (client.find(where) if unix_sockets() else None)

@@ -1,5 +1,5 @@
-"""How long a model stays loaded (``--keep-alive``), resolved when called; and, from ``start``, where
-the resident server lives (a private folder in the data dir: sockets 0600, folder 0700)."""
+"""How long a model stays loaded (``--keep-alive``), resolved when called. Where the resident server
+lives (a private folder in the data dir: sockets 0600, folder 0700) is ``resident.start``'s."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import re
 from dataclasses import dataclass
 
 from localinfer.errors import UsageError
-from localinfer.resident.start import SUN_PATH_MAX, Place, place, private_folder, unix_sockets  # noqa: F401 - their home
 
 FOREVER = math.inf
 _UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
