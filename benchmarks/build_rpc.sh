@@ -9,10 +9,12 @@
 #
 # Output:   benchmarks/.build/rpc/bin/ggml-rpc-server (+ the libggml*.so it loads)
 #           with BENCH=1 also benchmarks/.build/rpc/bin/llama-bench (for bench_rpc.py)
-# Idempotent: exits early when the binaries exist (FORCE=1 rebuilds).
+#           (bin/ is a symlink to the CMake tree, kept in $LOCALINFER_CI_CACHE/rpc/KEY
+#           as build_native.sh keeps its own: a fresh clone builds nothing again)
+# Idempotent: builds only what is not built there yet (FORCE=1 rebuilds).
 #
-# Environment knobs: FORCE=1, JOBS=N (default 2), BENCH=1, PYTHON=..., LLAMA_CPP_PYTHON_SDIST=...
-# (as in build_native.sh; the sdist and its unpacked source are shared with it).
+# Environment knobs: FORCE=1, JOBS=N (default 2), BENCH=1, PYTHON=..., LLAMA_CPP_PYTHON_SDIST=...,
+# LOCALINFER_CI_CACHE=DIR (as in build_native.sh; the sdist and its unpacked source are shared with it).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,33 +23,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TARGETS=(ggml-rpc-server)
 if [[ "${BENCH:-0}" == "1" ]]; then TARGETS+=(llama-bench); fi
 
-OUT="${HERE}/.build"
-SRC_ROOT="${OUT}/src"
-CMAKE_DIR="${OUT}/rpc"
-BIN="${CMAKE_DIR}/bin"
-JOBS="${JOBS:-2}"
-PYTHON="${PYTHON:-python3}"
-
-have_all() {
-    local t
-    for t in "${TARGETS[@]}"; do [[ -x "${BIN}/${t}" ]] || return 1; done
-}
-if [[ "${FORCE:-0}" != "1" ]] && have_all; then
-    echo "build_rpc.sh: ${TARGETS[*]} already in ${BIN} (FORCE=1 to rebuild)"
-    exit 0
-fi
-command -v cmake >/dev/null || { echo "build_rpc.sh: cmake not found" >&2; exit 1; }
-fetch_sdist "${OUT}" build_rpc.sh
-unpack_sdist "${SRC_ROOT}" build_rpc.sh
-
-GEN=()
-if command -v ninja >/dev/null; then GEN=(-G Ninja); fi
-unset SOURCE_DATE_EPOCH  # as a plain pip build (it would turn GGML_NATIVE's default off)
 # The pip build's options (as build_native.sh), with the RPC backend on; no server, no UI.
 CMAKE_OPTS=("${PIP_BUILD_CMAKE_OPTS[@]}" -DGGML_RPC=ON -DLLAMA_BUILD_SERVER=OFF)
-echo "build_rpc.sh: configuring ${CMAKE_DIR}"
-cmake -S "${LLAMA_SRC}" -B "${CMAKE_DIR}" "${GEN[@]}" "${CMAKE_OPTS[@]}" >/dev/null
-echo "build_rpc.sh: building ${TARGETS[*]} with -j${JOBS}"
-cmake --build "${CMAKE_DIR}" --config Release -j "${JOBS}" --target "${TARGETS[@]}"
-have_all || { echo "build_rpc.sh: build finished but binaries missing" >&2; exit 1; }
-echo "build_rpc.sh: done; ${TARGETS[*]} in ${BIN}"
+cached_build build_rpc.sh rpc
+mkdir -p "${HERE}/.build/rpc"
+ln -sfn "${BUILD_DIR}/bin" "${HERE}/.build/rpc/bin"
+echo "build_rpc.sh: done; ${TARGETS[*]} in ${HERE}/.build/rpc/bin -> ${BUILD_DIR}/bin"

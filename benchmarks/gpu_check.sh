@@ -32,7 +32,7 @@ if [[ "${MODE}" == cuda ]]; then
     ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-native} ${ARGS}"
 fi
 
-fetch_sdist "${HERE}/.build" gpu_check.sh  # the sdist the native builds pin, sha256 checked
+fetch_sdist gpu_check.sh  # the sdist the native builds pin, sha256 checked
 mkdir -p "${OUT}/wheels"
 if ! ls "${OUT}"/wheels/llama_cpp_python-*.whl >/dev/null 2>&1; then
     echo "gpu_check.sh: building llama-cpp-python with CMAKE_ARGS=\"${ARGS}\" (-j${JOBS})"

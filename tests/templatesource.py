@@ -1,8 +1,8 @@
 """Real chat templates for tests: llama.cpp's ``models/templates/*.jinja`` (70 popular models'), read
 from the llama-cpp-python sdist that localinfer runs - never committed here.
 
-The sdist is found where the benchmarks' build keeps it (``benchmarks/.build/sdist``, or
-``LLAMA_CPP_PYTHON_SDIST``), else in the test cache (``models.cache_dir()``), downloaded there once
+The sdist is found where the native builds keep it (``LLAMA_CPP_PYTHON_SDIST``, or
+``$LOCALINFER_CI_CACHE/sdist``: benchmarks/llama_cpp_source.sh), else in the test cache (``models.cache_dir()``), downloaded there once
 with ``pip download``; a test skips, saying why, only when none can be had.
 """
 
@@ -30,7 +30,9 @@ def sdist_path() -> Path | None:
     name = f"llama_cpp_python-{_version()}.tar.gz"
     env = os.environ.get("LLAMA_CPP_PYTHON_SDIST")
     candidates = [Path(env)] if env else []
-    candidates += [REPO / "benchmarks" / ".build" / "sdist" / name]
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    ci_cache = os.environ.get("LOCALINFER_CI_CACHE") or xdg / "localinfer-ci"
+    candidates += [Path(ci_cache) / "sdist" / name, REPO / "benchmarks" / ".build" / "sdist" / name]
     from models import cache_dir
 
     cache = cache_dir() / "sdist"
