@@ -8,6 +8,13 @@ import sys
 
 import pytest
 
+# llama.cpp's threads wait for each other at every barrier of a decode (OpenMP's, in this build); by
+# default they spin there, and on a loaded 2-core machine a descheduled partner makes the other spin
+# its whole time slice: a 32-token `run` took 45-84 s instead of 10 s (benchmarks/results/
+# test-threads-2026-12-04.txt). Passive waiting changes no output, only who gets the CPU. Set before
+# any test module loads libllama (and inherited by every child the tests start).
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
