@@ -1,10 +1,18 @@
-"""Shared fixtures: every test gets its own localinfer home and HF cache; nothing touches the real ones."""
+"""Shared fixtures: every test gets its own localinfer home and HF cache; nothing touches the real ones.
+
+Also the ``llama`` marker: a test that uses llama.cpp (a real model's fixture, or marked by hand) is
+marked, and ``slow`` with it; CI's second pass (.ci/rpc, another build of llama.cpp) runs only those.
+A test that used llama.cpp unmarked fails at teardown, so the split cannot rot: the engine notes each
+use in the file LOCALINFER_TEST_LLAMA_LOG names, in this process and in its children.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +22,73 @@ import pytest
 # test-threads-2026-12-04.txt). Passive waiting changes no output, only who gets the CPU. Set before
 # any test module loads libllama (and inherited by every child the tests start).
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+# fake_backend and fake_engine for every file; pytester for tests/test_suite_markers.py
+pytest_plugins = ["fakebackend", "fakeengine", "pytester"]
+
+# A test that asks for one of these (directly or through another fixture) runs a real model, unless a
+# fake stands in for it (then the model is only a file the command resolves).
+LLAMA_FIXTURES = frozenset({"smollm2_path", "gemma_path"})
+FAKE_FIXTURES = frozenset({"fake_engine", "fake_backend"})
+_LLAMA_LOG = "LOCALINFER_TEST_LLAMA_LOG"
+_LOG_SIZE = pytest.StashKey[int]()
+_llama_fixtures: set[str] = set()  # fixtures seen using llama.cpp as they were set up (a shared model, a server)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get(_LLAMA_LOG):
+        fd, path = tempfile.mkstemp(prefix="localinfer-llama-uses-")
+        os.close(fd)
+        os.environ[_LLAMA_LOG] = path  # inherited by every child the tests start
+        config.add_cleanup(lambda: Path(path).unlink(missing_ok=True))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(item.fixturenames)
+        if names & LLAMA_FIXTURES and not names & FAKE_FIXTURES and not item.get_closest_marker("llama"):
+            item.add_marker(pytest.mark.llama)
+        if item.get_closest_marker("llama") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+def _llama_uses() -> int:
+    try:
+        return os.path.getsize(os.environ[_LLAMA_LOG])
+    except (KeyError, OSError):
+        return 0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    # a fixture that loads a model once for a module: the tests after the first use it without a new load
+    # (function-scoped ones are caught by the test's own count)
+    before = _llama_uses()
+    result = yield
+    if fixturedef.scope != "function" and _llama_uses() > before:
+        _llama_fixtures.add(fixturedef.argname)
+    return result
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_LOG_SIZE] = _llama_uses()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    result = yield
+    if item.get_closest_marker("llama"):
+        return result
+    used = _llama_fixtures.intersection(item.fixturenames)
+    if used or _llama_uses() > item.stash.get(_LOG_SIZE, 0):
+        pytest.fail(
+            f"{item.nodeid} used llama.cpp ({'through ' + ', '.join(sorted(used)) if used else 'in this process or a child'}) "
+            "but is not marked llama: ask for a real model's fixture (smollm2_path, gemma_path) or mark it "
+            "@pytest.mark.llama, or CI's second build (.ci/rpc) skips it",
+            pytrace=False,
+        )
+    return result
 
 
 @pytest.fixture(autouse=True)

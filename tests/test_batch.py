@@ -250,6 +250,7 @@ def test_help_lists_batch_and_its_options():
         assert flag in result.output
 
 
+@pytest.mark.llama
 def test_usage_errors_exit_2_before_loading(tmp_path):
     runner = CliRunner()
     reqs = tmp_path / "r.jsonl"
@@ -265,6 +266,7 @@ def test_usage_errors_exit_2_before_loading(tmp_path):
     assert result.exit_code == 2 and "input file not found" in result.output
 
 
+@pytest.mark.llama
 def test_an_output_that_cannot_be_written_fails_before_loading(tmp_path, read_only_dir):
     reqs = tmp_path / "r.txt"
     reqs.write_text("hi\n")
@@ -282,6 +284,7 @@ def test_an_output_that_cannot_be_written_fails_before_loading(tmp_path, read_on
         batchio.JsonlSink(path=missing / "out.jsonl")  # what the check cannot foresee (a race) is one line too
 
 
+@pytest.mark.llama
 def test_an_output_in_a_missing_folder_through_the_real_entry_point(tmp_path):
     from conftest import run_cli
 
@@ -293,6 +296,7 @@ def test_an_output_in_a_missing_folder_through_the_real_entry_point(tmp_path):
     assert err.startswith("Error: cannot write --output /nonexistent/dir/out.jsonl: there is no folder /nonexistent/dir\n")
 
 
+@pytest.mark.llama
 def test_resume_with_everything_done_needs_no_model(tmp_path):
     reqs = tmp_path / "r.txt"
     reqs.write_text("one\ntwo\n")

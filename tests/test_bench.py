@@ -242,12 +242,14 @@ def test_a_schema_adds_a_constrained_row_with_its_cost_per_token(smollm2_path, i
     assert proc.returncode == 2 and b"not --parallel" in proc.stderr
 
 
+@pytest.mark.llama
 def test_bench_bad_list_is_a_usage_error(isolated_home):
     proc = run_cli("bench", "-t", "one,two")
     assert proc.returncode == 2
     assert b"--threads" in proc.stderr
 
 
+@pytest.mark.llama
 def test_bench_watts_without_price_is_a_usage_error(isolated_home):
     proc = run_cli("bench", "--watts", "100")
     assert proc.returncode == 2

@@ -12,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
-from fakebackend import fake_backend  # noqa: F401 - fixture
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[=>]")
 STATS = re.compile(
@@ -208,6 +207,7 @@ def test_piped_stdin_each_line_is_a_turn(smollm2_path):
     assert bad.returncode == 2 and b"unknown command /frobnicate" in bad.stderr
 
 
+@pytest.mark.llama
 def test_piped_chat_goes_on_after_a_bad_line_and_exits_with_its_code(smollm2_path, fake_backend):  # noqa: F811
     # As in the REPL, a failed command is an error message; the later lines still run.
     fake_backend.enqueue(["Hello", " there", " friend"])

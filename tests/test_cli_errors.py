@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 
+import pytest
+
 from typer.testing import CliRunner
 
 from localinfer.cli.main import build_app
@@ -14,6 +16,7 @@ def _disk_full(*_args, **_kwargs):
     raise OSError(errno.ENOSPC, "No space left on device", "/store/partial/gemma-3-270m.gguf")
 
 
+@pytest.mark.llama
 def test_a_full_disk_while_assembling_a_packaged_model_exits_6(monkeypatch):
     from localinfer.store.sources import packages
 
@@ -24,6 +27,7 @@ def test_a_full_disk_while_assembling_a_packaged_model_exits_6(monkeypatch):
     assert "internal error" not in res.stderr and len(res.stderr.strip().splitlines()) == 2
 
 
+@pytest.mark.llama
 def test_a_folder_that_cannot_be_written_is_a_usage_error(monkeypatch):
     from localinfer.store.sources import packages
 
@@ -35,6 +39,7 @@ def test_a_folder_that_cannot_be_written_is_a_usage_error(monkeypatch):
     assert res.exit_code == 2 and "cannot write /store/partial/x.gguf: Read-only file system" in res.stderr
 
 
+@pytest.mark.llama
 def test_typos_get_one_suggestion_style_for_commands_models_and_settings():
     import subprocess
     import sys

@@ -1,5 +1,6 @@
 """CLI logic through Typer's CliRunner (in-process, no model needed)."""
 
+import pytest
 from typer.testing import CliRunner
 
 from localinfer import __version__
@@ -37,6 +38,7 @@ def test_version_and_help():
         assert opt in res.stdout, opt
 
 
+@pytest.mark.llama
 def test_usage_errors_exit_2():
     app = build_app()
     res = runner.invoke(app, ["run", "--max-tokens", "0", "-p", "x"])

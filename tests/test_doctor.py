@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import run_cli
 from typer.testing import CliRunner
 
@@ -17,6 +18,7 @@ def _doctor_json(env: dict | None = None) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.llama
 def test_doctor_json_has_the_machine_facts(isolated_home):
     data = _doctor_json({"LOCALINFER_FAKE_VRAM": ""})
     assert data["os"]["system"] and data["os"]["machine"]
@@ -38,6 +40,7 @@ def test_doctor_json_has_the_machine_facts(isolated_home):
         assert "gpu_unused" not in kinds
 
 
+@pytest.mark.llama
 def test_doctor_advises_a_cuda_rebuild_when_a_gpu_sits_unused():
     data = _doctor_json({"LOCALINFER_FAKE_VRAM": "8GB"})
     (gpu,) = data["gpus"]
@@ -50,6 +53,7 @@ def test_doctor_advises_a_cuda_rebuild_when_a_gpu_sits_unused():
     assert data["comfortable_model"]["gpu_max_file_bytes_after_rebuild"] > 0
 
 
+@pytest.mark.llama
 def test_doctor_text_report_through_cli_runner(monkeypatch):
     monkeypatch.setenv("LOCALINFER_FAKE_VRAM", "8GB")
     res = CliRunner().invoke(build_app(), ["doctor"])
@@ -61,11 +65,13 @@ def test_doctor_text_report_through_cli_runner(monkeypatch):
     assert "largest model that runs comfortably" in out
 
 
+@pytest.mark.llama
 def test_doctor_rejects_a_bad_simulated_size():
     proc = run_cli("doctor", env={"LOCALINFER_FAKE_VRAM": "lots"}, timeout=120)
     assert proc.returncode == 2 and b"LOCALINFER_FAKE_VRAM" in proc.stderr and proc.stdout == b""
 
 
+@pytest.mark.llama
 def test_doctor_reports_a_store_under_a_file_instead_of_its_free_space(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -76,6 +82,7 @@ def test_doctor_reports_a_store_under_a_file_instead_of_its_free_space(tmp_path)
     assert first["kind"] == "store_unusable" and "set LOCALINFER_HOME to a folder you can write" in first["message"]
 
 
+@pytest.mark.llama
 def test_doctor_reports_a_read_only_store(read_only_dir, monkeypatch):
     monkeypatch.setenv("LOCALINFER_HOME", str(read_only_dir))
     res = CliRunner().invoke(build_app(), ["doctor"])
@@ -131,6 +138,7 @@ def test_advice_puts_an_unusable_store_first():
     assert all(a["kind"] != "low_disk" for a in rest)
 
 
+@pytest.mark.llama
 def test_doctor_on_a_60_column_terminal_wraps_at_word_boundaries(isolated_home):
     # The terminal wrapped each long line wherever column 60 fell, mid-word (issue 31).
     import os

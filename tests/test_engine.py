@@ -213,6 +213,7 @@ def test_a_template_that_runs_too_long_is_stopped(monkeypatch):
         templates.ChatTemplate(source="gguf", template=slow).render([{"role": "user", "content": "x"}] * 100000)
 
 
+@pytest.mark.llama
 def test_the_engine_imports_only_the_bindings_not_numpy():
     # The engine needs llama.cpp's C API only: the package's __init__ (numpy, the Llama class) would
     # cost most of the import on the way to the first token.

@@ -8,6 +8,8 @@ import os
 import pytest
 from conftest import run_cli
 
+pytestmark = pytest.mark.llama  # the commands ask llama.cpp about the build (tests/conftest.py)
+
 
 def _json_run(*args: str, env: dict | None = None) -> dict:
     proc = run_cli("run", "--json", "--temperature", "0", "-n", "1", "-p", "Hi", *args, env=env)

@@ -177,6 +177,7 @@ def test_the_tiny_llama_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.llama
 def test_the_tiny_llama_runs(tmp_path: Path) -> None:
     """So that the refusals below are of files llama.cpp would otherwise load."""
     proc = run_cli("run", "-m", str(write_tiny_llama(tmp_path / "tiny.gguf")), "-p", "hi", "-n", "1", timeout=120)
@@ -185,6 +186,7 @@ def test_the_tiny_llama_runs(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("keys", "n_tokens", "expected"), E2E.values(), ids=E2E.keys())
+@pytest.mark.llama
 def test_the_cli_refuses_before_llama_cpp_sees_the_file(tmp_path: Path, keys: dict, n_tokens: int, expected: str) -> None:
     path = write_tiny_llama(tmp_path / "bad.gguf", n_tokens=n_tokens, extra=keys)
     proc = run_cli("run", "-m", str(path), "-p", "hi", "-n", "1", timeout=120)

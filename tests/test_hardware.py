@@ -82,6 +82,7 @@ def test_fake_vram_replaces_the_gpus(monkeypatch):
         hardware.gpus()
 
 
+@pytest.mark.llama
 def test_memory_budget_reads_the_machine_or_the_simulation(monkeypatch):
     real = hardware.memory_budget()
     assert 0 < real.ram_available and 0 < real.ram_total
@@ -102,6 +103,7 @@ def test_memory_and_cpu_facts():
     assert hardware.cpu_model()
 
 
+@pytest.mark.llama
 def test_llama_cpp_facts_and_devices():
     facts = hardware.llama_facts()
     assert facts["version"] and "CPU" in facts["backends"]
@@ -135,6 +137,7 @@ def test_proc_meminfo_matches_psutil():
     assert abs(swap_free - psutil.swap_memory().free) < 256 * 2**20
 
 
+@pytest.mark.llama
 def test_default_threads_are_the_physical_cores_psutil_counts():
     # Read from sysfs on Linux (psutil's own first method there), without importing psutil.
     import psutil

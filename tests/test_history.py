@@ -13,7 +13,6 @@ from localinfer.usage import history, recorder
 from localinfer.errors import ContextOverflowError, UsageError
 from localinfer.usage.history import UsageRecord
 
-from fakebackend import fake_backend  # noqa: F401 - fixture
 
 
 def test_append_then_load_round_trips_every_field(isolated_home):
@@ -256,6 +255,7 @@ def test_request_log_respects_no_log(isolated_home):
     assert history.load_records() == []
 
 
+@pytest.mark.llama
 def test_batch_command_records_every_request(smollm2_path, isolated_home, fake_backend):  # noqa: F811
     from typer.testing import CliRunner
 

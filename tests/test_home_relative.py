@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import run_cli
 
 
@@ -15,6 +16,7 @@ def test_a_relative_home_is_refused_and_nothing_is_created(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.llama
 def test_doctor_reports_a_relative_home(tmp_path) -> None:
     proc = run_cli("doctor", env={"LOCALINFER_HOME": "store"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()

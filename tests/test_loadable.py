@@ -17,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
-from fakeengine import fake_engine  # noqa: F401 - fixture
 from fakehub import fake_hub, hub_env  # noqa: F401 - fixtures
 from ggufmutate import duplicate_token, norm_as_f16, read_layout, write_layout
 from ggufsynth import write_gguf
@@ -241,6 +240,7 @@ def test_pull_of_a_file_whose_template_does_not_compile_installs_nothing(tmp_pat
     assert manifest_models() == {}
 
 
+@pytest.mark.llama
 def test_run_of_a_file_whose_template_does_not_compile_is_exit_4(tmp_path, fake_engine) -> None:  # noqa: F811
     path = write_gguf(tmp_path / "tpl.gguf", chat_template="{{ messages | nosuchfilter }}")
     r = CliRunner().invoke(build_app(), ["run", "-m", str(path), "-p", "hi"])

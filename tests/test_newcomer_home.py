@@ -13,6 +13,7 @@ HINT = "hint: set LOCALINFER_HOME to a folder you can write"
 
 
 @pytest.mark.parametrize("args", [["run", "-n", "1", "-p", "hi"], ["list"], ["pull", "smollm2:135m"], ["stats"]])
+@pytest.mark.llama
 def test_a_home_under_a_file(tmp_path, args):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -25,6 +26,7 @@ def test_a_home_under_a_file(tmp_path, args):
 
 
 @pytest.mark.parametrize("below", [False, True], ids=["the-folder", "a-folder-to-create-in-it"])
+@pytest.mark.llama
 def test_a_read_only_home(read_only_dir, monkeypatch, below):
     home = read_only_dir / "home" if below else read_only_dir
     monkeypatch.setenv("LOCALINFER_HOME", str(home))

@@ -90,6 +90,7 @@ def test_the_common_flags_are_declared_once_and_shown_alike_by_each_command():
                 assert shown.get(flag) == description, (name, flag)
 
 
+@pytest.mark.llama
 def test_a_group_reads_the_flags_of_another_whichever_comes_first():
     """The load group's --verbose comes from the common group, declared before or after it."""
     seen = {}
@@ -144,6 +145,7 @@ def test_the_command_body_gets_one_ready_value_for_each_group(monkeypatch):
     assert seen["load"] is None  # nothing loaded with --endpoint: the load flags are not read
 
 
+@pytest.mark.llama
 def test_a_part_of_a_group_keeps_the_defaults_of_the_flags_it_leaves_out():
     part = o.LOAD.only("no_mmap", "cache_type_v")
     assert [p.name for p in part.flags] == ["no_mmap", "cache_type_v"]
@@ -171,6 +173,7 @@ COMMAND_ARGS = {"run": ["-p", "hi"], "chat": [], "batch": ["missing-input.jsonl"
 
 
 @pytest.mark.parametrize(("flag", "line"), BAD_VALUES, ids=[f for (f, _), _ in BAD_VALUES])
+@pytest.mark.llama
 def test_a_bad_value_of_a_load_flag_is_the_same_line_from_every_command(flag, line, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
     app = build_app()
@@ -181,6 +184,7 @@ def test_a_bad_value_of_a_load_flag_is_the_same_line_from_every_command(flag, li
         assert res.stdout == ""
 
 
+@pytest.mark.llama
 def test_a_bad_cost_flag_is_the_same_line_from_bench_and_stats(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
     app = build_app()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import run_python
+
+pytestmark = pytest.mark.llama  # the children import the engine and ask llama.cpp about the build
 
 POSIX_ONLY = ("fcntl", "resource", "termios", "tty", "pty", "pwd", "grp")
 

@@ -491,6 +491,7 @@ def test_a_library_pull_prints_nothing_and_reports_to_the_callers_sink(hub: Fake
     assert capfd.readouterr() == ("", "")
 
 
+@pytest.mark.llama
 def test_run_shows_the_pull_it_starts(hub: FakeHub) -> None:
     r = invoke("run", "-m", f"{REPO}:Q8_0", "--offline", "-p", "hi")
     assert r.exit_code == 3 and "pulling" not in r.stderr  # offline: not installed, nothing fetched
@@ -529,6 +530,7 @@ def test_verify_detects_corruption_and_pull_repairs(hub: FakeHub) -> None:
     assert invoke("verify", f"{REPO}:Q4_K_M").exit_code == 0
 
 
+@pytest.mark.llama
 def test_a_blob_left_short_by_a_crash_is_refused_before_use(hub: FakeHub) -> None:
     # Downloaded bytes are not fsync'ed: a crash before write-back brings the file back short, with
     # the mtime it may have had. The durable record of the verified file must no longer match.

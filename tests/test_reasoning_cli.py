@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakebackend import fake_backend  # noqa: F401 - fixture
 from typer.testing import CliRunner
 
 from localinfer.cli.main import build_app
 from localinfer.reasoning import Markers
+
+pytestmark = pytest.mark.llama  # the commands ask llama.cpp about the build (tests/conftest.py)
 
 THINKING = ["<think>", "\nThe user", " wants", " a greeting.", "\n</think>", "\n\n", "Hello", "!"]
 

@@ -11,7 +11,6 @@ import sqlite3
 import time
 
 import pytest
-from fakebackend import fake_backend  # noqa: F401 - fixture
 from stubserver import StubServer
 from typer.testing import CliRunner
 
@@ -305,6 +304,7 @@ def test_load_test_json_uses_vllm_keys(stub):
     assert stub.requests == 21  # the probe, then the test
 
 
+@pytest.mark.llama
 def test_load_test_counts_failures_and_checks_flags(stub):
     stub.plan.extend(["ok", "500"])  # the probe passes, one request of the test fails
     res = cli("bench", "--endpoint", stub.url, "--requests", "5", "--input-len", "4", "-o", "json")
@@ -379,6 +379,7 @@ def test_run_raw_sends_the_system_prompt_as_run_raw_does_here(stub):
     assert body["prompt"] == "You are terse.\n\nOnce" and "messages" not in body and body["max_tokens"] == 2
 
 
+@pytest.mark.llama
 def test_batch_json_lines_have_the_same_keys_here_and_on_a_server(stub, tmp_path, fake_backend, smollm2_path):  # noqa: F811
     reqs = tmp_path / "r.jsonl"
     reqs.write_text('{"id": "a", "prompt": "Hi"}\n', encoding="utf-8")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from fakebackend import fake_backend  # noqa: F401 - fixture
 
 from localinfer.engine.types import SamplingOptions
 from localinfer.errors import UsageError

@@ -171,6 +171,7 @@ def test_gemma_base_model_falls_back_to_plain_completion_with_a_warning(gemma_pa
     assert quiet.returncode == 0 and "no chat template" not in quiet.stderr.decode()
 
 
+@pytest.mark.llama
 def test_gemma_by_registry_name_is_assembled_once_and_verified(shared_home):
     env = {"LOCALINFER_HOME": str(shared_home)}
     proc = run_cli("run", "-m", "gemma3:270m", "-n", "4", *GREEDY, "-p", "Hello", env=env)
@@ -178,6 +179,7 @@ def test_gemma_by_registry_name_is_assembled_once_and_verified(shared_home):
     assert proc.stdout.strip()
 
 
+@pytest.mark.llama
 def test_default_model_runs_with_no_network_and_no_model_flag():
     proc = run_cli(
         "run", "-n", "8", "-p", "Hi", env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
@@ -259,6 +261,7 @@ def test_ctrl_c_stops_generation_flushes_and_exits_130(smollm2_path):
         ([], 2, "no prompt"),
     ],
 )
+@pytest.mark.llama
 def test_errors_are_one_line_with_the_right_exit_code(args, code, needle):
     proc = run_cli("run", *args)
     err = proc.stderr.decode()
@@ -267,6 +270,7 @@ def test_errors_are_one_line_with_the_right_exit_code(args, code, needle):
     assert "Traceback" not in err and proc.stdout == b""
 
 
+@pytest.mark.llama
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     bad = tmp_path / "fake.gguf"
     bad.write_bytes(b"this is not a model at all" * 100)
@@ -276,6 +280,7 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     assert "Traceback" not in proc.stderr.decode()
 
 
+@pytest.mark.llama
 def test_debug_env_shows_the_traceback(tmp_path):
     bad = tmp_path / "fake.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 64)

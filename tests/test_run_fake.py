@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
-from fakeengine import fake_engine  # noqa: F401 - fixture
+import pytest
 from typer.testing import CliRunner
 
 from localinfer.cli.main import build_app
+
+pytestmark = pytest.mark.llama  # the commands ask llama.cpp about the build (tests/conftest.py)
 
 
 def _run(*args: str):

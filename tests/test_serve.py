@@ -336,6 +336,7 @@ def test_the_right_key_passes():
 
 
 # -- the command ---------------------------------------------------------------------------------------------
+@pytest.mark.llama
 def test_help_and_missing_packages():
     out = subprocess.run([sys.executable, "-m", "localinfer", "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
@@ -398,6 +399,7 @@ def test_a_model_that_cannot_load_stops_the_server_with_its_exit_code(smollm2_pa
     assert "listening on http://127.0.0.1:" in proc.stderr and "not enough memory" in proc.stderr
 
 
+@pytest.mark.llama
 def test_another_host_without_a_key_is_warned_about(tmp_path, isolated_home):
     """Checked before anything is bound (the missing model then ends the command): no socket opens."""
     args = ["serve", "--host", "0.0.0.0", "-m", str(tmp_path / "missing.gguf")]

@@ -123,6 +123,7 @@ def test_a_named_origin_gets_cors_and_its_preflight_only():
 
 @pytest.mark.parametrize(("flag", "value"), [("--cors-origin", "localhost:3000"), ("--cors-origin", "http://a.example/page"),
                                              ("--allowed-host", "a/b"), ("--allowed-host", "")])  # fmt: skip
+@pytest.mark.llama
 def test_bad_flag_values_are_one_line_usage_errors(flag, value, tmp_path):
     proc = run_cli("serve", flag, value, "-m", str(tmp_path / "missing.gguf"), timeout=60, text=True)
     assert proc.returncode == 2, proc.stderr

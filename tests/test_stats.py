@@ -14,7 +14,6 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
-from fakebackend import fake_backend  # noqa: F401 - fixture
 from localinfer.usage import history
 from localinfer.usage import stats as usage
 from localinfer.cli.main import build_app
@@ -188,6 +187,7 @@ def test_failed_run_is_recorded_with_its_exit_status(smollm2_path, isolated_home
     assert rec.exit_status == 6 and rec.finish_reason == "error" and rec.model == str(smollm2_path)
 
 
+@pytest.mark.llama
 def test_no_log_flag_and_env_write_nothing(smollm2_path, isolated_home, fake_backend):  # noqa: F811
     assert _invoke("run", "--no-log", "-q", "-m", str(smollm2_path), "-n", "2", "-t", "1", "-p", "Hi").returncode == 0
     proc = _invoke("run", "-q", "-m", str(smollm2_path), "-n", "2", "-t", "1", "-p", "Hi", env={"LOCALINFER_NO_LOG": "1"})
@@ -204,6 +204,7 @@ def _invoke(*args: str, env: dict | None = None):
     return types.SimpleNamespace(returncode=res.exit_code, stdout=res.stdout_bytes, stderr=res.stderr_bytes)
 
 
+@pytest.mark.llama
 def test_run_with_a_broken_history_still_answers(smollm2_path, isolated_home, fake_backend):  # noqa: F811
     isolated_home.mkdir(parents=True, exist_ok=True)
     (isolated_home / "history.db").write_bytes(b"not sqlite" * 500)

@@ -8,7 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
-from fakeengine import fake_engine  # noqa: F401 - fixture
 from localinfer.cli.main import build_app
 
 
@@ -20,6 +19,7 @@ def invoke(*args: str, input: bytes):
     ("data", "needle"),
     [(b"caf\xe9", "byte 0xe9 at byte offset 3"), (b"ok \xff\xfe\x00binary", "byte 0xff at byte offset 3")],
 )
+@pytest.mark.llama
 def test_run_refuses_piped_bytes_that_are_not_utf8(data: bytes, needle: str) -> None:
     proc = run_cli("run", "-p", "summarise", input=data, timeout=120)
     err = proc.stderr.decode()
@@ -30,6 +30,7 @@ def test_run_refuses_piped_bytes_that_are_not_utf8(data: bytes, needle: str) -> 
     assert hint.startswith("  hint: pass UTF-8 text")
 
 
+@pytest.mark.llama
 def test_run_refuses_input_far_beyond_the_context_before_reading_it_all() -> None:
     """98 MB once took 69 s and 8.7 GB to tokenize before the context check refused it."""
     big = b"word " * ((20 << 20) // 5)  # 20 MiB
@@ -44,6 +45,7 @@ def test_run_refuses_input_far_beyond_the_context_before_reading_it_all() -> Non
     assert "larger than 256 KiB, more than a 8192-token context" in bigger.stderr.decode()
 
 
+@pytest.mark.llama
 def test_piped_text_within_the_bound_reaches_the_model_intact(fake_engine, smollm2_path) -> None:  # noqa: F811
     text = ("café " + "x" * 995 + "\n") * 150  # 150 KiB: over the default bound, under -c 8192's
     r = invoke("run", "-m", str(smollm2_path), "-c", "8192", "-p", "summarise", input=text.encode())
@@ -52,6 +54,7 @@ def test_piped_text_within_the_bound_reaches_the_model_intact(fake_engine, smoll
     assert "café x" in seen and "\ufffd" not in seen and seen.count("café") == 150
 
 
+@pytest.mark.llama
 def test_truncate_keeps_the_end_of_an_input_beyond_the_bound(fake_engine, smollm2_path) -> None:  # noqa: F811
     data = b"START " + b"a " * (1 << 20) + b"END"  # 2 MiB
     r = invoke("run", "-m", str(smollm2_path), "--on-overflow", "truncate", "-p", "summarise", input=data)

@@ -38,6 +38,7 @@ def cli(*args: str):
         (["--json-schema-file", "/nonexistent/schema.json"], "cannot read /nonexistent/schema.json"),
     ],
 )
+@pytest.mark.llama
 def test_bad_format_is_exit_2_before_the_model_is_looked_up(flags, words):
     res = cli("run", "-m", "/nonexistent/model.gguf", "hello", *flags)  # a missing model would be exit 3
     assert res.exit_code == 2, res.output

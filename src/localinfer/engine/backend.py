@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from localinfer.engine.bindings import bindings
+from localinfer.engine.bindings import bindings, note_use
 
 llama_cpp = bindings()
 
@@ -75,6 +75,7 @@ def ensure_backend(verbose: bool | None) -> LlamaLog:
     """Start llama.cpp's backend once; ``verbose``: echo its log from now on (None: leave it as it
     is, for the device queries a verbose load makes on its way)."""
     global _log
+    note_use()
     if _log is None:
         _log = LlamaLog()
         llama_cpp.llama_backend_init()
@@ -138,10 +139,12 @@ def _sysfs_physical_cores() -> int | None:
 
 
 def supports_gpu_offload() -> bool:
+    note_use()
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def system_info() -> str:
+    note_use()
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
 
 
