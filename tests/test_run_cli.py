@@ -12,8 +12,10 @@ import sys
 import time
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import run_cli
+from localinfer.cli.main import build_app
 
 pytestmark = pytest.mark.slow
 
@@ -263,11 +265,21 @@ def test_ctrl_c_stops_generation_flushes_and_exits_130(smollm2_path):
 )
 @pytest.mark.llama
 def test_errors_are_one_line_with_the_right_exit_code(args, code, needle):
-    proc = run_cli("run", *args)
-    err = proc.stderr.decode()
-    assert proc.returncode == code, err
+    # the command's logic, in process (CliRunner); through the real entry point: exit 3 just below,
+    # 4 (not GGUF), 6 (overflow) and 130 (Ctrl-C) in this file, 2 in tests/test_cli_errors.py
+    res = CliRunner().invoke(build_app(), ["run", *args])
+    err = res.stderr
+    assert res.exit_code == code, err
     assert needle in err.lower() or needle in err
-    assert "Traceback" not in err and proc.stdout == b""
+    assert "Traceback" not in err and res.stdout == ""
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+@pytest.mark.llama
+def test_a_missing_model_file_exits_3_through_the_entry_point():
+    proc = run_cli("run", "-m", "/nonexistent/model.gguf", "-p", "hi")
+    assert proc.returncode == 3, proc.stderr.decode()
+    assert "no such file" in proc.stderr.decode().lower() and b"Traceback" not in proc.stderr and proc.stdout == b""
 
 
 @pytest.mark.llama
