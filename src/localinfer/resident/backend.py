@@ -126,7 +126,7 @@ def open_resident(
         raise _load_error(info)
     for note in info.get("notes", ()):
         (on_note or tell)(note)  # a reload, an unload to make room: one line each
-    name = spec if spec and _is_path(spec) else info["name"]
+    name = os.path.abspath(spec) if spec and _is_path(spec) else info["name"]  # a name the server serves (not relative)
     if chat_only and not info.get("can_chat"):
         from localinfer.backends import no_template_error
 

@@ -6,6 +6,7 @@ them to the two processes it spawns (socket activation): the server (``resident.
 HTTP on ``place.socket``) and its command runner (``cli.runner``: the CLI, imported once, on
 ``place.commands``). A command connects at once and waits in the socket's backlog until the process
 accepts: nothing polls. The runner lives as long as the server: it watches a pipe the server holds.
+Both start with ``-P`` in ``/``: nothing of the directory the first command was typed in is importable.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 SUN_PATH_MAX = 100  # AF_UNIX paths are at most 104-108 bytes, by platform: a longer one moves to /tmp
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EINVAL)
+ISOLATED = ("-P",) if sys.version_info >= (3, 11) else ()  # no cwd on sys.path (3.10: the cwd "/" instead)
 
 
 class Place(NamedTuple):
@@ -125,18 +127,19 @@ def start(where: Place, *, max_models: int | None = None, preload: dict[str, Any
     life_r, life_w = os.pipe()  # the runner's read end sees EOF when the server (which holds the write end) exits
     fd = os.open(where.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        args = [sys.executable, "-m", "localinfer.resident.server", "--socket", str(where.socket), "--lock", str(where.lock),
+        args = [sys.executable, *ISOLATED, "-m", "localinfer.resident.server", "--socket", str(where.socket), "--lock", str(where.lock),
                 "--socket-fd", str(server_sock.fileno()), "--ready-fd", str(ready_w), "--life-fd", str(life_w)]  # fmt: skip
         if max_models:
             args += ["--max-models", str(max_models)]
         if preload is not None:
             args.append("--preload")
         server = subprocess.Popen(args, stdin=subprocess.PIPE if preload is not None else subprocess.DEVNULL, stdout=fd,
-                                  stderr=fd, start_new_session=True, pass_fds=(server_sock.fileno(), ready_w, life_w))  # fmt: skip
-        runner = [sys.executable, "-m", "localinfer.cli.runner", "--socket", str(where.commands), "--lock", str(where.lock),
+                                  stderr=fd, start_new_session=True, pass_fds=(server_sock.fileno(), ready_w, life_w),
+                                  cwd=os.sep)  # fmt: skip
+        runner = [sys.executable, *ISOLATED, "-m", "localinfer.cli.runner", "--socket", str(where.commands), "--lock", str(where.lock),
                   "--socket-fd", str(commands_sock.fileno()), "--life-fd", str(life_r)]  # fmt: skip
         subprocess.Popen(runner, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                         pass_fds=(commands_sock.fileno(), life_r))  # fmt: skip
+                         pass_fds=(commands_sock.fileno(), life_r), cwd=os.sep)  # fmt: skip
     finally:
         for f in (fd, ready_w, life_r, life_w):
             os.close(f)
