@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--life-fd", required=True, type=int)
     args = parser.parse_args(argv)
     listener = socket.socket(fileno=args.socket_fd)
+    listener.listen(256)  # again: SO_PEERCRED now names this process (clients check its mount namespace)
     mine = os.stat(args.socket).st_ino
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' processes are reaped by the kernel
     from localinfer.resident import command

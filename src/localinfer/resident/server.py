@@ -386,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     from localinfer.resident.start import bind, unlink_if
 
     sock = bind(args.socket) if args.socket_fd is None else socket.socket(fileno=args.socket_fd)
+    sock.listen(256)  # again: SO_PEERCRED now names this process (clients check its mount namespace)
     mine = os.stat(args.socket).st_ino
     resident = Resident(max_models=args.max_models, say=say)
     if args.preload:
