@@ -25,6 +25,7 @@ from typing import Any
 
 from localinfer.resident import pool
 from localinfer.resident.pool import Loaded, Want
+from localinfer.resident.start import runtime_env
 
 TICK_S = 0.1  # how often idle models are looked at: unloads are on time to this
 EMPTY_GRACE_S = 1.0  # with nothing loaded (the last model unloaded, a load refused), exit after this
@@ -143,7 +144,8 @@ class Resident:
             return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
         loaded = slot.engine.loaded
         return 200, {"id": slot.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
-                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid()}  # fmt: skip
+                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid(),
+                     "env": runtime_env()}  # fmt: skip
 
     def _resolve(self, spec: str | None) -> Any:
         """The model ``spec`` names, as installed (never pulled here: the command pulls, with its

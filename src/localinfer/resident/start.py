@@ -174,6 +174,17 @@ def bind(path: Path) -> socket.socket:
     return sock
 
 
+_RUNTIME_NAMES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+_RUNTIME_PREFIXES = ("GGML_", "OMP_", "KMP_", "MKL_", "OPENBLAS_")
+
+
+def runtime_env(environ: Any = None) -> dict[str, str]:
+    """The variables llama.cpp and its thread pools read once, as a process starts: the resident
+    server keeps its first command's (a command with others is told so: ``resident.backend``)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in _RUNTIME_NAMES or k.startswith(_RUNTIME_PREFIXES)}
+
+
 class Started(NamedTuple):
     server: subprocess.Popen
     ready: int  # read end of a pipe: one byte once the server serves, EOF if it exits first
