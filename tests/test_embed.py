@@ -193,15 +193,19 @@ def _engine(max_queue: int = 4):
     return engine
 
 
-def test_an_idle_engine_wakes_for_an_embedding_and_then_takes_the_next_chat():
+def _idle():
+    """An engine, its source as an idle decoder pulls it, and a chat request to queue."""
     import threading
     from types import SimpleNamespace
 
     engine = _engine()
-    decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
-    source = engine._source(decoder)  # type: ignore[arg-type]
+    source = engine._source(SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0)))  # type: ignore[arg-type]
+    return engine, source, SimpleNamespace(key="chat", job="chat-job", cancelled=threading.Event())
+
+
+def test_an_idle_engine_wakes_for_an_embedding_and_then_takes_the_next_chat():
+    engine, source, chat = _idle()
     ends = []
-    chat = SimpleNamespace(key="chat", job="chat-job", cancelled=threading.Event())
     engine.submit_embed([[1, 2, 3], [4], [5, 6]], lambda o: (ends.append(o), engine._queue.put(chat)))
     assert engine.queued == 1
     assert next(source) == "chat-job"  # the embedding ran first, decode by decode, on this (the engine's) thread
@@ -211,14 +215,8 @@ def test_an_idle_engine_wakes_for_an_embedding_and_then_takes_the_next_chat():
 
 
 def test_a_chat_arriving_between_two_embedding_decodes_is_taken_between_them():
-    import threading
-    from types import SimpleNamespace
-
-    engine = _engine()
-    decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
-    source = engine._source(decoder)  # type: ignore[arg-type]
+    engine, source, chat = _idle()
     ends = []
-    chat = SimpleNamespace(key="chat", job="chat-job", cancelled=threading.Event())
     engine._embedder.during = lambda inputs: engine._queue.put(chat)  # type: ignore[union-attr]
     engine.submit_embed([[1], [2], [3], [4], [5]], ends.append)
     assert next(source) == "chat-job" and ends == [], "taken after one decode of three"
