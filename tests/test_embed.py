@@ -166,11 +166,19 @@ def test_base64_is_little_endian_float32_as_the_openai_client_decodes_it():
 
 # -- the server's engine thread -------------------------------------------------------------------
 class FakeEmbedder:
+    """Two inputs per decode; ``during``: called with each decode's inputs (a request arriving then)."""
+
     def __init__(self) -> None:
         self.calls: list[list[list[int]]] = []
+        self.during = lambda inputs: None
+
+    def batch_end(self, inputs, first):
+        return min(first + 2, len(inputs))
 
     def embed(self, inputs):
+        assert len(inputs) <= 2, "one decode at a time"
         self.calls.append(inputs)
+        self.during(inputs)
         return [[float(len(t))] for t in inputs]
 
 
@@ -185,20 +193,37 @@ def _engine(max_queue: int = 4):
     return engine
 
 
-def test_an_idle_engine_wakes_for_an_embedding_and_then_takes_the_next_chat():
+def _idle():
+    """An engine, its source as an idle decoder pulls it, and a chat request to queue."""
     import threading
     from types import SimpleNamespace
 
     engine = _engine()
-    decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
-    source = engine._source(decoder)  # type: ignore[arg-type]
+    source = engine._source(SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0)))  # type: ignore[arg-type]
+    return engine, source, SimpleNamespace(key="chat", job="chat-job", cancelled=threading.Event())
+
+
+def test_an_idle_engine_wakes_for_an_embedding_and_then_takes_the_next_chat():
+    engine, source, chat = _idle()
     ends = []
-    engine.submit_embed([[1, 2, 3], [4]], ends.append)
-    engine._queue.put(SimpleNamespace(key="chat", job="chat-job", cancelled=threading.Event()))
-    assert engine.queued == 2  # one chat, one embedding
-    assert next(source) == "chat-job"  # the embedding ran first, on this (the engine's) thread
-    assert [(e.vectors, e.tokens, e.error) for e in ends] == [([[3.0], [1.0]], 4, None)]
+    engine.submit_embed([[1, 2, 3], [4], [5, 6]], lambda o: (ends.append(o), engine._queue.put(chat)))
+    assert engine.queued == 1
+    assert next(source) == "chat-job"  # the embedding ran first, decode by decode, on this (the engine's) thread
+    assert [(e.vectors, e.tokens, e.error) for e in ends] == [([[3.0], [1.0], [2.0]], 6, None)]
+    assert engine._embedder.calls == [[[1, 2, 3], [4]], [[5, 6]]]  # type: ignore[union-attr]
     assert engine.queued == 0
+
+
+def test_a_chat_arriving_between_two_embedding_decodes_is_taken_between_them():
+    engine, source, chat = _idle()
+    ends = []
+    engine._embedder.during = lambda inputs: engine._queue.put(chat)  # type: ignore[union-attr]
+    engine.submit_embed([[1], [2], [3], [4], [5]], ends.append)
+    assert next(source) == "chat-job" and ends == [], "taken after one decode of three"
+    engine._embedder.during = lambda inputs: None  # type: ignore[union-attr]
+    engine._before_decode()
+    engine._before_decode()  # the chat's next two steps: one embedding decode before each
+    assert [e.vectors for e in ends] == [[[1.0]] * 5] and len(engine._embedder.calls) == 3  # type: ignore[union-attr]
 
 
 def test_a_busy_engine_runs_embeddings_before_its_next_decode_and_bounds_them():
@@ -213,13 +238,20 @@ def test_a_busy_engine_runs_embeddings_before_its_next_decode_and_bounds_them():
     with pytest.raises(Overloaded):
         engine.submit_embed([[1]], ends.append)
     assert engine._waiting_chats() == 0  # the wake-up markers are no chat requests
-    engine._before_decode()  # what the decoder calls just before each llama_decode
+    engine._before_decode()  # what the decoder calls just before each llama_decode: one embedding decode
+    assert [e.vectors for e in ends] == [[[1.0]]]
+    engine._before_decode()
     assert [e.vectors for e in ends] == [[[1.0]], [[2.0]]] and steps[-1] == 2
     engine.submit_embed([[5, 5]], ends.append)
     engine.cancel_all()
     engine._before_decode()
     assert ends[-1].error == "the request was cancelled" and ends[-1].vectors == []
     assert len(engine._embedder.calls) == 2  # type: ignore[union-attr]
+    engine.submit_embed([[1], [2], [3]], ends.append)  # two decodes: cancelled after the first
+    engine._before_decode()
+    engine._embeds[0].cancel()
+    engine._before_decode()
+    assert ends[-1].error == "the request was cancelled" and len(engine._embedder.calls) == 3  # type: ignore[union-attr]
 
 
 def test_a_served_embedding_request_is_one_usage_row_with_its_tokens(isolated_home):

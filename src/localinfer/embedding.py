@@ -6,11 +6,11 @@ for a line that is not an input or an input that does not fit). No llama_cpp her
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
 
 CHUNK = 256  # inputs handed to a backend at once: progress and output come per chunk
@@ -144,4 +144,4 @@ def run(
 
 def dumps(record: dict[str, Any]) -> str:
     """One output line (floats as Python writes them: the shortest text that reads back the same)."""
-    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    return finite_dumps(record, ensure_ascii=False, separators=(",", ":"))

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 
 from localinfer import rules
 from localinfer.errors import UsageError
+from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
 from localinfer.request import BatchRequest, InputError  # noqa: F401 - the lines' types, re-exported
 from localinfer.rules import SAMPLING_FIELDS
@@ -252,7 +253,7 @@ class JsonlSink:
                                  hint="pass a file in a folder you can write") from exc
 
     def __call__(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        data = (finite_dumps(record, ensure_ascii=False) + "\n").encode("utf-8")  # NaN logprobs as null
         if self._fd is not None:
             view = memoryview(data)
             while view:

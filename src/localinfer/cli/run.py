@@ -122,7 +122,9 @@ def run(
             if json_out:
                 import json
 
-                _write_stdout(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+                from localinfer.finite import dumps as finite_dumps  # NaN logprobs as null
+
+                _write_stdout(finite_dumps(result.to_json(), ensure_ascii=False) + "\n")
             elif result.text and not result.text.endswith("\n"):
                 _write_stdout("\n")
             if request.raw_text is not None and max_tokens is None and result.finish_reason == "length":

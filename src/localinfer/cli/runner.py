@@ -7,11 +7,15 @@ command's interpreter had them, and runs ``cli.main.main()`` - the full path, wh
 resident server as any command does. Only the exit status (or the signal it died of) goes back;
 a signal the command receives (Ctrl-C) is passed on to it. The runner is single-threaded (it forks)
 and exits when the server does (EOF on a pipe the server holds) or when it is gone from its socket.
+
+Limits (a refused command runs where it was typed): a peer must send its command within
+``RECEIVE_TIMEOUT_S``, of at most ``MAX_COMMAND_BYTES``; at most ``MAX_CHILDREN`` commands at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -34,6 +38,9 @@ _PRELOAD = (
     "localinfer.limits", "localinfer.structured", "localinfer.rules", "localinfer.engine.rpc", "localinfer.units",
     "localinfer.resident.place", "typer._click.decorators",
 )  # fmt: skip
+RECEIVE_TIMEOUT_S = 30.0  # a command is sent at once (a few kB): a peer that sends nothing is dropped
+MAX_COMMAND_BYTES = 16 << 20  # argv and environment: Linux's own cap on both is a few MiB
+MAX_CHILDREN = 256  # commands at once; past it a command runs in its own process
 
 
 def _preload() -> None:
@@ -58,17 +65,27 @@ def _same_user(conn: socket.socket) -> bool:
     return uid == os.getuid()
 
 
+class Refused(Exception):
+    """A command this runner does not take (its reason goes back to the client)."""
+
+
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """The command: a 4-byte length and its JSON, the fds riding on the first bytes."""
+    """The command: a 4-byte length and its JSON, the fds riding on the first bytes. Refused when the
+    length is over ``MAX_COMMAND_BYTES``; OSError when it is cut short or slower than the timeout."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
     body = bytearray(data)
-    while len(body) < 4 or len(body) < 4 + int.from_bytes(body[:4], "big"):
-        more = conn.recv(1 << 16)
-        if not more:
-            for fd in fds:
-                os.close(fd)
-            raise ConnectionError("the command was cut short")
-        body += more
+    try:
+        while len(body) < 4 or len(body) < 4 + int.from_bytes(body[:4], "big"):
+            if len(body) >= 4 and int.from_bytes(body[:4], "big") > MAX_COMMAND_BYTES:
+                raise Refused(f"a command of more than {MAX_COMMAND_BYTES} bytes")
+            more = conn.recv(1 << 16)
+            if not more:
+                raise ConnectionError("the command was cut short")
+            body += more
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     return json.loads(bytes(body[4:])), fds
 
 
@@ -128,7 +145,7 @@ def _exit_status(code: Any) -> int:
     return 1
 
 
-def _child(conn: socket.socket, listener: socket.socket, life_fd: int) -> NoReturn:
+def _child(conn: socket.socket, listener: socket.socket, life_fd: int, timeout_s: float) -> NoReturn:
     """One command, in the forked process (never returns)."""
     listener.close()
     os.close(life_fd)
@@ -142,10 +159,15 @@ def _child(conn: socket.socket, listener: socket.socket, life_fd: int) -> NoRetu
         except OSError:
             pass
 
+    conn.settimeout(timeout_s)
     try:
         command, fds = _receive(conn)
+    except Refused as exc:
+        reply({"refused": str(exc)})
+        os._exit(0)
     except (OSError, ValueError):
         os._exit(0)
+    conn.settimeout(None)
     from localinfer.resident import command as handed
 
     if command.get("identity") != handed.identity() or len(fds) != 3:
@@ -198,20 +220,35 @@ def _run() -> dict[str, Any]:
     return end
 
 
+def _running(pid: int) -> bool:
+    """A command's process still runs (SIGCHLD ignored: the kernel reaps it as it exits)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localinfer.cli.runner")
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--lock", required=True, type=Path)
     parser.add_argument("--socket-fd", required=True, type=int)
     parser.add_argument("--life-fd", required=True, type=int)
+    parser.add_argument("--receive-timeout", type=float, default=RECEIVE_TIMEOUT_S)
+    parser.add_argument("--max-children", type=int, default=MAX_CHILDREN)
     args = parser.parse_args(argv)
     listener = socket.socket(fileno=args.socket_fd)
+    listener.listen(256)  # again: SO_PEERCRED now names this process (clients check its mount namespace)
     mine = os.stat(args.socket).st_ino
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' processes are reaped by the kernel
     from localinfer.resident import command
 
     command.SERVING = True
     _preload()
+    children: set[int] = set()
     try:
         while True:
             readable, _, _ = select.select([listener, args.life_fd], [], [])
@@ -224,11 +261,19 @@ def main(argv: list[str] | None = None) -> int:
             if not _same_user(conn):
                 conn.close()
                 continue
-            if os.fork() == 0:
+            children = {pid for pid in children if _running(pid)}
+            if len(children) >= args.max_children:
+                with contextlib.suppress(OSError):
+                    conn.sendall(b'{"refused": "too many commands at once"}\n')
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
                 try:
-                    _child(conn, listener, args.life_fd)
+                    _child(conn, listener, args.life_fd, args.receive_timeout)
                 finally:  # never back into this loop: before its "pid", the command runs where it was typed
                     os._exit(1)
+            children.add(pid)
             conn.close()
     finally:
         from localinfer.resident.start import unlink_if

@@ -39,7 +39,8 @@ import numpy as np
 from localinfer.engine.backend import llama_cpp
 from localinfer.structured import Format, FormatError, gbnf_to_lark
 
-CACHE_SIZE = 64  # compiled formats kept per loaded model
+CACHE_SIZE = 64  # compiled formats kept per loaded model...
+CACHE_TEXT_BYTES = 4 << 20  # ...and their text at most: a matcher's memory grows with its grammar's size
 # JSON is compact (no free whitespace): a small model cannot wander into endless blank space.
 JSON_OPTIONS = {"whitespace_flexible": False, "lenient": False}
 ANY_OBJECT = '{"type": "object"}'
@@ -68,6 +69,7 @@ class Compiler:
         self.tokenizer = _tokenizer(model)
         self.n_vocab = model.n_vocab
         self._cache: OrderedDict[tuple[str, str], Compiled] = OrderedDict()
+        self._text_bytes = 0  # of the formats in the cache
         self._lock = threading.Lock()
 
     def compile(self, fmt: Format) -> Compiled:
@@ -79,9 +81,12 @@ class Compiler:
                 return hit
         compiled = Compiled(fmt, self._matcher(fmt), self.n_vocab)
         with self._lock:
+            if key not in self._cache:  # (another thread may have compiled it meanwhile)
+                self._text_bytes += len(fmt.text)
             self._cache[key] = compiled
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+            while len(self._cache) > 1 and (len(self._cache) > CACHE_SIZE or self._text_bytes > CACHE_TEXT_BYTES):
+                _key, old = self._cache.popitem(last=False)  # the least recently used
+                self._text_bytes -= len(old.fmt.text)
         return compiled
 
     def _matcher(self, fmt: Format) -> Any:

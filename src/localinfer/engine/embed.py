@@ -154,16 +154,25 @@ class Embedder:
             if not 0 < len(tokens) <= self.max_tokens:
                 raise ContextOverflowError(f"an input of {len(tokens)} tokens does not fit the embedding context ({self.max_tokens})")
         out: list[list[float]] = []
-        i, count = 0, len(inputs)
-        while i < count:
-            n, first = 0, i
-            while i < count and i - first < self.n_seq_max and n + len(inputs[i]) <= self.max_tokens:
+        first, count = 0, len(inputs)
+        while first < count:
+            end, n = self.batch_end(inputs, first), 0
+            for i in range(first, end):
                 n = self._put(inputs[i], n, i - first)
-                i += 1
-            out.extend(self._decode(n, i - first, normalize))
+            out.extend(self._decode(n, end - first, normalize))
             if on_done is not None:
-                on_done(i - first)
+                on_done(end - first)
+            first = end
         return out
+
+    def batch_end(self, inputs: Sequence[Sequence[int]], first: int) -> int:
+        """Where the inputs one ``llama_decode`` takes from ``first`` end (at least one more input):
+        as many as fit ``max_tokens`` and ``n_seq_max``."""
+        i, n = first, 0
+        while i < len(inputs) and i - first < self.n_seq_max and n + len(inputs[i]) <= self.max_tokens:
+            n += len(inputs[i])
+            i += 1
+        return max(i, min(first + 1, len(inputs)))
 
     def _put(self, tokens: Sequence[int], n: int, seq: int) -> int:
         """Put one input at batch row ``n`` as sequence ``seq``; the next free row."""

@@ -82,11 +82,12 @@ def probe_file(path: str | os.PathLike[str], *, timeout: float | None = None) ->
     )}  # fmt: skip
     env.pop("LOCALINFER_DEBUG", None)
     isolate = ["-P"] if sys.version_info >= (3, 11) else []  # no cwd on sys.path: nothing shadows us
-    cmd = [sys.executable, *isolate, "-m", "localinfer.engine.probe", str(path)]
+    cmd = [sys.executable, *isolate, "-m", "localinfer.engine.probe", os.path.abspath(path)]  # run in "/" (3.10: no -P)
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         try:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env, timeout=timeout)
+            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env, timeout=timeout,
+                                  cwd=os.sep)
         except subprocess.TimeoutExpired:
             return ProbeResult("timeout", f"llama.cpp did not finish loading it within {timeout:.0f} s", seconds=timeout)
         except OSError as exc:

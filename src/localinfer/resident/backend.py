@@ -126,7 +126,9 @@ def open_resident(
         raise _load_error(info)
     for note in info.get("notes", ()):
         (on_note or tell)(note)  # a reload, an unload to make room: one line each
-    name = spec if spec and _is_path(spec) else info["name"]
+    if "env" in info:
+        _compare_env(info["env"], tell)
+    name = os.path.abspath(spec) if spec and _is_path(spec) else info["name"]  # a name the server serves (not relative)
     if chat_only and not info.get("can_chat"):
         from localinfer.backends import no_template_error
 
@@ -157,6 +159,18 @@ def _ask(where: Place, body: dict[str, Any], max_models: int | None, tell: Note)
             continue
         return server, status, info
     raise AssertionError("unreachable")
+
+
+def _compare_env(theirs: dict[str, str], tell: Note) -> None:
+    """One line when the server's start-time environment (its first command's) is not this command's."""
+    from localinfer.resident.start import runtime_env
+
+    ours = runtime_env()
+    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    if differ:
+        shown = ", ".join(f"{k}={theirs.get(k, '(unset)')} there, {ours.get(k, '(unset)')} here" for k in differ)
+        tell(f"the resident server keeps the environment it started with ({shown}); "
+             "`localinfer stop --all` restarts it with this one")  # fmt: skip
 
 
 def _is_path(spec: str) -> bool:

@@ -7,6 +7,7 @@ command whose model is resident sends its request before ``--help`` would have p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -104,16 +105,10 @@ class UnixClient:
         data = b"" if body is None else json.dumps(body).encode()
         head = (f"{method} {path} HTTP/1.1\r\nHost: {_HOST}\r\nAccept: text/event-stream, application/json\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n")  # fmt: skip
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout_s)
-        try:
-            sock.connect(str(self.path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            raise NoServer() from None
-        except OSError:
-            sock.close()
-            raise
+        with refusals():
+            sock = start.connect(self.path, self.timeout_s)  # the folder and the listening process checked
+        if sock is None:
+            raise NoServer()
         try:
             sock.sendall(head.encode("latin-1") + data)
             return _Response(sock)
@@ -174,10 +169,21 @@ class UnixClient:
 
 
 # -- finding or starting the server -------------------------------------------------------------------
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """A socket that is not ours alone (``start.Untrusted``) as the one-line error a command prints."""
+    try:
+        yield
+    except start.Untrusted as exc:
+        raise LocalInferError(str(exc), hint="another user (or sandbox) may be listening in your place; remove that "
+                              "socket or folder, or set XDG_RUNTIME_DIR (see docs/security.md)") from None  # fmt: skip
+
+
 def find(place: Place) -> UnixClient | None:
     """The running server's client, or None when none runs (never starts one: ``ps``, ``stop``)."""
     try:
-        return UnixClient(place.socket) if start.alive(place.socket) else None
+        with refusals():
+            return UnixClient(place.socket) if start.alive(place.socket) else None
     except OSError:
         return None
 
@@ -189,12 +195,13 @@ def find_or_start(place: Place, *, max_models: int | None = None, preload: dict[
     a pipe: no polling). ``preload``: the load request a new server starts on at once (its model
     loads while the server imports the rest). OSError: the folder or socket cannot be made (the
     caller then runs locally)."""
-    if start.alive(place.socket):
-        return UnixClient(place.socket)
-    with start.locked(place):
-        started = start.start(place, max_models=max_models, preload=preload)
-        if started is not None:
-            _wait_ready(place, started, timeout_s)
+    with refusals():
+        if start.alive(place.socket):
+            return UnixClient(place.socket)
+        with start.locked(place):
+            started = start.start(place, max_models=max_models, preload=preload)
+            if started is not None:
+                _wait_ready(place, started, timeout_s)
     return UnixClient(place.socket)
 
 

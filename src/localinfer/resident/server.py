@@ -25,6 +25,7 @@ from typing import Any
 
 from localinfer.resident import pool
 from localinfer.resident.pool import Loaded, Want
+from localinfer.resident.start import runtime_env
 
 TICK_S = 0.1  # how often idle models are looked at: unloads are on time to this
 EMPTY_GRACE_S = 1.0  # with nothing loaded (the last model unloaded, a load refused), exit after this
@@ -143,7 +144,8 @@ class Resident:
             return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
         loaded = slot.engine.loaded
         return 200, {"id": slot.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
-                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid()}  # fmt: skip
+                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid(),
+                     "env": runtime_env()}  # fmt: skip
 
     def _resolve(self, spec: str | None) -> Any:
         """The model ``spec`` names, as installed (never pulled here: the command pulls, with its
@@ -386,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     from localinfer.resident.start import bind, unlink_if
 
     sock = bind(args.socket) if args.socket_fd is None else socket.socket(fileno=args.socket_fd)
+    sock.listen(256)  # again: SO_PEERCRED now names this process (clients check its mount namespace)
     mine = os.stat(args.socket).st_ino
     resident = Resident(max_models=args.max_models, say=say)
     if args.preload:

@@ -6,6 +6,11 @@ them to the two processes it spawns (socket activation): the server (``resident.
 HTTP on ``place.socket``) and its command runner (``cli.runner``: the CLI, imported once, on
 ``place.commands``). A command connects at once and waits in the socket's backlog until the process
 accepts: nothing polls. The runner lives as long as the server: it watches a pipe the server holds.
+
+Trust (docs/security.md): both processes start with ``-P`` in ``/`` (nothing of the directory the
+first command was typed in is importable), and a client uses a socket only in a folder that is ours
+(lstat: no symlink, no group/other bits) and only when the process listening is ours: same uid and,
+where /proc tells it, the same mount namespace (:func:`connect`; else :class:`Untrusted`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import os
 import socket
 import stat
+import struct
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -25,6 +31,11 @@ if TYPE_CHECKING:
 
 SUN_PATH_MAX = 100  # AF_UNIX paths are at most 104-108 bytes, by platform: a longer one moves to /tmp
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EINVAL)
+ISOLATED = ("-P",) if sys.version_info >= (3, 11) else ()  # no cwd on sys.path (3.10: the cwd "/" instead)
+
+
+class Untrusted(PermissionError):
+    """A socket, or its folder, that someone else could control: never connected to nor bound in."""
 
 
 class Place(NamedTuple):
@@ -45,9 +56,26 @@ def place(data_dir: Path) -> Place:
         import tempfile
 
         digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]
-        base = Path(tempfile.gettempdir()) / f"localinfer-{os.getuid()}"
+        base = _runtime_dir()
+        if base is None or len(os.fsencode(base / f"{digest}.cmd")) > SUN_PATH_MAX:
+            base = Path(tempfile.gettempdir()) / f"localinfer-{os.getuid()}"
         sock, commands = base / f"{digest}.sock", base / f"{digest}.cmd"
     return Place(folder, sock, folder / "lock", folder / "server.log", commands)
+
+
+def _runtime_dir() -> Path | None:
+    """``$XDG_RUNTIME_DIR/localinfer`` when that folder is set and usable (absolute, ours, private):
+    nobody else can make a folder there first, as they can in /tmp."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if not xdg or not os.path.isabs(xdg):
+        return None
+    try:
+        st = os.lstat(xdg)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        return None
+    return Path(xdg) / "localinfer"
 
 
 def unix_sockets() -> bool:
@@ -58,29 +86,69 @@ def unix_sockets() -> bool:
 def private_folder(path: Path) -> None:
     """Create ``path`` (mode 0700) or check it: ours, and nobody else may enter it. OSError when the
     folder cannot be made (a read-only data dir, a file in the way) or is not private."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:  # checked below (a symlink, even a dangling one, is refused)
+        pass
     st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(f"{path} is not a folder")
-    if st.st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to another user")
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or not stat.S_ISDIR(st.st_mode):
+        check_folder(path)  # raises Untrusted (a symlink, another user's), or NotADirectoryError
     if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700)
+        os.chmod(path, 0o700)  # ours: made private; a socket someone put in it meanwhile fails the peer check
     if not os.access(path, os.W_OK | os.X_OK):
         raise PermissionError(f"{path} is not writable")
 
 
+def check_folder(path: Path) -> None:
+    """``path`` is a folder of ours that nobody else may enter (lstat: a symlink is refused, wherever
+    it points). FileNotFoundError when it is not there; Untrusted when it is not ours alone."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        raise Untrusted(f"refusing the resident server's folder {path}: it is a symbolic link")
+    if st.st_uid != os.getuid():
+        raise Untrusted(f"refusing the resident server's folder {path}: it belongs to uid {st.st_uid}, not to you")
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a folder", str(path))  # ours: unusable, not hostile
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise Untrusted(f"refusing the resident server's folder {path}: others may enter it (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def check_peer(sock: socket.socket, path: Path) -> None:
+    """The process listening at ``path`` (``sock`` connected to it) is ours: our uid (SO_PEERCRED)
+    and, where /proc tells it, our mount namespace (a sandbox or container of the same uid sees
+    other files). Untrusted otherwise. Platforms without SO_PEERCRED rely on the folder check."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:
+        return
+    size = struct.calcsize("3i")
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, size))
+    if uid != os.getuid():
+        raise Untrusted(f"refusing the socket {path}: the process listening there is uid {uid}'s, not yours")
+    try:
+        theirs, ours = os.readlink(f"/proc/{pid}/ns/mnt"), os.readlink("/proc/self/ns/mnt")
+    except OSError:  # no /proc, the listener gone (the starter that bound it exited), not allowed to look
+        return
+    if theirs != ours:
+        raise Untrusted(f"refusing the socket {path}: the process listening there (pid {pid}) is in another mount namespace")
+
+
 def connect(path: Path, timeout_s: float | None = None) -> socket.socket | None:
-    """A connection to the socket at ``path``; None when nothing listens there (no file, or a stale
-    one left by a crashed process). Other OSErrors are raised."""
+    """A connection to the socket at ``path``; None when nothing listens there (no folder, no file,
+    or a stale one left by a crashed process). Untrusted when the folder or the listening process is
+    not ours alone (nothing was sent); other OSErrors are raised."""
+    try:
+        check_folder(path.parent)
+    except FileNotFoundError:
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
         sock.connect(str(path))
+        check_peer(sock, path)
         return sock
     except OSError as exc:
         sock.close()
-        if exc.errno in _GONE:
+        if exc.errno in _GONE and not isinstance(exc, Untrusted):
             return None
         raise
 
@@ -106,6 +174,17 @@ def bind(path: Path) -> socket.socket:
     return sock
 
 
+_RUNTIME_NAMES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+_RUNTIME_PREFIXES = ("GGML_", "OMP_", "KMP_", "MKL_", "OPENBLAS_")
+
+
+def runtime_env(environ: Any = None) -> dict[str, str]:
+    """The variables llama.cpp and its thread pools read once, as a process starts: the resident
+    server keeps its first command's (a command with others is told so: ``resident.backend``)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in _RUNTIME_NAMES or k.startswith(_RUNTIME_PREFIXES)}
+
+
 class Started(NamedTuple):
     server: subprocess.Popen
     ready: int  # read end of a pipe: one byte once the server serves, EOF if it exits first
@@ -125,18 +204,19 @@ def start(where: Place, *, max_models: int | None = None, preload: dict[str, Any
     life_r, life_w = os.pipe()  # the runner's read end sees EOF when the server (which holds the write end) exits
     fd = os.open(where.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        args = [sys.executable, "-m", "localinfer.resident.server", "--socket", str(where.socket), "--lock", str(where.lock),
+        args = [sys.executable, *ISOLATED, "-m", "localinfer.resident.server", "--socket", str(where.socket), "--lock", str(where.lock),
                 "--socket-fd", str(server_sock.fileno()), "--ready-fd", str(ready_w), "--life-fd", str(life_w)]  # fmt: skip
         if max_models:
             args += ["--max-models", str(max_models)]
         if preload is not None:
             args.append("--preload")
         server = subprocess.Popen(args, stdin=subprocess.PIPE if preload is not None else subprocess.DEVNULL, stdout=fd,
-                                  stderr=fd, start_new_session=True, pass_fds=(server_sock.fileno(), ready_w, life_w))  # fmt: skip
-        runner = [sys.executable, "-m", "localinfer.cli.runner", "--socket", str(where.commands), "--lock", str(where.lock),
+                                  stderr=fd, start_new_session=True, pass_fds=(server_sock.fileno(), ready_w, life_w),
+                                  cwd=os.sep)  # fmt: skip
+        runner = [sys.executable, *ISOLATED, "-m", "localinfer.cli.runner", "--socket", str(where.commands), "--lock", str(where.lock),
                   "--socket-fd", str(commands_sock.fileno()), "--life-fd", str(life_r)]  # fmt: skip
         subprocess.Popen(runner, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                         pass_fds=(commands_sock.fileno(), life_r))  # fmt: skip
+                         pass_fds=(commands_sock.fileno(), life_r), cwd=os.sep)  # fmt: skip
     finally:
         for f in (fd, ready_w, life_r, life_w):
             os.close(f)

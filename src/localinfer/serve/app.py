@@ -215,7 +215,7 @@ async def embeddings(request: Request) -> Response:
             raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
                            code="model_not_found", param="model")  # fmt: skip
         tokens = await run_in_threadpool(emb.tokenize, engine, req)
-        outcome = await emb.run(engine, tokens)
+        outcome = await emb.run(engine, tokens, request.receive)  # a disconnect cancels it
     except Overloaded:
         return error_response(_overloaded(state))
     except ApiError as exc:

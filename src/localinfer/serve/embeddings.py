@@ -2,7 +2,9 @@
 of token-id lists; ``encoding_format`` float or base64 (little-endian float32, which the official
 client decodes); ``dimensions`` only the model's own. Checked field by field (400 naming the field),
 tokenized here, embedded on the engine thread (``Engine.submit_embed``: queued and bounded as chat
-requests are, in the embedding context the engine makes on first use).
+requests are, in the embedding context the engine makes on first use, one decode per engine step).
+A request holds at most ``MAX_TOKENS`` tokens in all (400 naming the cap), and a client that
+disconnects cancels its request before the next of its decodes (docs/security.md).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from localinfer.serve.engine import EmbedOutcome, Engine
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
+MAX_TOKENS = 300_000  # OpenAI's limit on a request's tokens, all inputs together
 _FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
 
 
@@ -101,7 +105,7 @@ def tokenize(engine: Engine, req: EmbeddingRequest) -> list[list[int]]:
     if req.dimensions is not None and req.dimensions != (n := embedding_size(model)):
         raise _bad("dimensions", f"'dimensions' {req.dimensions} is not supported: this model's embeddings have {n} (it cannot shorten them)",
                    "unsupported_parameter")  # fmt: skip
-    out = []
+    out, total = [], 0
     for i, item in enumerate(req.inputs):
         try:
             tokens, _ = input_tokens(model, item, engine.embed_ctx)
@@ -109,6 +113,11 @@ def tokenize(engine: Engine, req: EmbeddingRequest) -> list[list[int]]:
             raise ApiError(400, f"input[{i}]: {exc} (--embedding-ctx)", code="context_length_exceeded", param=f"input[{i}]") from None
         except UsageError as exc:
             raise _bad(f"input[{i}]", f"input[{i}]: {exc}") from None
+        total += len(tokens)
+        if total > MAX_TOKENS:
+            raise ApiError(400, f"'input' has more than {MAX_TOKENS} tokens in all (over the cap at input[{i}]); "
+                           f"a request may have {MAX_TOKENS}: send fewer inputs per request",
+                           code="context_length_exceeded", param="input")  # fmt: skip
         out.append(tokens)
     return out
 
@@ -125,8 +134,9 @@ def response(name: str, req: EmbeddingRequest, outcome: EmbedOutcome) -> dict[st
     return {"object": "list", "data": data, "model": name, "usage": usage}
 
 
-async def run(engine: Engine, tokens: list[list[int]]) -> EmbedOutcome:
-    """Queue the work on the engine thread and wait for it (``Overloaded`` when the queue is full)."""
+async def run(engine: Engine, tokens: list[list[int]], receive: Callable[[], Awaitable[dict]] | None = None) -> EmbedOutcome:
+    """Queue the work on the engine thread and wait for it (``Overloaded`` when the queue is full);
+    ``receive``: the request's ASGI receive, its body read - the client disconnecting cancels the work."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[EmbedOutcome] = loop.create_future()
 
@@ -141,8 +151,21 @@ async def run(engine: Engine, tokens: list[list[int]]) -> EmbedOutcome:
             pass
 
     ticket = engine.submit_embed(tokens, on_end)
+    gone = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
     try:
+        if gone is not None:
+            await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not done.done():
+                ticket.cancel()  # ended before its next decode: answered (to nobody) as cancelled
         return await done
     except asyncio.CancelledError:
         ticket.cancel()
         raise
+    finally:
+        if gone is not None:
+            gone.cancel()
+
+
+async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

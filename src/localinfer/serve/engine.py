@@ -8,9 +8,11 @@ thread, so they must be quick (``bridge`` hands them to the event loop). Cancell
 its sequence at the next step.
 
 Embedding requests (``submit_embed``) run on the same thread, in an embedding context beside the
-generation one (made on first use), just before the next decoding step - or at once when nothing
-decodes (a marker in the queue wakes the thread): llama.cpp never runs two decodes at once on our
-model, and an embedding needs no sequence, so it waits for none to free up.
+generation one (made on first use), one embedding decode (a batch of the first request's inputs)
+before each decoding step - or one after another when nothing decodes (a marker in the queue wakes
+the thread), a chat request arriving between two: llama.cpp never runs two decodes at once on our
+model, an embedding needs no sequence, and a 2,048-input request never holds the streams (nor runs
+on once cancelled: its ticket is looked at before each of its decodes).
 """
 
 from __future__ import annotations
@@ -80,12 +82,14 @@ class EmbedOutcome:
 class EmbedTicket:
     """An embedding request in the queue: token lists in, ``on_end(EmbedOutcome)`` out."""
 
-    __slots__ = ("inputs", "on_end", "t_arrival", "cancelled")
+    __slots__ = ("inputs", "on_end", "t_arrival", "t_start", "cancelled", "vectors")
 
     def __init__(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> None:
         self.inputs, self.on_end = inputs, on_end
         self.t_arrival = time.perf_counter()
+        self.t_start: float | None = None  # its first decode
         self.cancelled = threading.Event()
+        self.vectors: list[list[float]] = []  # of inputs[:len(vectors)], so far
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -325,6 +329,9 @@ class Engine:
         """
         gather_end, step = 0.0, -1  # while gathering a burst: the latest its first step may start
         while True:
+            if decoder.n_active == 0 and self._embeds and self._queue.empty():
+                self._embed_step()  # idle: the embeddings' decodes one by one, a chat request may come between
+                continue
             try:
                 if decoder.n_active == 0:
                     ticket = self._queue.get()
@@ -341,8 +348,7 @@ class Engine:
                 self._run_embeds()  # cancelled by stop(): answered, not left waiting
                 return
             if ticket is _WAKE:
-                self._run_embeds()
-                continue
+                continue  # the loop's top (idle) or the next step's before_decode takes it
             if ticket.cancelled is not None and ticket.cancelled.is_set():
                 self._end(ticket, _failed(ticket, None, "interrupted"))
                 continue
@@ -362,30 +368,40 @@ class Engine:
 
     def _before_decode(self) -> None:
         if self._embeds:
-            self._run_embeds()
+            self._embed_step()
         if self._on_step is not None:
             self._on_step()
 
     def _run_embeds(self) -> None:
-        """Run the waiting embedding requests now, between two decoding steps (engine thread)."""
+        """End every waiting embedding request (at stop: they are cancelled, so each ends at once)."""
         while self._embeds:
-            self._embed(self._embeds.popleft())
+            self._embed_step()
 
-    def _embed(self, ticket: EmbedTicket) -> None:
+    def _embed_step(self) -> None:
+        """One embedding decode: the next batch of the first waiting request's inputs; the request
+        ends (``on_end``) when its last batch is done, it fails, or it was cancelled (engine thread)."""
         from localinfer.engine.embed import Embedder
 
-        t0 = time.perf_counter()
-        vectors: list[list[float]] = []
+        ticket = self._embeds[0]
+        if ticket.t_start is None:
+            ticket.t_start = time.perf_counter()
         error = "the request was cancelled" if ticket.cancelled.is_set() else None
         if error is None:
             try:
                 if self._embedder is None:
                     self._embedder = Embedder(self.loaded.model, n_ctx=self.embed_ctx)
-                vectors = self._embedder.embed(ticket.inputs)
+                done = len(ticket.vectors)
+                end = self._embedder.batch_end(ticket.inputs, done)
+                ticket.vectors.extend(self._embedder.embed(ticket.inputs[done:end]))
             except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
                 error = f"{type(exc).__name__}: {exc}"
+        if error is None and len(ticket.vectors) < len(ticket.inputs):
+            return
+        self._embeds.popleft()
         now = time.perf_counter()
-        self._end(ticket, EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error))
+        vectors = ticket.vectors if error is None else []
+        self._end(ticket, EmbedOutcome(vectors, sum(map(len, ticket.inputs)), ticket.t_start - ticket.t_arrival,
+                                       now - ticket.t_arrival, error))  # fmt: skip
 
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)

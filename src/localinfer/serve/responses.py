@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.serve.engine import Outcome
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return finite_dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def sse(obj: Any) -> bytes:

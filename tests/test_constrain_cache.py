@@ -1,0 +1,31 @@
+"""The compiled-format cache is bounded in the formats' bytes as well as in their number: a client
+sending large distinct schemas cannot make one loaded model hold an unbounded set of matchers."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from localinfer.engine import constrain
+from localinfer.structured import Format
+
+
+def _compiler(monkeypatch) -> constrain.Compiler:
+    c = constrain.Compiler.__new__(constrain.Compiler)  # no model: matchers are stand-ins here
+    c.tokenizer, c.n_vocab, c._cache, c._text_bytes, c._lock = None, 1, OrderedDict(), 0, threading.Lock()
+    monkeypatch.setattr(constrain.Compiler, "_matcher", lambda self, fmt: object())
+    return c
+
+
+def test_the_cache_holds_at_most_its_bytes_of_format_text(monkeypatch):
+    c = _compiler(monkeypatch)
+    size = constrain.CACHE_TEXT_BYTES // 4 + 1
+    formats = [Format("json_schema", f'{{"description":"{i}{"x" * size}"}}') for i in range(8)]
+    for fmt in formats:
+        c.compile(fmt)
+    held = sum(len(k[1]) for k in c._cache)
+    assert held <= constrain.CACHE_TEXT_BYTES and len(c._cache) == 3, (held, len(c._cache))
+    assert c._text_bytes == held
+    assert c.compile(formats[-1]) is c._cache[("json_schema", formats[-1].text)], "the newest kept"
+    huge = Format("json_schema", "y" * (constrain.CACHE_TEXT_BYTES + 1))
+    assert c.compile(huge) is not None and list(c._cache) == [("json_schema", huge.text)], "one over the bound: alone"
