@@ -51,7 +51,7 @@ def test_max_tokens_beyond_the_context_names_max_tokens_not_an_empty_prompt(smol
 
 @pytest.mark.slow
 def test_a_base_model_without_max_tokens_stops_at_the_plain_completion_default(gemma_path):
-    # The README's Gemma example ran 4,091 tokens for 88 s: a base model never chooses to stop.
+    # The old README's Gemma example ran 4,091 tokens for 88 s: a base model never chooses to stop.
     proc = run_cli("run", "-m", str(gemma_path), "--raw", "--ignore-eos", "--json", "-p", "The capital of France is")
     assert proc.returncode == 0, proc.stderr.decode()
     data = json.loads(proc.stdout)

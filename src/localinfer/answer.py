@@ -89,7 +89,7 @@ class _Either:
 
 @dataclass
 class Answer:
-    """What one request produced and measured (see README, "Metrics")."""
+    """What one request produced and measured (see docs/metrics.md)."""
 
     text: str
     model: str

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from localinfer.store import ResolvedModel
     from localinfer.toolcalls.spec import ToolCall
 
-# What one answer measured (README, "Metrics"): the one answer record, None where nothing was measured.
+# What one answer measured (docs/metrics.md): the one answer record, None where nothing was measured.
 Stats = Result = Answer
 
 

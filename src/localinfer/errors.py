@@ -10,7 +10,7 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
-    """Documented exit codes (README, "Exit codes")."""
+    """Documented exit codes (docs/run.md, "Exit codes")."""
 
     OK = 0
     RUNTIME = 1  # the model failed while loading or generating, or an unexpected internal error

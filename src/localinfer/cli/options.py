@@ -72,7 +72,7 @@ RpcOpt = Annotated[
         "--rpc",
         metavar="HOST:PORT[,...]",
         envvar="LOCALINFER_RPC",
-        help="Offload to ggml-rpc-servers on other machines (unauthenticated: trusted networks only; see README).",
+        help="Offload to ggml-rpc-servers on other machines (unauthenticated: trusted networks only; see docs/hardware.md).",
         rich_help_panel=_CONTEXT,
     ),
 ]

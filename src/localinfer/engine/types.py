@@ -73,7 +73,7 @@ class Step:
 
 @dataclass
 class GenerationStats:
-    """What one request measured; filled in by the engine as it goes (see README, "Metrics")."""
+    """What one request measured; filled in by the engine as it goes (see docs/metrics.md)."""
 
     prompt_tokens: int = 0  # the whole prompt, in tokens
     cached_tokens: int = 0  # reused from the KV cache, not evaluated

@@ -135,7 +135,7 @@ _UNSUPPORTED = {
     "best_of": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
 }
 _SAMPLING = rules.SAMPLING_FIELDS
-# Accepted and ignored: they ask for nothing that changes the answer (README, "Request fields").
+# Accepted and ignored: they ask for nothing that changes the answer (docs/serve-fields.md).
 _IGNORED: dict[str, Callable[[str, Any], Any]] = {
     "user": _text,
     "store": _bool,  # OpenAI keeps the answer for its dashboard; we keep nothing

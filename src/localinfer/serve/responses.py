@@ -42,7 +42,7 @@ def usage(outcome: Outcome) -> dict[str, Any]:
 
 def timings(outcome: Outcome) -> dict[str, Any]:
     """llama-server's ``timings``: prompt_* counts the evaluated prompt tokens (``cache_n`` were
-    reused), predicted_* the answer (its rate over the tokens after the first, README "Metrics")."""
+    reused), predicted_* the answer (its rate over the tokens after the first, docs/metrics.md)."""
     s = outcome.stats
     prompt_ms, predicted_ms = s.prefill_s * 1000.0, s.decode_s * 1000.0
     n_prompt = s.evaluated_tokens
