@@ -101,7 +101,7 @@ class Model(LocalBackend):
     def has_chat_template(self) -> bool:
         return self.can_chat
 
-    def request(  # type: ignore[override]  # the backend's, with the sampler's settings one by one
+    def request(  # the backend's, with the sampler's settings one by one
         self,
         prompt: str | Messages,
         *,

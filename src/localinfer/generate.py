@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from localinfer.answer import Answer
 from localinfer.engine.types import GenerationStats, LoadOptions
-from localinfer.errors import ContextOverflowError, UsageError
+from localinfer.errors import ContextOverflowError, Interrupted, UsageError
 from localinfer.request import Request
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def _window(n_ctx: int, asked: int | None) -> str:
     return f"the context window ({n_ctx} tokens{rounded})"
 
 
-def _overflow_error(
+def overflow_error(
     n_prompt: int, max_tokens: int | None, n_ctx: int, n_train: int, asked: int | None = None
 ) -> ContextOverflowError:
     if n_prompt == 0:  # refused before the prompt was built: the answer alone cannot fit
@@ -142,7 +142,7 @@ def _overflow_error(
         hint = f"this model was trained on {n_train} tokens, fewer than that needs: " + hint
     hint += "or pass --on-overflow truncate to keep the end of the prompt"
     verb = "exceed" if max_tokens else "exceeds"
-    return ContextOverflowError(f"{wanted} {verb} {_window(n_ctx, asked)}", hint=hint)
+    return ContextOverflowError(f"{wanted} {verb} {_window(n_ctx, asked)}", hint=hint, prompt_tokens=n_prompt)
 
 
 def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = None) -> tuple[list[int], tuple[str, ...], int]:
@@ -155,7 +155,7 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     if request.on_overflow == "truncate" and not request.max_tokens:
         budget = n_ctx - max(1, min(512, n_ctx // 4))  # leave room for an answer
     if budget <= 0:
-        raise _overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
+        raise overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
     tools = tool_plan(loaded, request)
 
@@ -178,7 +178,7 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     if len(tokens) <= budget:
         return tokens, stops, 0
     if request.on_overflow != "truncate":
-        raise _overflow_error(len(tokens), request.max_tokens, n_ctx, model.n_ctx_train, asked)
+        raise overflow_error(len(tokens), request.max_tokens, n_ctx, model.n_ctx_train, asked)
     # Keep the end of the user's text (the system prompt and template stay whole).
     original = request.raw_text if request.raw_text is not None else str(request.messages[-1].get("content", ""))
     text_tokens = model.tokenize(original, add_special=False, parse_special=False)
@@ -352,7 +352,7 @@ def generate(
 ) -> Answer:
     """Stream one answer through ``write`` (its thinking through ``on_reasoning``) and return what
     was measured (``Generation``). If ``write`` or the user interrupts, the stats stay correct for
-    what was produced; a KeyboardInterrupt carries the partial Answer as ``partial_answer``."""
+    what was produced; Ctrl-C raises ``Interrupted`` carrying the partial Answer."""
     gen = Generation(loaded, request, load_s=load_s, prompt=prompt)
     gen.on_reasoning = on_reasoning
     pieces = iter(gen)
@@ -361,8 +361,7 @@ def generate(
             write(text)
     except KeyboardInterrupt as exc:
         pieces.close()
-        exc.partial_answer = gen.result  # type: ignore[attr-defined]  # chat keeps an interrupted answer
-        raise
+        raise Interrupted(gen.result) from exc  # chat keeps an interrupted answer
     finally:
         pieces.close()
     return gen.result

@@ -33,21 +33,13 @@ class LocalBackend(Backend):
     """A model loaded here (which it owns: ``close`` frees it). Its load time is reported with the
     first answer after the load."""
 
-    endpoint = None
-
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
+        self.name = loaded.name
+        self.sha256 = loaded.resolved.sha256 if loaded.resolved is not None else None
         self.load_s = loaded.load_s
         self._embedder: Embedder | None = None
         self._embedder_key: tuple[str | None, int | None] = (None, None)
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.loaded.name
-
-    @property
-    def sha256(self) -> str | None:  # type: ignore[override]
-        return self.loaded.resolved.sha256 if self.loaded.resolved is not None else None
 
     @property
     def can_chat(self) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine import defaults as llama_defaults
+from localinfer.errors import Interrupted
 from localinfer.remote.connection import (
     Endpoint,
     ProtocolError,
@@ -92,6 +93,8 @@ class StreamState:
                 o.cached_tokens = details["cached_tokens"]
         if isinstance(chunk.get("timings"), dict):
             o.server_timings = chunk["timings"]
+        if isinstance(chunk.get("localinfer"), dict):  # our resident server's: the answer whole
+            o.whole = chunk["localinfer"]
 
     def whole(self, body: dict[str, Any], now: float) -> None:
         """A server that answered the stream request with one JSON completion: take it as one chunk."""
@@ -277,8 +280,7 @@ class Client:
                     for line in r.iter_lines():  # read to the end (not just [DONE]): the connection is reused
                         state.line(line, time.perf_counter())
         except KeyboardInterrupt as exc:
-            exc.partial_outcome = state.interrupted(time.perf_counter())  # type: ignore[attr-defined]
-            raise
+            raise Interrupted(state.interrupted(time.perf_counter())) from exc
         except RemoteError:
             raise
         except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours

@@ -141,9 +141,12 @@ class Resident:
             if not isinstance(exc, LocalInferError):
                 self.say(f"load failed: {type(exc).__name__}: {exc}")
             return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
+        from localinfer.answer import load_facts
+
         loaded = slot.engine.loaded
         return 200, {"id": slot.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
-                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid()}  # fmt: skip
+                     "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid(),
+                     "facts": load_facts(loaded.plan, loaded.buffers)}  # fmt: skip
 
     def _resolve(self, spec: str | None) -> Any:
         """The model ``spec`` names, as installed (never pulled here: the command pulls, with its
@@ -196,7 +199,8 @@ class Resident:
         from localinfer.serve.config import ServeConfig
         from localinfer.serve.engine import Engine
 
-        state = ServerState(ServeConfig(parallel=want.sequences, no_log=True), (name, want.key), created=int(time.time()))
+        config = ServeConfig(parallel=want.sequences, no_log=True, whole_answers=True)
+        state = ServerState(config, (name, want.key), created=int(time.time()))
         state.hub = Hub(asyncio.get_running_loop(), deferred=True)
         engine = Engine(loaded, want.sequences, max_queue=64, on_step=state.hub.flush)
         engine.start()

@@ -109,8 +109,8 @@ def _state(request: Request) -> ServerState:
     return request.app.state.serve
 
 
-def error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def error_response(exc: ApiError, whole: bool = False) -> JSONResponse:
+    return JSONResponse(exc.body(whole), status_code=exc.status, headers=exc.headers)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -198,8 +198,8 @@ async def _complete(request: Request, kind: str) -> Response:
     except Overloaded:
         return error_response(_overloaded(state))
     except ApiError as exc:
-        return error_response(exc)
-    answer = Answer.new(kind, state.names[0], req.include_usage, prepared.tools)
+        return error_response(exc, state.config.whole_answers)
+    answer = Answer.new(kind, state.names[0], req.include_usage, prepared.tools, state.config.whole_answers)
     return AnswerResponse(ticket, channel, answer, req.stream, req.logprobs is not None)  # type: ignore[return-value]
 
 

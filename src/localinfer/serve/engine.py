@@ -177,7 +177,9 @@ class Engine:
                            tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls)  # fmt: skip
             tokens, stops, _ = build_prompt(self.loaded, req, n_ctx=self.n_ctx_seq)
         except ContextOverflowError as exc:
-            raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded") from None
+            cause = self._overflow(exc.prompt_tokens or 0, request.max_tokens)
+            raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded",
+                           cause=cause) from None  # fmt: skip
         except (UsageError, TemplateRefusedError) as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
         return self._checked(Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens), tool_plan(self.loaded, req)))
@@ -201,8 +203,16 @@ class Engine:
         n, wanted = len(p.tokens), p.request.max_tokens
         if n + (wanted or 1) > self.n_ctx_seq:
             what = f"the prompt ({n} tokens)" + (f" and max_tokens ({wanted})" if wanted else "")
-            raise ApiError(400, f"{what} exceed the context of a sequence ({self.n_ctx_seq} tokens)", code="context_length_exceeded")
+            raise ApiError(400, f"{what} exceed the context of a sequence ({self.n_ctx_seq} tokens)", code="context_length_exceeded",
+                           cause=self._overflow(n, wanted))  # fmt: skip
         return p
+
+    def _overflow(self, n_prompt: int, max_tokens: int | None) -> ContextOverflowError:
+        """The error `run` would have given here (the resident server's client shows it as its own)."""
+        from localinfer.generate import overflow_error
+
+        room = not max_tokens or max_tokens < self.n_ctx_seq  # else: no room for any prompt, as build_prompt says
+        return overflow_error(n_prompt if room else 0, max_tokens, self.n_ctx_seq, self.loaded.model.n_ctx_train)
 
     @contextlib.contextmanager
     def arriving(self) -> Iterator[None]:

@@ -62,6 +62,18 @@ def timings(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def whole_answer(outcome: Outcome, model: str) -> dict[str, Any]:
+    """The answer as ``localinfer.answer.Answer.to_wire`` writes it, for the resident server's own
+    client: what OpenAI's shapes leave out (the document's verdict, llama_decode's own time...)."""
+    import dataclasses
+
+    from localinfer.answer import Answer
+
+    stats = dataclasses.replace(outcome.stats, logprobs=None)  # the chunks carried them
+    return Answer(outcome.text, model, stats, ttft_s=outcome.ttft_s, total_s=outcome.total_s, reasoning=outcome.reasoning,
+                  reasoning_tokens=outcome.reasoning_tokens, reasoning_ttft_s=outcome.reasoning_ttft_s).to_wire()  # fmt: skip
+
+
 def _ms(s: float | None) -> float | None:
     return None if s is None else round(s * 1000.0, 3)
 
@@ -91,11 +103,13 @@ class Answer:
     id: str = ""
     created: int = 0
     tools: ToolPlan | None = None  # the request offered tools: its text is parsed for calls
+    whole_answers: bool = False  # ServeConfig.whole_answers: the last chunk adds ``localinfer``, the answer whole
 
     @classmethod
-    def new(cls, kind: str, model: str, include_usage: bool = False, tools: ToolPlan | None = None) -> Answer:
+    def new(cls, kind: str, model: str, include_usage: bool = False, tools: ToolPlan | None = None,
+            whole_answers: bool = False) -> Answer:  # fmt: skip
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), tools)
+        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), tools, whole_answers)
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         if self.kind == "chat":
@@ -160,7 +174,8 @@ class Answer:
         """The finish reason (and timings), then usage in a chunk of its own if asked, then [DONE]."""
         out = self.chunk(None, finish_reason or outcome.finish_reason, timings=timings(outcome))
         if self.include_usage:
-            out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome)})
+            more = {"localinfer": whole_answer(outcome, self.model)} if self.whole_answers else {}
+            out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome), **more})
         return out + DONE
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
