@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 from localinfer import rules
 from localinfer.errors import UsageError
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
-from localinfer.request import BatchRequest, InputError  # noqa: F401 - the lines' types, re-exported
+from localinfer.request import BatchRequest, InputError  # the lines' types, re-exported
 from localinfer.rules import SAMPLING_FIELDS
 
 # A line takes serve's sampling fields, checked by the same rules (localinfer.rules).

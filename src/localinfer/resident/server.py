@@ -135,7 +135,7 @@ class Resident:
             slot.info.keep_alive = math.inf if keep < 0 else keep
             slot.info.last_used = time.monotonic()
             load_s, slot.fresh_load_s = slot.fresh_load_s or 0.0, None
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the command as its own error
+        except Exception as exc:  # every failure goes back to the command as its own error
             from localinfer.errors import LocalInferError
 
             if not isinstance(exc, LocalInferError):
@@ -423,10 +423,10 @@ def main(argv: list[str] | None = None) -> int:
 def _warm() -> None:
     """What a first load needs, imported while uvicorn is (the first request names its model later)."""
     with contextlib.suppress(Exception):
-        import localinfer.batch.job  # noqa: F401
-        import localinfer.engine.model  # noqa: F401 - llama_cpp
-        import localinfer.generate  # noqa: F401
-        import localinfer.serve.app  # noqa: F401
+        import localinfer.batch.job
+        import localinfer.engine.model  # llama_cpp
+        import localinfer.generate
+        import localinfer.serve.app
         import localinfer.store  # noqa: F401
 
 

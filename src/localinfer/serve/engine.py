@@ -392,7 +392,7 @@ class Engine:
                 if self._embedder is None:
                     self._embedder = Embedder(self.loaded.model, n_ctx=self.embed_ctx)
                 vectors = self._embedder.embed(ticket.inputs)
-            except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
+            except Exception as exc:  # the request fails, the engine goes on
                 error = f"{type(exc).__name__}: {exc}"
         now = time.perf_counter()
         self._end(ticket, EmbedOutcome(vectors, sum(map(len, ticket.inputs)), t0 - ticket.t_arrival, now - ticket.t_arrival, error))
