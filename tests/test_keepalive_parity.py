@@ -1,7 +1,7 @@
 """A `--keep-alive` run is a plain run: the same stdout, exit code, warnings and `--json` (every key,
 and no figure a plain run has lost on the way), for the answers whose parts a process boundary
 could drop - a schema answer cut short, a context overflow, `--json`, a reasoning model's thinking -
-and the same batch lines. The resident server sends each answer whole (``Answer.to_wire``)."""
+and the same batch lines, tool calls included. The resident server sends each answer whole (``Answer.to_wire``)."""
 
 from __future__ import annotations
 
@@ -89,14 +89,20 @@ def test_a_reasoning_answer_keeps_its_thinking(home, smollm2_path, tmp_path):
     assert b["usage"]["reasoning_tokens"] == a["usage"]["reasoning_tokens"] > 0
 
 
-def test_batch_lines_are_the_same(home, smollm2_path, tmp_path):
+def test_batch_lines_and_tool_calls_are_the_same(home, smollm2_path, tmp_path):
+    from test_toolcalls_model import ADD, ASK
+
     reqs = tmp_path / "reqs.jsonl"
     lines = [{"id": "a", "prompt": "Name a colour."},
              {"id": "b", "prompt": "Extract: Marie Curie, 34", "response_format": {"type": "json_schema",
-              "json_schema": {"name": "p", "schema": json.loads(SCHEMA)}}}]  # fmt: skip
+              "json_schema": {"name": "p", "schema": json.loads(SCHEMA)}}},
+             {"id": "c", "messages": ASK, "tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "add"}}}]  # fmt: skip
     reqs.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    plain, kept = both(home, "batch", str(reqs), "-m", str(smollm2_path), "--temperature", "0", "-n", "6", "-c", "1024",
+    plain, kept = both(home, "batch", str(reqs), "-m", str(smollm2_path), "--temperature", "0", "-n", "48", "-c", "1024",
                        "--keep-order", "-q")  # fmt: skip
     assert plain[0] == kept[0] == 0, kept[3]
     for a_line, b_line in zip(plain[1].splitlines(), kept[1].splitlines(), strict=True):
-        same_json(a_line, b_line)
+        a, b = same_json(a_line, b_line)
+        if a["id"] == "c":
+            assert a["finish_reason"] == "tool_calls" and b["tool_calls"] == [
+                {**c, "id": d["id"]} for c, d in zip(a["tool_calls"], b["tool_calls"], strict=True)]  # the ids are new

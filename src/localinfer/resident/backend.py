@@ -46,9 +46,21 @@ class ResidentBackend(RemoteBackend):
         return Backend.request(self, prompt, raw=raw, **fields)  # the local default limit of plain completion stays
 
     def body(self, request: Request) -> dict[str, Any]:
-        body = super().body(request)
+        """A server's request body, with what only this server is sent: the conversation whole (past
+        calls, their results, past thinking) and the tools, as a local run would use them."""
+        import dataclasses
+
+        body = super().body(dataclasses.replace(request, tools=(), tool_choice=None))
         if request.max_tokens is None and request.default_max_tokens is not None:
             body["max_tokens"] = request.default_max_tokens
+        if "messages" in body:
+            body["messages"] = [dict(m) for m in request.messages]
+        if request.tools or request.tool_choice is not None:
+            body["tools"] = [t.to_openai() for t in request.tools]
+            choice = request.tool_choice
+            if choice is not None:
+                body["tool_choice"] = {"type": "function", "function": {"name": choice.name}} if choice.mode == "function" else choice.mode
+            body["parallel_tool_calls"] = request.parallel_tool_calls
         return body
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
@@ -58,7 +70,8 @@ class ResidentBackend(RemoteBackend):
 
         wire = dict(outcome.whole) if outcome.whole is not None else self._partial(outcome, request, seed)
         load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident
-        wire.update(model=self.name, ttft_s=outcome.ttft_s, total_s=outcome.total_s, load_s=load_s, mode=request.mode,
+        ttft = outcome.ttft_s if outcome.ttft_s is not None else wire.get("ttft_s")  # no text came (calls): the server's
+        wire.update(model=self.name, ttft_s=ttft, total_s=outcome.total_s, load_s=load_s, mode=request.mode,
                     peak_rss=int(self.info.get("rss") or 0), resident=not load_s, logprobs=outcome.logprobs,
                     facts=self.info.get("facts"))  # fmt: skip
         return Answer.from_wire(wire)
