@@ -104,7 +104,7 @@ class Backend:
                 if isinstance(e.exc, LocalInferError):
                     raise e.exc
                 raise UsageError(f"input {i}: {e.error}")
-        return [e.vector for e in out]  # type: ignore[misc]
+        return [e.vector for e in out if e.vector is not None]  # every one: the loop raised for any missing
 
     def reset(self) -> None:
         """Forget what earlier requests left behind (chat's /clear): the KV cache here."""
