@@ -104,7 +104,7 @@ def _valid(text: str, schema: dict) -> bool:
 
         jsonschema.validate(json.loads(text), schema)
         return True
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 

@@ -82,13 +82,13 @@ def main() -> int:
         marks: list[tuple[float, float]] = []
         samples: list[float] = []
 
-        def timed_decode(ctx, batch):  # noqa: ANN001, ANN202
+        def timed_decode(ctx, batch):
             t0 = clock()
             rc = decode(ctx, batch)
             marks.append((t0, clock()))
             return rc
 
-        def timed_sample(chain, ctx, idx):  # noqa: ANN001, ANN202
+        def timed_sample(chain, ctx, idx):
             t0 = clock()
             token = sample(chain, ctx, idx)
             samples.append(clock() - t0)

@@ -604,14 +604,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--completion-ctx", type=int, default=DEFAULT_COMPLETION_CTX)
 
     p = sub.add_parser("bench", help="llama-bench pp/tg throughput")
-    common(p); bench_args(p)
+    common(p)
+    bench_args(p)
     p = sub.add_parser("batched", help="llama-batched-bench rows")
-    common(p); batched_args(p)
+    common(p)
+    batched_args(p)
     p = sub.add_parser("ttft", help="llama-completion first-token time")
-    common(p); ttft_args(p)
+    common(p)
+    ttft_args(p)
     p.add_argument("--warmup", action="store_true", help="keep llama.cpp's warm-up decode")
     p = sub.add_parser("report", help="run all three and print a text report")
-    common(p); bench_args(p); batched_args(p); ttft_args(p)
+    for add in (common, bench_args, batched_args, ttft_args):
+        add(p)
 
     args = ap.parse_args(argv)
     args.model = args.model or default_model()

@@ -65,11 +65,18 @@ class FakeBackend(Backend):
         cached = next((i for i, (a, b) in enumerate(zip(prompt_words, self._cache)) if a != b), min(len(prompt_words), len(self._cache)))
         stats = GenerationStats(prompt_tokens=_words(request), cached_tokens=cached, n_ctx=self.script.n_ctx, finish_reason="stop")
         out = []
-        thinking = None
-        if self.script.reasoning is not None and request.splits_reasoning:
-            from localinfer.reasoning import Splitter, Thinking
+        from localinfer.finish import Finish, Text, Thought
+        from localinfer.reasoning import Splitter
 
-            thinking = Thinking(Splitter(self.script.reasoning, opened=self.script.opened), on_text, on_reasoning)
+        splits = self.script.reasoning is not None and request.splits_reasoning
+        finish = Finish(Splitter(self.script.reasoning, opened=self.script.opened) if splits else None)  # as every surface finishes
+
+        def hand(steps: list) -> None:
+            for step in steps:
+                to = on_reasoning if isinstance(step, Thought) else on_text if isinstance(step, Text) else None
+                if to is not None and step.text:
+                    to(step.text)
+
         for i, piece in enumerate(pieces):
             if limit is not None and i >= limit:
                 stats.finish_reason = "length"
@@ -78,19 +85,16 @@ class FakeBackend(Backend):
                 stats.first_token_s = time.perf_counter() - t0
             out.append(piece)
             stats.completion_tokens = i + 1
-            if thinking is not None:
-                thinking.feed(piece)
-            elif on_text is not None:
-                on_text(piece)
+            hand(finish.feed(piece))
+        hand(finish.close())
         stats.context_used = stats.prompt_tokens + stats.completion_tokens
         self._cache = prompt_words + "".join(out).split()
-        answer = Answer("".join(out), self.name, stats, load_s=0.0, ttft_s=stats.first_token_s,
+        done = finish.result(stats.finish_reason, stats)
+        answer = Answer(done.text, self.name, stats, load_s=0.0, ttft_s=stats.first_token_s,
                         total_s=time.perf_counter() - t0, mode=request.mode)  # fmt: skip
-        if thinking is not None:
-            thinking.finish()
-            answer.text, answer.reasoning = thinking.split.answer, thinking.split.reasoning or None
-            answer.reasoning_tokens = thinking.tokens
-            answer.reasoning_ttft_s = None if thinking.t_reasoning is None else thinking.t_reasoning - t0
+        if finish.splits:
+            answer.reasoning, answer.reasoning_tokens = done.reasoning, done.reasoning_tokens
+            answer.reasoning_ttft_s = None if done.t_reasoning is None else done.t_reasoning - t0
         return answer
 
     def run_batch(self, items: Any, to_request: Any, parallel: int, *, stats: Any = None) -> Any:

@@ -159,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "FakeHub/1.0"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
     # ---- helpers --------------------------------------------------------------------------------
@@ -204,11 +204,11 @@ class _Handler(BaseHTTPRequestHandler):
         return auth == f"Bearer {self.hub.good_token}"
 
     # ---- routes ---------------------------------------------------------------------------------
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._record()
         self._route()
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._record()
         self._route()
 
@@ -504,7 +504,7 @@ def smollm2_file() -> Path | None:
         p = Path(smollm2_path())
         if p.is_file():
             return p
-    except Exception:  # noqa: BLE001 - fall back to locating it ourselves
+    except Exception:  # fall back to locating it ourselves
         pass
     from localinfer.store.sources.packages import find_package_file
 

@@ -421,7 +421,7 @@ def test_save_and_load_take_only_regular_files(smollm2_path, tmp_path):
 def _raised(fn, *args) -> BaseException | None:
     try:
         fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+    except BaseException as exc:  # handed to the test thread
         return exc
     return None
 

@@ -51,7 +51,7 @@ def test_max_tokens_beyond_the_context_names_max_tokens_not_an_empty_prompt(smol
 
 @pytest.mark.slow
 def test_a_base_model_without_max_tokens_stops_at_the_plain_completion_default(gemma_path):
-    # The README's Gemma example ran 4,091 tokens for 88 s: a base model never chooses to stop.
+    # The old README's Gemma example ran 4,091 tokens for 88 s: a base model never chooses to stop.
     proc = run_cli("run", "-m", str(gemma_path), "--raw", "--ignore-eos", "--json", "-p", "The capital of France is")
     assert proc.returncode == 0, proc.stderr.decode()
     data = json.loads(proc.stdout)
@@ -75,11 +75,11 @@ def test_more_threads_than_cpus_is_a_note(smollm2_path):
 
 
 def test_the_overflow_message_agrees_with_its_subject_and_names_the_trained_context():
-    from localinfer.generate import _overflow_error
+    from localinfer.generate import overflow_error
 
-    alone = _overflow_error(53542, None, 4096, 8192)
+    alone = overflow_error(53542, None, 4096, 8192)
     assert str(alone) == "the prompt (53542 tokens) exceeds the context window (4096 tokens)"
-    both = _overflow_error(3000, 2000, 4096, 8192)
+    both = overflow_error(3000, 2000, 4096, 8192)
     assert str(both) == "the prompt (3000 tokens) + --max-tokens (2000) exceed the context window (4096 tokens)"
     assert "raise --ctx-size (this model was trained on 8192)" in both.hint
     # Beyond what the model was trained on, a larger --ctx-size is no advice; the trained size is still said.

@@ -214,7 +214,7 @@ def test_the_api_batches_as_it_embeds_one_by_one_and_pooling_and_normalize_chang
     with localinfer.load(str(smollm2_path), n_threads=2) as m:
         together = m.embed(TEXTS)
         alone = [m.embed([t])[0] for t in TEXTS]
-        # not bit-identical: llama.cpp's flash attention takes another kernel for a short ubatch (README)
+        # not bit-identical: llama.cpp's flash attention takes another kernel for a short ubatch (docs/embeddings.md)
         assert all(cosine(a, b) >= 0.999 for a, b in zip(together, alone, strict=True))
         assert len(together[0]) == 576
         raw, unit = m.embed(TEXTS[:1], normalize=False)[0], m.embed(TEXTS[:1])[0]

@@ -837,7 +837,7 @@ def check_accepted(info: gguf.GGUFInfo, size: int) -> None:
     assert len({t.name for t in info.tensors}) == len(info.tensors)
     for t in info.tensors:
         assert 1 <= len(t.shape) <= 4 and all(d >= 1 for d in t.shape)
-    info.parameter_count, info.quantization, info.file_type, info.chat_template  # noqa: B018
+    info.parameter_count, info.quantization, info.file_type, info.chat_template
 
 
 def calls_made(fn, *args):  # type: ignore[no-untyped-def]
@@ -852,7 +852,7 @@ def calls_made(fn, *args):  # type: ignore[no-untyped-def]
     sys.setprofile(count)
     try:
         result = fn(*args)
-    except Exception as exc:  # noqa: BLE001 - handed back to the caller
+    except Exception as exc:  # handed back to the caller
         result = exc
     finally:
         sys.setprofile(None)

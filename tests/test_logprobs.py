@@ -288,7 +288,7 @@ def _client(base: str):
 
 
 @pytest.mark.slow
-def test_serve_and_llama_server_agree_token_by_token(serve, llama_server):
+def test_serve_and_llama_server_agree_token_by_token(serve, llama_server):  # noqa: F811
     args = {"model": "m", "messages": HI, "temperature": 0, "max_tokens": 16, "logprobs": True, "top_logprobs": 3}
     ours = _client(serve.base + "/v1").chat.completions.create(**args)
     theirs = _client(llama_server).chat.completions.create(**args)
@@ -335,7 +335,7 @@ def test_bad_logprobs_are_400_and_the_server_keeps_serving(serve):
 
 
 @pytest.mark.slow
-def test_endpoint_maps_a_servers_logprobs_into_the_same_shape(serve, llama_server, smollm2_path):
+def test_endpoint_maps_a_servers_logprobs_into_the_same_shape(serve, llama_server, smollm2_path):  # noqa: F811
     def run(*where: str) -> dict:
         res = run_cli("run", "--json", "--logprobs", "2", "--temperature", "0", "-n", "8", *where, "Name three colors.")
         assert res.returncode == 0, res.stderr

@@ -652,7 +652,7 @@ def test_a_blob_deleted_by_a_concurrent_rm_is_fetched_again(hub: FakeHub, monkey
     real = pull_mod.entry_for_files
     raced = []
 
-    def entry_then_rm(**kw):  # noqa: ANN003, ANN202
+    def entry_then_rm(**kw):
         if not raced:
             raced.append(remove_model(f"{REPO}:Q4_K_M"))
             assert not blob.exists()  # the rm really freed the bytes the pull is about to record

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import json
 import os
 import subprocess
 import sys
@@ -153,7 +152,7 @@ class _DiskFillsAfter:
     def __getattr__(self, name: str):
         return getattr(os, name)
 
-    def write(self, fd: int, data) -> int:  # noqa: ANN001
+    def write(self, fd: int, data) -> int:
         if len(data) > self.room:
             if self.room:
                 n = os.write(fd, bytes(data[: self.room]))

@@ -21,11 +21,11 @@ from localinfer.errors import UsageError
 
 pytest.importorskip("starlette")
 
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from localinfer.serve.app import ServerState, create_app  # noqa: E402
-from localinfer.serve.config import ServeConfig  # noqa: E402
-from localinfer.serve.protocol import ApiError, CompletionRequest, parse_request  # noqa: E402
+from localinfer.serve.app import ServerState, create_app
+from localinfer.serve.config import ServeConfig
+from localinfer.serve.protocol import ApiError, CompletionRequest, parse_request
 
 FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
          "repeat_penalty": "--repeat-penalty", "seed": "--seed", "max_tokens": "--max-tokens"}  # fmt: skip

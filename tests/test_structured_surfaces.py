@@ -14,7 +14,7 @@ from localinfer.request import InputError
 
 pytest.importorskip("starlette")
 
-from localinfer.serve.protocol import ApiError, parse_request  # noqa: E402
+from localinfer.serve.protocol import ApiError, parse_request
 
 HI = [{"role": "user", "content": "hi"}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},

@@ -9,6 +9,7 @@ what a server reported (``outcome``, with ``--endpoint``). A figure nobody measu
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ class Outcome:
     reasoning: str = ""  # the thinking the server sent apart (delta.reasoning_content)
     reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens
     logprobs: list[dict[str, Any]] | None = None  # what the server sent, in OpenAI's content shape
+    whole: dict[str, Any] | None = None  # the answer whole (Answer.to_wire), where the server sends it (resident)
 
     @property
     def ttft_s(self) -> float | None:
@@ -89,7 +91,7 @@ class _Either:
 
 @dataclass
 class Answer:
-    """What one request produced and measured (see README, "Metrics")."""
+    """What one request produced and measured (see docs/metrics.md)."""
 
     text: str
     model: str
@@ -113,9 +115,12 @@ class Answer:
     # asked for (Request.logprobs): one entry per answer token, in OpenAI's content shape
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}
     logprobs: list[dict[str, Any]] | None = None
+    # how the model was loaded, as ``load_facts`` wrote it: an answer rebuilt from the wire (``plan``
+    # and ``buffers`` stay in the process that loaded the model)
+    facts: dict[str, Any] | None = None
 
     @classmethod
-    def of_outcome(cls, outcome: Outcome, model: str, backend: str, mode: str = "chat", seed: int | None = None) -> Answer:
+    def of_outcome(cls, outcome: Outcome, model: str, backend: str | None, mode: str = "chat", seed: int | None = None) -> Answer:
         return cls(outcome.text, model, ttft_s=outcome.ttft_s, total_s=outcome.total_s, mode=mode, outcome=outcome,
                    backend=backend, sampling_seed=seed, reasoning=outcome.reasoning or None,
                    reasoning_tokens=outcome.reasoning_tokens, logprobs=outcome.logprobs)  # fmt: skip
@@ -177,11 +182,7 @@ class Answer:
     @property
     def gpu_layers(self) -> int | None:
         """Layers llama.cpp offloaded to a GPU (what it reported; 0 on a CPU-only build)."""
-        if self.buffers is not None and self.buffers.offloaded is not None:
-            return self.buffers.offloaded
-        if self.plan is None:
-            return None
-        return self.plan.n_gpu_layers if self.plan.budget.gpu_offload else 0
+        return (self.load_facts() or {}).get("gpu_layers")
 
     # -- the library API's names (``localinfer.api``: Chunk.stats, Response.stats) ------------------
     @property
@@ -203,6 +204,35 @@ class Answer:
     @property
     def decode_tokens_per_s(self) -> float | None:
         return self.decode_tps
+
+    # -- one serialisation, for crossing a process ---------------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        """The whole answer as JSON (``from_wire`` is its inverse): every field, the engine's stats
+        whole, how the model was loaded (``facts``), the calls in OpenAI's shape. A server's
+        ``outcome`` is not carried: it is what a client measured, where it ran."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in _PLAIN}
+        out["stats"] = None if self.stats is None else self.stats.to_wire()
+        out["facts"] = self.load_facts()
+        out["tool_calls"] = None if self.tool_calls is None else [c.to_openai() for c in self.tool_calls]
+        return out
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Answer:
+        """The answer ``to_wire`` wrote (a field another version did not write keeps its default)."""
+        from localinfer.engine.types import GenerationStats
+        from localinfer.toolcalls.spec import ToolCall
+
+        fields = {k: data[k] for k in _PLAIN if k in data}
+        stats = GenerationStats.from_wire(data["stats"]) if isinstance(data.get("stats"), dict) else None
+        calls = data.get("tool_calls")
+        tool_calls = None if calls is None else [ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+        return cls(**fields, stats=stats, facts=data.get("facts"), tool_calls=tool_calls)
+
+    def load_facts(self) -> dict[str, Any] | None:
+        """How the model was loaded, as JSON: from the plan and llama.cpp's report, or as received."""
+        if self.plan is None and self.buffers is None:
+            return self.facts
+        return load_facts(self.plan, self.buffers)
 
     # -- the JSON shapes -------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -251,53 +281,49 @@ class Answer:
         return {"tool_calls": [c.to_openai() for c in self.tool_calls]} if self.tool_calls else {}
 
     def _load_json(self, s: GenerationStats) -> dict[str, Any]:
-        plan, buffers = self.plan, self.buffers
+        f = self.load_facts() or {}
         return {
-            "context": {
-                "n_ctx": s.n_ctx,
-                "used": s.context_used,
-                "n_ctx_train": plan.n_ctx_train if plan else None,
-                "source": plan.ctx_source if plan else None,
-            },
-            "offload": {
-                "gpu_layers": self.gpu_layers,
-                "layers": plan.n_offloadable if plan else None,
-                "gpu_offload_supported": plan.budget.gpu_offload if plan else None,
-                "devices": buffers.by_device("model") if buffers else {},
-            },
-            "memory": {
-                "peak_rss_bytes": self.peak_rss,
-                "estimate": plan.estimate.to_json() if plan and plan.estimate else None,
-                "llama_cpp": buffers.to_json() if buffers and buffers.buffers else None,
-            },
+            "context": {"n_ctx": s.n_ctx, "used": s.context_used, "n_ctx_train": f.get("n_ctx_train"), "source": f.get("source")},
+            "offload": {k: f.get(k, {} if k == "devices" else None) for k in ("gpu_layers", "layers", "gpu_offload_supported", "devices")},
+            "memory": {"peak_rss_bytes": self.peak_rss, "estimate": f.get("estimate"), "llama_cpp": f.get("llama_cpp")},
         }
 
     def batch_json(self, rid: Any) -> dict[str, Any]:
-        """A batch output line (the same keys here and from a server)."""
-        return {
-            "id": rid,
-            "text": self.text,
-            "reasoning": self.reasoning,
-            "finish_reason": self.finish_reason,
-            **self._calls_json(),
-            "usage": {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "reasoning_tokens": self.reasoning_tokens,
-                "total_tokens": self.total_tokens,
-                "truncated_prompt_tokens": self.truncated_tokens,
-            },
-            "timings": {
-                "ttft_ms": _ms(self.ttft_s),
-                "reasoning_ttft_ms": _ms(self.reasoning_ttft_s),
-                "prefill_ms": _ms(self.prefill_s),
-                "decode_ms": _ms(self.decode_s),
-                "decode_tokens_per_s": _round(self.decode_tps),
-                "total_ms": _ms(self.total_s),
-            },
-            "seed": self.seed,
-            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
-        }
+        """A batch output line (the same keys here and from a server): ``to_json``'s, fewer of them."""
+        full = self.to_json()
+        out = {"id": rid, "text": self.text, "reasoning": self.reasoning, "finish_reason": full["finish_reason"],
+               **self._calls_json(), "usage": {k: full["usage"][k] for k in _BATCH_USAGE},
+               "timings": {k: full["timings"][k] for k in _BATCH_TIMINGS}, "seed": full["seed"]}  # fmt: skip
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
+
+
+_BATCH_USAGE = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "total_tokens", "truncated_prompt_tokens")
+_BATCH_TIMINGS = ("ttft_ms", "reasoning_ttft_ms", "prefill_ms", "decode_ms", "decode_tokens_per_s", "total_ms")
+
+def load_facts(plan: LoadPlan | None, buffers: BufferReport | None) -> dict[str, Any]:
+    """How a model was loaded (``--json``'s context, offload and memory figures), as JSON."""
+    gpu_layers = None
+    if buffers is not None and buffers.offloaded is not None:
+        gpu_layers = buffers.offloaded
+    elif plan is not None:
+        gpu_layers = plan.n_gpu_layers if plan.budget.gpu_offload else 0
+    return {
+        "n_ctx_train": plan.n_ctx_train if plan else None,
+        "source": plan.ctx_source if plan else None,
+        "gpu_layers": gpu_layers,
+        "layers": plan.n_offloadable if plan else None,
+        "gpu_offload_supported": plan.budget.gpu_offload if plan else None,
+        "devices": buffers.by_device("model") if buffers else {},
+        "estimate": plan.estimate.to_json() if plan and plan.estimate else None,
+        "llama_cpp": buffers.to_json() if buffers and buffers.buffers else None,
+    }
+
+
+# Answer's fields that are JSON as they are (to_wire / from_wire)
+_PLAIN = ("text", "model", "load_s", "ttft_s", "total_s", "peak_rss", "mode", "warnings", "backend", "sampling_seed",
+          "resident", "reasoning", "reasoning_tokens", "reasoning_ttft_s", "logprobs")  # fmt: skip
 
 
 @dataclass

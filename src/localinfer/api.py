@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from localinfer.store import ResolvedModel
     from localinfer.toolcalls.spec import ToolCall
 
-# What one answer measured (README, "Metrics"): the one answer record, None where nothing was measured.
+# What one answer measured (docs/metrics.md): the one answer record, None where nothing was measured.
 Stats = Result = Answer
 
 
@@ -101,7 +101,7 @@ class Model(LocalBackend):
     def has_chat_template(self) -> bool:
         return self.can_chat
 
-    def request(  # type: ignore[override]  # the backend's, with the sampler's settings one by one
+    def request(  # the backend's, with the sampler's settings one by one
         self,
         prompt: str | Messages,
         *,

@@ -7,10 +7,11 @@ Every failure a user can cause or meet is one of these; the CLI prints ``str(exc
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class ExitCode(enum.IntEnum):
-    """Documented exit codes (README, "Exit codes")."""
+    """Documented exit codes (docs/run.md, "Exit codes")."""
 
     OK = 0
     RUNTIME = 1  # the model failed while loading or generating, or an unexpected internal error
@@ -53,6 +54,10 @@ class NetworkError(LocalInferError):
 class ContextOverflowError(LocalInferError):
     """Prompt plus requested tokens do not fit in the context window."""
 
+    def __init__(self, message: str, hint: str | None = None, *, prompt_tokens: int | None = None) -> None:
+        super().__init__(message, hint)
+        self.prompt_tokens = prompt_tokens  # the prompt's length, where it was counted
+
 
 class ResourceError(LocalInferError):
     """Not enough memory or disk for what was asked."""
@@ -64,6 +69,16 @@ class ModelLoadError(LocalInferError):
 
 class GenerationError(LocalInferError):
     """llama.cpp failed in the middle of evaluating or sampling."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during an answer, carrying what was answered so far: ``partial``, an Answer (from a
+    server's client, its Outcome until the backend makes it an Answer), or None when nothing came.
+    A KeyboardInterrupt, so everything that stops on Ctrl-C stops on it."""
+
+    def __init__(self, partial: Any = None) -> None:  # answer.Answer | answer.Outcome | None (errors imports nothing)
+        super().__init__()
+        self.partial = partial
 
 
 # One table, subclasses before their bases (the first isinstance match wins).
@@ -78,6 +93,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (ModelLoadError, ExitCode.RUNTIME),
     (GenerationError, ExitCode.RUNTIME),
     (LocalInferError, ExitCode.RUNTIME),
+    (Interrupted, ExitCode.INTERRUPTED),
     (KeyboardInterrupt, ExitCode.INTERRUPTED),
 )
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from localinfer.answer import Answer
 from localinfer.engine.types import GenerationStats, LoadOptions
-from localinfer.errors import ContextOverflowError, UsageError
+from localinfer.errors import ContextOverflowError, Interrupted, UsageError
 from localinfer.request import Request
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from localinfer.system.preflight import LoadPlan
     from localinfer.store import ResolvedModel
     from localinfer.structured import Format
-    from localinfer.toolcalls.parser import CallParser
+    from localinfer.finish import Step
     from localinfer.toolcalls.plan import ToolPlan
 
 Warn = Callable[[str], None]
@@ -83,8 +83,9 @@ def load(
     t0 = time.perf_counter()
     loaded = _load(resolved, options, force=force, budget=budget)
     loaded.load_s = time.perf_counter() - t0
-    for note in loaded.plan.notes if loaded.plan and on_note else ():
-        on_note(note)  # type: ignore[misc]
+    if loaded.plan is not None and on_note is not None:
+        for note in loaded.plan.notes:
+            on_note(note)
     touch(resolved.name)  # `list`'s "last used"
     return loaded
 
@@ -121,7 +122,7 @@ def _window(n_ctx: int, asked: int | None) -> str:
     return f"the context window ({n_ctx} tokens{rounded})"
 
 
-def _overflow_error(
+def overflow_error(
     n_prompt: int, max_tokens: int | None, n_ctx: int, n_train: int, asked: int | None = None
 ) -> ContextOverflowError:
     if n_prompt == 0:  # refused before the prompt was built: the answer alone cannot fit
@@ -142,7 +143,7 @@ def _overflow_error(
         hint = f"this model was trained on {n_train} tokens, fewer than that needs: " + hint
     hint += "or pass --on-overflow truncate to keep the end of the prompt"
     verb = "exceed" if max_tokens else "exceeds"
-    return ContextOverflowError(f"{wanted} {verb} {_window(n_ctx, asked)}", hint=hint)
+    return ContextOverflowError(f"{wanted} {verb} {_window(n_ctx, asked)}", hint=hint, prompt_tokens=n_prompt)
 
 
 def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = None) -> tuple[list[int], tuple[str, ...], int]:
@@ -155,7 +156,7 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     if request.on_overflow == "truncate" and not request.max_tokens:
         budget = n_ctx - max(1, min(512, n_ctx // 4))  # leave room for an answer
     if budget <= 0:
-        raise _overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
+        raise overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
     tools = tool_plan(loaded, request)
 
@@ -178,7 +179,7 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     if len(tokens) <= budget:
         return tokens, stops, 0
     if request.on_overflow != "truncate":
-        raise _overflow_error(len(tokens), request.max_tokens, n_ctx, model.n_ctx_train, asked)
+        raise overflow_error(len(tokens), request.max_tokens, n_ctx, model.n_ctx_train, asked)
     # Keep the end of the user's text (the system prompt and template stay whole).
     original = request.raw_text if request.raw_text is not None else str(request.messages[-1].get("content", ""))
     text_tokens = model.tokenize(original, add_special=False, parse_special=False)
@@ -282,64 +283,53 @@ class Generation:
     def parts(self) -> Iterator[tuple[str, str]]:
         """``("reasoning" | "text", piece)`` as they come (a model whose template marks no thinking
         gives text alone). TTFT is the first answer text; ``reasoning_ttft_s`` the first thinking.
-        With tools, the answer's text is its content: the calls are parsed out of it (after the thinking)."""
-        from localinfer.reasoning import Thinking
+        The answer is finished by ``localinfer.finish`` (thinking split, tool calls parsed out), as on
+        every surface; the text and thinking kept are what the consumer took."""
+        from localinfer.finish import Finish
 
         result, pieces, thoughts = self.result, [], []
-        thinking = None if self._splitter is None else Thinking(self._splitter)
-        calls = self._tools.parser() if self._tools is not None else None
+        finish = Finish(self._splitter, self._tools)
         try:
             for step in self._steps:
                 if step.text:
-                    reasoning, text = ("", step.text) if thinking is None else thinking.feed(step.text)
-                    yield from self._hand(reasoning, _content(calls, text), pieces, thoughts)
-            if thinking is not None:
-                reasoning, text = thinking.finish()
-                yield from self._hand(reasoning, _content(calls, text), pieces, thoughts)
-            if calls is not None:
-                yield from self._hand("", _content(calls, None), pieces, thoughts)
+                    yield from self._hand(finish.feed(step.text), pieces, thoughts)
+            yield from self._hand(finish.close(), pieces, thoughts)
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
+            stats = result.stats
+            done = finish.result(stats.finish_reason if stats is not None else None, stats)
             result.text = "".join(pieces)
-            if thinking is not None:
+            if finish.splits:
                 result.reasoning = "".join(thoughts) or None
-                result.reasoning_tokens = min(thinking.tokens, result.completion_tokens or 0)
-            if result.stats is not None and result.stats.logprobs is not None:  # aligned with the text returned
+                result.reasoning_tokens = done.reasoning_tokens
+            if stats is not None and stats.logprobs is not None:  # aligned with the text returned
                 from localinfer.engine.logprobs import trim
 
-                result.logprobs = trim(result.stats.logprobs, result.text)
+                result.logprobs = trim(stats.logprobs, result.text)
             result.total_s = time.perf_counter() - self._t_request
             result.peak_rss = peak_rss_bytes()
-            if calls is not None and calls.calls:
-                from localinfer.toolcalls.plan import finish_reason
+            if done.tool_calls:
+                result.tool_calls = list(done.tool_calls)
+                if stats is not None:
+                    stats.finish_reason = done.finish_reason
 
-                result.tool_calls = list(calls.calls)
-                result.stats.finish_reason = finish_reason(calls.calls, result.stats.finish_reason)
+    def _hand(self, steps: list[Step], pieces: list[str], thoughts: list[str]) -> Iterator[tuple[str, str]]:
+        """The finished steps' thinking and text, timed as they are handed on (calls stay in the finish)."""
+        from localinfer.finish import Text, Thought
 
-    def _hand(self, reasoning: str, text: str, pieces: list[str], thoughts: list[str]) -> Iterator[tuple[str, str]]:
-        now = time.perf_counter() - self._t_request
-        if reasoning:
-            if self.result.reasoning_ttft_s is None:
-                self.result.reasoning_ttft_s = now
-            yield "reasoning", reasoning
-            thoughts.append(reasoning)  # only once the consumer took it (it may raise instead)
-        if text:
-            if self.result.ttft_s is None:
-                self.result.ttft_s = now
-            yield "text", text
-            pieces.append(text)
+        for step in steps:
+            now = time.perf_counter() - self._t_request
+            if isinstance(step, Thought) and step.text:
+                if self.result.reasoning_ttft_s is None:
+                    self.result.reasoning_ttft_s = now
+                yield "reasoning", step.text
+                thoughts.append(step.text)  # only once the consumer took it (it may raise instead)
+            elif isinstance(step, Text) and step.text:
+                if self.result.ttft_s is None:
+                    self.result.ttft_s = now
+                yield "text", step.text
+                pieces.append(step.text)
 
-
-def _content(calls: CallParser | None, text: str | None) -> str:
-    """The content in a piece of the answer (None: its end), the calls kept in the parser."""
-    if calls is None:
-        return text or ""
-    if text == "":
-        return ""
-    from localinfer.toolcalls.parser import Text
-
-    events = calls.finish() if text is None else calls.feed(text)
-    return "".join(e.text for e in events if isinstance(e, Text))
 
 def generate(
     loaded: LoadedModel,
@@ -352,7 +342,7 @@ def generate(
 ) -> Answer:
     """Stream one answer through ``write`` (its thinking through ``on_reasoning``) and return what
     was measured (``Generation``). If ``write`` or the user interrupts, the stats stay correct for
-    what was produced; a KeyboardInterrupt carries the partial Answer as ``partial_answer``."""
+    what was produced; Ctrl-C raises ``Interrupted`` carrying the partial Answer."""
     gen = Generation(loaded, request, load_s=load_s, prompt=prompt)
     gen.on_reasoning = on_reasoning
     pieces = iter(gen)
@@ -361,8 +351,7 @@ def generate(
             write(text)
     except KeyboardInterrupt as exc:
         pieces.close()
-        exc.partial_answer = gen.result  # type: ignore[attr-defined]  # chat keeps an interrupted answer
-        raise
+        raise Interrupted(gen.result) from exc  # chat keeps an interrupted answer
     finally:
         pieces.close()
     return gen.result

@@ -1,6 +1,6 @@
 """How much untrusted input we read: files a user points us at (a chat to /load, a batch file or
 stdin) are read up to a documented size, and JSON nested deeper than Python can parse is refused
-with one line rather than a RecursionError (README, "Security")."""
+with one line rather than a RecursionError (docs/security.md)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def _raw_data_dir() -> Path:
 def _relative_home() -> str | None:
     """LOCALINFER_HOME when it is a relative path: it would name another store in every working
     directory, each command silently using (or creating) its own, so it is refused rather than
-    resolved (README, "Where files live")."""
+    resolved (docs/models-and-store.md, "Where files live")."""
     home = os.environ.get("LOCALINFER_HOME")
     return home if home and not Path(home).expanduser().is_absolute() else None
 

@@ -1,7 +1,7 @@
 """The rule table for every request field: its type, its bounds and the message that refuses it.
 
 `run`'s options, chat's `/set`, batch lines and serve's protocol all check values here, so one
-value gets one verdict and one message wherever it is given (README, "Request fields"). Plain
+value gets one verdict and one message wherever it is given (docs/requests.md). Plain
 Python only: the CLI imports it for `--help`.
 """
 

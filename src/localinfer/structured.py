@@ -16,7 +16,7 @@ from typing import Any
 
 from localinfer.errors import UsageError
 
-# Bounds on what a caller may ask us to compile (README, "Structured output"): the compiler's own
+# Bounds on what a caller may ask us to compile (docs/structured-output.md): the compiler's own
 # limits (engine/constrain.py) bound the work a schema within these can cause.
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_GRAMMAR_BYTES = 256 * 1024

@@ -35,12 +35,16 @@ ToRequest = Callable[["BatchRequest"], "Request"]
 
 
 class Backend:
-    """A model that answers requests (see the module docstring). A KeyboardInterrupt out of
-    :meth:`answer` carries what was answered so far as ``partial_answer`` (an Answer, or None)."""
+    """A model that answers requests (see the module docstring). Ctrl-C during :meth:`answer`
+    raises ``errors.Interrupted`` carrying what was answered so far (an Answer, or None)."""
 
     name: str  # the model's name (here: the registry's or the file's; on a server: its id)
-    endpoint: str | None = None  # the server that answers (no credentials); None: this machine
     sha256: str | None = None  # the weights' digest, where known (the usage history keeps it)
+
+    @property
+    def endpoint(self) -> str | None:
+        """The server that answers (no credentials); None: this machine."""
+        return None
 
     @property
     def can_chat(self) -> bool:
@@ -100,7 +104,7 @@ class Backend:
                 if isinstance(e.exc, LocalInferError):
                     raise e.exc
                 raise UsageError(f"input {i}: {e.error}")
-        return [e.vector for e in out]  # type: ignore[misc]
+        return [e.vector for e in out if e.vector is not None]  # every one: the loop raised for any missing
 
     def reset(self) -> None:
         """Forget what earlier requests left behind (chat's /clear): the KV cache here."""

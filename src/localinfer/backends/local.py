@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from localinfer.embedding import Embedding
     from localinfer.engine.batch import BatchStats, SeqJob
     from localinfer.engine.embed import Embedder
-    from localinfer.toolcalls.plan import ToolPlan
+    from localinfer.engine.batch import SeqResult
+    from localinfer.finish import Finish
     from localinfer.generate import LoadedModel
-    from localinfer.reasoning import Thinking
     from localinfer.request import Request
 
 
@@ -33,21 +33,13 @@ class LocalBackend(Backend):
     """A model loaded here (which it owns: ``close`` frees it). Its load time is reported with the
     first answer after the load."""
 
-    endpoint = None
-
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
+        self.name = loaded.name
+        self.sha256 = loaded.resolved.sha256 if loaded.resolved is not None else None
         self.load_s = loaded.load_s
         self._embedder: Embedder | None = None
         self._embedder_key: tuple[str | None, int | None] = (None, None)
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.loaded.name
-
-    @property
-    def sha256(self) -> str | None:  # type: ignore[override]
-        return self.loaded.resolved.sha256 if self.loaded.resolved is not None else None
 
     @property
     def can_chat(self) -> bool:
@@ -75,18 +67,16 @@ class LocalBackend(Backend):
     def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
         """One context of ``parallel`` sequences (loaded with ``batch.job.batch_load_options``): a
         prompt is built when a sequence is free for it, checked against one sequence's context."""
-        from localinfer.answer import Answer
         from localinfer.request import InputError
         from localinfer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
+        from localinfer.finish import Finish
         from localinfer.generate import build_prompt, constraint_for, reasoning_splitter, tool_plan
-        from localinfer.reasoning import Thinking
-        from localinfer.toolcalls.plan import finish_reason
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
-        started: dict[int, tuple[BatchRequest, float, int, Request, Thinking | None, ToolPlan | None]] = {}
+        started: dict[int, tuple[BatchRequest, float, int, Request, Finish]] = {}
         decoder = BatchDecoder(loaded.model, parallel)
 
         def failed(index: int, item: BatchRequest | InputError, reason: str, exc: LocalInferError) -> BatchResult:
@@ -107,14 +97,14 @@ class LocalBackend(Backend):
                     outbox.append(failed(index, item, reason, exc))
                     continue
                 split = reasoning_splitter(loaded, request, tokens)
-                thinking = None if split is None else Thinking(split)
-                tools = tool_plan(loaded, request)  # kept: the answer's calls are parsed with it
-                started[index] = (item, t0, dropped, request, thinking, tools)
+                tools = tool_plan(loaded, request)
+                finish = Finish(split, tools)  # the answer is finished as on every surface (localinfer.finish)
+                started[index] = (item, t0, dropped, request, finish)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
                 constraint, after = constraint_for(tools, request.response_format, split)
                 yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
                              constraint=constraint, constraint_after=after, logprobs=request.logprobs,
-                             on_text=thinking.feed if thinking is not None else None)  # fmt: skip
+                             on_text=_fed(finish) if finish.splits else None)  # fmt: skip
 
         try:
             if stats is not None:
@@ -122,25 +112,12 @@ class LocalBackend(Backend):
             for res in decoder.run(jobs()):
                 while outbox:
                     yield outbox.popleft()
-                item, t0, dropped, request, thinking, tools = started.pop(res.key)
+                item, t0, dropped, request, finish = started.pop(res.key)
                 if res.error is not None:
                     yield failed(res.key, item, res.error, ContextOverflowError(f"line {item.line} (id {item.id!r}): {res.error}"))
                     continue
                 res.stats.truncated_tokens = dropped
-                # TTFT of a batch answer: from its sequence's start (the engine's), not the job's
-                answer = Answer(res.text, loaded.name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=request.mode,
-                                logprobs=res.stats.logprobs)  # fmt: skip
-                if thinking is not None:  # TTFT to the first answer text, as for one sequence
-                    thinking.finish()
-                    answer.text, answer.reasoning = thinking.split.answer, thinking.split.reasoning or None
-                    answer.reasoning_tokens = min(thinking.tokens, res.stats.completion_tokens)
-                    answer.ttft_s, answer.reasoning_ttft_s = (None if t is None else t - res.t_admit
-                                                              for t in (thinking.t_text, thinking.t_reasoning))  # fmt: skip
-                if tools is not None:  # the calls are parsed out of the answer, after the thinking
-                    answer.text, calls = tools.parse(answer.text)
-                    if calls:
-                        answer.tool_calls, res.stats.finish_reason = calls, finish_reason(calls, res.stats.finish_reason)
-                yield BatchResult(res.key, item.id, item.line, answer)
+                yield BatchResult(res.key, item.id, item.line, _finished(loaded.name, res, finish, request.mode, t0))
             while outbox:
                 yield outbox.popleft()
         finally:
@@ -179,7 +156,7 @@ class LocalBackend(Backend):
         vectors = embedder.embed([t for _, t, _ in todo], normalize=normalize, on_done=on_done)
         for (i, tokens, dropped), vec in zip(todo, vectors):
             out[i] = Embedding(vec, len(tokens), dropped)
-        return out  # type: ignore[return-value]
+        return [e for e in out if e is not None]  # every input has its embedding or its error by now
 
     def close_embedder(self) -> None:
         if self._embedder is not None:
@@ -192,3 +169,31 @@ class LocalBackend(Backend):
     def close(self) -> None:
         self.close_embedder()  # before the model it was made on
         self.loaded.close()
+
+
+def _fed(finish: Finish) -> Callable[[str], None]:
+    """A sequence's ``on_text`` for an answer whose thinking is split (and counted) piece by piece."""
+
+    def feed(piece: str) -> None:
+        finish.feed(piece)
+
+    return feed
+
+
+def _finished(name: str, res: SeqResult, finish: Finish, mode: str, t0: float) -> Answer:
+    """One batch answer, finished (``localinfer.finish``): TTFT from its sequence's start (the
+    engine's; to the first answer text where thinking is split), not the job's."""
+    from localinfer.answer import Answer
+    from localinfer.finish import since
+
+    if not finish.splits:
+        finish.feed(res.text)  # fed whole: nothing was split while it decoded
+    finish.close()
+    done = finish.result(res.stats.finish_reason, res.stats)
+    res.stats.finish_reason = done.finish_reason  # tool_calls when it made calls
+    answer = Answer(done.text, name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
+                    logprobs=res.stats.logprobs, tool_calls=list(done.tool_calls) or None)  # fmt: skip
+    if finish.splits:
+        answer.reasoning, answer.reasoning_tokens = done.reasoning, done.reasoning_tokens
+        answer.ttft_s, answer.reasoning_ttft_s = since(done.t_text, res.t_admit), since(done.t_reasoning, res.t_admit)
+    return answer

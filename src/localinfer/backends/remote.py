@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.backends import Backend, Items, OnText, ToRequest
-from localinfer.errors import UsageError
+from localinfer.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
@@ -20,20 +20,18 @@ if TYPE_CHECKING:
     from localinfer.answer import BatchResult
     from localinfer.embedding import Embedding
     from localinfer.remote.client import Client, Outcome
-    from localinfer.request import Request
+    from localinfer.request import Messages, Request
 
 
 class RemoteBackend(Backend):
     """A model on the server behind ``client`` (which it owns: ``close`` closes the connections)."""
-
-    sha256 = None
 
     def __init__(self, client: Client, name: str = "", *, retries: int = 4) -> None:
         self.client, self.name, self.retries = client, name, retries
         self._owner = True  # closes the connections (handed on by ``switch``)
 
     @property
-    def endpoint(self) -> str:  # type: ignore[override]
+    def endpoint(self) -> str | None:
         return self.client.ep.display
 
     def choose(self, name: str | None) -> RemoteBackend:
@@ -47,9 +45,9 @@ class RemoteBackend(Backend):
         self._owner = False
         return other
 
-    def request(self, prompt: Any, **fields: Any) -> Request:  # type: ignore[override]
+    def request(self, prompt: str | Messages, *, raw: bool = False, **fields: Any) -> Request:
         fields.pop("default_max_tokens", None)  # the server applies its own limit
-        return super().request(prompt, **fields)
+        return super().request(prompt, raw=raw, **fields)
 
     def body(self, request: Request) -> dict[str, Any]:
         from localinfer.remote.client import request_body
@@ -73,10 +71,11 @@ class RemoteBackend(Backend):
     def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None) -> Answer:
         try:
             outcome = self.client.stream(self.body(request), on_text=on_text, on_reasoning=on_reasoning)
-        except KeyboardInterrupt as exc:
-            partial = getattr(exc, "partial_outcome", None)
-            exc.partial_answer = None if partial is None else self._answer(partial, request)  # type: ignore[attr-defined]
-            raise
+        except Interrupted as exc:  # the client's Outcome so far, made this backend's Answer
+            from localinfer.answer import Outcome
+
+            partial = exc.partial if isinstance(exc.partial, Outcome) else None
+            raise Interrupted(None if partial is None else self._answer(partial, request)) from exc
         return self._answer(outcome, request)
 
     def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:

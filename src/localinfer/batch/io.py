@@ -23,7 +23,7 @@ from localinfer import rules
 from localinfer.errors import UsageError
 from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
-from localinfer.request import BatchRequest, InputError  # noqa: F401 - the lines' types, re-exported
+from localinfer.request import BatchRequest, InputError  # the lines' types, re-exported
 from localinfer.rules import SAMPLING_FIELDS
 
 # A line takes serve's sampling fields, checked by the same rules (localinfer.rules).

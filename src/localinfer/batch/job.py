@@ -193,7 +193,7 @@ def batch_load_options(base: LoadOptions, *, parallel: int, ctx_per_seq: int) ->
 
 @dataclass
 class BatchSummary:
-    """What the end-of-job summary says (README "Metrics": completion tokens, latency...)."""
+    """What the end-of-job summary says (docs/metrics.md: completion tokens, latency...)."""
 
     requests: int = 0  # in the input
     skipped: int = 0  # already in the output (--resume)

@@ -5,7 +5,7 @@ generation disabled so every repetition generates exactly ``n`` tokens, one warm
 repetitions, mean and sample standard deviation of the per-repetition rates. Unlike a separate
 harness, every token goes through ``engine.model.Model.generate`` - the code path of ``run`` -
 and the time spent inside ``llama_decode`` is reported next to it ("raw"), so our own per-token
-overhead shows. Exact definitions of pp, tg, pp+tg and depth: the README ("Benchmarking").
+overhead shows. Exact definitions of pp, tg, pp+tg and depth: docs/bench.md.
 """
 
 from __future__ import annotations

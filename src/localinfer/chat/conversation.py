@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localinfer.chat.settings import ChatSettings, Totals
-from localinfer.errors import ContextOverflowError, UsageError
+from localinfer.errors import ContextOverflowError, Interrupted, UsageError
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
@@ -251,7 +251,7 @@ class Conversation:
             more = {"prompt": prompt} if prompt else {}
             result = answer(request, write, on_reasoning=self.on_reasoning, **more)
         except KeyboardInterrupt as exc:
-            result = getattr(exc, "partial_answer", None)
+            result = exc.partial if isinstance(exc, Interrupted) else None
             if result is None:
                 self.history.pop()
                 raise

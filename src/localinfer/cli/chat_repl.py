@@ -126,7 +126,7 @@ def run_repl(session: ChatSession) -> None:
             if debug_enabled():
                 raise
             print_error(str(exc), exc.hint)
-        except Exception as exc:  # noqa: BLE001 - a bug must not end the conversation
+        except Exception as exc:  # a bug must not end the conversation
             if debug_enabled():
                 raise
             print_error(f"internal error: {type(exc).__name__}: {exc}", "set LOCALINFER_DEBUG=1 to see the traceback")

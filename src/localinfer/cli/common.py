@@ -78,7 +78,7 @@ def handle_errors() -> Iterator[None]:
         message, hint, code = known
         print_error(message, hint)
         raise typer.Exit(code) from None
-    except Exception as exc:  # noqa: BLE001 - last line of defence: one line, not a traceback
+    except Exception as exc:  # last line of defence: one line, not a traceback
         if debug_enabled():
             raise
         _internal(exc)

@@ -50,7 +50,7 @@ def _resolved(param: inspect.Parameter, namespace: dict[str, Any]) -> inspect.Pa
     """The parameter with its annotation evaluated (postponed by ``from __future__ import annotations``),
     as ``inspect.signature(eval_str=True)`` would, but for this one parameter."""
     if isinstance(param.annotation, str):
-        return param.replace(annotation=eval(param.annotation, namespace))  # noqa: S307 - our own source
+        return param.replace(annotation=eval(param.annotation, namespace))  # our own source
     return param
 
 

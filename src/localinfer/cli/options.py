@@ -10,7 +10,7 @@ import typer
 
 from localinfer import rules
 from localinfer.cli.groups import OptionGroup, grouped  # noqa: F401 - what commands decorate with
-from localinfer.engine import defaults as DEFAULTS  # noqa: N812 - sampling defaults, read in signatures
+from localinfer.engine import defaults as DEFAULTS  # sampling defaults, read in signatures
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def complete_model(incomplete: str) -> list[str]:
         from localinfer.store.manage import available_models
 
         names = sorted({a["name"] for a in available_models()})
-    except Exception:  # noqa: BLE001 - completion must never print an error into the user's shell
+    except Exception:  # completion must never print an error into the user's shell
         return []
     return [n for n in names if n.startswith(incomplete)]
 
@@ -72,7 +72,7 @@ RpcOpt = Annotated[
         "--rpc",
         metavar="HOST:PORT[,...]",
         envvar="LOCALINFER_RPC",
-        help="Offload to ggml-rpc-servers on other machines (unauthenticated: trusted networks only; see README).",
+        help="Offload to ggml-rpc-servers on other machines (unauthenticated: trusted networks only; see docs/hardware.md).",
         rich_help_panel=_CONTEXT,
     ),
 ]

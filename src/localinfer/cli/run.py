@@ -200,7 +200,9 @@ def _stream(backend: Any, request: Any, *, json_out: bool, quiet: bool, verbose:
             if thinking is not None:
                 thinking.end()
     except KeyboardInterrupt as exc:
-        partial = getattr(exc, "partial_answer", None)  # the engine settled its stats for what was generated
+        from localinfer.errors import Interrupted
+
+        partial = exc.partial if isinstance(exc, Interrupted) else None  # its stats settled for what was generated
         if partial is not None and partial.text and not json_out:
             _write_stdout("\n")
         if partial is not None and not quiet:

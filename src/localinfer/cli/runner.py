@@ -49,7 +49,7 @@ def _preload() -> None:
     for name in _PRELOAD:
         try:
             importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - the command imports it again, and fails as it would
+        except Exception as exc:  # the command imports it again, and fails as it would
             sys.stderr.write(f"localinfer runner: could not preload {name}: {type(exc).__name__}: {exc}\n")
 
 
@@ -140,7 +140,7 @@ def _exit_status(code: Any) -> int:
         return code
     try:
         sys.stderr.write(f"{code}\n")
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return 1
 
@@ -207,14 +207,14 @@ def _run() -> dict[str, Any]:
     except KeyboardInterrupt:
         traceback.print_exc()
         end = {"signal": int(signal.SIGINT)}
-    except BaseException:  # noqa: BLE001 - as the interpreter: the traceback, status 1
+    except BaseException:  # as the interpreter: the traceback, status 1
         traceback.print_exc()
         end = {"exit": 1}
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001 - the interpreter's own last flush failing is status 120
+        except Exception:  # the interpreter's own last flush failing is status 120
             if "exit" in end and end["exit"] == 0:
                 end = {"exit": 120}
     return end

@@ -45,7 +45,7 @@ class LlamaLog:
     def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         try:
             message = text.decode("utf-8", errors="replace")
-        except Exception:  # noqa: BLE001 - never raise into C
+        except Exception:  # never raise into C
             return
         self.lines.append(message)
         self.seq += 1
@@ -57,7 +57,7 @@ class LlamaLog:
         if self.echo:
             try:
                 sys.stderr.write(message)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     def tail(self, n: int = 40) -> str:

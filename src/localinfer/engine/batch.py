@@ -133,7 +133,7 @@ class BatchDecoder:
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
     # -- figures other threads may read (a server's metrics) ------------------------------------

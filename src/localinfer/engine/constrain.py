@@ -303,7 +303,7 @@ class MaskPrefetch:
             return
         try:
             future.result()
-        except Exception:  # noqa: BLE001 - the samplers compute their own masks instead
+        except Exception:  # the samplers compute their own masks instead
             for lim in self._given:
                 lim._ready = None
 

@@ -99,7 +99,7 @@ class Model:
             return
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
     # -- model facts -------------------------------------------------------------------------------

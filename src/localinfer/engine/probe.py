@@ -182,7 +182,7 @@ def _child(path: str) -> int:
     except LocalInferError as exc:
         sys.stdout.write(json.dumps({"error": type(exc).__name__, "message": str(exc), "hint": exc.hint}) + "\n")
         return REFUSED_EXIT
-    except Exception as exc:  # noqa: BLE001 - a bug of ours must not be blamed on the file
+    except Exception as exc:  # a bug of ours must not be blamed on the file
         sys.stdout.write(json.dumps({"message": f"{type(exc).__name__}: {exc}"}) + "\n")
         return BROKEN_EXIT
     sys.stdout.write(json.dumps({"ok": True}) + "\n")

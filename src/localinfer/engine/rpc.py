@@ -72,7 +72,7 @@ def probe(endpoint: str) -> tuple[int, int, int]:
     """Connect to a ggml-rpc-server and shake hands as ggml does; its protocol version. NetworkError
     (exit 5) for anything that would make ggml abort: unreachable, not an RPC server, busy, other version."""
     host, _, port = endpoint.rpartition(":")
-    start = f"start one there: ggml-rpc-server -H <address> -p {port} (trusted networks only: see README, --rpc)"
+    start = f"start one there: ggml-rpc-server -H <address> -p {port} (trusted networks only: see docs/hardware.md, --rpc)"
     try:
         sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:

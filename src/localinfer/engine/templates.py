@@ -62,7 +62,7 @@ def _environment_class() -> type:
 
         tags = {"generation"}
 
-        def parse(self, parser):  # noqa: ANN001, ANN201
+        def parse(self, parser):
             parser.stream.skip(1)
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
@@ -70,7 +70,7 @@ def _environment_class() -> type:
         intercepted_binops = frozenset({"*", "**", "+"})
         extension_classes = (IgnoreGenerationTags, jinja2.ext.loopcontrols)
 
-        def call_binop(self, context, operator, left, right):  # noqa: ANN001, ANN201
+        def call_binop(self, context, operator, left, right):
             budget = context.get(_BUDGET)
             if isinstance(budget, _Budget):
                 budget.check_time()

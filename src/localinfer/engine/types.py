@@ -5,6 +5,7 @@ No llama_cpp here, so the CLI and tests can build these without loading anything
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -73,7 +74,7 @@ class Step:
 
 @dataclass
 class GenerationStats:
-    """What one request measured; filled in by the engine as it goes (see README, "Metrics")."""
+    """What one request measured; filled in by the engine as it goes (see docs/metrics.md)."""
 
     prompt_tokens: int = 0  # the whole prompt, in tokens
     cached_tokens: int = 0  # reused from the KV cache, not evaluated
@@ -90,6 +91,15 @@ class GenerationStats:
     # asked for (SeqJob.logprobs): one entry per counted token, OpenAI's content shape (engine.logprobs)
     logprobs: list[dict[str, Any]] | None = None
     extra: dict = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Every field, as JSON (``from_wire`` is the inverse): what crosses a process with its answer."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> GenerationStats:
+        """The stats ``to_wire`` wrote (a field another version did not write keeps its default)."""
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     @property
     def evaluated_tokens(self) -> int:

@@ -86,7 +86,7 @@ class Workers:
                 continue
             try:
                 self.done.put((index, item, self._send(item), None))
-            except Exception as exc:  # noqa: BLE001 - reported by the writer, per request
+            except Exception as exc:  # reported by the writer, per request
                 self.done.put((index, item, None, exc))
 
     def next(self) -> Done:

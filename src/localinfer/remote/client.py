@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine import defaults as llama_defaults
+from localinfer.errors import Interrupted
 from localinfer.remote.connection import (
     Endpoint,
     ProtocolError,
@@ -21,7 +22,7 @@ from localinfer.remote.connection import (
     status_error,
     transport_error,
 )
-from localinfer.answer import Outcome  # noqa: F401 - what the client returns, re-exported
+from localinfer.answer import Outcome  # what the client returns, re-exported
 from localinfer.remote.sse import SSEDecoder, choice_logprobs, choice_text, parse_event
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ class StreamState:
                 o.cached_tokens = details["cached_tokens"]
         if isinstance(chunk.get("timings"), dict):
             o.server_timings = chunk["timings"]
+        if isinstance(chunk.get("localinfer"), dict):  # our resident server's: the answer whole
+            o.whole = chunk["localinfer"]
 
     def whole(self, body: dict[str, Any], now: float) -> None:
         """A server that answered the stream request with one JSON completion: take it as one chunk."""
@@ -225,7 +228,7 @@ class Client:
         """The model ids of ``/v1/models``, in the server's order."""
         try:
             r = self._http.get(self.ep.url("models"))
-        except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+        except Exception as exc:  # httpx's errors share no base with ours
             raise _translate(exc, self.ep, started=False) from None
         if r.status_code != 200:
             raise status_error(r.status_code, r.content, r.headers, self.ep, "the model list")
@@ -250,7 +253,7 @@ class Client:
         try:
             r = self._http.post(self.ep.url(path), json=body)
             data = r.json() if r.status_code == 200 else None
-        except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+        except Exception as exc:  # httpx's errors share no base with ours
             raise (_translate(exc, self.ep, started=True) or exc) from None
         if r.status_code != 200:
             raise status_error(r.status_code, r.content, r.headers, self.ep)
@@ -277,11 +280,10 @@ class Client:
                     for line in r.iter_lines():  # read to the end (not just [DONE]): the connection is reused
                         state.line(line, time.perf_counter())
         except KeyboardInterrupt as exc:
-            exc.partial_outcome = state.interrupted(time.perf_counter())  # type: ignore[attr-defined]
-            raise
+            raise Interrupted(state.interrupted(time.perf_counter())) from exc
         except RemoteError:
             raise
-        except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+        except Exception as exc:  # httpx's errors share no base with ours
             translated = _translate(exc, self.ep, started=started)
             if translated is None:
                 raise
@@ -321,7 +323,7 @@ async def astream(http: Any, ep: Endpoint, body: dict[str, Any]) -> Outcome:
                     state.line(line, time.perf_counter())
     except RemoteError:
         raise
-    except Exception as exc:  # noqa: BLE001 - httpx's errors share no base with ours
+    except Exception as exc:  # httpx's errors share no base with ours
         translated = _translate(exc, ep, started=started)
         if translated is None:
             raise

@@ -71,7 +71,7 @@ def _box(tty: bool, compact: bool) -> Any:
 
 
 def print_stats(summary: dict[str, Any], stream: TextIO | None = None) -> None:
-    from rich.table import Table  # noqa: F811 - the runtime import of the name typed above
+    from rich.table import Table  # the runtime import of the name typed above
 
     stream = stream or sys.stdout
     console = _console(stream)

@@ -1,6 +1,7 @@
 """The resident server's model as a Backend: a RemoteBackend on the private socket whose answers
-read as a local run's (no endpoint, the engine's stats rebuilt from the server's ``timings``, load 0),
-so ``--json``, the stats line and the usage history are those of a model loaded here."""
+read as a local run's (no endpoint, load 0): the server sends each answer whole (``Answer.to_wire``,
+the engine's stats included) and the model's load facts, so ``--json``, the warnings, the stats line
+and the usage history are those of a model loaded here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from localinfer.remote.connection import RemoteError
 if TYPE_CHECKING:
     from localinfer.answer import Answer, Outcome
     from localinfer.engine.types import LoadOptions
-    from localinfer.request import Request
+    from localinfer.request import Messages, Request
     from localinfer.resident.client import UnixClient
     from localinfer.resident.start import Place
     from localinfer.store import ResolvedModel
@@ -29,29 +30,53 @@ class ResidentBackend(RemoteBackend):
     def __init__(self, client: UnixClient, name: str, info: dict[str, Any], place: Place, *, retries: int = 4) -> None:
         super().__init__(client, name, retries=retries)
         self.info, self.place = info, place
-        self.sha256 = info.get("sha256")  # type: ignore[misc]
+        self.sha256 = info.get("sha256")
 
     @property
-    def endpoint(self) -> None:  # type: ignore[override]
+    def endpoint(self) -> str | None:
         return None  # answered on this machine, by this user's own server
 
     @property
     def can_chat(self) -> bool:
         return bool(self.info.get("can_chat"))
 
-    def request(self, prompt: Any, **fields: Any) -> Request:  # type: ignore[override]
+    def request(self, prompt: str | Messages, *, raw: bool = False, **fields: Any) -> Request:
         from localinfer.backends import Backend
 
-        return Backend.request(self, prompt, **fields)  # the local default limit of plain completion stays
+        return Backend.request(self, prompt, raw=raw, **fields)  # the local default limit of plain completion stays
 
     def body(self, request: Request) -> dict[str, Any]:
-        body = super().body(request)
+        """A server's request body, with what only this server is sent: the conversation whole (past
+        calls, their results, past thinking) and the tools, as a local run would use them."""
+        import dataclasses
+
+        body = super().body(dataclasses.replace(request, tools=(), tool_choice=None))
         if request.max_tokens is None and request.default_max_tokens is not None:
             body["max_tokens"] = request.default_max_tokens
+        if "messages" in body:
+            body["messages"] = [dict(m) for m in request.messages]
+        if request.tools or request.tool_choice is not None:
+            body["tools"] = [t.to_openai() for t in request.tools]
+            choice = request.tool_choice
+            if choice is not None:
+                body["tool_choice"] = {"type": "function", "function": {"name": choice.name}} if choice.mode == "function" else choice.mode
+            body["parallel_tool_calls"] = request.parallel_tool_calls
         return body
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
+        """The answer the server sent whole, timed here as a local run times it (TTFT, total: as the
+        user saw them); an answer cut short (Ctrl-C) has only what came: its stats from ``timings``."""
         from localinfer.answer import Answer
+
+        wire = dict(outcome.whole) if outcome.whole is not None else self._partial(outcome, request, seed)
+        load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident
+        ttft = outcome.ttft_s if outcome.ttft_s is not None else wire.get("ttft_s")  # no text came (calls): the server's
+        wire.update(model=self.name, ttft_s=ttft, total_s=outcome.total_s, load_s=load_s, mode=request.mode,
+                    peak_rss=int(self.info.get("rss") or 0), resident=not load_s, logprobs=outcome.logprobs,
+                    facts=self.info.get("facts"))  # fmt: skip
+        return Answer.from_wire(wire)
+
+    def _partial(self, outcome: Outcome, request: Request, seed: bool) -> dict[str, Any]:
         from localinfer.engine.types import GenerationStats
 
         t = outcome.server_timings or {}
@@ -64,10 +89,8 @@ class ResidentBackend(RemoteBackend):
         )  # fmt: skip
         if seed and request.sampling.seed is not None:
             stats.extra["seed"] = request.sampling.seed
-        load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident
-        return Answer(outcome.text, self.name, stats, load_s=load_s, ttft_s=outcome.ttft_s, total_s=outcome.total_s,
-                      peak_rss=int(self.info.get("rss") or 0), mode=request.mode, resident=not load_s,
-                      logprobs=getattr(outcome, "logprobs", None))  # fmt: skip
+        return {"text": outcome.text, "stats": stats.to_wire(), "reasoning": outcome.reasoning or None,
+                "reasoning_tokens": outcome.reasoning_tokens}  # fmt: skip
 
     def answer(self, request: Request, on_text: Any = None, *, on_reasoning: Any = None) -> Answer:
         try:
@@ -196,10 +219,8 @@ def _load_body(spec: str | None, options: LoadOptions, extra: dict[str, Any]) ->
 
 def _load_error(info: Any) -> LocalInferError:
     """The server's load failure as the error a local load would have raised (same exit code)."""
-    from localinfer import errors
+    from localinfer.errors import ModelLoadError
+    from localinfer.resident.client import own_error
 
     err = (info or {}).get("error") or {}
-    kind = getattr(errors, str(err.get("type")), None)
-    if not (isinstance(kind, type) and issubclass(kind, LocalInferError)):
-        kind = errors.ModelLoadError
-    return kind(str(err.get("message") or "the resident server could not load the model"), hint=err.get("hint"))
+    return own_error(err, ModelLoadError, "the resident server could not load the model")

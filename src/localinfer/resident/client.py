@@ -16,7 +16,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
-from localinfer.errors import LocalInferError
+from localinfer.errors import Interrupted, LocalInferError
 from localinfer.remote.client import OnText, Outcome, StreamState
 from localinfer.remote.connection import Endpoint, RemoteError, status_error
 from localinfer.resident import start
@@ -24,6 +24,18 @@ from localinfer.resident.start import Place
 
 START_TIMEOUT_S = 60.0  # a fresh interpreter importing the server's packages on a loaded machine
 _HOST = "localhost"  # what the Host header says: the serve app's guard answers localhost
+
+
+def own_error(err: Any, default: type[LocalInferError], message: str) -> LocalInferError:
+    """Our error as the server wrote it (``{"type", "message", "hint"}``), rebuilt as the same
+    exception here (the same message, hint and exit code as if it had been raised here)."""
+    from localinfer import errors
+
+    err = err if isinstance(err, dict) else {}
+    kind = getattr(errors, str(err.get("type")), None)
+    if not (isinstance(kind, type) and issubclass(kind, LocalInferError)):
+        kind = default
+    return kind(str(err.get("message") or message), hint=err.get("hint"))
 
 
 class NoServer(Exception):
@@ -151,21 +163,31 @@ class UnixClient:
             raise RemoteError(f"the resident server at {self.path} is gone", retryable=True) from None
         try:
             if r.status != 200:
-                raise status_error(r.status, r.read(), r.headers, self.ep)
+                body = r.read()
+                raise _answer_error(body) or status_error(r.status, body, r.headers, self.ep)
             if r.headers.get("content-type", "").startswith("application/json"):
                 state.whole(json.loads(r.read()), time.perf_counter())
             else:
                 for line in r.lines():
                     state.line(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), time.perf_counter())
         except KeyboardInterrupt as exc:
-            exc.partial_outcome = state.interrupted(time.perf_counter())  # type: ignore[attr-defined]
-            raise
+            raise Interrupted(state.interrupted(time.perf_counter())) from exc
         except (OSError, ValueError) as exc:
             raise RemoteError(f"the connection to the resident server broke during the answer: {exc or type(exc).__name__}",
                               retryable=True) from None  # fmt: skip
         finally:
             r.close()
         return state.finish(time.perf_counter())
+
+
+def _answer_error(body: bytes) -> LocalInferError | None:
+    """The error behind a refused request, when the server sent it whole (a context overflow)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    own = data.get("localinfer") if isinstance(data, dict) else None
+    return own_error(own, LocalInferError, "the resident server refused the request") if isinstance(own, dict) else None
 
 
 # -- finding or starting the server -------------------------------------------------------------------

@@ -68,7 +68,7 @@ def hand_over(argv: list[str]) -> int | None:
         from localinfer import paths
 
         where = start.place(paths.data_dir())
-    except Exception:  # noqa: BLE001 - an unusable data dir: the full path says so
+    except Exception:  # an unusable data dir: the full path says so
         return None
     try:
         sock = start.connect(where.commands)

@@ -136,16 +136,19 @@ class Resident:
             slot.info.keep_alive = math.inf if keep < 0 else keep
             slot.info.last_used = time.monotonic()
             load_s, slot.fresh_load_s = slot.fresh_load_s or 0.0, None
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the command as its own error
+        except Exception as exc:  # every failure goes back to the command as its own error
             from localinfer.errors import LocalInferError
 
             if not isinstance(exc, LocalInferError):
                 self.say(f"load failed: {type(exc).__name__}: {exc}")
             return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
+        from localinfer.answer import load_facts
+
         loaded = slot.engine.loaded
         return 200, {"id": slot.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
                      "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid(),
-                     "env": runtime_env()}  # fmt: skip
+                     "env": runtime_env(),
+                     "facts": load_facts(loaded.plan, loaded.buffers)}  # fmt: skip
 
     def _resolve(self, spec: str | None) -> Any:
         """The model ``spec`` names, as installed (never pulled here: the command pulls, with its
@@ -198,7 +201,8 @@ class Resident:
         from localinfer.serve.config import ServeConfig
         from localinfer.serve.engine import Engine
 
-        state = ServerState(ServeConfig(parallel=want.sequences, no_log=True), (name, want.key), created=int(time.time()))
+        config = ServeConfig(parallel=want.sequences, no_log=True, whole_answers=True)
+        state = ServerState(config, (name, want.key), created=int(time.time()))
         state.hub = Hub(asyncio.get_running_loop(), deferred=True)
         engine = Engine(loaded, want.sequences, max_queue=64, on_step=state.hub.flush)
         engine.start()
@@ -422,10 +426,10 @@ def main(argv: list[str] | None = None) -> int:
 def _warm() -> None:
     """What a first load needs, imported while uvicorn is (the first request names its model later)."""
     with contextlib.suppress(Exception):
-        import localinfer.batch.job  # noqa: F401
-        import localinfer.engine.model  # noqa: F401 - llama_cpp
-        import localinfer.generate  # noqa: F401
-        import localinfer.serve.app  # noqa: F401
+        import localinfer.batch.job
+        import localinfer.engine.model  # llama_cpp
+        import localinfer.generate
+        import localinfer.serve.app
         import localinfer.store  # noqa: F401
 
 

@@ -31,14 +31,21 @@ class ApiError(Exception):
 
     def __init__(
         self, status: int, message: str, *, type: str = "invalid_request_error", code: str | None = None,
-        param: str | None = None, headers: dict[str, str] | None = None,
+        param: str | None = None, headers: dict[str, str] | None = None, cause: Exception | None = None,
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.headers = headers or {}
+        self.cause = cause  # our own error behind it (a context overflow), for the resident server's client
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+    def body(self, whole: bool = False) -> dict[str, Any]:
+        """The error; ``whole`` (ServeConfig.whole_answers) adds the error behind it as our CLI reads
+        it (``localinfer``: its type, message and hint), so it crosses the process unchanged."""
+        out: dict[str, Any] = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        if whole and self.cause is not None:
+            out["localinfer"] = {"type": type(self.cause).__name__, "message": str(self.cause),
+                                 "hint": getattr(self.cause, "hint", None)}  # fmt: skip
+        return out
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -135,7 +142,7 @@ _UNSUPPORTED = {
     "best_of": _only(lambda v: v is None or (_is_int(v) and v == 1), "other than 1"),
 }
 _SAMPLING = rules.SAMPLING_FIELDS
-# Accepted and ignored: they ask for nothing that changes the answer (README, "Request fields").
+# Accepted and ignored: they ask for nothing that changes the answer (docs/serve-fields.md).
 _IGNORED: dict[str, Callable[[str, Any], Any]] = {
     "user": _text,
     "store": _bool,  # OpenAI keeps the answer for its dashboard; we keep nothing

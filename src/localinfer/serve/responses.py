@@ -1,5 +1,7 @@
-"""OpenAI's answer shapes: a whole completion, or SSE chunks that all carry the same ``id`` and
-``created``; with llama-server's ``timings`` object and ``usage.prompt_tokens_details.cached_tokens``."""
+"""OpenAI's Chat Completions (and completions) answer shapes: a whole completion, or SSE chunks that
+all carry the same ``id`` and ``created``; with llama-server's ``timings`` object and
+``usage.prompt_tokens_details.cached_tokens``. A translator only: the engine's finished answer and its
+steps (``localinfer.finish``) in, OpenAI's shapes out."""
 
 from __future__ import annotations
 
@@ -13,8 +15,7 @@ from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSO
 from localinfer.serve.engine import Outcome
 
 if TYPE_CHECKING:
-    from localinfer.toolcalls.parser import Event
-    from localinfer.toolcalls.plan import ToolPlan
+    from localinfer.finish import Step
 
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
 DONE = b"data: [DONE]\n\n"
@@ -43,7 +44,7 @@ def usage(outcome: Outcome) -> dict[str, Any]:
 
 def timings(outcome: Outcome) -> dict[str, Any]:
     """llama-server's ``timings``: prompt_* counts the evaluated prompt tokens (``cache_n`` were
-    reused), predicted_* the answer (its rate over the tokens after the first, README "Metrics")."""
+    reused), predicted_* the answer (its rate over the tokens after the first, docs/metrics.md)."""
     s = outcome.stats
     prompt_ms, predicted_ms = s.prefill_s * 1000.0, s.decode_s * 1000.0
     n_prompt = s.evaluated_tokens
@@ -61,6 +62,21 @@ def timings(outcome: Outcome) -> dict[str, Any]:
         "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000.0, 3),
         **({} if outcome.reasoning_tokens is None else {"reasoning_ttft_ms": _ms(outcome.reasoning_ttft_s)}),
     }
+
+
+def whole_answer(outcome: Outcome, model: str) -> dict[str, Any]:
+    """The answer as ``localinfer.answer.Answer.to_wire`` writes it, for the resident server's own
+    client: what OpenAI's shapes leave out (the document's verdict, llama_decode's own time...)."""
+    import dataclasses
+
+    from localinfer.answer import Answer
+    from localinfer.toolcalls.plan import finish_reason
+
+    # the engine's reason, as an answer made here has it (calls made: tool_calls); the chunks carried the logprobs
+    stats = dataclasses.replace(outcome.stats, logprobs=None, finish_reason=finish_reason(outcome.tool_calls, outcome.stats.finish_reason))
+    return Answer(outcome.text, model, stats, ttft_s=outcome.ttft_s, total_s=outcome.total_s, reasoning=outcome.reasoning,
+                  reasoning_tokens=outcome.reasoning_tokens, reasoning_ttft_s=outcome.reasoning_ttft_s,
+                  tool_calls=list(outcome.tool_calls) or None).to_wire()  # fmt: skip
 
 
 def _ms(s: float | None) -> float | None:
@@ -91,12 +107,12 @@ class Answer:
     include_usage: bool = False
     id: str = ""
     created: int = 0
-    tools: ToolPlan | None = None  # the request offered tools: its text is parsed for calls
+    whole_answers: bool = False  # ServeConfig.whole_answers: the last chunk adds ``localinfer``, the answer whole
 
     @classmethod
-    def new(cls, kind: str, model: str, include_usage: bool = False, tools: ToolPlan | None = None) -> Answer:
+    def new(cls, kind: str, model: str, include_usage: bool = False, whole_answers: bool = False) -> Answer:
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), tools)
+        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), whole_answers)
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         if self.kind == "chat":
@@ -139,16 +155,26 @@ class Answer:
         before, after = raw.split(json.dumps(_PIECE, ensure_ascii=False), 1)
         return before.encode(), after.encode()
 
-    def event_chunks(self, events: list[Event]) -> bytes:
-        """A tool-call parser's events as chunks: content, or OpenAI's ``delta.tool_calls`` keyed by
-        ``index`` (the id and name in a call's first delta, then its arguments in pieces)."""
-        from localinfer.toolcalls.parser import CallStart, Text
+    def event_chunks(self, events: list[Step]) -> bytes:
+        """An answer's steps as chunks: thinking (``reasoning_chunk``), content (a run of text pieces in
+        one chunk), or OpenAI's ``delta.tool_calls`` keyed by ``index`` (the id and name in a call's
+        first delta, then its arguments in pieces)."""
+        from localinfer.finish import CallStart, Text, Thought
 
-        out = []
-        for e in events:
-            if isinstance(e, Text):
-                out.append(self.chunk(e.text))
+        out: list[bytes] = []
+        run: list[str] = []  # a run of text or thinking pieces, sent as one chunk
+        kind: type | None = None
+        for e in [*events, None]:
+            if run and type(e) is not kind:
+                joined = "".join(run)
+                out.append(self.chunk(joined) if kind is Text else self.reasoning_chunk(joined))
+                run = []
+            if isinstance(e, (Text, Thought)):
+                run.append(e.text)
+                kind = type(e)
                 continue
+            if e is None:
+                break
             if isinstance(e, CallStart):
                 call = {"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
             else:
@@ -157,11 +183,12 @@ class Answer:
             out.append(sse({**body, "usage": None} if self.include_usage else body))
         return b"".join(out)
 
-    def last_chunks(self, outcome: Outcome, finish_reason: str | None = None) -> bytes:
+    def last_chunks(self, outcome: Outcome) -> bytes:
         """The finish reason (and timings), then usage in a chunk of its own if asked, then [DONE]."""
-        out = self.chunk(None, finish_reason or outcome.finish_reason, timings=timings(outcome))
+        out = self.chunk(None, outcome.reason, timings=timings(outcome))
         if self.include_usage:
-            out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome)})
+            more = {"localinfer": whole_answer(outcome, self.model)} if self.whole_answers else {}
+            out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome), **more})
         return out + DONE
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
@@ -170,15 +197,11 @@ class Answer:
             message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
             if outcome.reasoning is not None:
                 message.update(reasoning_content=outcome.reasoning, reasoning=outcome.reasoning)
-            finish = outcome.finish_reason
-            if self.tools is not None:
-                from localinfer.toolcalls.plan import finish_reason
-
-                content, calls = self.tools.parse(outcome.text)
-                message["content"] = content if content.strip() or not calls else None  # OpenAI: null when only calls
-                if calls:
-                    message["tool_calls"], finish = [c.to_openai() for c in calls], finish_reason(calls, finish)
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+            calls = outcome.tool_calls
+            if calls:
+                message["content"] = outcome.text if outcome.text.strip() else None  # OpenAI: null when only calls
+                message["tool_calls"] = [c.to_openai() for c in calls]
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.reason}
         else:
             choice = {"text": outcome.text, "index": 0, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}

@@ -254,7 +254,7 @@ class Store:
                 age = _dt.datetime.now(_dt.timezone.utc) - _dt.datetime.fromisoformat(last)
                 if 0 <= age.total_seconds() < TOUCH_EVERY_S:
                     return
-        except Exception:  # noqa: BLE001 - an unreadable manifest or time: the locked edit decides
+        except Exception:  # an unreadable manifest or time: the locked edit decides
             pass
         with self.edit() as models:
             if name in models:

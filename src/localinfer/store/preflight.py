@@ -40,7 +40,7 @@ def memory_check(total: int, progress: ProgressSink) -> None:
         import psutil
 
         ram = int(psutil.virtual_memory().total)
-    except Exception:  # noqa: BLE001 - a missing measurement must not stop a pull
+    except Exception:  # a missing measurement must not stop a pull
         return
     warning = memory_warning(total, ram)
     if warning:

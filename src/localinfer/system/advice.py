@@ -107,7 +107,7 @@ def _gpu_advice(gpus: list[dict[str, Any]], llama: dict[str, Any], version: str 
         return [{
             "kind": "rpc_only",
             "message": "this llama-cpp-python offloads only to ggml-rpc-servers (it was built with -DGGML_RPC=ON "
-            "and no GPU backend): pass --rpc HOST:PORT to use one (see README)",
+            "and no GPU backend): pass --rpc HOST:PORT to use one (see docs/hardware.md)",
         }]
     if local_offload(llama) and not [d for d in devices if d.get("backend") != "RPC"]:
         built = ", ".join(b for b in llama.get("backends", []) if b not in ("CPU", "BLAS", "RPC"))

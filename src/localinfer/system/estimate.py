@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localinfer.engine.types import GPU_LAYERS_AUTO  # noqa: F401 - LoadOptions' value, defined with it
+from localinfer.engine.types import GPU_LAYERS_AUTO  # LoadOptions' value, defined with it
 from localinfer.gguf import ggml_type_size
 # What llama.cpp reported of the same buffers lives in system/buffers.py; importable here as before.
 from localinfer.system.buffers import BufferReport, parse_buffer_report  # noqa: F401

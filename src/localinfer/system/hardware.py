@@ -208,7 +208,7 @@ def _nvml_gpus() -> list[GPU] | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver, no GPU: say nothing
+    except Exception:  # no driver, no GPU: say nothing
         return None
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
@@ -220,12 +220,12 @@ def _nvml_gpus() -> list[GPU] | None:
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             out.append(GPU(name.decode() if isinstance(name, bytes) else str(name), "nvidia", int(mem.total), int(mem.free), driver, "nvml"))
         return out
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -294,7 +294,7 @@ def llama_facts() -> dict:
     """What the installed llama-cpp-python was built with; {"error": ...} if it does not import."""
     try:
         from localinfer.engine import backend as engine
-    except Exception as exc:  # noqa: BLE001 - a broken install is exactly what doctor must report
+    except Exception as exc:  # a broken install is exactly what doctor must report
         return {"error": f"{type(exc).__name__}: {exc}"}
     info = engine.system_info()
     sections = parse_system_info(info)

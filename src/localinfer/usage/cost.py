@@ -10,7 +10,7 @@ workload that keeps the machine busy:
 
 An API price per million tokens (``--compare-api-price IN[,OUT]``) is shown next to it: the input
 price for prompt tokens, the output price for generated tokens (one number: the same for both).
-See the README ("Cost") for what these figures leave out (idle time, the machine's purchase price).
+See docs/usage-and-cost.md ("Cost") for what these figures leave out (idle time, the machine's purchase price).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS requests (
 
 @dataclass(frozen=True)
 class UsageRecord:
-    """One request as the history keeps it (times in ms, rates in tokens/s; README "Metrics")."""
+    """One request as the history keeps it (times in ms, rates in tokens/s; docs/metrics.md)."""
 
     command: str  # run | chat | batch | bench
     model: str | None

@@ -125,7 +125,7 @@ def recording(command: str, *, no_log: bool = False, warn: Warn | None = None) -
             try:
                 append(record_of(command, rec.result, rec.model, exit_status=status, prompt_text=rec.prompt_text,
                                  finish_reason=reason, extra=rec.extra), warn=warn)  # fmt: skip
-            except Exception as exc:  # noqa: BLE001 - never let the history break the command
+            except Exception as exc:  # never let the history break the command
                 if warn is not None:
                     warn(f"could not record this request in the usage history: {exc}")
 
@@ -215,7 +215,7 @@ class RequestLog:
             )
         try:
             self._write()
-        except Exception as err:  # noqa: BLE001 - never let the history break the command
+        except Exception as err:  # never let the history break the command
             if self.warn is not None:
                 self.warn(f"could not record these requests in the usage history: {err}")
 
@@ -237,6 +237,6 @@ def record_embeddings(
     )  # fmt: skip
     try:
         append(row, warn=warn)
-    except Exception as exc:  # noqa: BLE001 - never let the history break the command
+    except Exception as exc:  # never let the history break the command
         if warn is not None:
             warn(f"could not record this job in the usage history: {exc}")

@@ -148,7 +148,7 @@ def list_repo(repo: str, revision: str | None) -> RepoListing:
 LISTING_MAX_BYTES = 16 << 20  # a listing, as sent and as inflated: ~50,000 files, far beyond any model repo
 
 
-def _model_info(repo: str, revision: str | None):  # noqa: ANN202 - huggingface_hub's ModelInfo
+def _model_info(repo: str, revision: str | None):  # huggingface_hub's ModelInfo
     """``HfApi.model_info(files_metadata=True)``, reading at most LISTING_MAX_BYTES of the answer,
     compressed or not (huggingface_hub reads and inflates it whole: a 1 MB gzip bomb took 2 GB)."""
     import httpx2
@@ -180,7 +180,7 @@ def _model_info(repo: str, revision: str | None):  # noqa: ANN202 - huggingface_
     return ModelInfo(**data)
 
 
-def _bounded_body(resp, repo: str) -> bytes:  # noqa: ANN001 - an httpx2 streaming response
+def _bounded_body(resp, repo: str) -> bytes:  # an httpx2 streaming response
     """The body, inflated, or a NetworkError once it passes LISTING_MAX_BYTES sent or inflated."""
     import zlib
 

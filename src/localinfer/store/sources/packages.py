@@ -68,7 +68,7 @@ def assemble_into(package: str, dest: Path, expected_sha256: str | None, progres
     progress = progress or NullProgress()
     try:
         mod = importlib.import_module(package)
-    except Exception as exc:  # noqa: BLE001 - a broken package is a broken model source
+    except Exception as exc:  # a broken package is a broken model source
         raise InvalidModelError(f"cannot import {package} to assemble its model: {exc}") from exc
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()

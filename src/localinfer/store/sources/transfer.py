@@ -203,7 +203,7 @@ def _start_over(fd: int, hasher: _Hasher, sink: ProgressSink) -> int:
     return 0
 
 
-def _receive(resp, fd: int, have: int, size: int | None, hasher: _Hasher, sink: ProgressSink):  # noqa: ANN001, ANN202
+def _receive(resp, fd: int, have: int, size: int | None, hasher: _Hasher, sink: ProgressSink):
     """Copy the body into the file until it ends or breaks: (bytes now on disk, why it broke or None)."""
     from http.client import HTTPException
 
@@ -237,14 +237,14 @@ def _receive(resp, fd: int, have: int, size: int | None, hasher: _Hasher, sink: 
             sink.advance(unreported)
 
 
-def _opener():  # noqa: ANN202
+def _opener():
     """urllib's default handlers, proxies read from the environment now (not at first use, as urlopen does)."""
     import urllib.request
 
     return urllib.request.build_opener()
 
 
-def _open(opener, url: str, headers: dict[str, str], auth: str | None, have: int, timeout: float):  # noqa: ANN001, ANN202
+def _open(opener, url: str, headers: dict[str, str], auth: str | None, have: int, timeout: float):
     """Start the GET (from byte ``have``); final HTTP errors raise ``Refused``, network ones ``_Transient``."""
     import urllib.error
     import urllib.request
@@ -274,7 +274,7 @@ class _Transient(Exception):
 class _Hasher:
     """sha256 on a helper thread, fed with buffers from a small pool that the reader fills in turn."""
 
-    def __init__(self, start=None) -> None:  # noqa: ANN001 - hashlib's type is private
+    def __init__(self, start=None) -> None:  # hashlib's type is private
         import hashlib
 
         self._digest = start if start is not None else hashlib.sha256()
@@ -337,7 +337,7 @@ def _unsatisfied_total(value: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _total_from(headers, have: int) -> int | None:  # noqa: ANN001
+def _total_from(headers, have: int) -> int | None:
     """The whole file's size as this response announces it (Content-Range total, else offset + length)."""
     cr = headers.get("Content-Range")
     if cr and "/" in cr:
