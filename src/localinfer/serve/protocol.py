@@ -213,8 +213,6 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         first, second = list(limits)[:2]
         raise _bad(first, f"'{first}' and '{second}' disagree")
     sampling = SamplingOptions(**{k: v[k] for k in _SAMPLING if k in v})
-    if "stream_options" in v and not v.get("stream"):
-        raise _bad("stream_options", "'stream_options' is only allowed with 'stream': true")
     formats = [(name, body[name]) for name in _FORMATS if body.get(name) is not None]
     if len(formats) > 1:
         raise _bad(formats[1][0], f"'{formats[0][0]}' and '{formats[1][0]}' both ask for the answer's format: give one")
@@ -224,7 +222,8 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         messages=rules.messages("messages", body[main]) if kind == "chat" else (),
         prompt=_prompt(body[main]) if kind == "text" else None,
         stream=v.get("stream", False),
-        include_usage=v.get("stream_options", False),
+        # stream_options without a stream asks for nothing: accepted and ignored, as llama-server does
+        include_usage=v.get("stream", False) and v.get("stream_options", False),
         max_tokens=next(iter(limits.values()), None),
         sampling=sampling,
         stop=v.get("stop", ()),
