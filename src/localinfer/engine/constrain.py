@@ -125,7 +125,7 @@ def grammar_of(fmt: Format) -> str:
     from llguidance import LLMatcher
 
     if fmt.kind == "grammar":
-        return LLMatcher.grammar_from_lark(gbnf_to_lark(fmt.text))
+        return LLMatcher.grammar_from_lark(fmt.lark or gbnf_to_lark(fmt.text))
     schema = ANY_OBJECT if fmt.kind == "json" else fmt.text
     try:
         return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)

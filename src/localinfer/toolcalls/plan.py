@@ -52,6 +52,11 @@ class ToolPlan:
         """The format the answer must follow and the marker after which it applies (None: from the
         first token); None: no constraint (``none``, or ``auto`` in a family without a marker).
         A forced call is the whole answer (after ``opening``): its arguments are ``parameters``."""
+        if "_constraint" not in self.__dict__:  # made once: where the request is prepared, off the engine thread
+            object.__setattr__(self, "_constraint", self._make_constraint())
+        return self.__dict__["_constraint"]
+
+    def _make_constraint(self) -> tuple[Format, str | None] | None:
         from localinfer.structured import from_schema
 
         if not self.offered:
