@@ -85,7 +85,6 @@ def test_message_forms():
         ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1},
          "chat", "parallel_tool_calls", "invalid_type"),
         ({"prompt": "x", "tools": []}, "text", "tools", "unknown_parameter"),
-        ({"messages": HI, "stream_options": {"include_usage": True}}, "chat", "stream_options", "invalid_value"),
         ({"messages": HI, "stream": True, "stream_options": {"x": 1}}, "chat", "stream_options", "unknown_parameter"),
         ({"messages": HI, "max_tokens": 3, "max_completion_tokens": 4}, "chat", "max_tokens", "invalid_value"),
         ({"prompt": ""}, "text", "prompt", "invalid_value"),
@@ -98,6 +97,17 @@ def test_bad_fields_are_named(body, kind, param, code):
         parse_request(body, kind)
     assert info.value.status == 400 and info.value.param == param and info.value.code == code
     assert info.value.body()["error"]["message"]
+
+
+def test_stream_options_without_a_stream_is_accepted_and_ignored():
+    # llama-server's lenience (issue 40): the options of a stream that is not asked for ask for nothing
+    for stream in (False, None):
+        body = {"messages": HI, "stream_options": {"include_usage": True}, **({} if stream is None else {"stream": stream})}
+        req = parse_request(body, "chat")
+        assert not req.stream and not req.include_usage
+    assert parse_request({"messages": HI, "stream": True, "stream_options": {"include_usage": True}}, "chat").include_usage
+    with pytest.raises(ApiError):  # still checked: a bad value is refused whether or not it streams
+        parse_request({"messages": HI, "stream_options": {"include_usage": 1}}, "chat")
 
 
 def test_bodies_that_are_not_json_objects():

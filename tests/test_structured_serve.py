@@ -177,9 +177,9 @@ def test_a_document_cut_by_max_tokens_finishes_with_length(client):
     ("extra", "param", "words"),
     [
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
-          "patternProperties": {"^a": {}}}}}}, "response_format", "patternProperties"),  # fmt: skip
+          "patternProperties": {"^a": {}}}}}}, "response_format.json_schema.schema", "patternProperties"),  # fmt: skip
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nope"}}}},
-         "response_format", "#/$defs/nope"),
+         "response_format.json_schema.schema", "#/$defs/nope"),
         ({"response_format": {"type": "yaml"}}, "response_format.type", "yaml"),
         ({"json_schema": {"type": "string", "minLength": 5, "maxLength": 2}}, "json_schema", "minLength"),
         ({"grammar": "root ::= ( unclosed"}, "grammar", "grammar"),

@@ -149,3 +149,19 @@ def test_bad_tool_input_is_a_400_and_the_server_keeps_serving(served):
     assert s.json("GET", "/health") == (200, {"status": "ok"})
     r = c.chat.completions.create(model="m", messages=_ask("hi"), max_tokens=4)
     assert r.choices[0].message.content is not None and s.proc.poll() is None
+
+
+def test_a_tool_set_that_does_not_compile_is_a_400_naming_tools(served):
+    """Issue 40: the tools' constraint is compiled where the request is prepared (off the engine
+    thread), so one that llguidance cannot compile (Python's `re` takes `\\Z`, llguidance does not)
+    is a 400 naming `tools`, not a 500; the server keeps serving."""
+    _, s = served
+    c = _client(s)
+    odd = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "^a\\Z"}}, "required": ["x"]}}}]  # fmt: skip
+    for choice in ("required", "auto"):
+        with pytest.raises(openai.BadRequestError) as info:
+            c.chat.completions.create(model="m", messages=_ask("hi"), tools=odd, tool_choice=choice, max_tokens=8)
+        body = info.value.body
+        assert info.value.status_code == 400 and body["param"] == "tools" and "cannot compile" in body["message"], body
+    assert s.json("GET", "/health") == (200, {"status": "ok"})

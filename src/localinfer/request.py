@@ -121,6 +121,12 @@ def build(
 
         offered, choice = checked(tools, tool_choice)
         common.update(tools=offered, tool_choice=choice, parallel_tool_calls=parallel_tool_calls)
+        given = next((n for n, v in (("response_format", response_format), ("json_schema", json_schema), ("grammar", grammar))
+                      if v is not None), None)  # fmt: skip
+        try:
+            rules.tools_with_format(given if common["response_format"] is not None else None, bool(offered), choice.mode)
+        except rules.RuleError as exc:
+            raise UsageError(str(exc)) from None
     if messages is not None:
         if any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages):
             from localinfer.toolcalls.spec import checked_messages

@@ -396,7 +396,20 @@ def response_format(field: str, value: Any) -> Any:
         extra = [f"json_schema.{k}" for k in sorted(set(spec) - {"name", "description", "schema", "strict"})]
     if extra:
         raise RuleError(field, f"has an unknown field '{extra[0]}'", "unknown_parameter")
-    return _format(field, structured.from_response_format, value)
+    return _format(field, structured.from_response_format, value, where=format_param(field, value))
+
+
+def format_param(field: str, value: Any) -> str:
+    """Where a format's schema is in the request: the field a broken schema's message names
+    (``response_format.json_schema.schema``; llama-server's ``json_schema`` and ``grammar`` are their own)."""
+    if field != "response_format" or not isinstance(value, dict):
+        return field
+    spec = value.get("json_schema")
+    if value.get("type") == "json_schema" and isinstance(spec, dict) and "schema" in spec:
+        return f"{field}.json_schema.schema"
+    if value.get("type") == "json_object" and "schema" in value:
+        return f"{field}.schema"
+    return field
 
 
 def json_schema(field: str, value: Any) -> Any:
@@ -415,7 +428,8 @@ def grammar(field: str, value: Any) -> Any:
     return _format(field, structured.from_grammar, text(field, value))
 
 
-def _format(field: str, parse: Callable[[Any], Any], value: Any) -> Any:
+def _format(field: str, parse: Callable[[Any], Any], value: Any, where: str | None = None) -> Any:
+    """``parse(value)``; its FormatError as a RuleError naming ``where`` (the schema's own field)."""
     from localinfer.structured import FormatError
 
     try:
@@ -424,4 +438,13 @@ def _format(field: str, parse: Callable[[Any], Any], value: Any) -> Any:
         named = _NAMED.fullmatch(str(exc))
         if named and (named.group(1) == field or named.group(1).startswith(field + ".")):
             raise RuleError(named.group(1), named.group(2)) from None
-        raise RuleError(field, f"cannot be enforced: {exc}", "invalid_schema") from None
+        raise RuleError(where or field, f"cannot be enforced: {exc}", "invalid_schema") from None
+
+
+def tools_with_format(format_field: str | None, has_tools: bool, choice_mode: str | None) -> None:
+    """``tools`` and a format on one request: one answer cannot be held to both (a call's JSON is
+    not the format's), and a constraint is never silently half-enforced; with ``tool_choice``
+    ``none`` no call is made and the format is enforced."""
+    if format_field and has_tools and choice_mode != "none":
+        raise RuleError(format_field, "cannot be enforced together with 'tools': give one of them, or 'tool_choice': 'none'",
+                        "unsupported_parameter")  # fmt: skip

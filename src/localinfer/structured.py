@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from localinfer.errors import UsageError
@@ -21,6 +21,13 @@ from localinfer.errors import UsageError
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_GRAMMAR_BYTES = 256 * 1024
 MAX_SCHEMA_DEPTH = 64
+# What checking one request may cost (issue 40: checks ran on serve's event loop): `pattern`s are
+# parsed, not compiled (CPython's compiler took minutes on a schema of wide character classes), and
+# bounded in number and length; a grammar's rules are bounded, its conversion linear and done once.
+MAX_DEPTH_THROUGH_REFS = 256  # nesting along chains of '$ref's: llguidance's compiler overflows its stack past ~1,000
+MAX_PATTERNS = 1024
+MAX_PATTERN_CHARS = 64 * 1024  # all of a schema's patterns together
+MAX_GRAMMAR_RULES = 4096
 
 KINDS = ("json", "json_schema", "grammar")
 
@@ -53,6 +60,7 @@ class Format:
     text: str = ""
     name: str | None = None  # the schema's name (OpenAI's json_schema.name)
     strict: bool = True
+    lark: str = field(default="", compare=False, repr=False)  # a grammar's Lark conversion (from_grammar)
 
     @property
     def schema(self) -> dict[str, Any] | None:
@@ -100,23 +108,28 @@ def from_schema(schema: Mapping[str, Any] | str, *, name: str | None = None, str
 
 
 def from_grammar(text: str) -> Format:
-    """A GBNF grammar (llama.cpp's syntax, a ``root`` rule), its syntax and rule names checked."""
+    """A GBNF grammar (llama.cpp's syntax, a ``root`` rule), its syntax and rule names checked; the
+    Format keeps its Lark conversion, so the engine does not convert it again."""
     if not isinstance(text, str) or not text.strip():
         raise FormatError("the grammar is empty")
     if len(text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
         raise FormatError(f"the grammar is larger than {MAX_GRAMMAR_BYTES // 1024} KiB")
     if not re.search(r"^\s*root\s*::=", text, re.MULTILINE):
         raise FormatError("the grammar has no 'root ::= ...' rule")
-    gbnf_to_lark(text)
-    return Format("grammar", text)
+    rules = len(re.findall(r"::=", text))  # an upper bound (a literal may hold one): refused before parsing
+    if rules > MAX_GRAMMAR_RULES:
+        raise FormatError(f"the grammar has {rules} rules; at most {MAX_GRAMMAR_RULES} are taken")
+    return Format("grammar", text, lark=gbnf_to_lark(text))
 
 
 def gbnf_to_lark(text: str) -> str:
-    """The GBNF grammar in Lark syntax (llguidance's converter: pure Python), or FormatError."""
-    from llguidance.gbnf_to_lark import gbnf_to_lark as convert
+    """The GBNF grammar in Lark syntax, or FormatError (llguidance's converter, linear: grammar.py)."""
+    from localinfer.grammar import TooDeep, convert
 
     try:
         return convert(text)
+    except TooDeep as exc:
+        raise FormatError(str(exc)) from None
     except Exception as exc:  # its GbnfToLarkError, or a ValueError from deeper in the parser
         raise FormatError(f"the grammar is not valid GBNF: {' '.join(str(exc).split())[:300]}") from None
 
@@ -166,12 +179,17 @@ def pick(response_format: Any = None, json_schema: Any = None, grammar: str | No
 # -- checking a schema ------------------------------------------------------------------------------
 def check_schema(schema: Mapping[str, Any]) -> None:
     """Refuse, by name and place, what the engine would not enforce or what cannot be satisfied."""
-    _Checker(schema).check(schema, "#", 0)
+    checker = _Checker(schema)
+    checker.check(schema, "#", 0)
+    checker.height(schema, 0)
 
 
 class _Checker:
     def __init__(self, root: Mapping[str, Any]) -> None:
         self.root = root
+        self.patterns = self.pattern_chars = 0
+        self.heights: dict[str, int] = {}
+        self.following: set[str] = set()
 
     def check(self, s: Any, at: str, depth: int) -> None:
         if isinstance(s, bool):
@@ -196,6 +214,32 @@ class _Checker:
                 self.check(child, f"{at}/{key}/{i}", sub)
         if "$ref" in s:
             self.resolve(s["$ref"], at)
+
+    def height(self, s: Any, level: int) -> int:
+        """How deep ``s`` nests with its '$ref's followed (a '$ref' being followed, recursion, counts
+        once); each '$ref' is measured once. Refused past MAX_DEPTH_THROUGH_REFS (after check: every
+        '$ref' resolves)."""
+        if level > MAX_DEPTH_THROUGH_REFS:
+            raise FormatError(f"the schema nests more than {MAX_DEPTH_THROUGH_REFS} levels deep through its '$ref's")
+        if not isinstance(s, Mapping):
+            return 0
+        below = [self.height(child, level + 1) for child in _children(s)]
+        ref = s.get("$ref")
+        if isinstance(ref, str) and ref not in self.following:
+            if ref not in self.heights:
+                self.following.add(ref)
+                self.heights[ref] = self.height(self.target(ref), level + 1)
+                self.following.discard(ref)
+            below.append(self.heights[ref])
+            if level + self.heights[ref] > MAX_DEPTH_THROUGH_REFS:
+                raise FormatError(f"the schema nests more than {MAX_DEPTH_THROUGH_REFS} levels deep through its '$ref's")
+        return 1 + max(below, default=0)
+
+    def target(self, ref: str) -> Any:
+        node: Any = self.root
+        for part in ref[1:].split("/")[1:] if ref != "#" else ():
+            node = node[part.replace("~1", "/").replace("~0", "~")]
+        return node
 
     def resolve(self, ref: Any, at: str) -> None:
         if not isinstance(ref, str) or not ref.startswith("#"):
@@ -245,13 +289,37 @@ class _Checker:
         if fmt is not None and fmt not in FORMATS:
             raise FormatError(f"{at}: format {fmt!r} is not supported (supported: {', '.join(sorted(FORMATS))})")
 
-    @staticmethod
-    def _pattern(p: Any, at: str) -> None:
+    def _pattern(self, p: Any, at: str) -> None:
         if not isinstance(p, str):
             raise FormatError(f"{at}: 'pattern' must be a string")
+        self.patterns += 1
+        self.pattern_chars += len(p)
+        if self.patterns > MAX_PATTERNS:
+            raise FormatError(f"{at}: the schema has more than {MAX_PATTERNS} 'pattern's")
+        if self.pattern_chars > MAX_PATTERN_CHARS:
+            raise FormatError(f"{at}: the schema's 'pattern's are longer than {MAX_PATTERN_CHARS // 1024} KiB in all")
         if _UNSUPPORTED_REGEX.search(p):
-            raise FormatError(f"{at}: 'pattern' {p!r} uses lookaround or a backreference, which cannot be enforced")
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise FormatError(f"{at}: 'pattern' {p!r} is not a valid regular expression: {exc}") from None
+            raise FormatError(f"{at}: 'pattern' {_short(p)} uses lookaround or a backreference, which cannot be enforced")
+        try:  # its syntax only: parsing is linear, compiling builds every character class's table
+            _parse_regex(p)
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise FormatError(f"{at}: 'pattern' {_short(p)} is not a valid regular expression: {exc}") from None
+
+
+def _children(s: Mapping[str, Any]) -> list[Any]:
+    """The subschemas of ``s`` (as ``_Checker.check`` walks them)."""
+    out = [child for key in ("properties", "$defs", "definitions") for child in (s.get(key) or {}).values()]
+    out += [s[key] for key in ("additionalProperties", "items") if isinstance(s.get(key), Mapping)]
+    return out + [child for key in ("anyOf", "oneOf", "allOf", "prefixItems") for child in s.get(key, ())]
+
+
+def _parse_regex(p: str) -> None:
+    try:
+        from re import _parser as parser  # type: ignore[attr-defined]
+    except ImportError:  # Python < 3.11
+        import sre_parse as parser
+    parser.parse(p)
+
+
+def _short(p: str) -> str:
+    return repr(p) if len(p) <= 80 else repr(p[:77] + "...")

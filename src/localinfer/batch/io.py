@@ -95,6 +95,9 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
         return InputError(number, f"unknown field {', '.join(map(repr, unknown))} (allowed: {', '.join(_FIELDS)})", rid)
     try:
         given = {k: rules.check(k, obj[k]) for k in SAMPLING_FIELDS if obj.get(k) is not None}
+        fmt, tools = _response_format(obj), _tools(obj)
+        choice = tools.get("tool_choice")
+        rules.tools_with_format("response_format" if fmt else None, bool(tools.get("tools")), choice.mode if choice else None)
         return BatchRequest(
             id=rid,
             line=number,
@@ -106,8 +109,8 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
             stop=rules.stop("stop", obj["stop"]) if obj.get("stop") is not None else None,
             logprobs=rules.logprobs_fields(obj.get("logprobs"), obj.get("top_logprobs"), legacy=True),
             sampling=tuple(given.items()),
-            response_format=_response_format(obj),
-            **_tools(obj),
+            response_format=fmt,
+            **tools,
         )
     except ValueError as exc:  # a RuleError (a schema we cannot enforce too), or _prompt's
         return InputError(number, str(exc), rid)

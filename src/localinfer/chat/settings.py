@@ -120,9 +120,10 @@ def parse_format(value: str) -> Format | None:
                 text = fh.read(structured.MAX_SCHEMA_BYTES + 1).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read the {kind} file {arg}: {getattr(exc, 'strerror', None) or exc}") from None
-        if kind == "grammar":
-            return structured.from_grammar(text)
-        return structured.from_schema(text, name=path.stem)
+        try:
+            return structured.from_grammar(text) if kind == "grammar" else structured.from_schema(text, name=path.stem)
+        except structured.FormatError as exc:  # named as the CLI names its options
+            raise structured.FormatError(f"Invalid value for '/set format {kind}': {exc}") from None
     raise UsageError(f"/set format takes json, schema FILE, grammar FILE or off, not {value.strip()!r}", hint=FORMAT_USAGE)
 
 

@@ -237,14 +237,25 @@ def _response_format(
     grammar_file: GrammarFileOpt = None,
     response_format: FormatOpt = None,
 ) -> "Format | None":
-    """One of the five, checked now (a bad schema is exit 2 before anything loads)."""
-    from localinfer.structured import from_grammar, from_schema, pick
+    """One of the five, checked now (a bad schema is exit 2 before anything loads); a schema or
+    grammar we cannot enforce is named by its option, as Typer names a bad value."""
+    from localinfer.structured import FormatError
 
     given = [f for f, v in (("--json-schema", json_schema), ("--json-schema-file", json_schema_file),
                             ("--grammar", grammar), ("--grammar-file", grammar_file),
                             ("--format", response_format)) if v is not None]  # fmt: skip
     if len(given) > 1:
         raise UsageError(f"give one of {', '.join(given)}, not several")
+    try:
+        return _format_of(json_schema, json_schema_file, grammar, grammar_file, response_format)
+    except FormatError as exc:
+        raise FormatError(f"Invalid value for '{given[0]}': {exc}") from None
+
+
+def _format_of(json_schema: str | None, json_schema_file: Path | None, grammar: str | None, grammar_file: Path | None,
+               response_format: str | None) -> "Format | None":  # fmt: skip
+    from localinfer.structured import from_grammar, from_schema, pick
+
     if json_schema_file is not None:
         return from_schema(_read_text(json_schema_file, "--json-schema-file"))
     if grammar_file is not None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import json
 import threading
 import weakref
 from collections import OrderedDict
@@ -92,15 +93,26 @@ class Compiler:
     def _matcher(self, fmt: Format) -> Any:
         from llguidance import LLMatcher
 
-        grammar = grammar_of(fmt)
-        matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
-        if matcher.is_error():  # its first line names the problem; the rest quotes the grammar
-            first = (matcher.get_error() or "").strip().splitlines() or ["unknown error"]
-            raise FormatError(f"cannot compile the {_what(fmt)}: {_one_line(first[0])}")
-        probe = matcher.deep_copy()  # its first mask: an error, or no token, means nothing can match
-        if not any(probe.compute_bitmask()) or probe.is_error():
-            raise FormatError(f"nothing can satisfy the {_what(fmt)}")
-        return matcher
+        # the schema with its numbers' digits bounded (engine/numbers.py) first; where that bound
+        # makes it fail or unsatisfiable (e.g. an allOf whose other branch needs more), the schema as given
+        error = ""
+        for bound in (True, False) if fmt.kind == "json_schema" else (False,):
+            try:
+                grammar = grammar_of(fmt, bound)
+            except FormatError as exc:
+                error = str(exc)
+                continue
+            matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
+            if matcher.is_error():  # its first line names the problem; the rest quotes the grammar
+                first = (matcher.get_error() or "").strip().splitlines() or ["unknown error"]
+                error = f"cannot compile the {_what(fmt)}: {_one_line(first[0])}"
+                continue
+            probe = matcher.deep_copy()  # its first mask: an error, or no token, means nothing can match
+            if not any(probe.compute_bitmask()) or probe.is_error():
+                error = f"nothing can satisfy the {_what(fmt)}"
+                continue
+            return matcher
+        raise FormatError(error)
 
 
 def _tokenizer(model: Any) -> Any:
@@ -125,13 +137,18 @@ def _tokenizer(model: Any) -> Any:
     return LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=vocab, tokenize_fptr=tokenize, eos_token=eog or None)
 
 
-def grammar_of(fmt: Format) -> str:
-    """llguidance's grammar text for a format (JSON schema, or Lark from the GBNF)."""
+def grammar_of(fmt: Format, bound: bool = False) -> str:
+    """llguidance's grammar text for a format (JSON schema, or Lark from the GBNF); ``bound``: with
+    the schema's unbounded numbers bounded (engine/numbers.py)."""
     from llguidance import LLMatcher
 
     if fmt.kind == "grammar":
-        return LLMatcher.grammar_from_lark(gbnf_to_lark(fmt.text))
+        return LLMatcher.grammar_from_lark(fmt.lark or gbnf_to_lark(fmt.text))
     schema = ANY_OBJECT if fmt.kind == "json" else fmt.text
+    if bound and fmt.kind == "json_schema":
+        from localinfer.engine.numbers import bounded
+
+        schema = json.dumps(bounded(json.loads(schema)), ensure_ascii=False)
     try:
         return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     except ValueError as exc:

@@ -181,7 +181,8 @@ async def _complete(request: Request, kind: str) -> Response:
     try:
         _authorize(request, state)
         engine = _engine(state)
-        req = parse_request(parse_body(await _read_body(request, state.config.max_body)), kind)
+        body = parse_body(await _read_body(request, state.config.max_body))
+        req = await run_in_threadpool(parse_request, body, kind)  # a schema's or grammar's checks: off the loop
         if not serves(state.names, req.model):
             raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
                            code="model_not_found", param="model")  # fmt: skip

@@ -169,7 +169,7 @@ class Engine:
         tokenizer and the compiler are thread-safe); a prompt that does not fit one sequence's context
         with ``max_tokens``, or a format that does not compile, is a 400."""
         prepared = self._prepare(request)
-        self._compiled(request)
+        self._compiled(prepared)
         return prepared
 
     def _prepare(self, request: CompletionRequest) -> Prepared:
@@ -200,19 +200,22 @@ class Engine:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
         return self._checked(Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens), tool_plan(self.loaded, req)))
 
-    def _compiled(self, request: CompletionRequest) -> None:
-        """Compile the request's format here, off the engine thread (the engine finds it in the model's
-        cache): a grammar or schema that does not compile is a 400 before the request is queued."""
-        if request.response_format is None:
-            return
+    def _compiled(self, prepared: Prepared) -> None:
+        """Compile the answer's constraint (the request's format, or its tools' calls) here, off the
+        engine thread (the engine finds it in the model's cache): one that does not compile, or a
+        tools' schema past the size bound, is a 400 before the request is queued."""
         from localinfer.engine.constrain import compile_for
+        from localinfer.generate import constraint_for
         from localinfer.structured import FormatError
 
+        request = prepared.request
+        field = request.format_field if prepared.tools is None or not prepared.tools.offered else "tools"
         try:
-            compile_for(self.loaded.model, request.response_format)
+            fmt, _ = constraint_for(prepared.tools, request.response_format, prepared.splitter)
+            if fmt is not None:
+                compile_for(self.loaded.model, fmt)
         except FormatError as exc:
-            raise ApiError(400, f"'{request.format_field}' cannot be enforced: {exc}", param=request.format_field,
-                           code="invalid_schema") from None  # fmt: skip
+            raise ApiError(400, f"'{field}' cannot be enforced: {exc}", param=field, code="invalid_schema") from None
 
     def _checked(self, p: Prepared) -> Prepared:
         """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API)."""

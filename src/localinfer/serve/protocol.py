@@ -68,7 +68,7 @@ class CompletionRequest:
     ignore_eos: bool = False
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
     response_format: Format | None = None  # the answer must be this JSON or grammar (None: free text)
-    format_field: str | None = None  # the field that asked for it (response_format | json_schema | grammar)
+    format_field: str | None = None  # where it is (response_format.json_schema.schema | json_schema | grammar...)
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's, llama-server's)
     reasoning_format: str | None = None  # llama-server's: "none" keeps the thinking in content
     tools: tuple[Tool, ...] = ()
@@ -220,28 +220,31 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         first, second = list(limits)[:2]
         raise _bad(first, f"'{first}' and '{second}' disagree")
     sampling = SamplingOptions(**{k: v[k] for k in _SAMPLING if k in v})
-    if "stream_options" in v and not v.get("stream"):
-        raise _bad("stream_options", "'stream_options' is only allowed with 'stream': true")
     formats = [(name, body[name]) for name in _FORMATS if body.get(name) is not None]
     if len(formats) > 1:
         raise _bad(formats[1][0], f"'{formats[0][0]}' and '{formats[1][0]}' both ask for the answer's format: give one")
+    fmt = _FORMATS[formats[0][0]](*formats[0]) if formats else None
+    tools = _tools(body) if kind == "chat" else {}
+    choice = tools.get("tool_choice")
+    rules.tools_with_format(formats[0][0] if fmt else None, bool(tools.get("tools")), choice.mode if choice else None)
     return CompletionRequest(
         kind=kind,
         model=v.get("model"),
         messages=rules.messages("messages", body[main]) if kind == "chat" else (),
         prompt=_prompt(body[main]) if kind == "text" else None,
         stream=v.get("stream", False),
-        include_usage=v.get("stream_options", False),
+        # stream_options without a stream asks for nothing: accepted and ignored, as llama-server does
+        include_usage=v.get("stream", False) and v.get("stream_options", False),
         max_tokens=next(iter(limits.values()), None),
         sampling=sampling,
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
-        response_format=_FORMATS[formats[0][0]](*formats[0]) if formats else None,
-        format_field=formats[0][0] if formats else None,
+        response_format=fmt,
+        format_field=rules.format_param(*formats[0]) if formats else None,
         chat_template_kwargs=v.get("chat_template_kwargs"),
         reasoning_format=v.get("reasoning_format"),
-        **(_tools(body) if kind == "chat" else {}),
+        **tools,
         logprobs=rules.logprobs_fields(body.get("logprobs"), body.get("top_logprobs"), legacy=kind == "text"),
     )
 

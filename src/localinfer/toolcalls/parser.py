@@ -3,7 +3,13 @@ answer and a whole one (a whole answer is the stream fed at once), so the deltas
 assemble to the calls of the same answer unstreamed.
 
 Events: ``Text`` (content), ``CallStart`` (a call's index, id and name: OpenAI's first delta of a
-call) and ``CallArgs`` (a piece of its arguments' JSON text, as the model writes it).
+call) and ``CallArgs`` (its arguments' JSON text).
+
+A call counts only if it names an offered tool (``names``) and its arguments are a JSON object: an
+answer in ``auto`` that merely starts with ``{`` is not constrained, so what it holds is checked
+here, and a call's events are sent once the call is whole and checked (a call cut short by the
+token limit is sent as written, as OpenAI does). Calls that fail are dropped; if none is left,
+their text is content.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ class CallParser:
 
     family: Family
     parallel: bool = True  # False: calls after the first are dropped (``parallel_tool_calls``)
+    names: frozenset[str] | None = None  # the offered tools (None: any name)
     calls: list[ToolCall] = field(default_factory=list)
     content: str = ""
     _in_calls: bool = False
@@ -109,7 +116,7 @@ class CallParser:
             self._pending = ""
             return events
         if self._current is not None:  # cut short (max_tokens): keep what was written, as OpenAI does
-            self._close_call()
+            events += self._close_call(whole=False)
         if not self.calls:
             events += self._emit(self._fallback(self._region))
         return events
@@ -163,10 +170,7 @@ class CallParser:
                 except ValueError:
                     name = m.group(1)
                 self._buf = self._buf[m.end():]
-                self._args, self._current = _Args(), {"name": name, "args": "", "index": len(self.calls)}
-                if self.parallel or not self.calls:
-                    self._current["id"] = new_call_id()
-                    events.append(CallStart(self._current["index"], self._current["id"], name))
+                self._args, self._current = _Args(), {"name": name, "args": ""}
                 continue
             end = self._args.scan(self._buf)
             piece = self._buf if end is None else self._buf[:end]
@@ -174,17 +178,25 @@ class CallParser:
             if not self._current["args"]:
                 piece = piece.lstrip()
             self._current["args"] += piece
-            if piece and "id" in self._current:
-                events.append(CallArgs(self._current["index"], piece))
             if end is None:
                 break
-            self._close_call()
+            events += self._close_call(whole=True)
         return events
 
-    def _close_call(self) -> None:
+    def _close_call(self, whole: bool) -> list[Event]:
+        """The call just read, as events if it counts (``whole``: it ended by itself, so its
+        arguments must be a JSON object; else it was cut short and is kept as written)."""
         cur, self._current, self._args = self._current, None, None
-        if cur is not None and "id" in cur:
-            self.calls.append(ToolCall(cur["id"], cur["name"], cur["args"]))
+        if cur is None or (not self.parallel and self.calls):
+            return []
+        if self.names is not None and cur["name"] not in self.names:
+            return []  # a tool that was not offered: no call
+        if whole and not is_object(cur["args"]):
+            return []
+        call = ToolCall(new_call_id(), cur["name"], cur["args"])
+        self.calls.append(call)
+        index = len(self.calls) - 1
+        return [CallStart(index, call.id, call.name), *([CallArgs(index, call.arguments)] if call.arguments else [])]
 
     def _fallback(self, region: str) -> str:
         """Opened calls that hold none: the generic format's ``{"response": ...}`` is its text."""
@@ -198,9 +210,18 @@ class CallParser:
         return region
 
 
-def parse(family: Family, text: str, *, opening: str = "", parallel: bool = True) -> CallParser:
+def is_object(text: str) -> bool:
+    """Whether a call's arguments are whole: a JSON object."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def parse(family: Family, text: str, *, opening: str = "", parallel: bool = True,
+          names: frozenset[str] | None = None) -> CallParser:  # fmt: skip
     """A whole answer (``opening``: what the prompt already wrote of it), parsed."""
-    parser = CallParser(family, parallel)
+    parser = CallParser(family, parallel, names)
     parser.feed(opening)
     parser.feed(text)
     parser.finish()

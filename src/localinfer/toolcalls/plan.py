@@ -29,6 +29,11 @@ class ToolPlan:
         """Whether the tools reach the model at all (``none``: they do not, and no call is parsed)."""
         return bool(self.tools) and self.choice.mode != "none"
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The tools a call may name: the offered ones (the chosen one, when a function is chosen)."""
+        return frozenset(t.name for t in self.tools if self.choice.name is None or t.name == self.choice.name)
+
     def messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return families.template_messages(self.family, list(messages), self.tools, self.choice)
 
@@ -47,6 +52,11 @@ class ToolPlan:
         """The format the answer must follow and the marker after which it applies (None: from the
         first token); None: no constraint (``none``, or ``auto`` in a family without a marker).
         A forced call is the whole answer (after ``opening``): its arguments are ``parameters``."""
+        if "_constraint" not in self.__dict__:  # made once: where the request is prepared, off the engine thread
+            object.__setattr__(self, "_constraint", self._make_constraint())
+        return self.__dict__["_constraint"]
+
+    def _make_constraint(self) -> tuple[Format, str | None] | None:
         from localinfer.structured import from_schema
 
         if not self.offered:
@@ -61,7 +71,7 @@ class ToolPlan:
         """A parser for the streamed answer (None with ``none``: the answer is all text)."""
         if not self.offered:
             return None
-        p = CallParser(self.family, self.parallel)
+        p = CallParser(self.family, self.parallel, self.names)
         p.feed(self.opening)
         return p
 
@@ -69,14 +79,17 @@ class ToolPlan:
         """A whole answer's content and calls."""
         if not self.offered:
             return text, []
-        p = parse(self.family, text, opening=self.opening, parallel=self.parallel)
+        p = parse(self.family, text, opening=self.opening, parallel=self.parallel, names=self.names)
         return p.content, p.calls
 
 
 def finish_reason(calls: Sequence[Any], reason: str | None) -> str | None:
     """OpenAI's: ``tool_calls`` when an answer that ended by itself made calls; a call cut short by
     the token limit stays ``length`` (its arguments are not whole)."""
-    return "tool_calls" if calls and reason == "stop" else reason
+    from localinfer.toolcalls.parser import is_object
+
+    whole = all(is_object(c.arguments) for c in calls)  # a call cut short by the answer's end is not
+    return "tool_calls" if calls and whole and reason == "stop" else reason
 
 
 def plan_for(tools: tuple[Tool, ...], choice: ToolChoice | None, parallel: bool, template: str | None) -> ToolPlan | None:
