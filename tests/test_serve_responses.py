@@ -66,13 +66,13 @@ def test_stream_events_are_numbered_and_assemble_to_the_response(served):
 
 
 def test_parse_with_pydantic(served):
-    class Colour(pydantic.BaseModel):
-        name: str
-        rgb: list[int]
+    class Colour(pydantic.BaseModel):  # bounded: a 135M model would write an unbounded list until the cap
+        name: str = pydantic.Field(max_length=20)
+        warm: bool
 
     r = _client(served).responses.parse(model="smollm2", input="Describe the colour red as JSON.", text_format=Colour,
                                         max_output_tokens=200, temperature=0)  # fmt: skip
-    assert isinstance(r.output_parsed, Colour)
+    assert isinstance(r.output_parsed, Colour) and r.status == "completed"
 
 
 def test_function_calls_forced_streamed_and_answered(served):

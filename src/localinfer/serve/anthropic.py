@@ -221,6 +221,8 @@ class Writer:
     """One answer in Anthropic's shapes: a whole message, or its stream of events (content blocks
     opened and closed as the steps change kind: thinking, text, each tool call)."""
 
+    keepalive = b'event: ping\ndata: {"type":"ping"}\n\n'  # sent while the prompt is read (app's AnswerResponse)
+
     def __init__(self, model: str, input_tokens: int) -> None:
         self.model, self.input_tokens = model, input_tokens
         self.id = "msg_" + secrets.token_hex(12)
@@ -230,7 +232,7 @@ class Writer:
     def head(self, mode: str) -> bytes:
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}  # fmt: skip
-        out = _event("message_start", {"type": "message_start", "message": message}) + _event("ping", {"type": "ping"})
+        out = _event("message_start", {"type": "message_start", "message": message}) + self.keepalive
         return out + (self._start("text", {"type": "text", "text": ""}) if mode == "text" else b"")
 
     def text_piece(self, encoded: bytes) -> bytes:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome, Ticket
 
 STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
+KEEPALIVE_S = 10.0  # between keep-alive events while a stream waits for its first piece
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -79,6 +80,7 @@ class AnswerResponse:
         if head:
             await send({"type": "http.response.body", "body": head, "more_body": True})
         offset = 0  # characters sent: the completions API's text_offset
+        await self._keep_alive(send, getattr(writer, "keepalive", None))
         while True:
             if self.mode == "text":  # the fast path: each piece spliced into an event made once
                 text, end = await self.channel.get()
@@ -100,6 +102,16 @@ class AnswerResponse:
                 return 200
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _keep_alive(self, send: Callable, event: bytes | None) -> None:
+        """Until the answer's first news (a long prompt's prefill), send the protocol's keep-alive
+        ``event`` (Anthropic's ping) every ``KEEPALIVE_S``: clients and proxies see a live stream."""
+        while event is not None and not self.gone:
+            try:
+                await asyncio.wait_for(self.channel.event.wait(), KEEPALIVE_S)  # not cleared: the get below reads it
+                return
+            except asyncio.TimeoutError:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
 
     async def _send_whole(self, send: Callable) -> int:
         end = None
