@@ -1,17 +1,19 @@
 """The HTTP routes: check who asks and what, hand the request to the engine, send its answer.
 
-No model logic here: ``protocol`` validates, ``engine`` prepares and runs, ``responses`` shapes.
-An answer is sent by ``AnswerResponse``, which also listens for the client going away: the request
-is cancelled then, and its sequence is free at the engine's next step.
+No model logic here: ``engine`` prepares and runs, ``localinfer.finish`` finishes the answer, and each
+wire protocol is a translator (a ``Wire``: its parser, its error shape, its answer writer): OpenAI's
+Chat Completions (``protocol``, ``responses``), Anthropic's Messages (``anthropic``) and OpenAI's
+Responses (``responses_api``) share one path (``answer``): limits, auth, queueing, metrics. An answer
+is sent by ``AnswerResponse``, which also listens for the client going away: the request is cancelled
+then, and its sequence is free at the engine's next step.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -24,19 +26,19 @@ from starlette.routing import Route
 
 from localinfer.serve.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.engine import Overloaded, Ticket
+from localinfer.serve.engine import Overloaded
 from localinfer.serve.guard import Guard, allowed_names
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
-from localinfer.serve.responses import DONE, Answer, dumps, sse
+from localinfer.serve.responses import Answer, dumps
+from localinfer.serve.sending import STATUS_KEY, AnswerResponse, submit
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
-             "/v1/models": "models", "/health": "health", "/metrics": "metrics"}  # fmt: skip
-STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+             "/v1/models": "models", "/health": "health", "/metrics": "metrics", **{
+             "/v1/messages": "messages", "/v1/messages/count_tokens": "count_tokens", "/v1/responses": "responses"}}  # fmt: skip
 
 
 @dataclass
@@ -65,6 +67,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        *protocol_routes(),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
     config = state.config
@@ -108,8 +111,8 @@ def _state(request: Request) -> ServerState:
     return request.app.state.serve
 
 
-def error_response(exc: ApiError, whole: bool = False) -> JSONResponse:
-    return JSONResponse(exc.body(whole), status_code=exc.status, headers=exc.headers)
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -129,11 +132,13 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 def _authorize(request: Request, state: ServerState) -> None:
+    """``Authorization: Bearer KEY``, or Anthropic's ``x-api-key: KEY``, against ``--api-key``."""
     key = state.config.api_key
     if key is None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    token = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")
+    if not token or not hmac.compare_digest(token.encode(), key.encode()):
         raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", type="authentication_error",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
@@ -168,50 +173,109 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+@dataclass(frozen=True)
+class Wire:
+    """A protocol, as the shared path sees it: ``parse`` (a body to serve's request), ``error`` (an
+    ApiError to its error body), ``writer`` (model name, request, prepared: its answer's writer: see
+    ``AnswerResponse``); ``clamp``: max_tokens beyond the context is lowered, not refused."""
+
+    parse: Callable[[dict[str, Any]], Any]
+    error: Callable[[ApiError], dict[str, Any]]
+    writer: Callable[[str, Any, Any], Any]
+    clamp: bool = False
+
+
+def _chat_wire(kind: str, whole: bool = False) -> Wire:
+    return Wire(functools.partial(parse_request, kind=kind), functools.partial(ApiError.body, whole=whole),
+                lambda model, req, prepared: Answer.new(kind, model, req.include_usage, whole))  # fmt: skip
+
+
+CHAT, COMPLETIONS = _chat_wire("chat"), _chat_wire("text")
+# The resident server's (ServeConfig.whole_answers): answers and errors also carry what our CLI reads
+WHOLE = {"chat": _chat_wire("chat", True), "text": _chat_wire("text", True)}
+
+
+def protocol_routes() -> list[Route]:
+    """The routes of the protocols beside OpenAI's Chat Completions (one place to add one)."""
+    return [
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+    ]
+
+
 async def chat_completions(request: Request) -> Response:
-    return await _complete(request, "chat")
+    return await answer(request, WHOLE["chat"] if _state(request).config.whole_answers else CHAT)
 
 
 async def completions(request: Request) -> Response:
-    return await _complete(request, "text")
+    return await answer(request, WHOLE["text"] if _state(request).config.whole_answers else COMPLETIONS)
 
 
-async def _complete(request: Request, kind: str) -> Response:
+async def messages(request: Request) -> Response:
+    from localinfer.serve import anthropic
+
+    wire = Wire(anthropic.parse, anthropic.error_body, lambda model, req, p: anthropic.Writer(model, len(p.tokens)), clamp=True)
+    return await answer(request, wire)
+
+
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's count_tokens: the prompt's tokens, as the request's usage.input_tokens counts them."""
+    from localinfer.serve import anthropic
+
+    wire = Wire(functools.partial(anthropic.parse, counting=True), anthropic.error_body, lambda *_: None, clamp=True)
     state = _state(request)
     try:
-        _authorize(request, state)
-        engine = _engine(state)
-        body = parse_body(await _read_body(request, state.config.max_body))
-        req = await run_in_threadpool(parse_request, body, kind)  # a schema's or grammar's checks: off the loop
-        if not serves(state.names, req.model):
-            raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
-                           code="model_not_found", param="model")  # fmt: skip
+        engine, req = await _accept(request, state, wire)
+        prepared = await run_in_threadpool(functools.partial(engine.prepare, req, clamp=True))
+    except ApiError as exc:
+        return _wire_error(wire, exc)
+    return JSONResponse({"input_tokens": len(prepared.tokens)})
+
+
+async def responses(request: Request) -> Response:
+    from localinfer.serve import responses_api as ra
+
+    return await answer(request, Wire(ra.parse, ra.error_body, lambda model, req, p: ra.Writer(model, req)))
+
+
+def _wire_error(wire: Wire, exc: ApiError) -> JSONResponse:
+    return JSONResponse(wire.error(exc), status_code=exc.status, headers=exc.headers)
+
+
+async def _accept(request: Request, state: ServerState, wire: Wire) -> tuple[Engine, Any]:
+    """Who asks (the key), whether we can answer (loaded), and what (the body, parsed; the model ours)."""
+    _authorize(request, state)
+    engine = _engine(state)
+    body = parse_body(await _read_body(request, state.config.max_body))
+    req = await run_in_threadpool(wire.parse, body)  # a schema's or grammar's checks: off the loop
+    _ours(state, req.model)
+    return engine, req
+
+
+def _ours(state: ServerState, model: str | None) -> None:
+    if not serves(state.names, model):
+        raise ApiError(404, f"model '{model}' not found: this server serves {', '.join(state.names)}",
+                       code="model_not_found", param="model")  # fmt: skip
+
+
+async def answer(request: Request, wire: Wire) -> Response:
+    """Every generating route: accept, prepare off the loop, queue, then stream or send the answer."""
+    state = _state(request)
+    try:
+        engine, req = await _accept(request, state, wire)
         with engine.arriving():
-            prepared = await run_in_threadpool(engine.prepare, req)
+            prepare = functools.partial(engine.prepare, req, clamp=True) if wire.clamp else functools.partial(engine.prepare, req)
+            prepared = await run_in_threadpool(prepare)
             assert state.hub is not None
             channel: Channel[Outcome] = Channel(state.hub)
             ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
     except Overloaded:
-        return error_response(_overloaded(state))
+        return _wire_error(wire, _overloaded(state))
     except ApiError as exc:
-        return error_response(exc, state.config.whole_answers)
-    answer = Answer.new(kind, state.names[0], req.include_usage, state.config.whole_answers)
-    return AnswerResponse(ticket, channel, answer, mode)  # type: ignore[return-value]
-
-
-def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
-    """Queue a prepared request whose answer goes to ``channel``, and how it streams: ``whole`` (the
-    outcome only), ``text`` (raw pieces: an answer that is all text), ``logprobs`` (pieces with their
-    entries; calls are not parsed from them) or ``steps`` (``localinfer.finish``'s). Every protocol's route."""
-    from localinfer.finish import plain
-
-    if not stream:
-        return engine.submit(prepared, None, channel.close), "whole"
-    if plain(None, prepared.tools) and logprobs:  # thinking stays inline in a stream of logprobs
-        return engine.submit(prepared, None, channel.close, on_logprobs=channel.push_logprobs), "logprobs"
-    if plain(prepared.splitter, prepared.tools):
-        return engine.submit(prepared, channel.push, channel.close), "text"
-    return engine.submit(prepared, None, channel.close, on_steps=channel.push_steps), "steps"
+        return _wire_error(wire, exc)
+    writer = wire.writer(state.names[0], req, prepared)
+    return AnswerResponse(ticket, channel, writer, mode, wire.error)  # type: ignore[return-value]
 
 
 async def embeddings(request: Request) -> Response:
@@ -222,9 +286,7 @@ async def embeddings(request: Request) -> Response:
         _authorize(request, state)
         engine = _engine(state)
         req = emb.parse(parse_body(await _read_body(request, state.config.max_body)))
-        if not serves(state.names, req.model):
-            raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
-                           code="model_not_found", param="model")  # fmt: skip
+        _ours(state, req.model)
         tokens = await run_in_threadpool(emb.tokenize, engine, req)
         outcome = await emb.run(engine, tokens, request.receive)  # a disconnect cancels it
     except Overloaded:
@@ -261,92 +323,3 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-class AnswerResponse:
-    """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
-    watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
-
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, mode: str) -> None:
-        self.ticket, self.channel, self.answer, self.mode = ticket, channel, answer, mode  # mode: app.submit's
-        self.stream = mode != "whole"
-        self.gone = False
-        self.ended = False  # the engine's outcome arrived
-
-    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        watcher = asyncio.ensure_future(self._watch(receive))
-        status = 499  # nginx's "client closed request": also what a cancelled task counts as
-        try:
-            status = await (self._send_stream(send) if self.stream else self._send_whole(send))
-        finally:
-            watcher.cancel()
-            if not self.ended:
-                self.ticket.cancel()
-            scope[STATUS_KEY] = status  # CountAnswers counts this one (499 after a 200 went out)
-
-    async def _watch(self, receive: Callable) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self.gone = True
-        self.ticket.cancel()
-        self.channel.wake()
-
-    async def _send_stream(self, send: Callable) -> int:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        answer = self.answer
-        if answer.kind == "chat":  # OpenAI's first chunk names the role
-            await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
-        before, after = answer.text_chunks()
-        offset = 0  # characters sent: the completions API's text_offset
-        while True:
-            if self.mode == "text":  # the fast path: each piece spliced into a chunk made once
-                text, end = await self.channel.get()
-                body = before + encode_basestring(text).encode() + after if text else b""
-            elif self.mode == "steps":
-                steps, end = await self.channel.get_steps()
-                body = answer.event_chunks(steps)
-            else:
-                text, entries, end = await self.channel.get_logprobs()
-                body = answer.chunk(text, logprobs=answer.logprobs(entries, offset)) if text or entries else b""
-                offset += len(text)
-            if self.gone:
-                return 499
-            if end is not None:
-                self.ended = True
-                body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
-                await send({"type": "http.response.body", "body": body, "more_body": False})
-                return 200
-            if body:
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-
-    async def _send_whole(self, send: Callable) -> int:
-        end = None
-        while end is None:
-            _, end = await self.channel.get()
-            if self.gone:
-                return 499
-        self.ended = True
-        if end.error is not None or end.finish_reason == "interrupted":
-            exc = _outcome_error(end)
-            await error_response(exc)({"type": "http"}, _no_receive, send)
-            return exc.status
-        body = dumps(self.answer.whole(end)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        return 200
-
-
-def _outcome_error(end: Outcome) -> ApiError:
-    if end.finish_reason == "interrupted":
-        return ApiError(503, "the request was cancelled: the server is shutting down", type="unavailable_error", code="cancelled")
-    return ApiError(500, end.error or "the engine failed", type="server_error", code="engine_error")
-
-
-def _stream_error(end: Outcome) -> bytes:
-    """An error after the headers went out: an SSE event with the error object, then [DONE]."""
-    return sse(_outcome_error(end).body()) + DONE
-
-
-async def _no_receive() -> dict[str, Any]:  # pragma: no cover - a JSONResponse never reads
-    return {"type": "http.disconnect"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import os
 import queue
@@ -164,11 +165,12 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
 
     # -- what the HTTP side calls --------------------------------------------------------------------
-    def prepare(self, request: CompletionRequest) -> Prepared:
+    def prepare(self, request: CompletionRequest, *, clamp: bool = False) -> Prepared:
         """Render and tokenize the prompt and compile the format (any thread: the template, the
         tokenizer and the compiler are thread-safe); a prompt that does not fit one sequence's context
-        with ``max_tokens``, or a format that does not compile, is a 400."""
-        prepared = self._prepare(request)
+        with ``max_tokens`` (``clamp``: the prompt alone, max_tokens lowered to what is left), or a
+        format that does not compile, is a 400."""
+        prepared = self._checked(self._prepare(request), clamp)
         self._compiled(prepared)
         return prepared
 
@@ -182,7 +184,7 @@ class Engine:
             bad = next((t for t in request.prompt if t >= model.n_vocab), None)
             if bad is not None:
                 raise ApiError(400, f"token id {bad} is out of the vocabulary ({model.n_vocab} tokens)", param="prompt")
-            return self._checked(Prepared(request, list(request.prompt), ()))
+            return Prepared(request, list(request.prompt), ())
         if request.kind == "chat" and self.loaded.template is None:
             raise ApiError(400, f"{self.loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
         try:
@@ -198,7 +200,7 @@ class Engine:
                            cause=cause) from None  # fmt: skip
         except (UsageError, TemplateRefusedError) as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
-        return self._checked(Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens), tool_plan(self.loaded, req)))
+        return Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens), tool_plan(self.loaded, req))
 
     def _compiled(self, prepared: Prepared) -> None:
         """Compile the answer's constraint (the request's format, or its tools' calls) here, off the
@@ -217,9 +219,12 @@ class Engine:
         except FormatError as exc:
             raise ApiError(400, f"'{field}' cannot be enforced: {exc}", param=field, code="invalid_schema") from None
 
-    def _checked(self, p: Prepared) -> Prepared:
-        """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API)."""
+    def _checked(self, p: Prepared, clamp: bool = False) -> Prepared:
+        """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API);
+        with ``clamp``, max_tokens is lowered to what the prompt leaves (Claude Code asks for 32k)."""
         n, wanted = len(p.tokens), p.request.max_tokens
+        if clamp and wanted is not None and n < self.n_ctx_seq < n + wanted:
+            return dataclasses.replace(p, request=dataclasses.replace(p.request, max_tokens=self.n_ctx_seq - n))
         if n + (wanted or 1) > self.n_ctx_seq:
             what = f"the prompt ({n} tokens)" + (f" and max_tokens ({wanted})" if wanted else "")
             raise ApiError(400, f"{what} exceed the context of a sequence ({self.n_ctx_seq} tokens)", code="context_length_exceeded",

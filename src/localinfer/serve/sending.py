@@ -1,0 +1,141 @@
+"""Sending one engine answer: how a request's answer reaches its channel (``submit``: raw text, logprobs
+or steps), and ``AnswerResponse``, which streams it as a protocol's writer shapes it (or sends it
+whole) while watching for the client to go away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import JSONResponse
+
+from localinfer.serve.bridge import Channel
+from localinfer.serve.protocol import ApiError
+from localinfer.serve.responses import dumps
+
+if TYPE_CHECKING:
+    from localinfer.serve.engine import Engine, Outcome, Ticket
+
+STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
+KEEPALIVE_S = 10.0  # between keep-alive events while a stream waits for its first piece
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
+    """Queue a prepared request whose answer goes to ``channel``, and how it streams: ``whole`` (the
+    outcome only), ``text`` (raw pieces: an answer that is all text), ``logprobs`` (pieces with their
+    entries; calls are not parsed from them) or ``steps`` (``localinfer.finish``'s). Every protocol's route."""
+    from localinfer.finish import plain
+
+    if not stream:
+        return engine.submit(prepared, None, channel.close), "whole"
+    if plain(None, prepared.tools) and logprobs:  # thinking stays inline in a stream of logprobs
+        return engine.submit(prepared, None, channel.close, on_logprobs=channel.push_logprobs), "logprobs"
+    if plain(prepared.splitter, prepared.tools):
+        return engine.submit(prepared, channel.push, channel.close), "text"
+    return engine.submit(prepared, None, channel.close, on_steps=channel.push_steps), "steps"
+
+
+class AnswerResponse:
+    """Sends one engine answer - SSE events as the text comes, or one JSON body at the end - while
+    watching for the client to go away (then the request is cancelled: its sequence frees at once).
+
+    ``writer`` makes the protocol's bytes: ``head(mode)`` (the stream's first events), ``text_piece``
+    (a piece of text already a JSON string: the fast path), ``steps``, ``logprobs_piece`` (Chat
+    Completions only), ``tail(outcome)``, ``stream_error(exc)`` and ``whole(outcome)`` (a JSON object);
+    ``error``: the protocol's error body."""
+
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], writer: Any, mode: str,
+                 error: Callable[[ApiError], dict[str, Any]] = ApiError.body) -> None:  # fmt: skip
+        self.ticket, self.channel, self.writer, self.mode, self.error = ticket, channel, writer, mode, error  # mode: app.submit's
+        self.stream = mode != "whole"
+        self.gone = False
+        self.ended = False  # the engine's outcome arrived
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        watcher = asyncio.ensure_future(self._watch(receive))
+        status = 499  # nginx's "client closed request": also what a cancelled task counts as
+        try:
+            status = await (self._send_stream(send) if self.stream else self._send_whole(send))
+        finally:
+            watcher.cancel()
+            if not self.ended:
+                self.ticket.cancel()
+            scope[STATUS_KEY] = status  # CountAnswers counts this one (499 after a 200 went out)
+
+    async def _watch(self, receive: Callable) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        self.ticket.cancel()
+        self.channel.wake()
+
+    async def _send_stream(self, send: Callable) -> int:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        writer = self.writer
+        head = writer.head(self.mode)
+        if head:
+            await send({"type": "http.response.body", "body": head, "more_body": True})
+        offset = 0  # characters sent: the completions API's text_offset
+        await self._keep_alive(send, getattr(writer, "keepalive", None))
+        while True:
+            if self.mode == "text":  # the fast path: each piece spliced into an event made once
+                text, end = await self.channel.get()
+                body = writer.text_piece(encode_basestring(text).encode()) if text else b""
+            elif self.mode == "steps":
+                steps, end = await self.channel.get_steps()
+                body = writer.steps(steps)
+            else:
+                text, entries, end = await self.channel.get_logprobs()
+                body = writer.logprobs_piece(text, entries, offset)
+                offset += len(text)
+            if self.gone:
+                return 499
+            if end is not None:
+                self.ended = True
+                failed = end.error is not None or end.finish_reason == "interrupted"
+                body += writer.stream_error(_outcome_error(end)) if failed else writer.tail(end)
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return 200
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _keep_alive(self, send: Callable, event: bytes | None) -> None:
+        """Until the answer's first news (a long prompt's prefill), send the protocol's keep-alive
+        ``event`` (Anthropic's ping) every ``KEEPALIVE_S``: clients and proxies see a live stream."""
+        while event is not None and not self.gone:
+            try:
+                await asyncio.wait_for(self.channel.event.wait(), KEEPALIVE_S)  # not cleared: the get below reads it
+                return
+            except asyncio.TimeoutError:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+
+    async def _send_whole(self, send: Callable) -> int:
+        end = None
+        while end is None:
+            _, end = await self.channel.get()
+            if self.gone:
+                return 499
+        self.ended = True
+        if end.error is not None or end.finish_reason == "interrupted":
+            exc = _outcome_error(end)
+            await JSONResponse(self.error(exc), status_code=exc.status, headers=exc.headers)({"type": "http"}, _no_receive, send)
+            return exc.status
+        body = dumps(self.writer.whole(end)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return 200
+
+
+def _outcome_error(end: Outcome) -> ApiError:
+    if end.finish_reason == "interrupted":
+        return ApiError(503, "the request was cancelled: the server is shutting down", type="unavailable_error", code="cancelled")
+    return ApiError(500, end.error or "the engine failed", type="server_error", code="engine_error")
+
+
+async def _no_receive() -> dict[str, Any]:  # pragma: no cover - a JSONResponse never reads
+    return {"type": "http.disconnect"}

@@ -1,0 +1,53 @@
+"""localinfer.finish: raw pieces in, typed steps out, one finished answer; a stream fed piece by piece
+finishes to the same answer as its whole text fed at once."""
+
+from __future__ import annotations
+
+from localinfer.engine.types import GenerationStats
+from localinfer.finish import CallArgs, CallStart, Finish, Text, Thought, of_text, plain
+from localinfer.reasoning import FAMILIES, Splitter
+from localinfer.toolcalls import families as F
+from localinfer.toolcalls.plan import ToolPlan
+from localinfer.toolcalls.spec import ToolChoice, tools
+
+THINK = next(m for m in FAMILIES if m.open == "<think>")
+ADD = tools("tools", [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}])
+TEXT = '<think>Add them.</think>Sure. <tool_call>{"name":"add","arguments":{"a":1,"b":2}}</tool_call>'
+
+
+def _fed(text: str, size: int, **kw) -> tuple[list, object]:
+    f = Finish(Splitter(THINK), ToolPlan(F.HERMES, ADD, ToolChoice()), **kw)
+    steps = [s for i in range(0, len(text), size) for s in f.feed(text[i : i + size])] + f.close()
+    return steps, f.result("stop", GenerationStats(completion_tokens=30))
+
+
+def test_steps_come_in_order_and_assemble_to_the_answer():
+    steps, done = _fed(TEXT, 3)
+    kinds = [type(s) for s in steps]
+    assert kinds.index(Thought) < kinds.index(Text) < kinds.index(CallStart) < kinds.index(CallArgs)
+    assert "".join(s.text for s in steps if isinstance(s, Thought)) == done.reasoning == "Add them."
+    assert "".join(s.text for s in steps if isinstance(s, Text)) == done.text == "Sure. "
+    (call,) = done.tool_calls
+    assert (call.name, call.arguments) == ("add", '{"a":1,"b":2}') == (
+        next(s.name for s in steps if isinstance(s, CallStart)), "".join(s.text for s in steps if isinstance(s, CallArgs)))
+    assert done.finish_reason == "tool_calls" and 0 < done.reasoning_tokens <= 30
+    assert done.t_reasoning is not None and done.t_text is not None and done.t_reasoning <= done.t_text
+
+
+def test_a_stream_finishes_as_its_whole_text():
+    whole = of_text(TEXT, "stop", splitter=Splitter(THINK), tools=ToolPlan(F.HERMES, ADD, ToolChoice()))
+    for size in (1, 5, len(TEXT)):
+        _, done = _fed(TEXT, size)
+        assert (done.text, done.reasoning, done.finish_reason) == (whole.text, whole.reasoning, whole.finish_reason)
+        assert [(c.name, c.arguments) for c in done.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+
+
+def test_a_call_cut_short_stays_length_and_plain_text_is_itself():
+    cut = of_text(TEXT[:-20], "length", splitter=Splitter(THINK), tools=ToolPlan(F.HERMES, ADD, ToolChoice()))
+    assert cut.finish_reason == "length" and cut.tool_calls
+    f = Finish()
+    assert f.plain and plain(None, None) and not plain(None, ToolPlan(F.HERMES, ADD, ToolChoice()))
+    assert f.feed("Hel") == [Text("Hel")] and f.feed("") == [] and f.close() == []
+    done = f.result("stop")
+    assert (done.text, done.reasoning, done.tool_calls, done.finish_reason) == ("Hel", None, (), "stop")
+    assert plain(None, ToolPlan(F.HERMES, ADD, ToolChoice("none")))  # "none": no calls are parsed

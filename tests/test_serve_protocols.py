@@ -1,0 +1,102 @@
+"""The Anthropic and Responses translators without a model: how their requests map to serve's request,
+and how a scripted engine's answer comes out on their wires (the real clients: test_serve_anthropic.py,
+test_serve_responses.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from test_serve import FakeEngine, _outcome, _state, call  # noqa: E402
+
+from localinfer.serve import anthropic, responses_api  # noqa: E402
+from localinfer.serve.protocol import ApiError  # noqa: E402
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+class Slow(FakeEngine):
+    """Answers after ``delay`` seconds (a long prefill); takes the clamp the Anthropic route asks for."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def prepare(self, request: Any, clamp: bool = False) -> Any:
+        self.clamped = clamp
+        return super().prepare(request)
+
+    def submit(self, prepared: Any, on_text: Any, on_end: Any, **_: Any) -> Any:
+        def run() -> None:
+            time.sleep(self.delay)
+            for p in self.pieces:
+                if on_text:
+                    on_text(p)
+            on_end(_outcome("".join(self.pieces), "stop"))
+
+        threading.Thread(target=run).start()
+        return self
+
+
+def test_anthropic_turns_become_the_one_request():
+    body = {"max_tokens": 9, "system": [{"type": "text", "text": "A.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "system", "content": "B."}, {"role": "user", "content": "q"},
+                         {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                                           {"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "2"}]},
+                                                      {"type": "text", "text": "and?"}]}],
+            "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "stop_sequences": ["\n\n"],
+            "thinking": {"type": "disabled"}, "metadata": {"user_id": "u"}, "context_management": {}}  # fmt: skip
+    r = anthropic.parse(body)
+    roles = [m["role"] for m in r.messages]
+    assert roles == ["system", "user", "assistant", "tool", "user"] and r.messages[0]["content"] == "A.\n\nB."
+    assert r.messages[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}
+    assert r.messages[3]["tool_call_id"] == "t1" and r.messages[3]["content"] == "2"
+    assert r.tool_choice.mode == "required" and not r.parallel_tool_calls and r.stop == ("\n\n",)
+    assert r.chat_template_kwargs == {"enable_thinking": False} and r.max_tokens == 9
+
+
+def test_responses_input_becomes_the_one_request():
+    body = {"instructions": "Be brief.", "max_output_tokens": 5, "store": False, "include": ["reasoning.encrypted_content"],
+            "input": [{"type": "message", "role": "user", "id": "m", "content": [{"type": "input_text", "text": "q"}]},
+                      {"type": "reasoning", "summary": []},
+                      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"x\":1}"},
+                      {"type": "function_call_output", "call_id": "c1", "output": "2"}],
+            "tools": [{"type": "web_search"}, {"type": "namespace", "name": "n"},
+                      {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
+            "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "object"}, "strict": True}}}  # fmt: skip
+    r = responses_api.parse(body)
+    assert [m["role"] for m in r.messages] == ["system", "user", "assistant", "tool"] and r.max_tokens == 5
+    assert [t.name for t in r.tools] == ["f"] and r.response_format.kind == "json_schema"
+    with pytest.raises(ApiError, match="stateless") as info:
+        responses_api.parse({"input": "x", "previous_response_id": "resp_1"})
+    assert info.value.param == "previous_response_id"
+
+
+def test_a_long_prefill_streams_anthropic_pings_then_the_answer(monkeypatch):
+    from localinfer.serve import sending
+
+    monkeypatch.setattr(sending, "KEEPALIVE_S", 0.05)
+    engine = Slow(delay=0.5)
+    status, _, body = call(_state(engine), "POST", "/v1/messages", {"max_tokens": 50000, "messages": HI, "stream": True})
+    names = [b.split("\n")[0][len("event: "):] for b in body.decode().split("\n\n") if b]
+    assert status == 200 and engine.clamped and names.count("ping") > 2
+    assert names[0] == "message_start" and names[-1] == "message_stop"
+    text = "".join(json.loads(b.split("\n")[1][6:])["delta"].get("text", "") for b in body.decode().split("\n\n")
+                   if b.startswith("event: content_block_delta"))  # fmt: skip
+    assert text == "Hello"
+
+
+def test_the_responses_stream_numbers_every_event():
+    status, _, body = call(_state(Slow()), "POST", "/v1/responses", {"input": "hi", "stream": True})
+    events = [json.loads(b.split("\n")[1][6:]) for b in body.decode().split("\n\n") if b]
+    assert status == 200 and [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["output"][0]["content"][0]["text"] == "Hello"
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Hello"
