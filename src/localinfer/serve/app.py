@@ -59,6 +59,8 @@ class ServerState:
 
 
 def create_app(state: ServerState) -> Starlette:
+    from localinfer.serve import ollama
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -66,11 +68,12 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        *ollama.routes(),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
     config = state.config
     hosts = allowed_names(config.host, config.allowed_hosts)
-    middleware = [Middleware(CountAnswers, metrics=state.metrics),
+    middleware = [Middleware(CountAnswers, metrics=state.metrics, endpoints={**ENDPOINTS, **ollama.ENDPOINTS}),
                   Middleware(Guard, hosts=hosts, origins=config.cors_origins, keyed=config.api_key is not None)]  # fmt: skip
     app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)  # type: ignore[arg-type]
     app.state.serve = state
@@ -80,8 +83,8 @@ def create_app(state: ServerState) -> Starlette:
 class CountAnswers:
     """Counts every answer by endpoint and status for /metrics: refusals, 500s and 499s included."""
 
-    def __init__(self, app: Callable, *, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: Callable, *, metrics: Metrics, endpoints: dict[str, str] = ENDPOINTS) -> None:
+        self.app, self.metrics, self.endpoints = app, metrics, endpoints  # path -> the name /metrics gives it
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -102,7 +105,7 @@ class CountAnswers:
             raise
         finally:
             status = scope.get(STATUS_KEY) or (sent[0] if sent else unsent)
-            self.metrics.answered(ENDPOINTS.get(scope.get("path", ""), "other"), status)
+            self.metrics.answered(self.endpoints.get(scope.get("path", ""), "other"), status)
 
 
 def _state(request: Request) -> ServerState:
@@ -122,6 +125,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
+    if request.url.path.startswith("/api/"):  # Ollama's routes: its error shape
+        return JSONResponse({"error": message}, status_code=exc.status_code)
     return error_response(ApiError(exc.status_code, message, type=kind, code=str(exc.detail).lower().replace(" ", "_")))
 
 

@@ -1,0 +1,220 @@
+"""Ollama's API on ``serve`` (``/api/...`` and ``/``): a translator. Each route maps Ollama's request
+to what the OpenAI routes run (the core request, the engine, the embedding queue) and the answer back
+to Ollama's shapes; limits, the key, queueing and cancellation are ``app``'s, shared with every route.
+
+Errors are Ollama's ``{"error": "..."}`` with the HTTP status the OpenAI routes would send. The model
+listings are ``ollama_models``'; chat and generate's wire shapes are ``ollama_wire``'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from localinfer import rules
+from localinfer.serve import ollama_models as om
+from localinfer.serve.app import ServerState, _authorize, _engine, _overloaded, _read_body, _state, serves
+from localinfer.serve.engine import Overloaded
+from localinfer.serve.protocol import ApiError, parse_body
+from localinfer.serve.responses import dumps
+
+if TYPE_CHECKING:
+    from localinfer.serve.engine import Engine
+
+VERSION = "0.12.0"  # the Ollama API we speak (clients gate features such as tools and thinking on it)
+RUNNING = "localinfer is running (Ollama's API on /api)"
+# /metrics names each route's answers by these
+ENDPOINTS = {"/": "ollama_root", "/api/version": "ollama_version", "/api/tags": "ollama_tags", "/api/show": "ollama_show",
+             "/api/ps": "ollama_ps", "/api/chat": "ollama_chat", "/api/generate": "ollama_generate",
+             "/api/embed": "ollama_embed", "/api/embeddings": "ollama_embeddings"}  # fmt: skip
+MANAGE = {"pull": "localinfer pull MODEL", "push": None, "create": None, "copy": None, "delete": "localinfer rm MODEL"}
+
+
+def error(exc: ApiError) -> JSONResponse:
+    """Ollama's error shape: one message, the status saying what kind."""
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+
+def bad(field: str, message: str) -> ApiError:
+    return ApiError(400, message, param=field)
+
+
+Handler = Callable[[Request, ServerState], Awaitable[Response]]
+
+
+def _route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A handler behind the key check, its refusals in Ollama's shape."""
+
+    async def endpoint(request: Request) -> Response:
+        state = _state(request)
+        try:
+            _authorize(request, state)
+            return await handler(request, state)
+        except Overloaded:
+            return error(_overloaded(state))
+        except ApiError as exc:
+            return error(exc)
+        except rules.RuleError as exc:
+            return error(bad(exc.field, str(exc)))
+
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+async def body_of(request: Request, state: ServerState) -> dict[str, Any]:
+    return parse_body(await _read_body(request, state.config.max_body))
+
+
+def model_field(body: dict[str, Any], *, names: tuple[str, ...] = ("model",)) -> str:
+    """The model a request names (Ollama requires one; ``name`` is its older spelling)."""
+    value = next((body[n] for n in names if body.get(n) is not None), None)
+    if value is None:
+        raise bad(names[0], f"'{names[0]}' is required")
+    name = rules.text(names[0], value)
+    if not name:
+        raise bad(names[0], f"'{names[0]}' must not be empty")
+    return name
+
+
+async def check_model(state: ServerState, name: str) -> None:
+    """A request for ``name`` is answered here: our names (with or without ``:latest``), or any name
+    ``serves`` takes - unless it is another installed model, which this server has not loaded (404)."""
+    if name in state.names or name.removesuffix(":latest") in state.names:
+        return
+    engine = state.engine
+    models = await run_in_threadpool(om.catalog, engine.loaded if engine else None, state.names)
+    found = om.find(models, name)
+    if found is not None and found.served:
+        return
+    if found is not None or not serves(state.names, name):
+        what = "is installed but not loaded here" if found is not None else "not found"
+        raise ApiError(404, f"model '{name}' {what}: this server serves {state.names[0]} "
+                            f"(start `localinfer serve -m {name}` to serve it)", param="model")  # fmt: skip
+
+
+# -- what does not generate ---------------------------------------------------------------------------
+async def root(request: Request) -> Response:
+    """Liveness, as Ollama answers ``GET /`` and ``HEAD /`` (no key needed: it says nothing else)."""
+    return PlainTextResponse(RUNNING)
+
+
+async def version(request: Request, state: ServerState) -> Response:
+    from localinfer import __version__
+
+    return JSONResponse({"version": VERSION, "localinfer": __version__})
+
+
+async def tags(request: Request, state: ServerState) -> Response:
+    engine = state.engine
+    models = await run_in_threadpool(om.catalog, engine.loaded if engine else None, state.names)
+    return JSONResponse({"models": [m.tag() for m in models]})
+
+
+async def show(request: Request, state: ServerState) -> Response:
+    body = await body_of(request, state)
+    name = model_field(body, names=("model", "name"))
+    engine = state.engine
+    loaded = engine.loaded if engine else None
+    models = await run_in_threadpool(om.catalog, loaded, state.names)
+    facts = om.find(models, name)
+    if facts is None:
+        raise ApiError(404, f"model '{name}' not found", param="model")
+    if facts.served and loaded is not None:  # the loaded model's own template (a registry's, when the GGUF has none)
+        info = loaded.resolved.info if loaded.resolved is not None else None
+        template = loaded.template.template if loaded.template is not None else None
+    else:
+        info = await run_in_threadpool(om.header, facts)
+        template = info.chat_template if info is not None else None
+    return JSONResponse(om.show(facts, info, template))
+
+
+async def ps(request: Request, state: ServerState) -> Response:
+    engine = state.engine
+    if engine is None:
+        return JSONResponse({"models": []})
+    facts = (await run_in_threadpool(om.catalog, engine.loaded, state.names))[0]
+    return JSONResponse({"models": [om.running(facts, engine.loaded, engine.n_ctx_seq)]})
+
+
+async def manage(request: Request, state: ServerState) -> Response:
+    """pull, push, create, copy, delete: the store is managed by the CLI, not through the server."""
+    what = request.url.path.rsplit("/", 1)[-1]
+    instead = MANAGE.get(what)
+    hint = f": use `{instead}`" if instead else ""
+    raise ApiError(501, f"/api/{what} is not supported by this server{hint}")
+
+
+# -- embeddings ---------------------------------------------------------------------------------------
+async def embed(request: Request, state: ServerState) -> Response:
+    """``/api/embed``: ``input`` a string or a list of them, ``truncate`` (default true), ``dimensions``."""
+    from localinfer.serve import embeddings as emb
+
+    body = await body_of(request, state)
+    name = model_field(body)
+    inputs = body.get("input")
+    if inputs is None or inputs == "" or inputs == []:
+        raise bad("input", "'input' is required: a string or a list of strings")
+    if not isinstance(inputs, (str, list)) or (isinstance(inputs, list) and not all(isinstance(i, str) for i in inputs)):
+        raise bad("input", f"'input' must be a string or a list of strings, not {rules.shown(inputs)}")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise bad("truncate", f"'truncate' must be true or false, not {rules.shown(truncate)}")
+    req = emb.parse({"input": inputs, **({"dimensions": body["dimensions"]} if body.get("dimensions") is not None else {})})
+    vectors, tokens, total_s = await _embed(state, name, req, truncate)
+    return JSONResponse({"model": name, "embeddings": vectors, "total_duration": ns(total_s), "load_duration": 0,
+                         "prompt_eval_count": tokens})  # fmt: skip
+
+
+async def embeddings(request: Request, state: ServerState) -> Response:
+    """``/api/embeddings``, the older shape: one ``prompt``, one ``embedding``."""
+    from localinfer.serve import embeddings as emb
+
+    body = await body_of(request, state)
+    name = model_field(body)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise bad("prompt", f"'prompt' must be a non-empty string, not {rules.shown(prompt)}")
+    vectors, _, _ = await _embed(state, name, emb.parse({"input": prompt}), False)
+    return JSONResponse({"embedding": vectors[0]})
+
+
+async def _embed(state: ServerState, name: str, req: Any, truncate: bool) -> tuple[list[list[float]], int, float]:
+    from localinfer.serve import embeddings as emb
+
+    engine: Engine = _engine(state)
+    await check_model(state, name)
+    t0 = time.perf_counter()
+    tokens = await run_in_threadpool(lambda: emb.tokenize(engine, req, truncate=truncate))
+    outcome = await emb.run(engine, tokens)
+    if outcome.error is not None:
+        raise ApiError(500, f"the embedding failed: {outcome.error}", type="server_error")
+    return outcome.vectors, outcome.tokens, time.perf_counter() - t0
+
+
+def ns(seconds: float | None) -> int:
+    """Ollama's durations: whole nanoseconds."""
+    return 0 if seconds is None else int(round(seconds * 1e9))
+
+
+def routes() -> list[Route]:
+    """Every Ollama route, for ``app.create_app`` (HEAD / comes with GET /)."""
+    out = [Route("/", root, methods=["GET", "HEAD"]),
+           Route("/api/version", _route(version), methods=["GET"]),
+           Route("/api/tags", _route(tags), methods=["GET"]),
+           Route("/api/ps", _route(ps), methods=["GET"]),
+           Route("/api/show", _route(show), methods=["POST"]),
+           Route("/api/embed", _route(embed), methods=["POST"]),
+           Route("/api/embeddings", _route(embeddings), methods=["POST"])]  # fmt: skip
+    out += [Route(f"/api/{what}", _route(manage), methods=["POST", "DELETE"]) for what in MANAGE]
+    return out
+
+
+def dumps_line(obj: Any) -> bytes:
+    """One NDJSON line."""
+    return (dumps(obj) + "\n").encode()
