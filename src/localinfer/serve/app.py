@@ -29,7 +29,6 @@ from localinfer.serve.guard import Guard, allowed_names
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
 from localinfer.serve.responses import DONE, Answer, dumps, sse
-from localinfer.toolcalls.plan import finish_reason
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome
@@ -195,17 +194,28 @@ async def _complete(request: Request, kind: str) -> Response:
             prepared = await run_in_threadpool(engine.prepare, req)
             assert state.hub is not None
             channel: Channel[Outcome] = Channel(state.hub)
-            with_logprobs = req.stream and req.logprobs is not None
-            extra = {"on_logprobs": channel.push_logprobs} if with_logprobs else {}  # a stream's pieces with their entries
-            if req.stream and not with_logprobs:
-                extra["on_reasoning"] = channel.push_reasoning
-            ticket = engine.submit(prepared, channel.push if req.stream and not with_logprobs else None, channel.close, **extra)
+            ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
     except Overloaded:
         return error_response(_overloaded(state))
     except ApiError as exc:
         return error_response(exc)
-    answer = Answer.new(kind, state.names[0], req.include_usage, prepared.tools)
-    return AnswerResponse(ticket, channel, answer, req.stream, req.logprobs is not None)  # type: ignore[return-value]
+    answer = Answer.new(kind, state.names[0], req.include_usage)
+    return AnswerResponse(ticket, channel, answer, mode)  # type: ignore[return-value]
+
+
+def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
+    """Queue a prepared request whose answer goes to ``channel``, and how it streams: ``whole`` (the
+    outcome only), ``text`` (raw pieces: an answer that is all text), ``logprobs`` (pieces with their
+    entries; calls are not parsed from them) or ``steps`` (``localinfer.finish``'s). Every protocol's route."""
+    from localinfer.finish import plain
+
+    if not stream:
+        return engine.submit(prepared, None, channel.close), "whole"
+    if plain(None, prepared.tools) and logprobs:  # thinking stays inline in a stream of logprobs
+        return engine.submit(prepared, None, channel.close, on_logprobs=channel.push_logprobs), "logprobs"
+    if plain(prepared.splitter, prepared.tools):
+        return engine.submit(prepared, channel.push, channel.close), "text"
+    return engine.submit(prepared, None, channel.close, on_steps=channel.push_steps), "steps"
 
 
 async def embeddings(request: Request) -> Response:
@@ -261,9 +271,9 @@ class AnswerResponse:
     """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, stream: bool, logprobs: bool = False) -> None:
-        self.ticket, self.channel, self.answer, self.stream = ticket, channel, answer, stream
-        self.logprobs = logprobs  # a stream whose chunks carry their tokens' log probabilities
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, mode: str) -> None:
+        self.ticket, self.channel, self.answer, self.mode = ticket, channel, answer, mode  # mode: app.submit's
+        self.stream = mode != "whole"
         self.gone = False
         self.ended = False  # the engine's outcome arrived
 
@@ -291,27 +301,23 @@ class AnswerResponse:
         if answer.kind == "chat":  # OpenAI's first chunk names the role
             await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
         before, after = answer.text_chunks()
-        calls = answer.tools.parser() if answer.tools is not None else None  # text becomes content and calls
         offset = 0  # characters sent: the completions API's text_offset
         while True:
-            if self.logprobs:
+            if self.mode == "text":  # the fast path: each piece spliced into a chunk made once
+                text, end = await self.channel.get()
+                body = before + encode_basestring(text).encode() + after if text else b""
+            elif self.mode == "steps":
+                steps, end = await self.channel.get_steps()
+                body = answer.event_chunks(steps)
+            else:
                 text, entries, end = await self.channel.get_logprobs()
                 body = answer.chunk(text, logprobs=answer.logprobs(entries, offset)) if text or entries else b""
                 offset += len(text)
-            else:
-                text, end = await self.channel.get()
-                body = before + encode_basestring(text).encode() + after if text else b""
-                thought = self.channel.take_reasoning()
-                if thought:  # thinking comes before any answer text
-                    body = answer.reasoning_chunk(thought) + body
             if self.gone:
                 return 499
-            if calls is not None:  # the text as content and tool calls (their logprobs are not streamed)
-                body = answer.event_chunks(calls.feed(text) + (calls.finish() if end is not None else []))
             if end is not None:
                 self.ended = True
-                finish = finish_reason(calls.calls, end.finish_reason) if calls is not None else None
-                body += answer.last_chunks(end, finish) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
+                body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return 200
             if body:

@@ -48,12 +48,12 @@ class Hub:
 
 
 class Channel(Generic[T]):
-    """One request's pieces of text, then its end value (``T``: the engine's Outcome)."""
+    """One request's pieces of text (or its steps: ``localinfer.finish``), then its end value
+    (``T``: the engine's Outcome)."""
 
     def __init__(self, hub: Hub) -> None:
         self._hub = hub
         self._pieces: collections.deque[str] = collections.deque()
-        self._thoughts: collections.deque[str] = collections.deque()  # a reasoning model's thinking
         self._end: T | None = None
         self.event = asyncio.Event()
 
@@ -62,8 +62,9 @@ class Channel(Generic[T]):
         self._pieces.append(text)
         self._hub.notify(self)
 
-    def push_reasoning(self, text: str) -> None:
-        self._thoughts.append(text)
+    def push_steps(self, steps: list) -> None:
+        """An answer's typed steps (read with ``get_steps``)."""
+        self._pieces.extend(steps)
         self._hub.notify(self)
 
     def push_logprobs(self, text: str, entries: list) -> None:
@@ -85,10 +86,13 @@ class Channel(Generic[T]):
         text = pieces.popleft() if len(pieces) == 1 else "".join(pieces.popleft() for _ in range(len(pieces)))
         return text, end
 
-    def take_reasoning(self) -> str:
-        """Event loop, after ``get``: the thinking that came with it (it precedes the answer's text)."""
-        thoughts = self._thoughts
-        return "".join(thoughts.popleft() for _ in range(len(thoughts)))
+    async def get_steps(self) -> tuple[list, T | None]:
+        """``get`` for a channel fed by ``push_steps``: the steps that came since, in order."""
+        await self.event.wait()
+        self.event.clear()
+        end = self._end
+        pieces = self._pieces
+        return [pieces.popleft() for _ in range(len(pieces))], end
 
     async def get_logprobs(self) -> tuple[str, list, T | None]:
         """``get`` for a channel fed by ``push_logprobs``: the text and its entries, in order."""

@@ -33,9 +33,11 @@ from localinfer.serve.protocol import ApiError, CompletionRequest
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
     from localinfer.engine.embed import Embedder
+    from localinfer.finish import Finish, Step
     from localinfer.generate import LoadedModel
-    from localinfer.reasoning import Splitter, Thinking
+    from localinfer.reasoning import Splitter
     from localinfer.toolcalls.plan import ToolPlan
+    from localinfer.toolcalls.spec import ToolCall
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,15 @@ class Outcome:
     reasoning: str | None = None  # the thinking, split from ``text`` (None: not a reasoning answer)
     reasoning_tokens: int | None = None
     reasoning_ttft_s: float | None = None  # to the first piece of thinking
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls parsed out of the answer (``text`` is the rest)
+
+    @property
+    def reason(self) -> str | None:
+        """The answer's finish reason (``tool_calls`` when it ended by itself with calls);
+        ``finish_reason`` is the engine's (what /metrics counts)."""
+        from localinfer.toolcalls.plan import finish_reason
+
+        return finish_reason(self.tool_calls, self.finish_reason)
 
 
 @dataclass(frozen=True)
@@ -103,11 +114,12 @@ class Overloaded(Exception):
 class Ticket:
     """One submitted request, as its owner holds it: ``cancel()`` may be called from any thread."""
 
-    __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared", "thinking")
+    __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared", "finish", "live", "on_steps")
 
-    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None],
-                 thinking: Thinking | None = None) -> None:  # fmt: skip
-        self.key, self.job, self.prepared, self.on_end, self.thinking = key, job, prepared, on_end, thinking
+    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None], finish: Finish,
+                 live: bool = False, on_steps: Callable[[list[Step]], None] | None = None) -> None:  # fmt: skip
+        self.key, self.job, self.prepared, self.on_end = key, job, prepared, on_end
+        self.finish, self.live, self.on_steps = finish, live, on_steps  # live: fed piece by piece (else at the end)
         self.t_arrival = time.perf_counter()
         self.cancelled = job.cancel  # the decoder checks it at every step
 
@@ -217,30 +229,30 @@ class Engine:
     def submit(
         self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None],
         on_logprobs: Callable[[str, list], None] | None = None,
-        on_reasoning: Callable[[str], None] | None = None,
+        on_steps: Callable[[list[Step]], None] | None = None,
     ) -> Ticket:  # fmt: skip
-        """Queue a request (``on_text``: None when the text is wanted only at the end; ``on_logprobs``:
-        instead of it, a stream that asked for logprobs; ``on_reasoning``: a reasoning model's
-        thinking); ``Overloaded`` when more than ``max_queue`` would wait for a slot."""
+        """Queue a request. Its answer streams as raw text pieces (``on_text``: the fast path of an
+        answer that is all text), as pieces with their logprobs (``on_logprobs``: thinking stays
+        inline), or as typed steps (``on_steps``: thinking, text, tool calls - ``localinfer.finish``);
+        all None: wanted only at the end. ``Overloaded`` when more than ``max_queue`` would wait."""
         from localinfer.engine.batch import SeqJob
+        from localinfer.finish import Finish
 
         if self._waiting_chats() - (self.parallel - self.running) >= self.max_queue:
             raise Overloaded()
         r = prepared.request
         from localinfer.generate import constraint_for
-        from localinfer.reasoning import Thinking
 
-        # a stream with logprobs gets its pieces through on_logprobs: its thinking stays inline
-        split = prepared.splitter if on_logprobs is None else None
-        thinking = None if split is None else Thinking(split, on_text, on_reasoning)
+        finish = Finish(prepared.splitter if on_logprobs is None else None, prepared.tools)
+        live = on_steps is not None or finish.splits  # thinking is counted piece by piece
         constraint, after = constraint_for(prepared.tools, r.response_format, prepared.splitter)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
-            r.ignore_eos, on_text=on_text if thinking is None else thinking.feed, cancel=threading.Event(),
+            r.ignore_eos, on_text=_feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
             cache_prompt=r.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
             on_logprobs=on_logprobs,
         )  # fmt: skip
-        ticket = Ticket(job.key, job, prepared, on_end, thinking)
+        ticket = Ticket(job.key, job, prepared, on_end, finish, live, on_steps)
         self._queue.put(ticket)
         return ticket
 
@@ -392,17 +404,25 @@ class Engine:
         if result.error is not None:
             self._end(ticket, _failed(ticket, result.error))
             return
+        from localinfer.finish import since
+
         st = result.stats
         ttft = None if st.first_token_s is None else result.t_admit + st.first_token_s - ticket.t_arrival
-        finish = st.finish_reason
-        if finish == "stop" and st.document == "incomplete":  # a stop string inside the document cut it
-            finish = "length"  # never "stop" for a document that does not parse (clients trust it)
+        reason = st.finish_reason
+        if reason == "stop" and st.document == "incomplete":  # a stop string inside the document cut it
+            reason = "length"  # never "stop" for a document that does not parse (clients trust it)
+        finish, t0 = ticket.finish, ticket.t_arrival
+        if not ticket.live:
+            finish.feed(result.text)
+        tail = finish.close()
+        if tail and ticket.on_steps is not None:
+            ticket.on_steps(tail)  # what was held back (a marker's start, a call's end), before the outcome
+        done = finish.result(reason, st)
         outcome = Outcome(
-            result.text, finish, st, queue_s=result.t_admit - ticket.t_arrival, ttft_s=ttft,
-            total_s=result.t_end - ticket.t_arrival,
+            done.text, reason, st, queue_s=result.t_admit - t0, ttft_s=since(done.t_text, t0) if finish.splits else ttft,
+            total_s=result.t_end - t0, reasoning=done.reasoning, reasoning_tokens=done.reasoning_tokens,
+            reasoning_ttft_s=since(done.t_reasoning, t0), tool_calls=done.tool_calls,
         )  # fmt: skip
-        if ticket.thinking is not None:
-            outcome = _with_thinking(outcome, ticket.thinking, ticket.t_arrival)
         self._end(ticket, outcome)
 
     def _end(self, ticket: Ticket | EmbedTicket, outcome: Any) -> None:
@@ -420,16 +440,24 @@ class Engine:
                 self._on_finish(ticket, outcome)
 
 
-def _with_thinking(raw: Outcome, thinking: Thinking, t_arrival: float) -> Outcome:
-    """``raw`` (the whole text) as answer and thinking; TTFT to the first answer text."""
-    import dataclasses
+def _feeder(finish: Finish, on_text: Callable[[str], None] | None,
+            on_steps: Callable[[list[Step]], None] | None) -> Callable[[str], None]:  # fmt: skip
+    """The decoder's ``on_text`` for an answer finished piece by piece: its steps to ``on_steps``, else
+    its answer text to ``on_text`` (either may be None: wanted at the end only)."""
+    from localinfer.finish import Text
 
-    thinking.finish()
-    since = (lambda t: None if t is None else t - t_arrival)  # noqa: E731
-    return dataclasses.replace(
-        raw, text=thinking.split.answer, reasoning=thinking.split.reasoning or None, ttft_s=since(thinking.t_text),
-        reasoning_tokens=min(thinking.tokens, raw.stats.completion_tokens), reasoning_ttft_s=since(thinking.t_reasoning),
-    )  # fmt: skip
+    def feed(piece: str) -> None:
+        steps = finish.feed(piece)
+        if not steps:
+            return
+        if on_steps is not None:
+            on_steps(steps)
+        elif on_text is not None:
+            for step in steps:
+                if isinstance(step, Text):
+                    on_text(step.text)
+
+    return feed
 
 
 def _report(exc: BaseException) -> None:

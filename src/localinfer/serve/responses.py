@@ -1,5 +1,7 @@
-"""OpenAI's answer shapes: a whole completion, or SSE chunks that all carry the same ``id`` and
-``created``; with llama-server's ``timings`` object and ``usage.prompt_tokens_details.cached_tokens``."""
+"""OpenAI's Chat Completions (and completions) answer shapes: a whole completion, or SSE chunks that
+all carry the same ``id`` and ``created``; with llama-server's ``timings`` object and
+``usage.prompt_tokens_details.cached_tokens``. A translator only: the engine's finished answer and its
+steps (``localinfer.finish``) in, OpenAI's shapes out."""
 
 from __future__ import annotations
 
@@ -12,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 from localinfer.serve.engine import Outcome
 
 if TYPE_CHECKING:
-    from localinfer.toolcalls.parser import Event
-    from localinfer.toolcalls.plan import ToolPlan
+    from localinfer.finish import Step
 
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
 DONE = b"data: [DONE]\n\n"
@@ -90,12 +91,11 @@ class Answer:
     include_usage: bool = False
     id: str = ""
     created: int = 0
-    tools: ToolPlan | None = None  # the request offered tools: its text is parsed for calls
 
     @classmethod
-    def new(cls, kind: str, model: str, include_usage: bool = False, tools: ToolPlan | None = None) -> Answer:
+    def new(cls, kind: str, model: str, include_usage: bool = False) -> Answer:
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), tools)
+        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()))
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         if self.kind == "chat":
@@ -138,16 +138,26 @@ class Answer:
         before, after = raw.split(json.dumps(_PIECE, ensure_ascii=False), 1)
         return before.encode(), after.encode()
 
-    def event_chunks(self, events: list[Event]) -> bytes:
-        """A tool-call parser's events as chunks: content, or OpenAI's ``delta.tool_calls`` keyed by
-        ``index`` (the id and name in a call's first delta, then its arguments in pieces)."""
-        from localinfer.toolcalls.parser import CallStart, Text
+    def event_chunks(self, events: list[Step]) -> bytes:
+        """An answer's steps as chunks: thinking (``reasoning_chunk``), content (a run of text pieces in
+        one chunk), or OpenAI's ``delta.tool_calls`` keyed by ``index`` (the id and name in a call's
+        first delta, then its arguments in pieces)."""
+        from localinfer.finish import CallStart, Text, Thought
 
-        out = []
-        for e in events:
-            if isinstance(e, Text):
-                out.append(self.chunk(e.text))
+        out: list[bytes] = []
+        run: list[str] = []  # a run of text or thinking pieces, sent as one chunk
+        kind: type | None = None
+        for e in [*events, None]:
+            if run and type(e) is not kind:
+                joined = "".join(run)
+                out.append(self.chunk(joined) if kind is Text else self.reasoning_chunk(joined))
+                run = []
+            if isinstance(e, (Text, Thought)):
+                run.append(e.text)
+                kind = type(e)
                 continue
+            if e is None:
+                break
             if isinstance(e, CallStart):
                 call = {"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
             else:
@@ -156,9 +166,9 @@ class Answer:
             out.append(sse({**body, "usage": None} if self.include_usage else body))
         return b"".join(out)
 
-    def last_chunks(self, outcome: Outcome, finish_reason: str | None = None) -> bytes:
+    def last_chunks(self, outcome: Outcome) -> bytes:
         """The finish reason (and timings), then usage in a chunk of its own if asked, then [DONE]."""
-        out = self.chunk(None, finish_reason or outcome.finish_reason, timings=timings(outcome))
+        out = self.chunk(None, outcome.reason, timings=timings(outcome))
         if self.include_usage:
             out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome)})
         return out + DONE
@@ -169,15 +179,11 @@ class Answer:
             message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
             if outcome.reasoning is not None:
                 message.update(reasoning_content=outcome.reasoning, reasoning=outcome.reasoning)
-            finish = outcome.finish_reason
-            if self.tools is not None:
-                from localinfer.toolcalls.plan import finish_reason
-
-                content, calls = self.tools.parse(outcome.text)
-                message["content"] = content if content.strip() or not calls else None  # OpenAI: null when only calls
-                if calls:
-                    message["tool_calls"], finish = [c.to_openai() for c in calls], finish_reason(calls, finish)
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+            calls = outcome.tool_calls
+            if calls:
+                message["content"] = outcome.text if outcome.text.strip() else None  # OpenAI: null when only calls
+                message["tool_calls"] = [c.to_openai() for c in calls]
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.reason}
         else:
             choice = {"text": outcome.text, "index": 0, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}
