@@ -28,7 +28,7 @@ from localinfer.serve.engine import Overloaded, Ticket
 from localinfer.serve.guard import Guard, allowed_names
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
-from localinfer.serve.responses import DONE, Answer, dumps, sse
+from localinfer.serve.responses import Answer, dumps
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome
@@ -190,17 +190,24 @@ async def _complete(request: Request, kind: str) -> Response:
         if not serves(state.names, req.model):
             raise ApiError(404, f"model '{req.model}' not found: this server serves {', '.join(state.names)}",
                            code="model_not_found", param="model")  # fmt: skip
-        with engine.arriving():
-            prepared = await run_in_threadpool(engine.prepare, req)
-            assert state.hub is not None
-            channel: Channel[Outcome] = Channel(state.hub)
-            ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
+        ticket, channel, mode = await queue(state, engine, req)
     except Overloaded:
         return error_response(_overloaded(state))
     except ApiError as exc:
         return error_response(exc)
     answer = Answer.new(kind, state.names[0], req.include_usage)
     return AnswerResponse(ticket, channel, answer, mode)  # type: ignore[return-value]
+
+
+async def queue(state: ServerState, engine: Engine, req: Any) -> tuple[Ticket, Channel[Outcome], str]:
+    """Prepare a request off the loop and queue it: its ticket, the channel its answer comes by, and
+    how it streams (``submit``'s mode). Every generating route's (``Overloaded``, ``ApiError``)."""
+    with engine.arriving():
+        prepared = await run_in_threadpool(engine.prepare, req)
+        assert state.hub is not None
+        channel: Channel[Outcome] = Channel(state.hub)
+        ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
+    return ticket, channel, mode
 
 
 def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
@@ -268,11 +275,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 class AnswerResponse:
-    """Sends one engine answer - SSE chunks as the text comes, or one JSON body at the end - while
-    watching for the client to go away (then the request is cancelled: its sequence frees at once)."""
+    """Sends one engine answer - SSE events (or NDJSON lines) as the text comes, or one JSON body at the
+    end - while watching for the client to go away (then the request is cancelled: its sequence frees at once).
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], answer: Answer, mode: str) -> None:
-        self.ticket, self.channel, self.answer, self.mode = ticket, channel, answer, mode  # mode: app.submit's
+    ``writer`` makes the protocol's bytes: ``head(mode)`` (the stream's first events), ``text_piece``
+    (a piece of text already a JSON string: the fast path), ``steps``, ``logprobs_piece``,
+    ``tail(outcome)``, ``stream_error(exc)`` and ``whole(outcome)`` (a JSON object), and may name its
+    stream's ``stream_headers`` (SSE's by default); ``error``: the protocol's error body."""
+
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], writer: Any, mode: str,
+                 error: Callable[[ApiError], dict[str, Any]] = ApiError.body) -> None:  # fmt: skip
+        self.ticket, self.channel, self.writer, self.mode, self.error = ticket, channel, writer, mode, error  # mode: app.submit's
         self.stream = mode != "whole"
         self.gone = False
         self.ended = False  # the engine's outcome arrived
@@ -296,28 +309,29 @@ class AnswerResponse:
         self.channel.wake()
 
     async def _send_stream(self, send: Callable) -> int:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        answer = self.answer
-        if answer.kind == "chat":  # OpenAI's first chunk names the role
-            await send({"type": "http.response.body", "body": answer.chunk("", role=True), "more_body": True})
-        before, after = answer.text_chunks()
+        writer = self.writer
+        await send({"type": "http.response.start", "status": 200, "headers": getattr(writer, "stream_headers", SSE_HEADERS)})
+        head = writer.head(self.mode)
+        if head:
+            await send({"type": "http.response.body", "body": head, "more_body": True})
         offset = 0  # characters sent: the completions API's text_offset
         while True:
             if self.mode == "text":  # the fast path: each piece spliced into a chunk made once
                 text, end = await self.channel.get()
-                body = before + encode_basestring(text).encode() + after if text else b""
+                body = writer.text_piece(encode_basestring(text).encode()) if text else b""
             elif self.mode == "steps":
                 steps, end = await self.channel.get_steps()
-                body = answer.event_chunks(steps)
+                body = writer.steps(steps)
             else:
                 text, entries, end = await self.channel.get_logprobs()
-                body = answer.chunk(text, logprobs=answer.logprobs(entries, offset)) if text or entries else b""
+                body = writer.logprobs_piece(text, entries, offset)
                 offset += len(text)
             if self.gone:
                 return 499
             if end is not None:
                 self.ended = True
-                body += answer.last_chunks(end) if end.error is None and end.finish_reason != "interrupted" else _stream_error(end)
+                failed = end.error is not None or end.finish_reason == "interrupted"
+                body += writer.stream_error(_outcome_error(end)) if failed else writer.tail(end)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return 200
             if body:
@@ -332,9 +346,9 @@ class AnswerResponse:
         self.ended = True
         if end.error is not None or end.finish_reason == "interrupted":
             exc = _outcome_error(end)
-            await error_response(exc)({"type": "http"}, _no_receive, send)
+            await JSONResponse(self.error(exc), status_code=exc.status, headers=exc.headers)({"type": "http"}, _no_receive, send)
             return exc.status
-        body = dumps(self.answer.whole(end)).encode()
+        body = dumps(self.writer.whole(end)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -345,11 +359,6 @@ def _outcome_error(end: Outcome) -> ApiError:
     if end.finish_reason == "interrupted":
         return ApiError(503, "the request was cancelled: the server is shutting down", type="unavailable_error", code="cancelled")
     return ApiError(500, end.error or "the engine failed", type="server_error", code="engine_error")
-
-
-def _stream_error(end: Outcome) -> bytes:
-    """An error after the headers went out: an SSE event with the error object, then [DONE]."""
-    return sse(_outcome_error(end).body()) + DONE
 
 
 async def _no_receive() -> dict[str, Any]:  # pragma: no cover - a JSONResponse never reads

@@ -5,6 +5,7 @@ steps (``localinfer.finish``) in, OpenAI's shapes out."""
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import time
@@ -131,6 +132,34 @@ class Answer:
         if self.include_usage:
             body["usage"] = None
         return sse(body)
+
+    # -- what app.AnswerResponse asks of a protocol's writer -----------------------------------------------
+    def head(self, mode: str) -> bytes:
+        """A stream's first chunk: OpenAI's names the role (chat only)."""
+        return self.chunk("", role=True) if self.kind == "chat" else b""
+
+    def text_piece(self, encoded: bytes) -> bytes:
+        """A text chunk for a piece already a JSON string (the fast path: the chunk is made once)."""
+        before, after = self._spliced
+        return before + encoded + after
+
+    @functools.cached_property
+    def _spliced(self) -> tuple[bytes, bytes]:
+        return self.text_chunks()
+
+    def steps(self, steps: list[Step]) -> bytes:
+        return self.event_chunks(steps)
+
+    def logprobs_piece(self, text: str, entries: list[dict[str, Any]], offset: int) -> bytes:
+        """A piece with its tokens' logprobs (``offset``: the characters sent before it)."""
+        return self.chunk(text, logprobs=self.logprobs(entries, offset)) if text or entries else b""
+
+    def tail(self, outcome: Outcome) -> bytes:
+        return self.last_chunks(outcome)
+
+    def stream_error(self, exc: Any) -> bytes:
+        """An error after the headers went out: an SSE event with the error object, then [DONE]."""
+        return sse(exc.body()) + DONE
 
     def text_chunks(self) -> tuple[bytes, bytes]:
         """The bytes around a piece's JSON string in a text chunk: json.dumps once per answer, not per token."""
