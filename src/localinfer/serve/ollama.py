@@ -19,10 +19,11 @@ from starlette.routing import Route
 
 from localinfer import rules
 from localinfer.serve import ollama_models as om
-from localinfer.serve.app import ServerState, _authorize, _engine, _overloaded, _read_body, _state, serves
+from localinfer.serve import ollama_wire as wire
+from localinfer.serve.app import AnswerResponse, ServerState, _authorize, _engine, _overloaded, _read_body, _state, queue, serves
 from localinfer.serve.engine import Overloaded
+from localinfer.serve.ollama_wire import bad, ns
 from localinfer.serve.protocol import ApiError, parse_body
-from localinfer.serve.responses import dumps
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine
@@ -37,12 +38,7 @@ MANAGE = {"pull": "localinfer pull MODEL", "push": None, "create": None, "copy":
 
 
 def error(exc: ApiError) -> JSONResponse:
-    """Ollama's error shape: one message, the status saying what kind."""
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
-
-
-def bad(field: str, message: str) -> ApiError:
-    return ApiError(400, message, param=field)
+    return JSONResponse(wire.error_body(exc), status_code=exc.status, headers=exc.headers)
 
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
@@ -150,6 +146,36 @@ async def manage(request: Request, state: ServerState) -> Response:
     raise ApiError(501, f"/api/{what} is not supported by this server{hint}")
 
 
+# -- chat and generate ----------------------------------------------------------------------------------
+async def chat(request: Request, state: ServerState) -> Response:
+    return await _answer(request, state, "chat")
+
+
+async def generate(request: Request, state: ServerState) -> Response:
+    return await _answer(request, state, "generate")
+
+
+async def _answer(request: Request, state: ServerState, kind: str) -> Response:
+    """Ollama's request as the core's, queued as every route's is (``app.queue``), its answer sent by
+    ``app.AnswerResponse`` in Ollama's objects (``ollama_wire.OllamaAnswer``)."""
+    body = await body_of(request, state)
+    name = model_field(body)
+    engine = _engine(state)
+    await check_model(state, name)
+    template = engine.loaded.template
+    if kind == "chat":
+        asked = wire.parse_chat(body, name)
+    else:
+        asked = wire.parse_generate(body, name, templated=template is not None)
+    writer = wire.OllamaAnswer(kind, name)
+    if asked.request is None:  # nothing to generate: Ollama's "load the model" (it is loaded)
+        return JSONResponse(writer.loaded())
+    if asked.think and "thinking" not in om.capabilities(template.template if template else None, None):
+        raise ApiError(400, f"'think': {name} does not support thinking (its template writes no reasoning markers)", param="think")
+    ticket, channel, mode = await queue(state, engine, asked.request)
+    return AnswerResponse(ticket, channel, writer, mode, wire.error_body)  # type: ignore[return-value]
+
+
 # -- embeddings ---------------------------------------------------------------------------------------
 async def embed(request: Request, state: ServerState) -> Response:
     """``/api/embed``: ``input`` a string or a list of them, ``truncate`` (default true), ``dimensions``."""
@@ -197,11 +223,6 @@ async def _embed(state: ServerState, name: str, req: Any, truncate: bool) -> tup
     return outcome.vectors, outcome.tokens, time.perf_counter() - t0
 
 
-def ns(seconds: float | None) -> int:
-    """Ollama's durations: whole nanoseconds."""
-    return 0 if seconds is None else int(round(seconds * 1e9))
-
-
 def routes() -> list[Route]:
     """Every Ollama route, for ``app.create_app`` (HEAD / comes with GET /)."""
     out = [Route("/", root, methods=["GET", "HEAD"]),
@@ -209,12 +230,9 @@ def routes() -> list[Route]:
            Route("/api/tags", _route(tags), methods=["GET"]),
            Route("/api/ps", _route(ps), methods=["GET"]),
            Route("/api/show", _route(show), methods=["POST"]),
+           Route("/api/chat", _route(chat), methods=["POST"]),
+           Route("/api/generate", _route(generate), methods=["POST"]),
            Route("/api/embed", _route(embed), methods=["POST"]),
            Route("/api/embeddings", _route(embeddings), methods=["POST"])]  # fmt: skip
     out += [Route(f"/api/{what}", _route(manage), methods=["POST", "DELETE"]) for what in MANAGE]
     return out
-
-
-def dumps_line(obj: Any) -> bytes:
-    """One NDJSON line."""
-    return (dumps(obj) + "\n").encode()

@@ -23,6 +23,7 @@ from localinfer.serve.responses import dumps
 if TYPE_CHECKING:
     from localinfer.serve.engine import Outcome
 
+NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
 # options -> the core's sampling fields (rules.SAMPLING_FIELDS); num_predict and stop apart
 SAMPLING = {name: name for name in rules.SAMPLING_FIELDS}
@@ -152,11 +153,13 @@ def _think(body: dict[str, Any]) -> bool | str | None:
 
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
+    """``tools``, and ``tool_choice`` as OpenAI's (ours: Ollama has none, and ignores it)."""
     from localinfer.toolcalls import spec
 
-    if not body.get("tools"):
-        return {}
-    return {"tools": spec.tools("tools", body["tools"], spec.check_schema)}
+    offered = spec.tools("tools", body["tools"], spec.check_schema) if body.get("tools") else ()
+    if body.get("tool_choice") is None:
+        return {"tools": offered} if offered else {}
+    return {"tools": offered, "tool_choice": spec.tool_choice("tool_choice", body["tool_choice"], offered)}
 
 
 def chat_messages(value: Any) -> tuple[dict[str, Any], ...]:
@@ -243,9 +246,12 @@ def tool_calls(calls: Any) -> list[dict[str, Any]]:
 class OllamaAnswer:
     """One answer's objects: ``chat`` puts text in ``message.content``, ``generate`` in ``response``."""
 
+    stream_headers = NDJSON_HEADERS
+
     def __init__(self, kind: str, model: str) -> None:
         self.kind, self.model = kind, model
-        self.head = {"model": model, "created_at": now()}
+        self.first = {"model": model, "created_at": now()}  # every object's first keys
+        self._spliced: tuple[bytes, bytes] | None = None
 
     def _obj(self, text: str, done: bool, thinking: str | None = None, calls: list | None = None) -> dict[str, Any]:
         if self.kind == "chat":
@@ -254,18 +260,24 @@ class OllamaAnswer:
                 message["thinking"] = thinking
             if calls:
                 message["tool_calls"] = calls
-            return {**self.head, "message": message, "done": done}
-        return {**self.head, "response": text, **({"thinking": thinking} if thinking else {}), "done": done}
+            return {**self.first, "message": message, "done": done}
+        return {**self.first, "response": text, **({"thinking": thinking} if thinking else {}), "done": done}
 
     def chunk(self, text: str, *, thinking: str | None = None, logprobs: list | None = None) -> bytes:
         obj = self._obj(text, False, thinking)
         return line({**obj, "logprobs": logprobs} if logprobs is not None else obj)
 
-    def text_chunks(self) -> tuple[bytes, bytes]:
-        """The bytes around a piece's JSON string in a text chunk: made once per answer, not per token."""
-        raw = self.chunk(_PIECE).decode()
-        before, after = raw.split(json.dumps(_PIECE, ensure_ascii=False), 1)
-        return before.encode(), after.encode()
+    def text_piece(self, encoded: bytes) -> bytes:
+        """A text object for a piece already a JSON string (the fast path: the object is made once)."""
+        if self._spliced is None:
+            raw = self.chunk(_PIECE).decode()
+            before, after = raw.split(json.dumps(_PIECE, ensure_ascii=False), 1)
+            self._spliced = before.encode(), after.encode()
+        return self._spliced[0] + encoded + self._spliced[1]
+
+    def logprobs_piece(self, text: str, entries: list[dict[str, Any]], offset: int) -> bytes:
+        """A piece with its tokens' log probabilities (Ollama's entries are OpenAI's content entries)."""
+        return self.chunk(text, logprobs=entries) if text or entries else b""
 
     def head(self, mode: str) -> bytes:
         """What a stream opens with: nothing (Ollama's first object carries text)."""
