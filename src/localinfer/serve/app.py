@@ -67,7 +67,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
-        *ollama.routes(),
+        *ollama.routes(ollama.Shared(_authorize, _engine, _read_body, _overloaded, queue, AnswerResponse, serves)),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
     config = state.config

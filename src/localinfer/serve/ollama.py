@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +21,6 @@ from starlette.routing import Route
 from localinfer import rules
 from localinfer.serve import ollama_models as om
 from localinfer.serve import ollama_wire as wire
-from localinfer.serve.app import AnswerResponse, ServerState, _authorize, _engine, _overloaded, _read_body, _state, queue, serves
 from localinfer.serve.engine import Overloaded
 from localinfer.serve.ollama_wire import bad, ns
 from localinfer.serve.protocol import ApiError, parse_body
@@ -41,19 +41,47 @@ def error(exc: ApiError) -> JSONResponse:
     return JSONResponse(wire.error_body(exc), status_code=exc.status, headers=exc.headers)
 
 
-Handler = Callable[[Request, ServerState], Awaitable[Response]]
+@dataclass(frozen=True)
+class Shared:
+    """What these routes share with the OpenAI ones, handed over by ``app`` (which imports this
+    module; this one imports nothing of it): the key check, the loaded engine, the bounded body,
+    the full queue's refusal, queueing a request, the answer that streams and cancels, and which
+    model names the server answers."""
+
+    authorize: Callable[[Request, Any], None]
+    engine: Callable[[Any], Engine]
+    read_body: Callable[[Request, int], Awaitable[bytes]]
+    overloaded: Callable[[Any], ApiError]
+    queue: Callable[..., Awaitable[tuple[Any, Any, str]]]
+    respond: Callable[..., Any]  # app.AnswerResponse
+    serves: Callable[[tuple[str, ...], str | None], bool]
 
 
-def _route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+@dataclass(frozen=True)
+class Ask:
+    """One request's context: the server's state (``app.ServerState``) and what is shared."""
+
+    request: Request
+    state: Any
+    shared: Shared
+
+    async def body(self) -> dict[str, Any]:
+        return parse_body(await self.shared.read_body(self.request, self.state.config.max_body))
+
+
+Handler = Callable[[Ask], Awaitable[Response]]
+
+
+def _route(handler: Handler, shared: Shared) -> Callable[[Request], Awaitable[Response]]:
     """A handler behind the key check, its refusals in Ollama's shape."""
 
     async def endpoint(request: Request) -> Response:
-        state = _state(request)
+        state = request.app.state.serve
         try:
-            _authorize(request, state)
-            return await handler(request, state)
+            shared.authorize(request, state)
+            return await handler(Ask(request, state, shared))
         except Overloaded:
-            return error(_overloaded(state))
+            return error(shared.overloaded(state))
         except ApiError as exc:
             return error(exc)
         except rules.RuleError as exc:
@@ -61,10 +89,6 @@ def _route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
     endpoint.__name__ = handler.__name__
     return endpoint
-
-
-async def body_of(request: Request, state: ServerState) -> dict[str, Any]:
-    return parse_body(await _read_body(request, state.config.max_body))
 
 
 def model_field(body: dict[str, Any], *, names: tuple[str, ...] = ("model",)) -> str:
@@ -78,9 +102,10 @@ def model_field(body: dict[str, Any], *, names: tuple[str, ...] = ("model",)) ->
     return name
 
 
-async def check_model(state: ServerState, name: str) -> None:
+async def check_model(ask: Ask, name: str) -> None:
     """A request for ``name`` is answered here: our names (with or without ``:latest``), or any name
     ``serves`` takes - unless it is another installed model, which this server has not loaded (404)."""
+    state = ask.state
     if name in state.names or name.removesuffix(":latest") in state.names:
         return
     engine = state.engine
@@ -88,7 +113,7 @@ async def check_model(state: ServerState, name: str) -> None:
     found = om.find(models, name)
     if found is not None and found.served:
         return
-    if found is not None or not serves(state.names, name):
+    if found is not None or not ask.shared.serves(state.names, name):
         what = "is installed but not loaded here" if found is not None else "not found"
         raise ApiError(404, f"model '{name}' {what}: this server serves {state.names[0]} "
                             f"(start `localinfer serve -m {name}` to serve it)", param="model")  # fmt: skip
@@ -100,20 +125,22 @@ async def root(request: Request) -> Response:
     return PlainTextResponse(RUNNING)
 
 
-async def version(request: Request, state: ServerState) -> Response:
+async def version(ask: Ask) -> Response:
     from localinfer import __version__
 
     return JSONResponse({"version": VERSION, "localinfer": __version__})
 
 
-async def tags(request: Request, state: ServerState) -> Response:
+async def tags(ask: Ask) -> Response:
+    state = ask.state
     engine = state.engine
     models = await run_in_threadpool(om.catalog, engine.loaded if engine else None, state.names)
     return JSONResponse({"models": [m.tag() for m in models]})
 
 
-async def show(request: Request, state: ServerState) -> Response:
-    body = await body_of(request, state)
+async def show(ask: Ask) -> Response:
+    state = ask.state
+    body = await ask.body()
     name = model_field(body, names=("model", "name"))
     engine = state.engine
     loaded = engine.loaded if engine else None
@@ -130,7 +157,8 @@ async def show(request: Request, state: ServerState) -> Response:
     return JSONResponse(om.show(facts, info, template))
 
 
-async def ps(request: Request, state: ServerState) -> Response:
+async def ps(ask: Ask) -> Response:
+    state = ask.state
     engine = state.engine
     if engine is None:
         return JSONResponse({"models": []})
@@ -138,30 +166,30 @@ async def ps(request: Request, state: ServerState) -> Response:
     return JSONResponse({"models": [om.running(facts, engine.loaded, engine.n_ctx_seq)]})
 
 
-async def manage(request: Request, state: ServerState) -> Response:
+async def manage(ask: Ask) -> Response:
     """pull, push, create, copy, delete: the store is managed by the CLI, not through the server."""
-    what = request.url.path.rsplit("/", 1)[-1]
+    what = ask.request.url.path.rsplit("/", 1)[-1]
     instead = MANAGE.get(what)
     hint = f": use `{instead}`" if instead else ""
     raise ApiError(501, f"/api/{what} is not supported by this server{hint}")
 
 
 # -- chat and generate ----------------------------------------------------------------------------------
-async def chat(request: Request, state: ServerState) -> Response:
-    return await _answer(request, state, "chat")
+async def chat(ask: Ask) -> Response:
+    return await _answer(ask, "chat")
 
 
-async def generate(request: Request, state: ServerState) -> Response:
-    return await _answer(request, state, "generate")
+async def generate(ask: Ask) -> Response:
+    return await _answer(ask, "generate")
 
 
-async def _answer(request: Request, state: ServerState, kind: str) -> Response:
+async def _answer(ask: Ask, kind: str) -> Response:
     """Ollama's request as the core's, queued as every route's is (``app.queue``), its answer sent by
     ``app.AnswerResponse`` in Ollama's objects (``ollama_wire.OllamaAnswer``)."""
-    body = await body_of(request, state)
+    state, body = ask.state, await ask.body()
     name = model_field(body)
-    engine = _engine(state)
-    await check_model(state, name)
+    engine = ask.shared.engine(state)
+    await check_model(ask, name)
     template = engine.loaded.template
     if kind == "chat":
         asked = wire.parse_chat(body, name)
@@ -172,16 +200,16 @@ async def _answer(request: Request, state: ServerState, kind: str) -> Response:
         return JSONResponse(writer.loaded())
     if asked.think and "thinking" not in om.capabilities(template.template if template else None, None):
         raise ApiError(400, f"'think': {name} does not support thinking (its template writes no reasoning markers)", param="think")
-    ticket, channel, mode = await queue(state, engine, asked.request)
-    return AnswerResponse(ticket, channel, writer, mode, wire.error_body)  # type: ignore[return-value]
+    ticket, channel, mode = await ask.shared.queue(state, engine, asked.request)
+    return ask.shared.respond(ticket, channel, writer, mode, wire.error_body)  # type: ignore[no-any-return]
 
 
 # -- embeddings ---------------------------------------------------------------------------------------
-async def embed(request: Request, state: ServerState) -> Response:
+async def embed(ask: Ask) -> Response:
     """``/api/embed``: ``input`` a string or a list of them, ``truncate`` (default true), ``dimensions``."""
     from localinfer.serve import embeddings as emb
 
-    body = await body_of(request, state)
+    body = await ask.body()
     name = model_field(body)
     inputs = body.get("input")
     if inputs is None or inputs == "" or inputs == []:
@@ -192,29 +220,29 @@ async def embed(request: Request, state: ServerState) -> Response:
     if not isinstance(truncate, bool):
         raise bad("truncate", f"'truncate' must be true or false, not {rules.shown(truncate)}")
     req = emb.parse({"input": inputs, **({"dimensions": body["dimensions"]} if body.get("dimensions") is not None else {})})
-    vectors, tokens, total_s = await _embed(state, name, req, truncate)
+    vectors, tokens, total_s = await _embed(ask, name, req, truncate)
     return JSONResponse({"model": name, "embeddings": vectors, "total_duration": ns(total_s), "load_duration": 0,
                          "prompt_eval_count": tokens})  # fmt: skip
 
 
-async def embeddings(request: Request, state: ServerState) -> Response:
+async def embeddings(ask: Ask) -> Response:
     """``/api/embeddings``, the older shape: one ``prompt``, one ``embedding``."""
     from localinfer.serve import embeddings as emb
 
-    body = await body_of(request, state)
+    body = await ask.body()
     name = model_field(body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise bad("prompt", f"'prompt' must be a non-empty string, not {rules.shown(prompt)}")
-    vectors, _, _ = await _embed(state, name, emb.parse({"input": prompt}), False)
+    vectors, _, _ = await _embed(ask, name, emb.parse({"input": prompt}), False)
     return JSONResponse({"embedding": vectors[0]})
 
 
-async def _embed(state: ServerState, name: str, req: Any, truncate: bool) -> tuple[list[list[float]], int, float]:
+async def _embed(ask: Ask, name: str, req: Any, truncate: bool) -> tuple[list[list[float]], int, float]:
     from localinfer.serve import embeddings as emb
 
-    engine: Engine = _engine(state)
-    await check_model(state, name)
+    engine: Engine = ask.shared.engine(ask.state)
+    await check_model(ask, name)
     t0 = time.perf_counter()
     tokens = await run_in_threadpool(lambda: emb.tokenize(engine, req, truncate=truncate))
     outcome = await emb.run(engine, tokens)
@@ -223,16 +251,16 @@ async def _embed(state: ServerState, name: str, req: Any, truncate: bool) -> tup
     return outcome.vectors, outcome.tokens, time.perf_counter() - t0
 
 
-def routes() -> list[Route]:
+def routes(shared: Shared) -> list[Route]:
     """Every Ollama route, for ``app.create_app`` (HEAD / comes with GET /)."""
     out = [Route("/", root, methods=["GET", "HEAD"]),
-           Route("/api/version", _route(version), methods=["GET"]),
-           Route("/api/tags", _route(tags), methods=["GET"]),
-           Route("/api/ps", _route(ps), methods=["GET"]),
-           Route("/api/show", _route(show), methods=["POST"]),
-           Route("/api/chat", _route(chat), methods=["POST"]),
-           Route("/api/generate", _route(generate), methods=["POST"]),
-           Route("/api/embed", _route(embed), methods=["POST"]),
-           Route("/api/embeddings", _route(embeddings), methods=["POST"])]  # fmt: skip
-    out += [Route(f"/api/{what}", _route(manage), methods=["POST", "DELETE"]) for what in MANAGE]
+           Route("/api/version", _route(version, shared), methods=["GET"]),
+           Route("/api/tags", _route(tags, shared), methods=["GET"]),
+           Route("/api/ps", _route(ps, shared), methods=["GET"]),
+           Route("/api/show", _route(show, shared), methods=["POST"]),
+           Route("/api/chat", _route(chat, shared), methods=["POST"]),
+           Route("/api/generate", _route(generate, shared), methods=["POST"]),
+           Route("/api/embed", _route(embed, shared), methods=["POST"]),
+           Route("/api/embeddings", _route(embeddings, shared), methods=["POST"])]  # fmt: skip
+    out += [Route(f"/api/{what}", _route(manage, shared), methods=["POST", "DELETE"]) for what in MANAGE]
     return out
