@@ -34,7 +34,7 @@ from localinfer.serve.responses import Answer, dumps
 from localinfer.serve.sending import STATUS_KEY, AnswerResponse, submit
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Engine, Outcome
+    from localinfer.serve.engine import Engine, Outcome, Ticket
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
              "/v1/models": "models", "/health": "health", "/metrics": "metrics", **{
@@ -60,6 +60,8 @@ class ServerState:
 
 
 def create_app(state: ServerState) -> Starlette:
+    from localinfer.serve import ollama
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -68,11 +70,12 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         *protocol_routes(),
+        *ollama.routes(ollama.Shared(_authorize, _engine, _read_body, _overloaded, queue, AnswerResponse, serves)),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
     config = state.config
     hosts = allowed_names(config.host, config.allowed_hosts)
-    middleware = [Middleware(CountAnswers, metrics=state.metrics),
+    middleware = [Middleware(CountAnswers, metrics=state.metrics, endpoints={**ENDPOINTS, **ollama.ENDPOINTS}),
                   Middleware(Guard, hosts=hosts, origins=config.cors_origins, keyed=config.api_key is not None)]  # fmt: skip
     app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)  # type: ignore[arg-type]
     app.state.serve = state
@@ -82,8 +85,8 @@ def create_app(state: ServerState) -> Starlette:
 class CountAnswers:
     """Counts every answer by endpoint and status for /metrics: refusals, 500s and 499s included."""
 
-    def __init__(self, app: Callable, *, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: Callable, *, metrics: Metrics, endpoints: dict[str, str] = ENDPOINTS) -> None:
+        self.app, self.metrics, self.endpoints = app, metrics, endpoints  # path -> the name /metrics gives it
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -104,7 +107,7 @@ class CountAnswers:
             raise
         finally:
             status = scope.get(STATUS_KEY) or (sent[0] if sent else unsent)
-            self.metrics.answered(ENDPOINTS.get(scope.get("path", ""), "other"), status)
+            self.metrics.answered(self.endpoints.get(scope.get("path", ""), "other"), status)
 
 
 def _state(request: Request) -> ServerState:
@@ -124,6 +127,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
+    if request.url.path.startswith("/api/"):  # Ollama's routes: its error shape
+        return JSONResponse({"error": message}, status_code=exc.status_code)
     return error_response(ApiError(exc.status_code, message, type=kind, code=str(exc.detail).lower().replace(" ", "_")))
 
 
@@ -239,6 +244,17 @@ async def responses(request: Request) -> Response:
     return await answer(request, Wire(ra.parse, ra.error_body, lambda model, req, p: ra.Writer(model, req)))
 
 
+async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = False) -> tuple[Ticket, Channel[Outcome], str, Any]:
+    """Prepare a request off the loop and queue it: its ticket, the channel its answer comes by, how it
+    streams (``submit``'s mode) and what was prepared. Every generating route's (``Overloaded``, ``ApiError``)."""
+    with engine.arriving():
+        prepared = await run_in_threadpool(functools.partial(engine.prepare, req, clamp=clamp))
+        assert state.hub is not None
+        channel: Channel[Outcome] = Channel(state.hub)
+        ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
+    return ticket, channel, mode, prepared
+
+
 def _wire_error(wire: Wire, exc: ApiError) -> JSONResponse:
     return JSONResponse(wire.error(exc), status_code=exc.status, headers=exc.headers)
 
@@ -264,12 +280,7 @@ async def answer(request: Request, wire: Wire) -> Response:
     state = _state(request)
     try:
         engine, req = await _accept(request, state, wire)
-        with engine.arriving():
-            prepare = functools.partial(engine.prepare, req, clamp=True) if wire.clamp else functools.partial(engine.prepare, req)
-            prepared = await run_in_threadpool(prepare)
-            assert state.hub is not None
-            channel: Channel[Outcome] = Channel(state.hub)
-            ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
+        ticket, channel, mode, prepared = await queue(state, engine, req, clamp=wire.clamp)
     except Overloaded:
         return _wire_error(wire, _overloaded(state))
     except ApiError as exc:

@@ -96,8 +96,9 @@ def _parse(body: dict[str, Any]) -> EmbeddingRequest:
     return EmbeddingRequest(model, _inputs(body["input"]), fmt == "base64", dims)
 
 
-def tokenize(engine: Engine, req: EmbeddingRequest) -> list[list[int]]:
-    """Every input's tokens, checked against the embedding context (any thread): 400 naming the input."""
+def tokenize(engine: Engine, req: EmbeddingRequest, *, truncate: bool = False) -> list[list[int]]:
+    """Every input's tokens, checked against the embedding context (any thread): 400 naming the input;
+    ``truncate``: a longer input is cut to fit (Ollama's default) instead."""
     from localinfer.engine.embed import embedding_size, input_tokens
     from localinfer.errors import ContextOverflowError, UsageError
 
@@ -108,7 +109,7 @@ def tokenize(engine: Engine, req: EmbeddingRequest) -> list[list[int]]:
     out, total = [], 0
     for i, item in enumerate(req.inputs):
         try:
-            tokens, _ = input_tokens(model, item, engine.embed_ctx)
+            tokens, _ = input_tokens(model, item, engine.embed_ctx, truncate=truncate)
         except ContextOverflowError as exc:
             raise ApiError(400, f"input[{i}]: {exc} (--embedding-ctx)", code="context_length_exceeded", param=f"input[{i}]") from None
         except UsageError as exc:

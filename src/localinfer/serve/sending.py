@@ -74,8 +74,8 @@ class AnswerResponse:
         self.channel.wake()
 
     async def _send_stream(self, send: Callable) -> int:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         writer = self.writer
+        await send({"type": "http.response.start", "status": 200, "headers": getattr(writer, "stream_headers", SSE_HEADERS)})
         head = writer.head(self.mode)
         if head:
             await send({"type": "http.response.body", "body": head, "more_body": True})
