@@ -9,7 +9,6 @@ import random
 
 import pytest
 
-from localinfer.toolcalls import families as F
 from localinfer.toolcalls.parser import CallArgs, CallParser, CallStart, Text
 from localinfer.toolcalls.plan import finish_reason, plan_for
 from localinfer.toolcalls.spec import Tool, ToolChoice

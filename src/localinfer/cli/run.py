@@ -120,7 +120,6 @@ def run(
             result = _stream(backend, request, json_out=json_out, quiet=quiet, verbose=verbose, thinking=thinking)
             rec.result = result
             if json_out:
-                import json
 
                 from localinfer.finite import dumps as finite_dumps  # NaN logprobs as null
 

@@ -248,7 +248,8 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
     """Prepare a request off the loop and queue it: its ticket, the channel its answer comes by, how it
     streams (``submit``'s mode) and what was prepared. Every generating route's (``Overloaded``, ``ApiError``)."""
     with engine.arriving():
-        prepared = await run_in_threadpool(functools.partial(engine.prepare, req, clamp=clamp))
+        prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
+        prepared = await run_in_threadpool(prepare)
         assert state.hub is not None
         channel: Channel[Outcome] = Channel(state.hub)
         ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
