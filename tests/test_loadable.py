@@ -303,3 +303,14 @@ def test_fuzzed_header_mutants_never_abort_the_process(smollm2_path, tmp_path) -
     assert sum(counts.values()) == FUZZ_SEEDS
     assert counts["refused_by_header"] > 0 and counts["loaded"] > 0  # both paths were taken
     assert counts["aborted_in_child"] > 0  # mutants llama.cpp aborts on were met, and survived
+
+
+def test_the_engine_version_is_read_beside_the_bindings_without_importlib_metadata() -> None:
+    # every run checks its model's verdict against it: importlib.metadata would cost ~16 ms of the start
+    from importlib.metadata import version
+
+    from conftest import run_python
+
+    code = ("import sys; from localinfer.engine.probe import engine_version; "
+            "print(engine_version()); print('importlib.metadata' in sys.modules)")  # fmt: skip
+    assert run_python(code).stdout.splitlines() == [f"llama-cpp-python {version('llama_cpp_python')}", "False"]
