@@ -314,3 +314,35 @@ def test_the_engine_version_is_read_beside_the_bindings_without_importlib_metada
     code = ("import sys; from localinfer.engine.probe import engine_version; "
             "print(engine_version()); print('importlib.metadata' in sys.modules)")  # fmt: skip
     assert run_python(code).stdout.splitlines() == [f"llama-cpp-python {version('llama_cpp_python')}", "False"]
+
+
+_SPY = """
+import subprocess, sys
+children = []
+spawn = subprocess.Popen.__init__
+def spy(self, args, *rest, **kw):
+    children.append(" ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args))
+    spawn(self, args, *rest, **kw)
+subprocess.Popen.__init__ = spy
+from localinfer.cli.main import main
+sys.argv = ["localinfer", "run", "-m", sys.argv[1], "-n", "2", "-c", "256", "-q", "-p", "hi"]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("CHILDREN", children, file=sys.stderr)
+print("MODULES", sorted(m for m in ("importlib.metadata", "socket", "secrets") if m in sys.modules), file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_of_a_proven_file_starts_no_probe_and_imports_nothing_it_does_not_use(smollm2_path) -> None:
+    from conftest import run_python
+
+    def run() -> tuple[str, str]:
+        err = run_python(_SPY, str(smollm2_path)).stderr.splitlines()
+        return next(x for x in err if x.startswith("CHILDREN")), next(x for x in err if x.startswith("MODULES"))
+
+    first, _ = run()
+    assert "localinfer.engine.probe" in first and first.count("', '") == 0, first  # proven once, in a child
+    assert run() == ("CHILDREN []", "MODULES []")  # then known: no child, and nothing run does not need
