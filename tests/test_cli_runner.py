@@ -1,5 +1,8 @@
 """CLI logic through Typer's CliRunner (in-process, no model needed)."""
 
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
@@ -139,3 +142,49 @@ def test_the_listing_app_prints_the_same_help_as_the_whole_app():
 
     whole_params = sum(len(c.params) for c in get_command(build_app()).commands.values())
     assert whole_params > 150 and all(not c.params for c in get_command(build_app(listing=True)).commands.values())
+
+
+_ENTRY = (
+    "import atexit, sys, threading, time\n"
+    "from localinfer.cli.main import entry\n"
+    "class Loud:\n"
+    "    def __del__(self):\n"
+    "        print('torn down', flush=True)\n"
+    "keep = Loud()  # a module global: only the interpreter's own teardown deletes it\n"
+    "atexit.register(lambda: print('atexit ran'))\n"
+    "if sys.argv[1] == 'thread':\n"
+    "    threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
+    "sys.argv = ['localinfer', *sys.argv[2:]]\n"
+    "entry()\n"
+    "print('not reached')\n"
+)
+
+
+def test_the_entry_point_ends_as_the_interpreter_would_without_the_teardown():
+    # `python -m localinfer` and the console script end the process without Python's teardown (its
+    # collections cost a run ~10% of its time): the status, atexit handlers and flushed output stay.
+    done = subprocess.run([sys.executable, "-c", _ENTRY, "-", "--version"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, f"localinfer {__version__}\natexit ran\n"), done.stderr
+    bad = subprocess.run([sys.executable, "-c", _ENTRY, "-", "nosuch"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == "atexit ran\n" and "no such command" in bad.stderr
+    # another thread still running: the interpreter ends it as always (joins it, then tears down)
+    waited = subprocess.run([sys.executable, "-c", _ENTRY, "thread", "--version"], capture_output=True, text=True)
+    assert waited.returncode == 0 and waited.stdout.splitlines() == [
+        f"localinfer {__version__}", "thread done", "atexit ran", "torn down"], waited.stdout
+
+
+def test_python_dash_m_localinfer_ends_through_the_entry_point(tmp_path):
+    # a module global made before the command (sitecustomize) is deleted only by a teardown
+    import os
+
+    from conftest import run_cli
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nclass Loud:\n    def __del__(self):\n        sys.__stderr__.write('torn down')\nkeep = Loud()\n"
+    )
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    proc = run_cli("--version", env={"PYTHONPATH": path})
+    assert proc.returncode == 0 and proc.stdout == f"localinfer {__version__}\n".encode()
+    assert b"torn down" not in proc.stderr
+    teardown = subprocess.run([sys.executable, "-c", "import sys"], capture_output=True, env={**os.environ, "PYTHONPATH": path})
+    assert b"torn down" in teardown.stderr  # what the check above would see without the entry point

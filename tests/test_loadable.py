@@ -303,3 +303,47 @@ def test_fuzzed_header_mutants_never_abort_the_process(smollm2_path, tmp_path) -
     assert sum(counts.values()) == FUZZ_SEEDS
     assert counts["refused_by_header"] > 0 and counts["loaded"] > 0  # both paths were taken
     assert counts["aborted_in_child"] > 0  # mutants llama.cpp aborts on were met, and survived
+
+
+def test_the_engine_version_is_read_beside_the_bindings_without_importlib_metadata() -> None:
+    # every run checks its model's verdict against it: importlib.metadata would cost ~16 ms of the start
+    from importlib.metadata import version
+
+    from conftest import run_python
+
+    code = ("import sys; from localinfer.engine.probe import engine_version; "
+            "print(engine_version()); print('importlib.metadata' in sys.modules)")  # fmt: skip
+    assert run_python(code).stdout.splitlines() == [f"llama-cpp-python {version('llama_cpp_python')}", "False"]
+
+
+_SPY = """
+import subprocess, sys
+children = []
+spawn = subprocess.Popen.__init__
+def spy(self, args, *rest, **kw):
+    children.append(" ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args))
+    spawn(self, args, *rest, **kw)
+subprocess.Popen.__init__ = spy
+from localinfer.cli.main import main
+sys.argv = ["localinfer", "run", "--raw", "-m", sys.argv[1], "-n", "2", "-c", "256", "-q", "-p", "hi"]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("CHILDREN", children, file=sys.stderr)
+print("MODULES", sorted(m for m in ("importlib.metadata", "socket", "secrets", "jinja2") if m in sys.modules), file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_of_a_proven_file_starts_no_probe_and_imports_nothing_it_does_not_use(smollm2_path) -> None:
+    from conftest import run_python
+
+    def run() -> tuple[str, str]:
+        err = run_python(_SPY, str(smollm2_path)).stderr.splitlines()
+        return next(x for x in err if x.startswith("CHILDREN")), next(x for x in err if x.startswith("MODULES"))
+
+    first, _ = run()
+    assert "localinfer.engine.probe" in first and first.count("', '") == 0, first  # proven once, in a child
+    # then known: no child, and nothing a plain completion does not need (no template compiled again)
+    assert run() == ("CHILDREN []", "MODULES []")

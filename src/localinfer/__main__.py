@@ -1,4 +1,4 @@
-from localinfer.cli.main import main
+from localinfer.cli.main import entry, main  # noqa: F401 - main: what this module has always offered
 
 if __name__ == "__main__":
-    main()
+    entry()

@@ -173,8 +173,10 @@ def _load(
     verbose: bool = False,
     keep_alive: Any = None,
 ) -> "LoadOptions":
-    from localinfer.engine.rpc import parse_endpoints
     from localinfer.engine.types import LoadOptions
+
+    if rpc:  # engine.rpc imports socket: not on the way of a run without --rpc
+        from localinfer.engine.rpc import parse_endpoints
 
     return LoadOptions(
         n_ctx=ctx_size,
@@ -188,7 +190,7 @@ def _load(
         use_mlock=mlock,
         n_batch=batch_size,
         cpu_repack=cpu_repack,
-        rpc_servers=parse_endpoints(rpc),
+        rpc_servers=parse_endpoints(rpc) if rpc else (),
     )
 
 

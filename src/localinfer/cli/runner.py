@@ -132,19 +132,6 @@ def _as_started() -> None:
         pass
 
 
-def _exit_status(code: Any) -> int:
-    """What the interpreter makes of SystemExit(code)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    try:
-        sys.stderr.write(f"{code}\n")
-    except Exception:
-        pass
-    return 1
-
-
 def _child(conn: socket.socket, listener: socket.socket, life_fd: int, timeout_s: float) -> NoReturn:
     """One command, in the forked process (never returns)."""
     listener.close()
@@ -196,14 +183,14 @@ def _run() -> dict[str, Any]:
     import atexit
     import traceback
 
-    from localinfer.cli.main import main
+    from localinfer.cli.main import exit_status, main
 
     end: dict[str, Any]
     try:
         main()
         end = {"exit": 0}
     except SystemExit as exc:
-        end = {"exit": _exit_status(exc.code)}
+        end = {"exit": exit_status(exc.code)}
     except KeyboardInterrupt:
         traceback.print_exc()
         end = {"signal": int(signal.SIGINT)}

@@ -59,12 +59,41 @@ class ProbeResult:
 
 def engine_version() -> str:
     """The llama.cpp a verdict holds for (a new build may refuse, or accept, other files)."""
-    from importlib.metadata import PackageNotFoundError, version
+    found = _version_beside_package()
+    if found is None:  # not an ordinary install (editable, zipped...): ask importlib.metadata
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("llama_cpp_python")
+        except PackageNotFoundError:
+            return "llama-cpp-python (unknown version)"
+    return f"llama-cpp-python {found}"
+
+
+def _version_beside_package() -> str | None:
+    """The ``Version:`` of the ``llama_cpp_python-*.dist-info`` next to the ``llama_cpp`` that is
+    imported, None where there is not exactly one. Every run checks its model's verdict, and
+    importlib.metadata costs ~16 ms of a run's start (it imports email, zipfile, csv and scans
+    every entry of sys.path); this reads one directory and one file's header."""
+    import importlib.util
 
     try:
-        return f"llama-cpp-python {version('llama_cpp_python')}"
-    except PackageNotFoundError:
-        return "llama-cpp-python (unknown version)"
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or not spec.origin:
+            return None
+        site = Path(spec.origin).parent.parent
+        infos = [n for n in os.listdir(site) if n.lower().startswith("llama_cpp_python-") and n.endswith(".dist-info")]
+        if len(infos) != 1:
+            return None
+        with open(site / infos[0] / "METADATA", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    return None  # the end of the headers
+                if line.startswith("Version:"):
+                    return line.partition(":")[2].strip() or None
+    except (OSError, ValueError, ImportError):
+        return None
+    return None
 
 
 def probe_file(path: str | os.PathLike[str], *, timeout: float | None = None) -> ProbeResult:

@@ -5,7 +5,7 @@ A constraint (engine/constrain.py) goes right after the penalties, on the whole 
 from __future__ import annotations
 
 import ctypes
-import secrets
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ def build_sampler(
     """A new sampler chain (the caller frees it with :func:`free_sampler`) and the seed it draws with.
     ``history``: tokens the penalties already count (the prompt); ``n_ctx``: the sequence's context,
     the window of ``repeat_last_n = -1``; ``constraint``: the sequence's own (constrain.sampler_for)."""
-    seed = opts.seed if opts.seed is not None else secrets.randbits(31)
+    seed = opts.seed if opts.seed is not None else _random_seed()
     # llama.cpp's sampler reads a negative window as 0 (off); its tools turn -1 into the context size.
     last_n = opts.repeat_last_n if opts.repeat_last_n >= 0 else n_ctx
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -66,3 +66,9 @@ def constraint_of(chain: Any) -> ConstraintSampler | None:
 def free_sampler(chain: Any) -> None:
     _constraints.pop(ctypes.cast(chain, ctypes.c_void_p).value or 0, None)
     llama_cpp.llama_sampler_free(chain)
+
+
+def _random_seed() -> int:
+    """31 random bits from the OS, as secrets.randbits(31) draws them (without importing secrets,
+    and hmac with it, on every run's way to its first token)."""
+    return int.from_bytes(os.urandom(4), "big") >> 1

@@ -11,15 +11,19 @@ those of a local process by construction (the same code runs); only its exit sta
 
 Anything else runs here as before (None): keep-alive off, --endpoint, no Unix sockets, a runner of
 another installation, a runner that cannot be reached. Only this module and ``resident.start`` are
-imported here, and from the standard library only what a socket needs.
+imported here, and from the standard library only what a socket needs (socket itself only once keep-alive
+is on: every `localinfer run` imports this module).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import socket
 
 SERVING = False  # True in the runner: a command it runs takes the full path (never handed over again)
 _OFF = ("", "0", "off", "no", "false")  # --keep-alive values that mean off (resident.place.parse_keep_alive)
@@ -106,6 +110,7 @@ def _stdio() -> list[dict[str, object]] | None:
 
 def _converse(sock: socket.socket, argv: list[str], log: object) -> int | None:
     import signal
+    import socket
 
     stdio = _stdio()
     if stdio is None:

@@ -101,10 +101,12 @@ def ensure_entry(store: Store, entry: dict[str, Any], path: Path, info: GGUFInfo
 
 
 def ensure_in_place(store: Store, path: Path, info: GGUFInfo, progress: ProgressSink | None = None) -> str | None:
-    """A file used where it is: proven unless ``loadable.json`` remembers it; its sha256 (None when
-    probing is off and it was never hashed)."""
-    check_template(path.name, info)
+    """A file used where it is: proven (:func:`prove`'s two checks) unless ``loadable.json`` remembers
+    it, as an installed model is (:func:`ensure_entry`); its sha256 (None when probing is off and it
+    was never hashed). A remembered verdict is for these bytes, whose template compiled before it
+    was probed: a run needs no jinja2 for that (--raw none at all; a chat compiles it to render)."""
     if not probe_enabled():
+        check_template(path.name, info)
         return store.cached_digest(path)
     shards = _shards(path, info)
     digests = [_digest(store, p, progress) for p in shards]
@@ -114,6 +116,7 @@ def ensure_in_place(store: Store, path: Path, info: GGUFInfo, progress: Progress
     engine = engine_version()
     verdict = _read_verdicts(store).get(key)
     if not (isinstance(verdict, dict) and verdict.get("engine") == engine and _lasting(verdict)):
+        check_template(path.name, info)
         verdict = _verdict(probe_file(path))
         if _lasting(verdict):
             _remember(store, key, {**verdict, "engine": engine})

@@ -5,7 +5,6 @@ API a ``UsageError``. The messages of a conversation that used tools are ``rules
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +68,8 @@ class ToolCall:
 
 
 def new_call_id() -> str:
+    import secrets  # hmac and base64 with it: not on the way of a run without tools
+
     return "call_" + secrets.token_hex(12)
 
 
