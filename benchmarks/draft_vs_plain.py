@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -69,6 +70,38 @@ def run_once(model: str, prompt: str, *, draft: bool, n: int, threads: int, draf
     return json.loads(out.stdout)
 
 
+def batch_cost(model: str, threads: int, sizes: tuple[int, ...] = (1, 2, 5, 9), trials: int = 15) -> list[str]:
+    """What a verification batch costs here: llama_decode of k tokens (logits for each) at depth 300,
+    median ms over ``trials``, and per token over a one-token step. Where a batch of k costs nearly k
+    steps (a compute-bound, loaded CPU) no draft can pay, and the drafter's cost model stops drafting."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from localinfer.engine.backend import llama_cpp
+    from localinfer.engine.model import Model
+    from localinfer.engine.speculate import _VerifyBatch
+    from localinfer.engine.types import LoadOptions
+
+    m = Model(model, LoadOptions(n_ctx=2048, n_threads=threads))
+    toks = m.tokenize(PASSAGES * 3)
+    depth = 300
+    m._decode(toks[:depth])
+    verify = _VerifyBatch(max(sizes))
+    out, one = [], None
+    for k in sizes:
+        times = []
+        for _ in range(trials):
+            t = time.perf_counter()
+            rc = llama_cpp.llama_decode(m._ctx, verify.fill(toks[depth : depth + k], depth))
+            llama_cpp.llama_synchronize(m._ctx)
+            times.append(time.perf_counter() - t)
+            assert rc == 0 and m.drop_tokens(0, depth)
+        ms = statistics.median(times) * 1000
+        one = one or ms
+        out.append(f"batch cost: {k} token(s) {ms:.1f} ms (x{ms / one:.2f} a one-token step); load {os.getloadavg()[0]:.2f}")
+    verify.free()
+    m.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -77,6 +110,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--draft-max", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--batch-cost", action="store_true", help="also measure what a verification batch costs here")
     args = ap.parse_args()
     model = args.model or default_model()
     jobs = tasks()
@@ -107,6 +141,8 @@ def main() -> None:
                          f"{plain['usage']['completion_tokens']}/{spec['usage']['completion_tokens']} tokens, {same}; "
                          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
             print(lines[-1], file=sys.stderr)
+    if args.batch_cost:
+        lines += batch_cost(model, args.threads)
     lines.append(f"loadavg at end {os.getloadavg()[0]:.2f}; {(dt.datetime.now(dt.timezone.utc) - t0).total_seconds():.0f} s")
     lines += ["", "| task | plain tok/s (median) | draft tok/s (median) | ratio (median; per round) | floor | ok |",
               "| ---- | ---: | ---: | ---: | --- | -- |"]  # fmt: skip

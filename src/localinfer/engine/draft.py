@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 KINDS = ("ngram",)  # --draft values; a draft model (--draft-model) is designed for, not built
-DEFAULT_MAX_DRAFT = 8  # tokens per guess at most (benchmarks/results/draft-2026-12-04.txt)
+DEFAULT_MAX_DRAFT = 8  # tokens per guess at most; not tuned yet: the loaded 2-core machine cannot tell
 MAX_DRAFT_LIMIT = 64
 N_MAX = 5  # longest n-gram looked up
 N_MIN = 2  # shortest: a single token matches too often to be worth a batch
