@@ -29,10 +29,11 @@ from localinfer.engine.draft import DEFAULT_MAX_DRAFT, NgramDrafter
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, Step
 
+# ``model`` below is an engine.model.Model, typed Any: that module imports this one.
+
 if TYPE_CHECKING:
     from localinfer.engine.constrain import ConstraintSampler
     from localinfer.engine.logprobs import Logprobs
-    from localinfer.engine.model import Model
 
 
 class _VerifyBatch:
@@ -59,7 +60,7 @@ class _VerifyBatch:
         llama_cpp.llama_batch_free(self.batch)
 
 
-def drafter_for(model: Model, history: Sequence[int]) -> NgramDrafter | None:
+def drafter_for(model: Any, history: Sequence[int]) -> NgramDrafter | None:
     """A drafter holding ``history`` for the load's draft settings; None where rejected tokens
     could not leave the cache (recurrent and hybrid models keep a state, not per-token cells)."""
     raw = model._model
@@ -79,7 +80,7 @@ def _cut_at_constraint(limiter: ConstraintSampler | None, draft: list[int]) -> l
 
 
 def speculative_loop(
-    model: Model,
+    model: Any,
     chain: Any,
     stats: GenerationStats,
     t_start: float,
@@ -193,7 +194,7 @@ def speculative_loop(
         verify.free()
 
 
-def _truncate(model: Model, cached: list[int], n: int) -> bool:
+def _truncate(model: Any, cached: list[int], n: int) -> bool:
     """Keep the first ``n`` tokens of sequence 0's cache (``cached``, the model's own list). Where
     the cache cannot drop a suffix it is rebuilt from those tokens, and False says so."""
     if n >= len(cached):
