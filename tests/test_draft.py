@@ -175,3 +175,17 @@ def test_cli_refuses_a_draft_model_and_batch_drafts(tmp_path):
     src.write_text("hello\n")
     out = runner.invoke(app, ["batch", str(src), "-m", str(tmp_path / "none.gguf"), "--draft", "ngram"])
     assert out.exit_code == 2 and "not supported by batch yet" in out.output
+
+
+def test_stats_lines_say_how_much_was_accepted():
+    from localinfer.answer import Answer
+    from localinfer.engine.types import GenerationStats
+    from localinfer.render.chat import turn_line
+    from localinfer.render.stats import summary_line
+
+    drafted = Answer("x", "m", GenerationStats(completion_tokens=9, draft="ngram", draft_tokens=100, draft_accepted=74), 0.0)
+    plain = Answer("x", "m", GenerationStats(completion_tokens=9), 0.0)
+    assert "· draft 74% accepted ·" in summary_line(drafted) and "draft" not in summary_line(plain)
+    assert "· draft 74% accepted ·" in turn_line(drafted) and "draft" not in turn_line(plain)
+    assert drafted.to_json()["timings"]["draft_accepted_tokens"] == 74
+    assert plain.to_json()["timings"]["draft_tokens"] is None
