@@ -102,6 +102,45 @@ def batch_cost(model: str, threads: int, sizes: tuple[int, ...] = (1, 2, 5, 9), 
     return out
 
 
+def tie_check(model: str, threads: int, n: int) -> list[str]:
+    """How far verification's batch rows round apart from one-token steps: every task greedy, plain
+    and with every match drafted (the cost model off), top-5 log probabilities; the largest
+    difference of a kept token's log probability, and where the answers part, the plain run's gap
+    between the two tokens (a near-tie, or a defect)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from localinfer.engine import draft as d
+    from localinfer.engine.model import Model
+    from localinfer.engine.templates import ChatTemplate
+    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+
+    d.NgramDrafter.worth = lambda self, k, available: available  # type: ignore[method-assign]
+    d.MISSES_TO_PAUSE = 10**9
+    out = []
+    for name, text in tasks().items():
+        runs = []
+        for draft in (None, "ngram"):
+            m = Model(model, LoadOptions(n_ctx=2048, n_threads=threads, draft=draft))
+            t = ChatTemplate(source="gguf", template=m.chat_template, bos_text=m.bos_text, eos_text=m.eos_text)
+            p = t.render([{"role": "user", "content": text}])
+            st = GenerationStats()
+            list(m.generate(m.tokenize(p.text, add_special=p.add_special, parse_special=True), SamplingOptions(temperature=0), st,
+                            max_tokens=n, logprobs=5))  # fmt: skip
+            runs.append(st)
+            m.close()
+        a, b = runs
+        worst, parted = 0.0, "the same tokens"
+        for i, (x, y) in enumerate(zip(a.logprobs, b.logprobs)):
+            if x["token"] != y["token"]:
+                alts = {e["token"]: e["logprob"] for e in x["top_logprobs"]}
+                gap = x["logprob"] - alts.get(y["token"], float("-inf"))
+                parted = f"parted at token {i}, where the plain run's top two were {gap:.4f} nats apart"
+                break
+            worst = max(worst, abs(x["logprob"] - y["logprob"]))
+        out.append(f"ties {name} (-t {threads}): {parted}; kept tokens' logprob differs by {worst:.4f} at most; "
+                   f"drafted {b.draft_tokens}, kept {b.draft_accepted}")  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -111,7 +150,11 @@ def main() -> None:
     ap.add_argument("--draft-max", type=int, default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--batch-cost", action="store_true", help="also measure what a verification batch costs here")
+    ap.add_argument("--ties", action="store_true", help="only compare greedy tokens, plain vs always drafting (prints)")
     args = ap.parse_args()
+    if args.ties:
+        print("\n".join(tie_check(args.model or default_model(), args.threads, args.n)))
+        return
     model = args.model or default_model()
     jobs = tasks()
     load0 = os.getloadavg()
