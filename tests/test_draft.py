@@ -38,7 +38,8 @@ def test_answer_tokens_extend_the_index_as_they_come():
     assert drafter.propose() == []
     drafter.extend([5, 6])
     assert drafter.propose() == [7, 8, 9]
-    assert drafter.drafted == 3 and drafter.drafts == 1
+    drafter.feedback(2, 1)  # the engine verified two of them (a constraint cut the third)
+    assert (drafter.drafted, drafter.accepted, drafter.drafts) == (2, 1, 1)
 
 
 def test_propose_respects_the_limit_and_the_draft_cap():
@@ -55,7 +56,7 @@ def test_rejections_shorten_drafts_and_acceptance_lengthens_them():
     assert len(drafter.propose()) == 3  # what was kept, plus one
     drafter.feedback(3, 3)
     assert len(drafter.propose()) == 6  # doubled
-    assert drafter.accepted == 5
+    assert (drafter.drafted, drafter.accepted) == (11, 5)
 
 
 def test_misses_in_a_row_pause_drafting_for_longer_each_time():

@@ -61,9 +61,9 @@ class NgramDrafter:
         self._misses = 0  # drafts in a row of which nothing was accepted
         self._pause = 0  # tokens still to go without drafting
         self._next_pause = FIRST_PAUSE
-        self.drafted = 0  # tokens proposed, over the sequence
+        self.drafted = 0  # tokens verified, over the sequence
         self.accepted = 0  # of those, accepted by the model
-        self.drafts = 0  # proposals made
+        self.drafts = 0  # drafts verified
         self._t1: float | None = None  # seconds of a plain one-token step (moving average)
         self._per_token: float | None = None  # seconds each drafted token adds to a step
         self._kept = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)  # by match length: tokens kept
@@ -130,8 +130,6 @@ class NgramDrafter:
             draft = draft[: self.worth(n, len(draft))]
         if draft:
             self._last_n = n
-            self.drafts += 1
-            self.drafted += len(draft)
         return draft
 
     def observe(self, n_tokens: int, seconds: float) -> None:
@@ -146,7 +144,10 @@ class NgramDrafter:
             self._per_token = extra if self._per_token is None else 0.75 * self._per_token + 0.25 * extra
 
     def feedback(self, drafted: int, accepted: int) -> None:
-        """The model kept ``accepted`` of the ``drafted`` tokens of the last proposal."""
+        """The model kept ``accepted`` of the ``drafted`` tokens of the last proposal (as verified:
+        the engine may cut a proposal short, at a token a constraint forbids)."""
+        self.drafts += 1
+        self.drafted += drafted
         self.accepted += accepted
         n = self._last_n
         for m in self._kept:
