@@ -7,8 +7,9 @@ what verification does with a draft, not whether one pays.
 
 Greedy equality, with its one tolerance: a draft is verified in a batch of several tokens, whose
 matrix kernels may add up in another order than the one-token kernels of a plain step, so a logit can
-differ in its last bits (at 1 thread on an AMD EPYC we saw no difference over 150 tokens; at 2 threads
-one answer of 200 tokens went another way at token 90). Where two tokens are that close the two runs
+differ in its last bits (at 1 thread on an AMD EPYC: none, three tasks of 120 tokens with identical
+log probabilities, benchmarks/results/draft-2026-12-04.txt; at 2 threads one answer of 200 tokens
+went another way at token 90, not yet shown to be a tie). Where two tokens are that close the two runs
 may pick differently and go on differently from there. So the answers must agree token for token up
 to their first difference, and a difference is allowed only where the plain run's top two were
 within TIE nats - never a flaky equality, never a free pass.
