@@ -5,14 +5,16 @@ Drafting is forced here (every match drafted, no back-off): the drafter's cost m
 drafting on a machine where a batch costs nearly one step per token, and these tests are about
 what verification does with a draft, not whether one pays.
 
-Greedy equality, with its one tolerance: a draft is verified in a batch of several tokens, whose
-matrix kernels may add up in another order than the one-token kernels of a plain step, so a logit can
-differ in its last bits (at 1 thread on an AMD EPYC: none, three tasks of 120 tokens with identical
-log probabilities, benchmarks/results/draft-2026-12-04.txt; at 2 threads one answer of 200 tokens
-went another way at token 90, not yet shown to be a tie). Where two tokens are that close the two runs
-may pick differently and go on differently from there. So the answers must agree token for token up
-to their first difference, and a difference is allowed only where the plain run's top two were
-within TIE nats - never a flaky equality, never a free pass.
+Greedy equality, with its one tolerance: a draft is verified in a batch of several tokens, which the
+CPU backend may split over threads and add up in another order than a one-token step, so a logit can
+differ in its last bits. Measured (benchmarks/results/draft-2026-12-04.txt, AMD EPYC): at 1 thread,
+none (three tasks of 120 tokens, identical log probabilities); at 2 threads, kept tokens' log
+probabilities up to 0.097 nats apart, and one answer parted at a 0.028-nat near-tie. Where two tokens
+are that close the runs may pick differently and go on differently from there. So the answers must
+agree token for token up to their first difference, a kept token's log probability within
+SAME_LOGPROB of the plain run's, and a difference is allowed only where the plain run's top two were
+within TIE nats: margins over what was measured, still far below what a wrong batch row gives
+(nats apart) - never a flaky equality, never a free pass.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from localinfer.engine import draft as d
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
 
-TIE = 0.02  # nats between the plain run's top two: a near-tie the kernels may round apart
-SAME_LOGPROB = 0.02  # the same token's log probability, from a batch row or a one-token step
+TIE = 0.15  # nats between the plain run's top two: a near-tie the kernels may round apart
+SAME_LOGPROB = 0.15  # the same token's log probability, from a batch row or a one-token step
 
 PASSAGE = (
     "The lighthouse keeper, Mara Quint, logged every ship that passed the northern reef. In 1887 she "
