@@ -51,8 +51,9 @@ def _declared(group: o.OptionGroup) -> dict[str, tuple]:
         (o.SAMPLING, dict.fromkeys(SAMPLING_COMMANDS, ())),
         (o.COST, dict.fromkeys(COST_COMMANDS, ())),
         (o.SERVER, dict.fromkeys(SERVER_COMMANDS, ())),
+        (o.DRAFT, dict.fromkeys(("run", "chat", "batch"), ())),
     ],
-    ids=["load", "sampling", "cost", "server"],
+    ids=["load", "sampling", "cost", "server", "draft"],
 )
 def test_every_command_taking_a_group_shows_each_of_its_flags_as_declared_once(group, takers):
     declared = _declared(group)

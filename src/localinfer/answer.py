@@ -176,6 +176,16 @@ class Answer:
         return self.stats.extra.get("seed") if self.stats is not None else self.sampling_seed
 
     @property
+    def draft_tokens(self) -> int | None:
+        """Tokens speculative decoding drafted (None: it was off, or a server's answer)."""
+        return self.stats.draft_tokens if self.stats is not None and self.stats.draft else None
+
+    @property
+    def draft_accepted(self) -> int | None:
+        """Of ``draft_tokens``, those the model kept."""
+        return self.stats.draft_accepted if self.stats is not None and self.stats.draft else None
+
+    @property
     def server_timings(self) -> dict[str, Any] | None:
         return self.outcome.server_timings if self.outcome is not None else None
 
@@ -265,6 +275,8 @@ class Answer:
                 "decode_ms": _ms(self.decode_s),
                 "decode_tokens_per_s": _round(self.decode_tps),
                 "total_ms": _ms(self.total_s),
+                "draft_tokens": self.draft_tokens,
+                "draft_accepted_tokens": self.draft_accepted,
             },
         })  # fmt: skip
         if self.stats is not None:

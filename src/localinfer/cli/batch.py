@@ -63,6 +63,7 @@ def batch(
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When a prompt does not fit: an error for that request, or keep its end.")] = o.Overflow.error,
     ctx_size: CtxPerSeqOpt = None,
     base: o.Load = o.LOAD.without("ctx_size"),
+    draft: o.Drafting = o.DRAFT,
     flags: o.Common = o.COMMON.without("force"),
     endpoint: o.Server = o.SERVER,
     keep_alive: o.Keep = o.KEEP_ALIVE,
@@ -78,6 +79,9 @@ def batch(
         from localinfer.render.stats import warn
 
         say = (lambda msg: None) if flags.quiet else warn
+        if draft is not None and draft.kind is not None:  # the batched engine verifies no drafts yet
+            raise UsageError("--draft is not supported by batch yet (its batched engine does not verify drafts)",
+                             hint="run and chat take --draft ngram")
         if resume and output is None:
             raise UsageError("--resume needs --output FILE (the results to resume from)")
         if output is not None and input != "-" and output.exists() and output.resolve() == Path(input).resolve():

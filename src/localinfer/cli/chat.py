@@ -26,6 +26,7 @@ def chat(
     response_format: o.ResponseFormat = o.FORMAT,
     template_vars: o.TemplateVars = o.TEMPLATE,
     load_opts: o.Load = o.LOAD,
+    draft: o.Drafting = o.DRAFT,
     flags: o.Common = o.COMMON,
     endpoint: o.Server = o.SERVER,
     keep_alive: o.Keep = o.KEEP_ALIVE,
@@ -43,7 +44,7 @@ def chat(
 
         interactive = is_tty(sys.stdin) and is_tty(sys.stdout)
         session = ChatSession(
-            load_opts=load_opts,
+            load_opts=draft.apply(load_opts) if draft is not None else load_opts,
             offline=flags.offline,  # with HF_HUB_OFFLINE, applied by resolve_model
             force=flags.force,
             quiet=flags.quiet,

@@ -339,6 +339,40 @@ def _template(
     return out or None
 
 
+_DRAFT = "Speculative decoding"
+
+
+def _draft(
+    draft: Annotated[Optional[str], typer.Option("--draft", metavar="ngram", help="Guess the next tokens and have the model check them in one batch: ngram looks them up in the prompt and the answer so far (fast where the answer copies; the same text either way).", rich_help_panel=_DRAFT)] = None,
+    draft_max: Annotated[Optional[int], typer.Option("--draft-max", metavar="N", help="Tokens guessed per step at most. [default: 8]", rich_help_panel=_DRAFT, show_default=False)] = None,
+    draft_model: Annotated[Optional[str], typer.Option("--draft-model", metavar="NAME", help="A small model with the same vocabulary as the guesser (not supported yet).", rich_help_panel=_DRAFT)] = None,
+) -> "Draft":
+    from localinfer.engine.draft import check
+
+    kind = draft.strip().lower() if draft is not None else None
+    if draft_max is not None and kind is None and draft_model is None:
+        raise UsageError("--draft-max needs --draft ngram")
+    check(kind, draft_max, draft_model)
+    return Draft(kind, draft_max)
+
+
+class Draft:
+    """What the draft group gives a command: --draft and --draft-max, checked."""
+
+    __slots__ = ("kind", "max")
+
+    def __init__(self, kind: "str | None", max_draft: "int | None") -> None:
+        self.kind, self.max = kind, max_draft
+
+    def apply(self, load: "LoadOptions | None") -> "LoadOptions | None":
+        """``load`` with these settings (None: with --endpoint, nothing is loaded here)."""
+        if load is None or self.kind is None:
+            return load
+        import dataclasses
+
+        return dataclasses.replace(load, draft=self.kind, draft_max=self.max)
+
+
 COMMON = OptionGroup(_common)  # -> Flags (the load group reads --verbose too)
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
@@ -348,6 +382,7 @@ FORMAT = OptionGroup(_response_format)  # -> structured.Format (None: free text)
 KEEP_ALIVE = OptionGroup(_keep_alive)  # -> resident.place.KeepAlive (None: off, or with --endpoint)
 TEMPLATE = OptionGroup(_template)  # -> the chat template's variables (None: none given)
 LOGPROBS = OptionGroup(_logprobs)  # -> the top N of Request.logprobs (None: off); run --json and batch
+DRAFT = OptionGroup(_draft, local_only=True)  # -> Draft (None with --endpoint): speculative decoding
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).
@@ -360,3 +395,4 @@ ResponseFormat: TypeAlias = "Format | None"  # None: free text
 Keep: TypeAlias = "KeepAlive | None"  # None: off (the default), or with --endpoint
 TemplateVars: TypeAlias = "dict[str, Any] | None"  # --chat-template-kwargs, --think/--no-think
 Logprobs: TypeAlias = "int | None"  # None: no log probabilities
+Drafting: TypeAlias = "Draft | None"  # None with --endpoint

@@ -58,6 +58,7 @@ def run(
     stop: o.StopOpt = None,
     ignore_eos: o.IgnoreEosOpt = False,
     load_opts: o.Load = o.LOAD,
+    draft: o.Drafting = o.DRAFT,
     force: o.ForceOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
     on_overflow: Annotated[o.Overflow, typer.Option("--on-overflow", help="When the prompt does not fit: fail, or keep its end.")] = o.Overflow.error,
@@ -88,6 +89,7 @@ def run(
         from localinfer.cli.backend import open_backend
         from localinfer.render.stats import warn
 
+        load_opts = draft.apply(load_opts) if draft is not None else load_opts
         # checked before anything is loaded or sent; read no further than the context can hold
         bound = {"remote": True} if endpoint else {"n_ctx": load_opts.n_ctx, "keep_tail": on_overflow.value == "truncate"}
         text = _prompt_text(prompt_words, prompt, **bound)

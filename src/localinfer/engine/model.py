@@ -346,7 +346,12 @@ class Model:
             stats.extra["seed"] = seed
             lp = self.new_logprobs(logprobs) if logprobs is not None else None
             try:
-                yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, lp)
+                if self.options.draft is not None:  # speculative decoding (engine/speculate.py)
+                    from localinfer.engine.speculate import speculative_loop
+
+                    yield from speculative_loop(self, chain, stats, t_start, max_tokens, stop, ignore_eos, lp, limiter, prompt)
+                else:
+                    yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, lp)
             finally:
                 if limiter is not None:
                     stats.document = "complete" if limiter.complete else "incomplete"

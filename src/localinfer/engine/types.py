@@ -39,6 +39,17 @@ class LoadOptions:
     # "host:port" of ggml-rpc-servers whose devices to use: registered by whoever plans the load
     # (generate.load, the bench), before it, with engine.rpc.add_servers; the engine's Model does not
     rpc_servers: tuple[str, ...] = ()
+    # speculative decoding (engine/draft.py): "ngram" drafts by lookup in the prompt and the answer;
+    # draft_max: tokens per draft (None: the default); draft_model: designed for, refused for now
+    draft: str | None = None
+    draft_max: int | None = None
+    draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft is not None or self.draft_max is not None or self.draft_model is not None:
+            from localinfer.engine.draft import check
+
+            check(self.draft, self.draft_max, self.draft_model)
 
 
 DEFAULT_CTX_CEILING = 4096
@@ -90,6 +101,9 @@ class GenerationStats:
     document: str | None = None  # under a constraint: "complete", or "incomplete" (cut, or never begun)
     # asked for (SeqJob.logprobs): one entry per counted token, OpenAI's content shape (engine.logprobs)
     logprobs: list[dict[str, Any]] | None = None
+    draft: str | None = None  # speculative decoding's drafter ("ngram"), None: off
+    draft_tokens: int = 0  # tokens drafted
+    draft_accepted: int = 0  # of those, kept (what the model chose itself)
     extra: dict = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:

@@ -65,6 +65,10 @@ def turn_line(result: Result) -> str:
         f"prompt {s.evaluated_tokens} evaluated, {s.cached_tokens} cached",
         f"context {s.context_used}/{s.n_ctx}",
     ]
+    if s.draft:  # --draft: how much of what was guessed the model kept
+        from localinfer.engine.draft import acceptance
+
+        parts.insert(3, acceptance(s.draft_tokens, s.draft_accepted))
     if s.finish_reason in ("length", "interrupted"):
         parts.append(s.finish_reason)
     return " · ".join(parts)

@@ -32,6 +32,10 @@ def summary_line(result: Result) -> str:
         f"peak RSS {human_bytes(result.peak_rss)}",
         f"finish {s.finish_reason or '-'}",
     ]
+    if s.draft:  # speculative decoding: how much of what was guessed the model kept
+        from localinfer.engine.draft import acceptance
+
+        parts.insert(5, acceptance(s.draft_tokens, s.draft_accepted))
     if s.truncated_tokens:
         parts.append(f"prompt truncated by {s.truncated_tokens} tokens")
     if getattr(result, "reasoning_tokens", None):  # a reasoning model's: TTFT is its first answer text
@@ -69,6 +73,7 @@ def _rows(result: Result) -> list[tuple[str, str]]:
         ("prefill", f"{_ms(s.prefill_s)} · {_tps(s.prefill_tps)}"),
         ("completion tokens", str(s.completion_tokens)),
         ("decode", f"{_ms(s.decode_s)} · {_tps(s.decode_tps)} (tokens after the first)"),
+        ("speculative", f"{s.draft}: {s.draft_accepted} of {s.draft_tokens} drafted tokens kept" if s.draft else "off"),
         ("end to end", _ms(result.total_s)),
         ("context", f"{s.context_used} / {s.n_ctx} tokens" + _ctx_note(result)),
         ("GPU layers", _gpu_note(result)),

@@ -1,0 +1,201 @@
+"""Draft tokens for speculative decoding by n-gram lookup: the next tokens guessed by finding the
+answer's last few tokens earlier in the prompt or the answer, and proposing what followed them there.
+
+Pure Python on token lists (no llama_cpp): the engine verifies a draft in one batch
+(engine/speculate.py); this module owns the guess, the acceptance bookkeeping and the back-off.
+
+The lookup follows prompt-lookup decoding (apoorvumang/prompt-lookup-decoding, llama.cpp's
+``ngram-simple``/``ngram-map``): the longest suffix of the sequence, N_MAX tokens down to N_MIN, that
+occurred before; of its occurrences, the latest (where an answer copies, the copy goes on from there).
+An index from each n-gram to the position after its latest occurrence makes a lookup a few dict hits.
+
+Per sequence, a draft is as long as pays on this machine now (NgramDrafter: a cost model learnt
+from the decode times and the acceptance so far). Back-off on top: a draft fully accepted doubles
+the next one's cap (up to ``max_draft``); a partly accepted one sets it to what was accepted plus
+one; after MISSES_TO_PAUSE drafts in a row of which nothing was kept, drafting pauses for a number
+of tokens that doubles with each pause (up to MAX_PAUSE), so an answer with nothing to copy is
+decoded almost entirely one token at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+KINDS = ("ngram",)  # --draft values; a draft model (--draft-model) is designed for, not built
+DEFAULT_MAX_DRAFT = 8  # tokens per guess at most; not tuned yet: the loaded 2-core machine cannot tell
+MAX_DRAFT_LIMIT = 64
+N_MAX = 5  # longest n-gram looked up
+N_MIN = 2  # shortest: a single token matches too often to be worth a batch
+MISSES_TO_PAUSE = 2
+FIRST_PAUSE = 8  # tokens without drafting after the first run of misses
+MAX_PAUSE = 128
+# acceptance per match length: a prior of PRIOR_RATE over PRIOR_WEIGHT tries, then counts that
+# fade by DECAY at each draft (what the answer does now matters more than what it did)
+PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.6, 2.0, 0.9
+GAIN_MARGIN = 1.05  # a draft must promise this much over a plain step (the lookup's cost, the noise)
+# a machine's load changes: after this many plain steps a short draft (EXPLORE_DRAFT) measures again
+EXPLORE_EVERY, EXPLORE_DRAFT = 128, 2
+
+
+class NgramDrafter:
+    """One sequence's drafter: ``extend`` with every token the sequence gets (the prompt first),
+    ``propose`` before a step, ``observe`` each decode's time, ``feedback`` with what the
+    verification accepted.
+
+    Whether a draft pays depends on the machine: a batch of k+1 tokens costs little more than one
+    where decode is memory-bound (a quiet CPU, a GPU), nearly k+1 times one where it is compute-bound
+    (a loaded CPU). So the drafter learns both sides - the time of a plain step and of each drafted
+    token (``observe``), and the chance that a drafted token is kept after a match of n tokens
+    (``feedback``) - and drafts the k tokens that maximise expected tokens per second,
+    (1 + a + a^2 + ... + a^k) / (t1 + c*k), or nothing where no k beats a plain step.
+    """
+
+    __slots__ = ("tokens", "max_draft", "size", "_index", "_misses", "_pause", "_next_pause", "drafted",
+                 "accepted", "drafts", "_t1", "_per_token", "_kept", "_tried", "_last_n", "_plain")  # fmt: skip
+
+    def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT) -> None:
+        self.tokens: list[int] = []
+        self.max_draft = max(1, int(max_draft))
+        self.size = self.max_draft  # the next draft's length at most (back-off shrinks it)
+        self._index: dict[tuple[int, ...], int] = {}
+        self._misses = 0  # drafts in a row of which nothing was accepted
+        self._pause = 0  # tokens still to go without drafting
+        self._next_pause = FIRST_PAUSE
+        self.drafted = 0  # tokens verified, over the sequence
+        self.accepted = 0  # of those, accepted by the model
+        self.drafts = 0  # drafts verified
+        self._t1: float | None = None  # seconds of a plain one-token step (moving average)
+        self._per_token: float | None = None  # seconds each drafted token adds to a step
+        self._kept = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)  # by match length: tokens kept
+        self._tried = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)  # ... and kept + rejected
+        self._last_n = N_MIN
+        self._plain = 0  # plain steps since the last verified draft
+        self.extend(history)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append tokens; each n-gram whose next token is now known points to it."""
+        seq, index = self.tokens, self._index
+        for tok in tokens:
+            seq.append(tok)
+            end = len(seq) - 1  # the new token's position: what follows the n-grams ending before it
+            for n in range(N_MIN, min(N_MAX, end) + 1):
+                index[tuple(seq[end - n : end])] = end
+            if self._pause:
+                self._pause -= 1
+
+    def lookup(self, limit: int) -> tuple[int, list[int]]:
+        """The length of the longest earlier occurrence of the sequence's end, and up to ``limit``
+        tokens that followed it there ((0, []): none)."""
+        seq, index = self.tokens, self._index
+        n_seq = len(seq)
+        for n in range(min(N_MAX, n_seq), N_MIN - 1, -1):
+            at = index.get(tuple(seq[n_seq - n :]))
+            if at is not None:
+                return n, seq[at : at + limit]
+        return 0, []
+
+    def rate(self, n: int) -> float:
+        """The estimated chance that a drafted token is kept, after a match of ``n`` tokens."""
+        return (self._kept[n] + PRIOR_RATE * PRIOR_WEIGHT) / (self._tried[n] + PRIOR_WEIGHT)
+
+    def worth(self, n: int, available: int) -> int:
+        """How many of ``available`` drafted tokens to verify after a match of ``n``: the k that
+        maximises expected tokens per second (all of them until both times are known; 0: none pays)."""
+        if self._t1 is None or self._per_token is None:
+            return available
+        a, t1, c = self.rate(n), self._t1, self._per_token
+        best_k, best = 0, GAIN_MARGIN / t1
+        expected, term = 1.0, 1.0
+        for k in range(1, available + 1):
+            term *= a
+            expected += term
+            speed = expected / (t1 + c * k)
+            if speed > best:
+                best_k, best = k, speed
+        if best_k == 0 and self._plain >= EXPLORE_EVERY:
+            return min(available, EXPLORE_DRAFT)
+        return best_k
+
+    def propose(self, limit: int | None = None) -> list[int]:
+        """The next draft (empty: decode one token as usual): none while paused, else at most
+        ``size`` tokens, at most ``limit`` (what the context or the answer's limit leaves), and only
+        as many as pay (``worth``)."""
+        if self._pause:
+            return []
+        k = self.size if limit is None else min(self.size, limit)
+        if k <= 0:
+            return []
+        n, draft = self.lookup(k)
+        if draft:
+            draft = draft[: self.worth(n, len(draft))]
+        if draft:
+            self._last_n = n
+        return draft
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        """A decode of ``n_tokens`` (1: a plain step; more: the token and its draft) took ``seconds``."""
+        if n_tokens <= 1:
+            self._plain += 1
+            self._t1 = seconds if self._t1 is None else 0.9 * self._t1 + 0.1 * seconds
+            return
+        self._plain = 0
+        if self._t1 is not None:
+            extra = max(0.0, seconds - self._t1) / (n_tokens - 1)
+            self._per_token = extra if self._per_token is None else 0.75 * self._per_token + 0.25 * extra
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """The model kept ``accepted`` of the ``drafted`` tokens of the last proposal (as verified:
+        the engine may cut a proposal short, at a token a constraint forbids)."""
+        self.drafts += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        n = self._last_n
+        for m in self._kept:
+            self._kept[m] *= DECAY
+            self._tried[m] *= DECAY
+        self._kept[n] += accepted
+        self._tried[n] += accepted + (accepted < drafted)
+        if accepted >= drafted:
+            self.size = min(self.max_draft, 2 * self.size)
+        else:
+            self.size = max(1, accepted + 1)
+        if accepted:
+            self._misses = 0
+            self._next_pause = FIRST_PAUSE
+            return
+        self._misses += 1
+        if self._misses >= MISSES_TO_PAUSE:
+            self._misses = 0
+            self._pause = self._next_pause
+            self._next_pause = min(MAX_PAUSE, 2 * self._next_pause)
+
+    def stop(self) -> None:
+        """No more drafts for this sequence (its cache cannot take back rejected tokens)."""
+        self._pause = 1 << 62
+
+    @property
+    def paused(self) -> bool:
+        return self._pause > 0
+
+
+def check(kind: str | None, max_draft: int | None, draft_model: str | None) -> None:
+    """Refuse a draft setting we cannot honour (UsageError naming it)."""
+    from localinfer.errors import UsageError
+
+    if draft_model is not None:
+        raise UsageError(
+            "a draft model (--draft-model) is not supported yet",
+            hint="use --draft ngram (n-gram lookup in the prompt and the answer, no second model)",
+        )
+    if kind is not None and kind not in KINDS:
+        raise UsageError(f"--draft takes {', '.join(KINDS)}, not {kind!r}")
+    if max_draft is not None and not 1 <= max_draft <= MAX_DRAFT_LIMIT:
+        raise UsageError(f"--draft-max must be between 1 and {MAX_DRAFT_LIMIT}, not {max_draft}")
+
+
+def acceptance(drafted: int, accepted: int) -> str:
+    """The stats line's figure: ``draft 74% accepted`` (``draft none`` where nothing was drafted)."""
+    if drafted <= 0:
+        return "draft none"
+    return f"draft {round(100 * accepted / drafted)}% accepted"
+

@@ -1,0 +1,192 @@
+"""The n-gram drafter on token lists (engine/draft.py), and the draft options' checks: no model."""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.engine import draft as d
+from localinfer.engine.draft import NgramDrafter, acceptance, check
+from localinfer.engine.types import LoadOptions
+from localinfer.errors import UsageError
+
+
+def test_lookup_proposes_what_followed_the_longest_match():
+    # "7 8 9" occurs once, followed by 1 2 3; the bare "8 9" also occurs later, followed by 5
+    seq = [7, 8, 9, 1, 2, 3, 4, 8, 9, 5, 6, 0, 7, 8, 9]
+    drafter = NgramDrafter(seq, max_draft=4)
+    n, tokens = drafter.lookup(4)
+    assert (n, tokens) == (3, [1, 2, 3, 4])
+
+
+def test_lookup_takes_the_latest_occurrence_of_the_same_match():
+    seq = [1, 2, 10, 11, 1, 2, 20, 21, 1, 2]
+    assert NgramDrafter(seq).lookup(2) == (2, [20, 21])
+
+
+def test_the_end_of_the_sequence_never_matches_itself():
+    assert NgramDrafter([1, 2, 3, 4, 5]).lookup(4) == (0, [])
+    assert NgramDrafter([]).propose() == []
+
+
+def test_a_single_token_match_is_not_enough():
+    # only the 1-gram "3" recurs: too weak a match to spend a batch on
+    assert NgramDrafter([3, 1, 9, 3]).lookup(4) == (0, [])
+
+
+def test_answer_tokens_extend_the_index_as_they_come():
+    drafter = NgramDrafter([5, 6, 7, 8, 9], max_draft=3)
+    assert drafter.propose() == []
+    drafter.extend([5, 6])
+    assert drafter.propose() == [7, 8, 9]
+    drafter.feedback(2, 1)  # the engine verified two of them (a constraint cut the third)
+    assert (drafter.drafted, drafter.accepted, drafter.drafts) == (2, 1, 1)
+
+
+def test_propose_respects_the_limit_and_the_draft_cap():
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    assert drafter.propose(limit=3) == [2, 3, 4]
+    assert drafter.propose() == list(range(2, 10))
+    assert drafter.propose(limit=0) == []
+
+
+def test_rejections_shorten_drafts_and_acceptance_lengthens_them():
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    assert len(drafter.propose()) == 8
+    drafter.feedback(8, 2)
+    assert len(drafter.propose()) == 3  # what was kept, plus one
+    drafter.feedback(3, 3)
+    assert len(drafter.propose()) == 6  # doubled
+    assert (drafter.drafted, drafter.accepted) == (11, 5)
+
+
+def test_misses_in_a_row_pause_drafting_for_longer_each_time():
+    drafter = NgramDrafter([1, 2, 3, 4] * 3 + [1, 2], max_draft=4)
+    for _ in range(d.MISSES_TO_PAUSE):
+        draft = drafter.propose()
+        assert draft
+        drafter.feedback(len(draft), 0)
+    assert drafter.paused and drafter.propose() == []
+    drafter.extend([9] * d.FIRST_PAUSE)  # tokens of a plain decode go by
+    drafter.extend([1, 2])
+    assert not drafter.paused and drafter.propose()
+    for _ in range(d.MISSES_TO_PAUSE):
+        drafter.feedback(1, 0)
+    drafter.extend([9] * d.FIRST_PAUSE)
+    assert drafter.paused  # the second pause is twice as long
+
+
+def test_a_kept_token_ends_the_run_of_misses():
+    drafter = NgramDrafter([1, 2, 3, 4] * 3 + [1, 2], max_draft=4)
+    for _ in range(5):
+        drafter.feedback(4, 0)
+        drafter.feedback(4, 1)
+    assert not drafter.paused
+
+
+def _timed(drafter: NgramDrafter, single: float, per_token: float) -> None:
+    for _ in range(20):
+        drafter.observe(1, single)
+    for _ in range(20):
+        drafter.observe(9, single + 8 * per_token)
+
+
+def test_where_a_batch_costs_nearly_one_token_each_drafts_stop():
+    # a compute-bound machine: 8 drafted tokens cost 7 plain steps; a 60% guess cannot pay
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    _timed(drafter, 0.010, 0.009)
+    assert drafter.worth(2, 8) == 0
+    assert drafter.propose() == []
+
+
+def test_where_a_batch_is_cheap_the_whole_draft_pays():
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    _timed(drafter, 0.020, 0.002)
+    for _ in range(10):  # long matches were all kept so far
+        drafter._last_n = 5
+        drafter.feedback(8, 8)
+    assert drafter.worth(5, 8) == 8
+    assert drafter.worth(5, 3) == 3
+
+
+def test_low_acceptance_asks_for_short_drafts_or_none():
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    _timed(drafter, 0.020, 0.004)
+    for _ in range(20):
+        drafter._last_n = 2
+        drafter.feedback(4, 0)
+    assert drafter.rate(2) < 0.15
+    assert drafter.worth(2, 8) == 0
+    assert drafter.rate(5) == pytest.approx(d.PRIOR_RATE)  # other match lengths keep their own estimate
+
+
+def test_after_many_plain_steps_a_short_draft_measures_again():
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    _timed(drafter, 0.010, 0.009)
+    assert drafter.worth(2, 8) == 0
+    for _ in range(d.EXPLORE_EVERY):
+        drafter.observe(1, 0.010)
+    assert drafter.worth(2, 8) == d.EXPLORE_DRAFT
+
+
+def test_stop_ends_drafting_for_good():
+    drafter = NgramDrafter([1, 2, 3, 1, 2], max_draft=4)
+    drafter.stop()
+    drafter.extend([3, 1, 2] * 100)
+    assert drafter.propose() == []
+
+
+def test_acceptance_line():
+    assert acceptance(100, 74) == "draft 74% accepted"
+    assert acceptance(0, 0) == "draft none"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("ngram", None, "smollm2"), "draft model"),
+        (("bogus", None, None), "--draft takes ngram"),
+        (("ngram", 0, None), "--draft-max must be between 1"),
+        (("ngram", d.MAX_DRAFT_LIMIT + 1, None), "--draft-max must be between 1"),
+    ],
+)
+def test_bad_draft_settings_are_refused(args, message):
+    with pytest.raises(UsageError, match=message):
+        check(*args)
+    with pytest.raises(UsageError, match=message):
+        LoadOptions(draft=args[0], draft_max=args[1], draft_model=args[2])
+
+
+def test_good_draft_settings_pass():
+    check("ngram", 16, None)
+    assert LoadOptions(draft="ngram", draft_max=4).draft_max == 4
+    assert LoadOptions().draft is None
+
+
+def test_cli_refuses_a_draft_model_and_batch_drafts(tmp_path):
+    from typer.testing import CliRunner
+
+    from localinfer.cli.main import build_app
+
+    runner, app = CliRunner(), build_app()
+    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-model", "x", "hi"])
+    assert out.exit_code == 2 and "draft model (--draft-model) is not supported yet" in out.output
+    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-max", "4", "hi"])
+    assert out.exit_code == 2 and "--draft-max needs --draft ngram" in out.output
+    src = tmp_path / "in.txt"
+    src.write_text("hello\n")
+    out = runner.invoke(app, ["batch", str(src), "-m", str(tmp_path / "none.gguf"), "--draft", "ngram"])
+    assert out.exit_code == 2 and "not supported by batch yet" in out.output
+
+
+def test_stats_lines_say_how_much_was_accepted():
+    from localinfer.answer import Answer
+    from localinfer.engine.types import GenerationStats
+    from localinfer.render.chat import turn_line
+    from localinfer.render.stats import summary_line
+
+    drafted = Answer("x", "m", GenerationStats(completion_tokens=9, draft="ngram", draft_tokens=100, draft_accepted=74), 0.0)
+    plain = Answer("x", "m", GenerationStats(completion_tokens=9), 0.0)
+    assert "· draft 74% accepted ·" in summary_line(drafted) and "draft" not in summary_line(plain)
+    assert "· draft 74% accepted ·" in turn_line(drafted) and "draft" not in turn_line(plain)
+    assert drafted.to_json()["timings"]["draft_accepted_tokens"] == 74
+    assert plain.to_json()["timings"]["draft_tokens"] is None
