@@ -3,16 +3,13 @@ sending large distinct schemas cannot make one loaded model hold an unbounded se
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 
 from localinfer.engine import constrain
 from localinfer.structured import Format
 
 
 def _compiler(monkeypatch) -> constrain.Compiler:
-    c = constrain.Compiler.__new__(constrain.Compiler)  # no model: matchers are stand-ins here
-    c.tokenizer, c.n_vocab, c._cache, c._text_bytes, c._lock = None, 1, OrderedDict(), 0, threading.Lock()
+    c = constrain.Compiler(None, 1)  # no model: matchers are stand-ins here
     monkeypatch.setattr(constrain.Compiler, "_matcher", lambda self, fmt: object())
     return c
 

@@ -7,8 +7,6 @@ issue's schema ran digits (or a key) until max_tokens."""
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 
 import jsonschema
 import pytest
@@ -23,10 +21,7 @@ def _compiler():
 
     from localinfer.engine.constrain import Compiler
 
-    c = Compiler.__new__(Compiler)  # the model's tokenizer replaced by llguidance's byte tokenizer
-    c.tokenizer, c.n_vocab = llguidance.LLTokenizer("byte"), 256
-    c._cache, c._lock = OrderedDict(), threading.Lock()
-    return c
+    return Compiler(llguidance.LLTokenizer("byte"), 256)  # llguidance's byte tokenizer for the model's
 
 
 def accepts(schema: dict, text: str) -> bool:

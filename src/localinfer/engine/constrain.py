@@ -66,9 +66,8 @@ class Compiled:
 class Compiler:
     """One loaded model's tokenizer for llguidance and its cache of compiled formats."""
 
-    def __init__(self, model: Any) -> None:
-        self.tokenizer = _tokenizer(model)
-        self.n_vocab = model.n_vocab
+    def __init__(self, tokenizer: Any, n_vocab: int) -> None:
+        self.tokenizer, self.n_vocab = tokenizer, n_vocab  # llguidance's LLTokenizer (any, in tests)
         self._cache: OrderedDict[tuple[str, str], Compiled] = OrderedDict()
         self._text_bytes = 0  # of the formats in the cache
         self._lock = threading.Lock()
@@ -172,7 +171,7 @@ def compile_for(model: Any, fmt: Format) -> Compiled:
     with _compilers_lock:
         compiler = _compilers.get(model)
         if compiler is None:
-            compiler = _compilers[model] = Compiler(model)
+            compiler = _compilers[model] = Compiler(_tokenizer(model), model.n_vocab)
     return compiler.compile(fmt)
 
 
