@@ -58,6 +58,18 @@ def test_create_answers_a_message(served):
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 2
 
 
+def test_a_stop_sequence_is_named_in_the_answer_and_the_stream(served):
+    # "e" ends any English sentence early; the template's own end marker is never reported as one
+    kw = {"model": "smollm2", "max_tokens": 32, "messages": HI, "stop_sequences": ["e"], "extra_body": GREEDY}
+    m = _client(served).messages.create(**kw)
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", "e") and "e" not in _text(m)
+    with _client(served).messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "e") and _text(final) == _text(m)
+    plain = _client(served).messages.create(model="smollm2", max_tokens=32, messages=HI, extra_body=GREEDY)
+    assert plain.stop_sequence is None and plain.stop_reason in ("end_turn", "max_tokens")
+
+
 def test_greedy_text_equals_chat_completions(served):
     ask = [{"role": "user", "content": "Name three colours."}]
     m = _client(served).messages.create(model="smollm2", max_tokens=24, messages=ask, extra_body=GREEDY, system="Be brief.")

@@ -31,3 +31,11 @@ def test_no_stops_passes_everything_through():
 def test_earliest_stop_wins_and_flush_returns_held_text():
     assert feed_all(["b", "a"], ["xxab"]) == ("xx", True)
     assert feed_all(["abc"], ["zz", "ab"]) == ("zzab", False)
+
+
+def test_the_matched_stop_string_is_named():
+    m = StopMatcher(["END", "\n\n"])
+    first, hit = m.feed("one\n")
+    assert not hit and m.matched is None
+    text, hit = m.feed("\ntwo END")
+    assert hit and first + text == "one" and m.matched == "\n\n"  # the earliest match in the text wins

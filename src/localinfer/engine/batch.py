@@ -400,7 +400,7 @@ class BatchDecoder:
                 if s.emit is not None:
                     s.emit(text)
             if hit:
-                st.finish_reason = "stop"
+                st.finish_reason, st.stop_string = "stop", s.matcher.matched
                 done.append(s)
                 continue
             if (s.max_tokens is not None and s.n_gen >= s.max_tokens) or s.pos >= n_ctx_seq:

@@ -413,7 +413,7 @@ class Model:
             if text or hit:
                 yield Step(text, token)
             if hit:
-                stats.finish_reason = "stop"
+                stats.finish_reason, stats.stop_string = "stop", matcher.matched
                 return
             if n_gen >= limit or len(cached) >= n_ctx:
                 stats.finish_reason = "length"

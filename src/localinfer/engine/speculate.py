@@ -139,7 +139,7 @@ def speculative_loop(
                 if text or hit:
                     yield Step(text, token)
                 if hit:
-                    stats.finish_reason, end = "stop", i
+                    stats.finish_reason, stats.stop_string, end = "stop", matcher.matched, i
                     break
                 if n_gen >= limit or base + i >= n_ctx:
                     stats.finish_reason, end = "length", i

@@ -15,6 +15,7 @@ class StopMatcher:
         self._stops = tuple(s for s in stops if s)
         self._firsts = "".join(sorted({s[0] for s in self._stops}))  # where any stop could begin
         self._pending = ""
+        self.matched: str | None = None  # the stop string that ended the stream (Anthropic's stop_sequence)
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self._pending:  # the usual piece, on the per-token path: no stop can begin in it
@@ -26,7 +27,7 @@ class StopMatcher:
         buf = self._pending + text
         first = min(((i, s) for s in self._stops if (i := buf.find(s)) >= 0), default=None)
         if first is not None:
-            self._pending = ""
+            self._pending, self.matched = "", first[1]
             return buf[: first[0]], True
         keep = 0
         for s in self._stops:

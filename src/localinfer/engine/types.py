@@ -95,6 +95,7 @@ class GenerationStats:
     decode_calls_s: float = 0.0  # of decode_s, the time spent inside llama_decode itself
     first_token_s: float | None = None  # request start -> first token sampled (engine side)
     finish_reason: str | None = None  # stop | length | interrupted
+    stop_string: str | None = None  # with "stop": the stop string that matched (None: end of generation)
     truncated_tokens: int = 0  # dropped from the prompt by --on-overflow truncate
     n_ctx: int = 0
     context_used: int = 0  # tokens in the context when the request ended

@@ -200,8 +200,13 @@ def _event(name: str, obj: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
-def _stop(outcome: Outcome) -> str:
-    return _STOP.get(outcome.reason or "", "end_turn")
+def _stop(outcome: Outcome, stops: tuple[str, ...]) -> tuple[str, str | None]:
+    """stop_reason and stop_sequence: one of the request's ``stop_sequences`` (not a template's own
+    end marker, which is also a stop string to the engine) is ``stop_sequence``."""
+    matched = outcome.stats.stop_string
+    if outcome.reason == "stop" and matched is not None and matched in stops:
+        return "stop_sequence", matched
+    return _STOP.get(outcome.reason or "", "end_turn"), None
 
 
 def _usage(outcome: Outcome) -> dict[str, Any]:
@@ -223,8 +228,8 @@ class Writer:
 
     keepalive = b'event: ping\ndata: {"type":"ping"}\n\n'  # sent while the prompt is read (app's AnswerResponse)
 
-    def __init__(self, model: str, input_tokens: int) -> None:
-        self.model, self.input_tokens = model, input_tokens
+    def __init__(self, model: str, input_tokens: int, stops: tuple[str, ...] = ()) -> None:
+        self.model, self.input_tokens, self.stops = model, input_tokens, stops  # stops: the request's stop_sequences
         self.id = "msg_" + secrets.token_hex(12)
         self._block = -1  # the open block's index
         self._open: str | None = None  # its kind: thinking | text | tool (None: none open)
@@ -273,7 +278,8 @@ class Writer:
         return _event("content_block_delta", {"type": "content_block_delta", "index": self._block, "delta": delta})
 
     def tail(self, outcome: Outcome) -> bytes:
-        delta = {"type": "message_delta", "delta": {"stop_reason": _stop(outcome), "stop_sequence": None},
+        reason, sequence = _stop(outcome, self.stops)
+        delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                  "usage": {"output_tokens": outcome.stats.completion_tokens}}  # fmt: skip
         return self._stop_block() + _event("message_delta", delta) + _event("message_stop", {"type": "message_stop"})
 
@@ -287,5 +293,6 @@ class Writer:
         if outcome.text or not outcome.tool_calls:
             content.append({"type": "text", "text": outcome.text})
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)} for c in outcome.tool_calls]
+        reason, sequence = _stop(outcome, self.stops)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": _stop(outcome), "stop_sequence": None, "usage": _usage(outcome)}  # fmt: skip
+                "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(outcome)}  # fmt: skip

@@ -220,7 +220,7 @@ async def completions(request: Request) -> Response:
 async def messages(request: Request) -> Response:
     from localinfer.serve import anthropic
 
-    wire = Wire(anthropic.parse, anthropic.error_body, lambda model, req, p: anthropic.Writer(model, len(p.tokens)), clamp=True)
+    wire = Wire(anthropic.parse, anthropic.error_body, lambda model, req, p: anthropic.Writer(model, len(p.tokens), tuple(req.stop)), clamp=True)
     return await answer(request, wire)
 
 
