@@ -58,6 +58,24 @@ def test_other_names_are_403_on_every_route(host):
         assert not any(k.startswith("access-control") for k in headers)
 
 
+def test_refusals_before_any_route_come_in_the_routes_own_error_shape():
+    # ollama-python and the anthropic SDK read their own shapes; a refusal made by the guard must too
+    state = _state(FakeEngine())
+    evil = {"Host": "evil.example"}
+    status, _, data = call(state, "POST", "/api/chat", {"model": "m"}, headers=evil)
+    assert status == 403 and "--allowed-host" in json.loads(data)["error"]  # Ollama's: {"error": "..."}
+    status, _, data = call(state, "POST", "/v1/messages", {"model": "m"}, headers=evil)
+    body = json.loads(data)
+    assert status == 403 and body["type"] == "error" and body["error"]["type"] == "permission_error"
+    status, _, data = call(state, "POST", "/api/generate", raw=b"x", headers={"Content-Type": "text/plain"})
+    assert status == 415 and "JSON" in json.loads(data)["error"]
+    status, _, data = call(state, "GET", "/api/nothing")
+    assert status == 404 and isinstance(json.loads(data)["error"], str)
+    status, _, data = call(state, "GET", "/v1/messages/nothing")
+    assert status == 404 and json.loads(data)["error"]["type"] == "not_found_error"
+    assert _code(call(state, "GET", "/v1/nothing")[2]) == "not_found"  # OpenAI's shape elsewhere
+
+
 def test_more_names_by_flag_by_host_and_any_with_a_key():
     named = _state(FakeEngine(), allowed_hosts=("mybox.lan",))
     assert call(named, "GET", "/v1/models", headers={"Host": "mybox.lan:8080"})[0] == 200

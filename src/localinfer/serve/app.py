@@ -27,7 +27,7 @@ from starlette.routing import Route
 from localinfer.serve.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig
 from localinfer.serve.engine import Overloaded
-from localinfer.serve.guard import Guard, allowed_names
+from localinfer.serve.guard import Guard, allowed_names, error_body
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
 from localinfer.serve.responses import Answer, dumps
@@ -127,13 +127,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    if request.url.path.startswith("/api/"):  # Ollama's routes: its error shape
-        return JSONResponse({"error": message}, status_code=exc.status_code)
-    return error_response(ApiError(exc.status_code, message, type=kind, code=str(exc.detail).lower().replace(" ", "_")))
+    error = ApiError(exc.status_code, message, type=kind, code=str(exc.detail).lower().replace(" ", "_"))
+    return JSONResponse(error_body(request.url.path, error), status_code=error.status)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error"))
+    error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")
+    return JSONResponse(error_body(request.url.path, error), status_code=error.status)
 
 
 def _authorize(request: Request, state: ServerState) -> None:

@@ -70,17 +70,31 @@ def check_origin(value: str) -> str:
     return origin
 
 
-def _refuse(status: int, message: str, code: str, type: str = "permission_error") -> Response:
+def error_body(path: str, exc: ApiError) -> dict[str, Any]:
+    """An error in the shape of the protocol whose route ``path`` is: a client reads its own shape
+    even for a refusal made before any route (Ollama's under /api/, Anthropic's under /v1/messages)."""
+    if path.startswith("/api/"):
+        from localinfer.serve import ollama_wire
+
+        return ollama_wire.error_body(exc)
+    if path.startswith("/v1/messages"):
+        from localinfer.serve import anthropic
+
+        return anthropic.error_body(exc)
+    return exc.body()
+
+
+def _refuse(path: str, status: int, message: str, code: str, type: str = "permission_error") -> Response:
     exc = ApiError(status, message, type=type, code=code)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(error_body(path, exc), status_code=exc.status)
 
 
-def _not_json(headers: Headers) -> Response | None:
+def _not_json(path: str, headers: Headers) -> Response | None:
     media = headers.get("content-type", "").partition(";")[0].strip().lower()
     if media == "application/json":
         return None
     got = f"got {media!r}" if media else "none was sent"
-    return _refuse(415, f"the body must be JSON: send 'Content-Type: application/json' ({got})", "unsupported_media_type",
+    return _refuse(path, 415, f"the body must be JSON: send 'Content-Type: application/json' ({got})", "unsupported_media_type",
                    type="invalid_request_error")  # fmt: skip
 
 
@@ -98,7 +112,7 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
-        refusal = self._stranger(headers)
+        refusal = self._stranger(scope.get("path", ""), headers)
         if refusal is not None:
             return await refusal(scope, receive, send)
         origin = headers.get("origin")
@@ -106,19 +120,19 @@ class Guard:
             if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
                 return await self._preflight(origin, headers)(scope, receive, send)
             send = self._with_cors(origin, send)
-        if scope["method"] == "POST" and (refusal := _not_json(headers)) is not None:
+        if scope["method"] == "POST" and (refusal := _not_json(scope.get("path", ""), headers)) is not None:
             return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
 
-    def _stranger(self, headers: Headers) -> Response | None:
+    def _stranger(self, path: str, headers: Headers) -> Response | None:
         host = headers.get("host")
         if host is not None and not self.any_host and not self._our_host(host_name(host)):
-            return _refuse(403, f"Host {host!r} is not one this server answers to (a web page's DNS name pointed at it?): "
+            return _refuse(path, 403, f"Host {host!r} is not one this server answers to (a web page's DNS name pointed at it?): "
                                 "start serve with --allowed-host NAME for a name of this machine, or with --api-key",
                            "host_not_allowed")  # fmt: skip
         origin = headers.get("origin")
         if origin is not None and not self.any_origin and origin.rstrip("/").lower() not in self.origins:
-            return _refuse(403, f"requests from web pages at {origin} are refused: start serve with --cors-origin {origin} to allow them",
+            return _refuse(path, 403, f"requests from web pages at {origin} are refused: start serve with --cors-origin {origin} to allow them",
                            "origin_not_allowed")  # fmt: skip
         return None
 
