@@ -3,6 +3,7 @@ sending large distinct schemas cannot make one loaded model hold an unbounded se
 
 from __future__ import annotations
 
+import pytest
 
 from localinfer.engine import constrain
 from localinfer.structured import Format
@@ -14,6 +15,7 @@ def _compiler(monkeypatch) -> constrain.Compiler:
     return c
 
 
+@pytest.mark.llama  # engine.constrain loads llama.cpp's bindings
 def test_the_cache_holds_at_most_its_bytes_of_format_text(monkeypatch):
     c = _compiler(monkeypatch)
     size = constrain.CACHE_TEXT_BYTES // 4 + 1

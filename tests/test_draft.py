@@ -162,6 +162,7 @@ def test_good_draft_settings_pass():
     assert LoadOptions().draft is None
 
 
+@pytest.mark.llama  # the CLI asks llama.cpp whether the build offloads before it refuses
 def test_cli_refuses_a_draft_model_and_batch_drafts(tmp_path):
     from typer.testing import CliRunner
 

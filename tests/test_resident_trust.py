@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import socket
 import tempfile
 from pathlib import Path
 
@@ -206,6 +207,27 @@ def test_xdg_runtime_dir_is_preferred_when_it_is_private(tmp_path, monkeypatch):
     assert start.place(deep_home).commands.parent != runtime / "localinfer", "not private: not used"
     monkeypatch.setenv("XDG_RUNTIME_DIR", "relative/run")
     assert start.place(deep_home).commands.parent.parent == Path(tempfile.gettempdir())
+
+
+def test_a_server_started_without_xdg_runtime_dir_is_found_with_it(tmp_path, monkeypatch):
+    # cron or a service has no XDG_RUNTIME_DIR, a login shell has one: one data dir, one server
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    deep_home = tmp_path / ("d" * 100)
+    where = start.place(deep_home)
+    where.socket.parent.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(where.socket))
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    try:
+        assert start.place(deep_home).socket == where.socket
+    finally:
+        listener.close()
+        where.socket.unlink()
+    assert start.place(deep_home).socket.parent == runtime / "localinfer", "none started yet: XDG_RUNTIME_DIR's"
 
 
 def test_a_folder_others_may_enter_is_refused_before_connecting(tmp_path):

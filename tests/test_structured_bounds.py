@@ -30,6 +30,7 @@ def accepts(schema: dict, text: str) -> bool:
     return not m.is_error() and m.is_accepting()
 
 
+@pytest.mark.llama  # engine.constrain loads llama.cpp's bindings
 @pytest.mark.parametrize(
     ("schema", "yes", "no"),
     [
@@ -46,6 +47,12 @@ def accepts(schema: dict, text: str) -> bool:
         ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}, ['{"a":1,"b":2}'], []),
         ({"allOf": [{"type": "object", "properties": {"a": {"const": 1}}}, {"type": "object", "properties": {"b": {"const": 2}}}]},
          ['{"a":1,"b":2}'], []),  # an allOf branch's object is only part of the whole
+        ({"$defs": {"Base": {"type": "object", "properties": {"a": {"const": 1}}}},
+          "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"b": {"const": 2}}, "required": ["b"]}]},
+         ['{"a":1,"b":2}', '{"b":2}'], []),  # a part reached by $ref is only part of the whole too
+        ({"$defs": {"Base": {"type": "object", "properties": {"a": {"const": 1}}}},
+          "$ref": "#/$defs/Base", "properties": {"b": {"const": 2}}, "required": ["b"]},
+         ['{"a":1,"b":2}'], []),  # so is one beside a $ref's siblings
     ],
 )  # fmt: skip
 def test_unbounded_numbers_and_keys_are_bounded_for_the_constraint_only(schema, yes, no):

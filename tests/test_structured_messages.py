@@ -21,6 +21,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 HI = [{"role": "user", "content": "hi"}]
 
 
+@pytest.mark.llama  # the CLI loads llama.cpp's bindings on its way to the format check
 @pytest.mark.parametrize(
     ("flag", "value", "words"),
     [

@@ -133,7 +133,7 @@ def _leave(code: object) -> None:
     import threading
 
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    if others or sys.flags.inspect:
+    if others or sys.flags.inspect or os.name != "posix":  # (Windows: C's buffers are not ours to flush)
         raise SystemExit(code)
     import atexit
 

@@ -29,27 +29,42 @@ _COMBINED = {"allOf", "anyOf", "oneOf", "$ref"}  # an object merged with others:
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
 
 
-def bounded(schema: Any, merged: bool = False) -> Any:
+def bounded(schema: Any, merged: bool = False, close: bool | None = None) -> Any:
     """A copy of ``schema`` whose unbounded integers and numbers are bounded as above (values under
     ``enum``/``const``/``default`` are data and stay as they are), and whose objects that list
     ``properties`` but say nothing of others take no others, as llama.cpp's grammar does: a key the
     schema does not name is a string without end for a small model (``merged``: an ``allOf`` branch,
-    whose object is only part of the whole: left open)."""
+    whose object is only part of the whole: left open; ``close``: whether objects may be closed at
+    all - not in a schema that composes objects by ``allOf`` or a ``$ref`` beside other keywords,
+    where a closed part would refuse the other part's keys)."""
     if not isinstance(schema, dict):
         return schema
+    if close is None:
+        close = not _composes(schema)
     out = dict(schema)
     for key in _SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: bounded(sub) for name, sub in out[key].items()}
+            out[key] = {name: bounded(sub, close=close) for name, sub in out[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [bounded(sub, merged=key == "allOf") for sub in out[key]]
+            out[key] = [bounded(sub, merged=key == "allOf", close=close) for sub in out[key]]
     for key in _SCHEMA_ONE:
         if key in out:
-            out[key] = bounded(out[key])
-    if "properties" in out and "additionalProperties" not in out and not merged and not _COMBINED & out.keys():
+            out[key] = bounded(out[key], close=close)
+    if close and "properties" in out and "additionalProperties" not in out and not merged and not _COMBINED & out.keys():
         out["additionalProperties"] = False
     return _numeric(out)
+
+
+def _composes(schema: Any) -> bool:
+    """Whether some object of ``schema`` is made of parts: an ``allOf``, or a ``$ref`` with siblings."""
+    if isinstance(schema, list):
+        return any(_composes(s) for s in schema)
+    if not isinstance(schema, dict):
+        return False
+    if "allOf" in schema or ("$ref" in schema and len(schema.keys() - {"$ref", "description", "title"}) > 0):
+        return True
+    return any(_composes(v) for k, v in schema.items() if k not in ("enum", "const", "default", "examples"))
 
 
 def _numeric(s: dict[str, Any]) -> dict[str, Any]:

@@ -56,11 +56,21 @@ def place(data_dir: Path) -> Place:
         import tempfile
 
         digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]
-        base = _runtime_dir()
-        if base is None or len(os.fsencode(base / f"{digest}.cmd")) > SUN_PATH_MAX:
-            base = Path(tempfile.gettempdir()) / f"localinfer-{os.getuid()}"
+        tmp = Path(tempfile.gettempdir()) / f"localinfer-{os.getuid()}"
+        fits = [b for b in (_runtime_dir(), tmp) if b is not None and len(os.fsencode(b / f"{digest}.cmd")) <= SUN_PATH_MAX]
+        # a server started where the other environment put it (cron has no XDG_RUNTIME_DIR, a login
+        # shell has one) is found there, not started twice for one data dir
+        base = next((b for b in fits if _has_socket(b, f"{digest}.sock")), fits[0] if fits else tmp)
         sock, commands = base / f"{digest}.sock", base / f"{digest}.cmd"
     return Place(folder, sock, folder / "lock", folder / "server.log", commands)
+
+
+def _has_socket(folder: Path, name: str) -> bool:
+    try:
+        check_folder(folder)
+        return stat.S_ISSOCK((folder / name).lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _runtime_dir() -> Path | None:

@@ -191,10 +191,10 @@ async def _answer(ask: Ask, kind: str) -> Response:
     engine = ask.shared.engine(state)
     await check_model(ask, name)
     template = engine.loaded.template
-    if kind == "chat":
-        asked = wire.parse_chat(body, name)
+    if kind == "chat":  # a format's or tool's schema checks: off the loop, as every route's
+        asked = await run_in_threadpool(wire.parse_chat, body, name)
     else:
-        asked = wire.parse_generate(body, name, templated=template is not None)
+        asked = await run_in_threadpool(lambda: wire.parse_generate(body, name, templated=template is not None))
     writer = wire.OllamaAnswer(kind, name)
     if asked.request is None:  # nothing to generate: Ollama's "load the model" (it is loaded)
         return JSONResponse(writer.loaded())
@@ -245,7 +245,7 @@ async def _embed(ask: Ask, name: str, req: Any, truncate: bool) -> tuple[list[li
     await check_model(ask, name)
     t0 = time.perf_counter()
     tokens = await run_in_threadpool(lambda: emb.tokenize(engine, req, truncate=truncate))
-    outcome = await emb.run(engine, tokens)
+    outcome = await emb.run(engine, tokens, ask.request.receive)  # a disconnect cancels it
     if outcome.error is not None:
         raise ApiError(500, f"the embedding failed: {outcome.error}", type="server_error")
     return outcome.vectors, outcome.tokens, time.perf_counter() - t0

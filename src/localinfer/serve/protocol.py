@@ -76,6 +76,16 @@ class CompletionRequest:
     parallel_tool_calls: bool = True
     logprobs: int | None = None  # None: off; N: each token's log probability and the top N
 
+    def __post_init__(self) -> None:
+        # every wire's parser builds this: the tools-and-format rule holds on all of them alike
+        asked = None  # the field that asks for the format, not where its schema sits inside it
+        if self.response_format is not None:
+            asked = (self.format_field or "response_format").removesuffix(".schema").removesuffix(".json_schema")
+        try:
+            rules.tools_with_format(asked, bool(self.tools), self.tool_choice.mode if self.tool_choice else None)
+        except rules.RuleError as exc:
+            raise _bad(exc.field, str(exc), exc.code) from None
+
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
 def _rule(field: str) -> Callable[[str, Any], Any]:
@@ -225,8 +235,6 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         raise _bad(formats[1][0], f"'{formats[0][0]}' and '{formats[1][0]}' both ask for the answer's format: give one")
     fmt = _FORMATS[formats[0][0]](*formats[0]) if formats else None
     tools = _tools(body) if kind == "chat" else {}
-    choice = tools.get("tool_choice")
-    rules.tools_with_format(formats[0][0] if fmt else None, bool(tools.get("tools")), choice.mode if choice else None)
     return CompletionRequest(
         kind=kind,
         model=v.get("model"),
