@@ -71,10 +71,14 @@ def test_responses_input_becomes_the_one_request():
                       {"type": "function_call_output", "call_id": "c1", "output": "2"}],
             "tools": [{"type": "web_search"}, {"type": "namespace", "name": "n"},
                       {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
-            "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "object"}, "strict": True}}}  # fmt: skip
+            "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "object"}, "strict": True}},
+            "tool_choice": "none"}  # fmt: skip
     r = responses_api.parse(body)
     assert [m["role"] for m in r.messages] == ["system", "user", "assistant", "tool"] and r.max_tokens == 5
     assert [t.name for t in r.tools] == ["f"] and r.response_format.kind == "json_schema"
+    with pytest.raises(ApiError, match="together with 'tools'") as info:  # both cannot hold one answer
+        responses_api.parse({**body, "tool_choice": "auto"})
+    assert info.value.status == 400 and info.value.param == "text.format"
     with pytest.raises(ApiError, match="stateless") as info:
         responses_api.parse({"input": "x", "previous_response_id": "resp_1"})
     assert info.value.param == "previous_response_id"
@@ -100,3 +104,18 @@ def test_the_responses_stream_numbers_every_event():
     assert status == 200 and [e["sequence_number"] for e in events] == list(range(len(events)))
     assert events[-1]["type"] == "response.completed" and events[-1]["response"]["output"][0]["content"][0]["text"] == "Hello"
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Hello"
+
+
+def test_tools_with_a_format_are_refused_on_every_wire_naming_the_format():
+    from localinfer.serve import ollama_wire
+
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    schema = {"type": "object"}
+    with pytest.raises(ApiError, match="together with 'tools'") as info:
+        anthropic.parse({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "q"}], "tools": [tool],
+                         "output_config": {"format": {"type": "json_schema", "schema": schema}}})  # fmt: skip
+    assert info.value.status == 400 and info.value.param == "output_config.format"
+    ollama_tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    with pytest.raises(ApiError, match="together with 'tools'") as info:
+        ollama_wire.parse_chat({"messages": [{"role": "user", "content": "q"}], "tools": [ollama_tool], "format": schema}, "m")
+    assert info.value.status == 400 and info.value.param == "format"
