@@ -15,6 +15,7 @@ import pytest
 from test_serve_model import ServeProcess
 
 from localinfer.serve.embeddings import MAX_TOKENS
+from localinfer.serve.record import FLUSH_S
 
 pytestmark = pytest.mark.slow
 BOUND_S = 600  # generous: a loaded CI machine is slow; nothing here is timed against it
@@ -95,7 +96,14 @@ def test_a_client_that_disconnects_stops_its_embedding_work(serve):
         with sqlite3.connect(db) as con:
             return con.execute("SELECT finish_reason, exit_status, extra FROM requests").fetchall()
 
-    before = len(rows())
+    # the module's earlier requests are written within FLUSH_S of their answers: counted once settled, so
+    # that the first new row is this request's (under load an earlier one's could land after `before`)
+    before, still = len(rows()), time.monotonic()
+    give_up = still + BOUND_S
+    while time.monotonic() - still < 3 * FLUSH_S and time.monotonic() < give_up:
+        if len(rows()) != before:
+            before, still = len(rows()), time.monotonic()
+        time.sleep(0.2)
     sock = _request(s.port, "/v1/embeddings", {"input": _ids(2048, 100)})  # 410 decodes of 5 inputs
     time.sleep(1.0)  # the request reaches the engine (not a bound: a later disconnect is the same case)
     sock.close()
