@@ -78,7 +78,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     result = yield
-    if item.get_closest_marker("llama"):
+    if item.get_closest_marker("llama") or item.get_closest_marker("gpu"):  # .ci/rpc runs both marks
         return result
     used = _llama_fixtures.intersection(item.fixturenames)
     if used or _llama_uses() > item.stash.get(_LOG_SIZE, 0):
