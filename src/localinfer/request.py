@@ -97,7 +97,7 @@ def build(
     schema or its text) and ``grammar`` (GBNF) constrains the answer (localinfer.structured.pick).
     ``tools``: OpenAI's tool objects (or ``Tool``s), ``tool_choice`` its choice (or a ``ToolChoice``);
     a bad one is a usage error."""
-    from localinfer import rules
+    from localinfer import format_rules, rules
     from localinfer.errors import UsageError
     from localinfer.limits import require_utf8
     from localinfer.structured import pick
@@ -124,7 +124,7 @@ def build(
         given = next((n for n, v in (("response_format", response_format), ("json_schema", json_schema), ("grammar", grammar))
                       if v is not None), None)  # fmt: skip
         try:
-            rules.tools_with_format(given if common["response_format"] is not None else None, bool(offered), choice.mode)
+            format_rules.tools_with_format(given if common["response_format"] is not None else None, bool(offered), choice.mode)
         except rules.RuleError as exc:
             raise UsageError(str(exc)) from None
     if messages is not None:

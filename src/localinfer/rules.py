@@ -2,7 +2,8 @@
 
 `run`'s options, chat's `/set`, batch lines and serve's protocol all check values here, so one
 value gets one verdict and one message wherever it is given (docs/requests.md). Plain
-Python only: the CLI imports it for `--help`.
+Python only: the CLI imports it for `--help`. The structured-output fields (response_format,
+json_schema, grammar) are ``localinfer.format_rules``'s.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Rule:
         return ("INTEGER " if self.kind is int else "FLOAT ") + (f">={lo}" if self.hi is None else f"{lo}..{hi}")
 
     def _bounds(self) -> tuple[str, str]:
-        return tuple(f"{b:g}" if isinstance(b, float) else str(b) for b in (self.lo, self.hi))  # type: ignore[return-value]
+        lo, hi = (f"{b:g}" if isinstance(b, float) else str(b) for b in (self.lo, self.hi))
+        return lo, hi
 
     def check(self, field: str, value: Any) -> Any:
         """``value`` (a JSON value) as the field's type; RuleError otherwise."""
@@ -331,8 +333,6 @@ MAX_TEMPLATE_KWARGS_CHARS = 1024 * 1024
 def chat_template_kwargs(field: str, value: Any) -> dict[str, Any] | None:
     """Variables for the chat template (vLLM's and llama-server's ``chat_template_kwargs``): an
     object of JSON values, none of them a name the render sets itself; empty means none."""
-    import json
-
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -349,8 +349,6 @@ def chat_template_kwargs(field: str, value: Any) -> dict[str, Any] | None:
 
 def chat_template_kwargs_text(field: str, raw: str) -> dict[str, Any] | None:
     """``--chat-template-kwargs JSON``: a JSON object, as ``chat_template_kwargs`` checks it."""
-    import json
-
     try:
         value = json.loads(raw)
     except ValueError as exc:
@@ -377,74 +375,3 @@ def int_digits_limit() -> int:
     """The most digits Python converts (4300 unless changed): JSON with longer integers is refused."""
     get = getattr(sys, "get_int_max_str_digits", None)
     return get() if get else 4300
-
-
-# -- structured output ---------------------------------------------------------------------------------
-_NAMED = re.compile(r"'([A-Za-z_][\w.]*)' (.+)", re.DOTALL)
-
-
-def response_format(field: str, value: Any) -> Any:
-    """OpenAI's ``response_format`` (text, json_object, json_schema) as a ``structured.Format`` or
-    None (text); a schema we cannot enforce is refused naming the keyword and where it is."""
-    from localinfer import structured
-
-    if value is not None and not isinstance(value, dict):
-        raise RuleError(field, f"must be an object, not {shown(value)}", "invalid_type")
-    extra = sorted(set(value or ()) - {"type", "json_schema", "schema"})  # schema: llama-server's variant
-    spec = (value or {}).get("json_schema")
-    if not extra and isinstance(spec, dict):
-        extra = [f"json_schema.{k}" for k in sorted(set(spec) - {"name", "description", "schema", "strict"})]
-    if extra:
-        raise RuleError(field, f"has an unknown field '{extra[0]}'", "unknown_parameter")
-    return _format(field, structured.from_response_format, value, where=format_param(field, value))
-
-
-def format_param(field: str, value: Any) -> str:
-    """Where a format's schema is in the request: the field a broken schema's message names
-    (``response_format.json_schema.schema``; llama-server's ``json_schema`` and ``grammar`` are their own)."""
-    if field != "response_format" or not isinstance(value, dict):
-        return field
-    spec = value.get("json_schema")
-    if value.get("type") == "json_schema" and isinstance(spec, dict) and "schema" in spec:
-        return f"{field}.json_schema.schema"
-    if value.get("type") == "json_object" and "schema" in value:
-        return f"{field}.schema"
-    return field
-
-
-def json_schema(field: str, value: Any) -> Any:
-    """llama-server's ``json_schema``: a schema object, as a ``structured.Format``."""
-    from localinfer import structured
-
-    if not isinstance(value, (dict, bool)):
-        raise RuleError(field, f"must be a JSON schema (an object), not {shown(value)}", "invalid_type")
-    return _format(field, structured.from_schema, value)
-
-
-def grammar(field: str, value: Any) -> Any:
-    """llama-server's ``grammar``: GBNF text, as a ``structured.Format``."""
-    from localinfer import structured
-
-    return _format(field, structured.from_grammar, text(field, value))
-
-
-def _format(field: str, parse: Callable[[Any], Any], value: Any, where: str | None = None) -> Any:
-    """``parse(value)``; its FormatError as a RuleError naming ``where`` (the schema's own field)."""
-    from localinfer.structured import FormatError
-
-    try:
-        return parse(value)
-    except FormatError as exc:  # "'response_format.type' must be ..." keeps its name; a schema's place is said
-        named = _NAMED.fullmatch(str(exc))
-        if named and (named.group(1) == field or named.group(1).startswith(field + ".")):
-            raise RuleError(named.group(1), named.group(2)) from None
-        raise RuleError(where or field, f"cannot be enforced: {exc}", "invalid_schema") from None
-
-
-def tools_with_format(format_field: str | None, has_tools: bool, choice_mode: str | None) -> None:
-    """``tools`` and a format on one request: one answer cannot be held to both (a call's JSON is
-    not the format's), and a constraint is never silently half-enforced; with ``tool_choice``
-    ``none`` no call is made and the format is enforced."""
-    if format_field and has_tools and choice_mode != "none":
-        raise RuleError(format_field, "cannot be enforced together with 'tools': give one of them, or 'tool_choice': 'none'",
-                        "unsupported_parameter")  # fmt: skip

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
-from localinfer import rules
+from localinfer import format_rules, rules
 from localinfer.errors import UsageError
 from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
@@ -97,7 +97,7 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
         given = {k: rules.check(k, obj[k]) for k in SAMPLING_FIELDS if obj.get(k) is not None}
         fmt, tools = _response_format(obj), _tools(obj)
         choice = tools.get("tool_choice")
-        rules.tools_with_format("response_format" if fmt else None, bool(tools.get("tools")), choice.mode if choice else None)
+        format_rules.tools_with_format("response_format" if fmt else None, bool(tools.get("tools")), choice.mode if choice else None)
         return BatchRequest(
             id=rid,
             line=number,
@@ -127,7 +127,7 @@ def _response_format(obj: dict[str, Any]) -> Any:
     """The line's own format; ``{"type": "text"}`` is False (free text, whatever the command says)."""
     if obj.get("response_format") is None:
         return None
-    return rules.response_format("response_format", obj["response_format"]) or False
+    return format_rules.response_format("response_format", obj["response_format"]) or False
 
 
 def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:

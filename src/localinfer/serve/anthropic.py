@@ -13,7 +13,7 @@ import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from localinfer import rules
+from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.serve.protocol import ApiError, CompletionRequest
 
@@ -192,7 +192,7 @@ def _format(config: Any, legacy: Any) -> dict[str, Any]:
         return {}
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         raise _bad(where, 'must be {"type": "json_schema", "schema": {...}}')
-    return {"response_format": rules.json_schema(f"{where}.schema", fmt.get("schema")), "format_field": where}
+    return {"response_format": format_rules.json_schema(f"{where}.schema", fmt.get("schema")), "format_field": where}
 
 
 # -- the answer -------------------------------------------------------------------------------------

@@ -13,98 +13,36 @@ before each decoding step - or one after another when nothing decodes (a marker 
 the thread), a chat request arriving between two: llama.cpp never runs two decodes at once on our
 model, an embedding needs no sequence, and a 2,048-input request never holds the streams (nor runs
 on once cancelled: its ticket is looked at before each of its decodes).
+
+This module is the scheduler; a request is made ready to queue in ``serve.prepare``, its answer
+assembled (thinking, tool calls, the ``Outcome``) in ``serve.outcome``, and the embedding requests'
+tickets and decodes are ``serve.embed_queue``'s.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import itertools
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine.types import GenerationStats
-from localinfer.errors import ContextOverflowError, UsageError
-from localinfer.serve.protocol import ApiError, CompletionRequest
+from localinfer.serve.embed_queue import EmbedOutcome, EmbedTicket, embed_step
+from localinfer.serve.outcome import Outcome, failed, feeder, finished
+from localinfer.serve.prepare import Prepared, prepare
+from localinfer.serve.protocol import CompletionRequest
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
     from localinfer.engine.embed import Embedder
     from localinfer.finish import Finish, Step
     from localinfer.generate import LoadedModel
-    from localinfer.reasoning import Splitter
-    from localinfer.toolcalls.plan import ToolPlan
-    from localinfer.toolcalls.spec import ToolCall
 
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request turned into what the decoder runs: prompt tokens and every stop string."""
-
-    request: CompletionRequest
-    tokens: list[int]
-    stop: tuple[str, ...]
-    splitter: Splitter | None = None  # a reasoning model's thinking, apart from the answer
-    tools: ToolPlan | None = None  # how the answer's tool calls are parsed (and constrained)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a request ended. Times in seconds from its arrival (``submit``); ``finish_reason``:
-    stop | length | interrupted (cancelled) | error (then ``error`` says why)."""
-
-    text: str
-    finish_reason: str | None
-    stats: GenerationStats
-    queue_s: float  # waiting for a slot
-    ttft_s: float | None  # to the first token sampled (of the answer, after any thinking)
-    total_s: float
-    error: str | None = None
-    reasoning: str | None = None  # the thinking, split from ``text`` (None: not a reasoning answer)
-    reasoning_tokens: int | None = None
-    reasoning_ttft_s: float | None = None  # to the first piece of thinking
-    tool_calls: tuple[ToolCall, ...] = ()  # the calls parsed out of the answer (``text`` is the rest)
-
-    @property
-    def reason(self) -> str | None:
-        """The answer's finish reason (``tool_calls`` when it ended by itself with calls);
-        ``finish_reason`` is the engine's (what /metrics counts)."""
-        from localinfer.toolcalls.plan import finish_reason
-
-        return finish_reason(self.tool_calls, self.finish_reason)
-
-
-@dataclass(frozen=True)
-class EmbedOutcome:
-    """An embedding request's vectors (in input order) and tokens, or its ``error``."""
-
-    vectors: list[list[float]]
-    tokens: int
-    queue_s: float
-    total_s: float
-    error: str | None = None
-
-
-class EmbedTicket:
-    """An embedding request in the queue: token lists in, ``on_end(EmbedOutcome)`` out."""
-
-    __slots__ = ("inputs", "on_end", "t_arrival", "t_start", "cancelled", "vectors")
-
-    def __init__(self, inputs: list[list[int]], on_end: Callable[[EmbedOutcome], None]) -> None:
-        self.inputs, self.on_end = inputs, on_end
-        self.t_arrival = time.perf_counter()
-        self.t_start: float | None = None  # its first decode
-        self.cancelled = threading.Event()
-        self.vectors: list[list[float]] = []  # of inputs[:len(vectors)], so far
-
-    def cancel(self) -> None:
-        self.cancelled.set()
+__all__ = ["EmbedOutcome", "EmbedTicket", "Engine", "Outcome", "Overloaded", "Prepared", "Ticket"]
 
 
 _WAKE = object()  # in the queue: embedding requests are waiting (``Engine._embeds``)
@@ -166,77 +104,8 @@ class Engine:
 
     # -- what the HTTP side calls --------------------------------------------------------------------
     def prepare(self, request: CompletionRequest, *, clamp: bool = False) -> Prepared:
-        """Render and tokenize the prompt and compile the format (any thread: the template, the
-        tokenizer and the compiler are thread-safe); a prompt that does not fit one sequence's context
-        with ``max_tokens`` (``clamp``: the prompt alone, max_tokens lowered to what is left), or a
-        format that does not compile, is a 400."""
-        prepared = self._checked(self._prepare(request), clamp)
-        self._compiled(prepared)
-        return prepared
-
-    def _prepare(self, request: CompletionRequest) -> Prepared:
-        from localinfer import request as rq
-        from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate import build_prompt, reasoning_splitter, tool_plan
-
-        model = self.loaded.model
-        if isinstance(request.prompt, tuple):
-            bad = next((t for t in request.prompt if t >= model.n_vocab), None)
-            if bad is not None:
-                raise ApiError(400, f"token id {bad} is out of the vocabulary ({model.n_vocab} tokens)", param="prompt")
-            return Prepared(request, list(request.prompt), ())
-        if request.kind == "chat" and self.loaded.template is None:
-            raise ApiError(400, f"{self.loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
-        try:
-            chat = request.kind == "chat"  # max_tokens: checked below
-            req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat,
-                           chat_template_kwargs={**self.template_kwargs, **(request.chat_template_kwargs or {})},
-                           reasoning_format=request.reasoning_format, tools=request.tools,
-                           tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls)  # fmt: skip
-            tokens, stops, _ = build_prompt(self.loaded, req, n_ctx=self.n_ctx_seq)
-        except ContextOverflowError as exc:
-            cause = self._overflow(exc.prompt_tokens or 0, request.max_tokens)
-            raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded",
-                           cause=cause) from None  # fmt: skip
-        except (UsageError, TemplateRefusedError) as exc:
-            raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
-        return Prepared(request, tokens, stops, reasoning_splitter(self.loaded, req, tokens), tool_plan(self.loaded, req))
-
-    def _compiled(self, prepared: Prepared) -> None:
-        """Compile the answer's constraint (the request's format, or its tools' calls) here, off the
-        engine thread (the engine finds it in the model's cache): one that does not compile, or a
-        tools' schema past the size bound, is a 400 before the request is queued."""
-        from localinfer.engine.constrain import compile_for
-        from localinfer.generate import constraint_for
-        from localinfer.structured import FormatError
-
-        request = prepared.request
-        field = request.format_field if prepared.tools is None or not prepared.tools.offered else "tools"
-        try:
-            fmt, _ = constraint_for(prepared.tools, request.response_format, prepared.splitter)
-            if fmt is not None:
-                compile_for(self.loaded.model, fmt)
-        except FormatError as exc:
-            raise ApiError(400, f"'{field}' cannot be enforced: {exc}", param=field, code="invalid_schema") from None
-
-    def _checked(self, p: Prepared, clamp: bool = False) -> Prepared:
-        """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API);
-        with ``clamp``, max_tokens is lowered to what the prompt leaves (Claude Code asks for 32k)."""
-        n, wanted = len(p.tokens), p.request.max_tokens
-        if clamp and wanted is not None and n < self.n_ctx_seq < n + wanted:
-            return dataclasses.replace(p, request=dataclasses.replace(p.request, max_tokens=self.n_ctx_seq - n))
-        if n + (wanted or 1) > self.n_ctx_seq:
-            what = f"the prompt ({n} tokens)" + (f" and max_tokens ({wanted})" if wanted else "")
-            raise ApiError(400, f"{what} exceed the context of a sequence ({self.n_ctx_seq} tokens)", code="context_length_exceeded",
-                           cause=self._overflow(n, wanted))  # fmt: skip
-        return p
-
-    def _overflow(self, n_prompt: int, max_tokens: int | None) -> ContextOverflowError:
-        """The error `run` would have given here (the resident server's client shows it as its own)."""
-        from localinfer.generate import overflow_error
-
-        room = not max_tokens or max_tokens < self.n_ctx_seq  # else: no room for any prompt, as build_prompt says
-        return overflow_error(n_prompt if room else 0, max_tokens, self.n_ctx_seq, self.loaded.model.n_ctx_train)
+        """``serve.prepare.prepare`` on this engine's model and context (any thread)."""
+        return prepare(self.loaded, self.n_ctx_seq, self.template_kwargs, request, clamp=clamp)
 
     @contextlib.contextmanager
     def arriving(self) -> Iterator[None]:
@@ -270,7 +139,7 @@ class Engine:
         constraint, after = constraint_for(prepared.tools, r.response_format, prepared.splitter)
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
-            r.ignore_eos, on_text=_feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
+            r.ignore_eos, on_text=feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
             cache_prompt=r.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
             on_logprobs=on_logprobs,
         )  # fmt: skip
@@ -408,56 +277,24 @@ class Engine:
             self._embed_step()
 
     def _embed_step(self) -> None:
-        """One embedding decode: the next batch of the first waiting request's inputs; the request
-        ends (``on_end``) when its last batch is done, it fails, or it was cancelled (engine thread)."""
+        """One embedding decode (``embed_queue.embed_step``); its request ends here when it is over."""
+        ended = embed_step(self._embeds, self._embedder_made)
+        if ended is not None:
+            self._end(*ended)
+
+    def _embedder_made(self) -> Embedder:
         from localinfer.engine.embed import Embedder
 
-        ticket = self._embeds[0]
-        if ticket.t_start is None:
-            ticket.t_start = time.perf_counter()
-        error = "the request was cancelled" if ticket.cancelled.is_set() else None
-        if error is None:
-            try:
-                if self._embedder is None:
-                    self._embedder = Embedder(self.loaded.model, n_ctx=self.embed_ctx)
-                done = len(ticket.vectors)
-                end = self._embedder.batch_end(ticket.inputs, done)
-                ticket.vectors.extend(self._embedder.embed(ticket.inputs[done:end]))
-            except Exception as exc:  # the request fails, the engine goes on
-                error = f"{type(exc).__name__}: {exc}"
-        if error is None and len(ticket.vectors) < len(ticket.inputs):
-            return
-        self._embeds.popleft()
-        now = time.perf_counter()
-        vectors = ticket.vectors if error is None else []
-        self._end(ticket, EmbedOutcome(vectors, sum(map(len, ticket.inputs)), ticket.t_start - ticket.t_arrival,
-                                       now - ticket.t_arrival, error))  # fmt: skip
+        if self._embedder is None:
+            self._embedder = Embedder(self.loaded.model, n_ctx=self.embed_ctx)
+        return self._embedder
 
     def _finish(self, result: SeqResult) -> None:
         ticket = self._running.pop(result.key)
         if result.error is not None:
             self._end(ticket, _failed(ticket, result.error))
             return
-        from localinfer.finish import since
-
-        st = result.stats
-        ttft = None if st.first_token_s is None else result.t_admit + st.first_token_s - ticket.t_arrival
-        reason = st.finish_reason
-        if reason == "stop" and st.document == "incomplete":  # a stop string inside the document cut it
-            reason = "length"  # never "stop" for a document that does not parse (clients trust it)
-        finish, t0 = ticket.finish, ticket.t_arrival
-        if not ticket.live:
-            finish.feed(result.text)
-        tail = finish.close()
-        if tail and ticket.on_steps is not None:
-            ticket.on_steps(tail)  # what was held back (a marker's start, a call's end), before the outcome
-        done = finish.result(reason, st)
-        outcome = Outcome(
-            done.text, reason, st, queue_s=result.t_admit - t0, ttft_s=since(done.t_text, t0) if finish.splits else ttft,
-            total_s=result.t_end - t0, reasoning=done.reasoning, reasoning_tokens=done.reasoning_tokens,
-            reasoning_ttft_s=since(done.t_reasoning, t0), tool_calls=done.tool_calls,
-        )  # fmt: skip
-        self._end(ticket, outcome)
+        self._end(ticket, finished(result, ticket.finish, ticket.live, ticket.on_steps, ticket.t_arrival))
 
     def _end(self, ticket: Ticket | EmbedTicket, outcome: Any) -> None:
         """The outcome (an Outcome, an EmbedOutcome for an EmbedTicket) to its request, then to the
@@ -474,26 +311,6 @@ class Engine:
                 self._on_finish(ticket, outcome)
 
 
-def _feeder(finish: Finish, on_text: Callable[[str], None] | None,
-            on_steps: Callable[[list[Step]], None] | None) -> Callable[[str], None]:  # fmt: skip
-    """The decoder's ``on_text`` for an answer finished piece by piece: its steps to ``on_steps``, else
-    its answer text to ``on_text`` (either may be None: wanted at the end only)."""
-    from localinfer.finish import Text
-
-    def feed(piece: str) -> None:
-        steps = finish.feed(piece)
-        if not steps:
-            return
-        if on_steps is not None:
-            on_steps(steps)
-        elif on_text is not None:
-            for step in steps:
-                if isinstance(step, Text):
-                    on_text(step.text)
-
-    return feed
-
-
 def _report(exc: BaseException) -> None:
     import sys
     import traceback
@@ -503,6 +320,4 @@ def _report(exc: BaseException) -> None:
 
 
 def _failed(ticket: Ticket, error: str | None, reason: str = "error") -> Outcome:
-    waited = time.perf_counter() - ticket.t_arrival
-    stats = GenerationStats(prompt_tokens=len(ticket.job.tokens), finish_reason=reason)
-    return Outcome("", reason, stats, queue_s=waited, ttft_s=None, total_s=waited, error=error)
+    return failed(len(ticket.job.tokens), ticket.t_arrival, error, reason)

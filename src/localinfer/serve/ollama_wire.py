@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer import rules
+from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.serve.protocol import ApiError, CompletionRequest
 from localinfer.serve.responses import dumps
@@ -139,9 +139,9 @@ def _format(value: Any) -> Any:
     if value is None or value == "":
         return None
     if value == "json":
-        return rules.response_format("format", {"type": "json_object"})
+        return format_rules.response_format("format", {"type": "json_object"})
     if isinstance(value, dict):
-        return rules.json_schema("format", value)
+        return format_rules.json_schema("format", value)
     raise rules.RuleError("format", f"must be \"json\" or a JSON schema (an object), not {rules.shown(value)}")
 
 

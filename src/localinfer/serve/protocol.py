@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer import rules
+from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.limits import NotText, loads, require_text
 from localinfer.toolcalls.spec import Tool, ToolChoice
@@ -82,7 +82,7 @@ class CompletionRequest:
         if self.response_format is not None:
             asked = (self.format_field or "response_format").removesuffix(".schema").removesuffix(".json_schema")
         try:
-            rules.tools_with_format(asked, bool(self.tools), self.tool_choice.mode if self.tool_choice else None)
+            format_rules.tools_with_format(asked, bool(self.tools), self.tool_choice.mode if self.tool_choice else None)
         except rules.RuleError as exc:
             raise _bad(exc.field, str(exc), exc.code) from None
 
@@ -178,9 +178,9 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
 }
 # One way to ask for a structured answer, on chat and completions alike: OpenAI's, or llama-server's
 _FORMATS: dict[str, Callable[[str, Any], Any]] = {
-    "response_format": rules.response_format,
-    "json_schema": rules.json_schema,
-    "grammar": rules.grammar,
+    "response_format": format_rules.response_format,
+    "json_schema": format_rules.json_schema,
+    "grammar": format_rules.grammar,
 }
 _LOGPROBS = {"logprobs", "top_logprobs"}  # chat's pair; completions take logprobs: N (rules.logprobs_fields)
 _CHAT_ONLY = {"n", "logit_bias", "modalities"}
@@ -249,7 +249,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
         response_format=fmt,
-        format_field=rules.format_param(*formats[0]) if formats else None,
+        format_field=format_rules.format_param(*formats[0]) if formats else None,
         chat_template_kwargs=v.get("chat_template_kwargs"),
         reasoning_format=v.get("reasoning_format"),
         **tools,

@@ -15,7 +15,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from localinfer import rules
+from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.serve.protocol import ApiError, CompletionRequest
 
@@ -168,7 +168,7 @@ def _format(text: Any) -> dict[str, Any]:
     if fmt.get("type") == "json_schema":  # flat here; nested under json_schema in Chat Completions
         inner = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         fmt = {"type": "json_schema", "json_schema": inner}
-    return {"response_format": rules.response_format("text.format", fmt), "format_field": "text.format"}
+    return {"response_format": format_rules.response_format("text.format", fmt), "format_field": "text.format"}
 
 
 def _reasoning(value: Any) -> dict[str, Any] | None:

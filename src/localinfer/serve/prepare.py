@@ -1,0 +1,108 @@
+"""A served request made ready to queue, off the engine thread: its prompt rendered and tokenized,
+its stop strings, thinking splitter and tool plan, its constraint compiled, and its size checked
+against one sequence's context - each problem a 400 in the protocol's error shape before it waits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from localinfer.errors import ContextOverflowError, UsageError
+from localinfer.serve.protocol import ApiError, CompletionRequest
+
+if TYPE_CHECKING:
+    from localinfer.generate import LoadedModel
+    from localinfer.reasoning import Splitter
+    from localinfer.toolcalls.plan import ToolPlan
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request turned into what the decoder runs: prompt tokens and every stop string."""
+
+    request: CompletionRequest
+    tokens: list[int]
+    stop: tuple[str, ...]
+    splitter: Splitter | None = None  # a reasoning model's thinking, apart from the answer
+    tools: ToolPlan | None = None  # how the answer's tool calls are parsed (and constrained)
+
+
+def prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], request: CompletionRequest,
+            *, clamp: bool = False) -> Prepared:  # fmt: skip
+    """Render and tokenize the prompt and compile the format (any thread: the template, the
+    tokenizer and the compiler are thread-safe); a prompt that does not fit one sequence's context
+    with ``max_tokens`` (``clamp``: the prompt alone, max_tokens lowered to what is left), or a
+    format that does not compile, is a 400. ``template_kwargs``: the server's --chat-template-kwargs."""
+    prepared = _checked(loaded, n_ctx_seq, _prepare(loaded, n_ctx_seq, template_kwargs, request), clamp)
+    _compiled(loaded, prepared)
+    return prepared
+
+
+def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], request: CompletionRequest) -> Prepared:
+    from localinfer import request as rq
+    from localinfer.engine.templates import TemplateRefusedError
+    from localinfer.generate import build_prompt, reasoning_splitter, tool_plan
+
+    model = loaded.model
+    if isinstance(request.prompt, tuple):
+        bad = next((t for t in request.prompt if t >= model.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"token id {bad} is out of the vocabulary ({model.n_vocab} tokens)", param="prompt")
+        return Prepared(request, list(request.prompt), ())
+    if request.kind == "chat" and loaded.template is None:
+        raise ApiError(400, f"{loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
+    try:
+        chat = request.kind == "chat"  # max_tokens: checked below
+        req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat,
+                       chat_template_kwargs={**template_kwargs, **(request.chat_template_kwargs or {})},
+                       reasoning_format=request.reasoning_format, tools=request.tools,
+                       tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls)  # fmt: skip
+        tokens, stops, _ = build_prompt(loaded, req, n_ctx=n_ctx_seq)
+    except ContextOverflowError as exc:
+        cause = _overflow(loaded, n_ctx_seq, exc.prompt_tokens or 0, request.max_tokens)
+        raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded",
+                       cause=cause) from None  # fmt: skip
+    except (UsageError, TemplateRefusedError) as exc:
+        raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
+    return Prepared(request, tokens, stops, reasoning_splitter(loaded, req, tokens), tool_plan(loaded, req))
+
+
+def _compiled(loaded: LoadedModel, prepared: Prepared) -> None:
+    """Compile the answer's constraint (the request's format, or its tools' calls) here, off the
+    engine thread (the engine finds it in the model's cache): one that does not compile, or a
+    tools' schema past the size bound, is a 400 before the request is queued."""
+    from localinfer.engine.constrain import compile_for
+    from localinfer.generate import constraint_for
+    from localinfer.structured import FormatError
+
+    request = prepared.request
+    field = request.format_field if prepared.tools is None or not prepared.tools.offered else "tools"
+    try:
+        fmt, _ = constraint_for(prepared.tools, request.response_format, prepared.splitter)
+        if fmt is not None:
+            compile_for(loaded.model, fmt)
+    except FormatError as exc:
+        raise ApiError(400, f"'{field}' cannot be enforced: {exc}", param=field, code="invalid_schema") from None
+
+
+def _checked(loaded: LoadedModel, n_ctx_seq: int, p: Prepared, clamp: bool = False) -> Prepared:
+    """Refused, not capped: a client asking for more tokens than fit learns it now (as OpenAI's API);
+    with ``clamp``, max_tokens is lowered to what the prompt leaves (Claude Code asks for 32k)."""
+    n, wanted = len(p.tokens), p.request.max_tokens
+    if clamp and wanted is not None and n < n_ctx_seq < n + wanted:
+        return dataclasses.replace(p, request=dataclasses.replace(p.request, max_tokens=n_ctx_seq - n))
+    if n + (wanted or 1) > n_ctx_seq:
+        what = f"the prompt ({n} tokens)" + (f" and max_tokens ({wanted})" if wanted else "")
+        raise ApiError(400, f"{what} exceed the context of a sequence ({n_ctx_seq} tokens)", code="context_length_exceeded",
+                       cause=_overflow(loaded, n_ctx_seq, n, wanted))  # fmt: skip
+    return p
+
+
+def _overflow(loaded: LoadedModel, n_ctx_seq: int, n_prompt: int, max_tokens: int | None) -> ContextOverflowError:
+    """The error `run` would have given here (the resident server's client shows it as its own)."""
+    from localinfer.generate import overflow_error
+
+    room = not max_tokens or max_tokens < n_ctx_seq  # else: no room for any prompt, as build_prompt says
+    return overflow_error(n_prompt if room else 0, max_tokens, n_ctx_seq, loaded.model.n_ctx_train)
