@@ -66,10 +66,10 @@ def test_serve_batch_and_the_api_refuse_21_with_the_same_words():
 
 
 def test_requests_carry_the_top_n():
-    assert parse_request({"messages": HI, "logprobs": True, "top_logprobs": 3}, "chat").logprobs == 3
-    assert parse_request({"messages": HI, "logprobs": True}, "chat").logprobs == 0
-    assert parse_request({"messages": HI}, "chat").logprobs is None
-    assert parse_request({"prompt": "x", "logprobs": 2}, "text").logprobs == 2
+    assert parse_request({"messages": HI, "logprobs": True, "top_logprobs": 3}, "chat").request.logprobs == 3
+    assert parse_request({"messages": HI, "logprobs": True}, "chat").request.logprobs == 0
+    assert parse_request({"messages": HI}, "chat").request.logprobs is None
+    assert parse_request({"prompt": "x", "logprobs": 2}, "text").request.logprobs == 2
     chat, legacy, off = parse_input(
         '{"prompt": "a", "logprobs": true, "top_logprobs": 2}\n{"prompt": "b", "logprobs": 5}\n{"prompt": "c"}\n', "jsonl"
     )
@@ -113,7 +113,7 @@ class _LogprobEngine:
     def prepare(self, request):
         from localinfer.serve.engine import Prepared
 
-        self.asked.append(request.logprobs)
+        self.asked.append(request.request.logprobs)
         return Prepared(request, [1, 2, 3], ())
 
     def submit(self, prepared, on_text, on_end, on_logprobs=None):

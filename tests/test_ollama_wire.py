@@ -23,18 +23,19 @@ def test_options_format_and_think_become_the_core_request():
     asked = wire.parse_chat(body, "m")
     req = asked.request
     assert req is not None and req.kind == "chat" and not req.stream and asked.think == "high"
-    assert req.sampling.temperature == 0.2 and req.sampling.top_k == 5 and req.sampling.seed is None
-    assert req.max_tokens is None and req.stop == ("x",) and req.format_field == "format" and req.response_format is not None
-    assert req.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
+    q = req.request  # the core request; streaming and where the format was asked are the wire's
+    assert q.sampling.temperature == 0.2 and q.sampling.top_k == 5 and q.sampling.seed is None
+    assert q.max_tokens is None and q.stop == ("x",) and req.format_field == "format" and q.response_format is not None
+    assert q.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
     assert wire.parse_chat({"messages": HI}, "m").request.stream  # Ollama streams by default
     assert wire.parse_chat({"messages": []}, "m").request is None  # "load the model"
 
 
 def test_generate_is_a_chat_turn_or_the_raw_prompt():
     templated = wire.parse_generate({"prompt": "p", "system": "s"}, "m", templated=True).request
-    assert templated.kind == "chat" and [m["role"] for m in templated.messages] == ["system", "user"]
+    assert templated.kind == "chat" and [m["role"] for m in templated.request.messages] == ["system", "user"]
     raw = wire.parse_generate({"prompt": "p", "system": "s", "raw": True}, "m", templated=True).request
-    assert raw.kind == "text" and raw.prompt == "p"
+    assert raw.kind == "text" and raw.request.raw_text == "p"
     assert wire.parse_generate({"prompt": "p"}, "m", templated=False).request.kind == "text"
     assert wire.parse_generate({"prompt": ""}, "m", templated=True).request is None
 

@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 
 from localinfer.serve.app import ServerState, create_app
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.protocol import ApiError, CompletionRequest, parse_request
+from localinfer.serve.protocol import ApiError, Envelope, parse_request
 
 FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
          "repeat_penalty": "--repeat-penalty", "seed": "--seed", "max_tokens": "--max-tokens"}  # fmt: skip
@@ -40,12 +40,12 @@ class StubEngine:
     n_ctx_seq, parallel, running, queued, cells_used, cells_total = 512, 1, 0, 0, 0, 512
 
     def __init__(self) -> None:
-        self.seen: list[CompletionRequest] = []
+        self.seen: list[Envelope] = []
 
     def arriving(self) -> Any:
         return contextlib.nullcontext()
 
-    def prepare(self, request: CompletionRequest) -> Any:
+    def prepare(self, request: Envelope) -> Any:
         self.seen.append(request)
         raise ApiError(418, "reached the engine", code="accepted")
 
@@ -198,9 +198,9 @@ def test_fields_that_change_nothing_we_promise_are_accepted():
             "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}}  # fmt: skip
     r = parse_request(body, "chat")
     assert r.stream and r.include_usage and r.cache_prompt
-    assert parse_request({"prompt": "x", "cache_prompt": False, "n_predict": 5}, "text").max_tokens == 5
+    assert parse_request({"prompt": "x", "cache_prompt": False, "n_predict": 5}, "text").request.max_tokens == 5
     r = parse_request({"prompt": "x", "cache_prompt": False, "n_predict": -1}, "text")
-    assert r.max_tokens is None and not r.cache_prompt
+    assert r.request.max_tokens is None and not r.cache_prompt
     for bad, param in [({"metadata": {"k": 1}}, "metadata.k"), ({"store": "yes"}, "store"),
                        ({"n_predict": 0}, "n_predict"), ({"n_predict": 5, "max_tokens": 6}, "max_tokens"),
                        ({"cache_prompt": 1}, "cache_prompt"), ({"modalities": ["audio"]}, "modalities")]:  # fmt: skip
@@ -241,7 +241,7 @@ def test_malformed_bodies_are_400(raw):
 def test_an_emoji_escaped_as_a_surrogate_pair_is_text():
     engine = StubEngine()
     assert post(serve_client(engine), b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')[0] == 418
-    assert engine.seen[0].messages[0]["content"] == "\U0001f600"
+    assert engine.seen[0].request.messages[0]["content"] == "\U0001f600"
 
 
 def test_malformed_batch_lines_are_error_records_that_can_be_written():

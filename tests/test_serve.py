@@ -34,18 +34,19 @@ def test_a_chat_request_becomes_sampling_options_and_limits():
     r = parse_request({"model": "m", "messages": HI, "temperature": 0, "top_p": 0.5, "seed": 7, "stop": "\n",
                        "max_completion_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
                        "presence_penalty": 0.5, "user": "u", "n": 1, "logprobs": False}, "chat")  # fmt: skip
-    assert r.sampling == SamplingOptions(temperature=0.0, top_p=0.5, seed=7, presence_penalty=0.5)
-    assert (r.max_tokens, r.stop, r.stream, r.include_usage, r.sampling.presence_penalty) == (9, ("\n",), True, True, 0.5)
-    assert r.messages == ({"role": "user", "content": "hi"},)
+    q = r.request  # the core request; streaming is the wire's
+    assert q.sampling == SamplingOptions(temperature=0.0, top_p=0.5, seed=7, presence_penalty=0.5)
+    assert (q.max_tokens, q.stop, r.stream, r.include_usage, q.sampling.presence_penalty) == (9, ("\n",), True, True, 0.5)
+    assert q.messages == ({"role": "user", "content": "hi"},)
 
 
 def test_message_forms():
     r = parse_request({"messages": [{"role": "developer", "content": "be brief"},
                                     {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
                       "chat")  # fmt: skip
-    assert r.messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"})
-    assert parse_request({"prompt": ["one prompt"]}, "text").prompt == "one prompt"
-    assert parse_request({"prompt": [1, 2, 3]}, "text").prompt == (1, 2, 3)
+    assert r.request.messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"})
+    assert parse_request({"prompt": ["one prompt"]}, "text").request.raw_text == "one prompt"
+    assert parse_request({"prompt": [1, 2, 3]}, "text").prompt_ids == (1, 2, 3)
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def test_anthropic_turns_become_the_one_request():
             "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "stop_sequences": ["\n\n"],
             "thinking": {"type": "disabled"}, "metadata": {"user_id": "u"}, "context_management": {}}  # fmt: skip
-    r = anthropic.parse(body)
+    r = anthropic.parse(body).request
     roles = [m["role"] for m in r.messages]
     assert roles == ["system", "user", "assistant", "tool", "user"] and r.messages[0]["content"] == "A.\n\nB."
     assert r.messages[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}
@@ -73,7 +73,7 @@ def test_responses_input_becomes_the_one_request():
                       {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
             "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "object"}, "strict": True}},
             "tool_choice": "none"}  # fmt: skip
-    r = responses_api.parse(body)
+    r = responses_api.parse(body).request
     assert [m["role"] for m in r.messages] == ["system", "user", "assistant", "tool"] and r.max_tokens == 5
     assert [t.name for t in r.tools] == ["f"] and r.response_format.kind == "json_schema"
     with pytest.raises(ApiError, match="together with 'tools'") as info:  # both cannot hold one answer

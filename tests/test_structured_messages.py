@@ -88,7 +88,7 @@ def test_tools_with_a_format_are_refused_everywhere_naming_both(choice):
 
 
 def test_with_tool_choice_none_the_format_is_kept_and_enforced():
-    req = parse_request({"messages": HI, "tools": TOOLS, "tool_choice": "none", "response_format": SCHEMA_RF}, "chat")
+    req = parse_request({"messages": HI, "tools": TOOLS, "tool_choice": "none", "response_format": SCHEMA_RF}, "chat").request
     assert req.response_format is not None and req.response_format.kind == "json_schema"
     built = rq.build("hi", tools=TOOLS, tool_choice="none", response_format=SCHEMA_RF)
     assert built.response_format is not None and built.tool_choice.mode == "none"
@@ -97,4 +97,4 @@ def test_with_tool_choice_none_the_format_is_kept_and_enforced():
 
     plan = plan_for(built.tools, built.tool_choice, True, None)
     assert constraint_for(plan, built.response_format, None) == (built.response_format, None)
-    assert parse_request({"messages": HI, "response_format": {"type": "text"}, "tools": TOOLS}, "chat").tools  # text: no format
+    assert parse_request({"messages": HI, "response_format": {"type": "text"}, "tools": TOOLS}, "chat").request.tools  # text: no format

@@ -25,14 +25,14 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 @pytest.mark.parametrize("kind, main", [("chat", {"messages": HI}), ("text", {"prompt": "x"})])
 def test_serve_takes_every_way_to_ask_for_structure_on_both_endpoints(kind, main):
     schema_rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    r = parse_request({**main, "response_format": schema_rf}, kind)
+    r = parse_request({**main, "response_format": schema_rf}, kind).request
     assert (r.response_format.kind, r.response_format.name, r.response_format.schema) == ("json_schema", "person", PERSON)
-    assert parse_request({**main, "response_format": {"type": "json_object"}}, kind).response_format.kind == "json"
-    assert parse_request({**main, "response_format": {"type": "text"}}, kind).response_format is None
-    assert parse_request({**main, "json_schema": PERSON}, kind).response_format.schema == PERSON  # llama-server's
-    g = parse_request({**main, "grammar": 'root ::= "yes" | "no"'}, kind).response_format
+    assert parse_request({**main, "response_format": {"type": "json_object"}}, kind).request.response_format.kind == "json"
+    assert parse_request({**main, "response_format": {"type": "text"}}, kind).request.response_format is None
+    assert parse_request({**main, "json_schema": PERSON}, kind).request.response_format.schema == PERSON  # llama-server's
+    g = parse_request({**main, "grammar": 'root ::= "yes" | "no"'}, kind).request.response_format
     assert (g.kind, g.text) == ("grammar", 'root ::= "yes" | "no"')
-    assert parse_request(main, kind).response_format is None
+    assert parse_request(main, kind).request.response_format is None
 
 
 @pytest.mark.parametrize(

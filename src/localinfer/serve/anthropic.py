@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
-from localinfer.serve.protocol import ApiError, CompletionRequest
+from localinfer.serve.protocol import ApiError, Envelope, envelope
 
 if TYPE_CHECKING:
     from localinfer.finish import Step
@@ -42,7 +42,7 @@ def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param=param)
 
 
-def parse(body: dict[str, Any], *, counting: bool = False) -> CompletionRequest:
+def parse(body: dict[str, Any], *, counting: bool = False) -> Envelope:
     """A Messages request as serve's request (``counting``: count_tokens's, without ``max_tokens``)."""
     try:
         return _parse(body, counting)
@@ -50,7 +50,7 @@ def parse(body: dict[str, Any], *, counting: bool = False) -> CompletionRequest:
         raise _bad(exc.field, str(exc)) from None
 
 
-def _parse(body: dict[str, Any], counting: bool) -> CompletionRequest:
+def _parse(body: dict[str, Any], counting: bool) -> Envelope:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise _bad(unknown[0], f"unknown field '{unknown[0]}'")
@@ -64,8 +64,8 @@ def _parse(body: dict[str, Any], counting: bool) -> CompletionRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "must be true or false")
-    return CompletionRequest(
-        kind="chat", model=None if body.get("model") is None else rules.text("model", body["model"]),
+    return envelope(
+        model=None if body.get("model") is None else rules.text("model", body["model"]),
         messages=rules.messages("messages", _messages(body.get("system"), body["messages"])),
         stream=stream, max_tokens=max_tokens, sampling=SamplingOptions(**sampling),
         stop=rules.stop("stop_sequences", body["stop_sequences"]) if body.get("stop_sequences") is not None else (),

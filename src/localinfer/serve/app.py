@@ -220,7 +220,7 @@ async def completions(request: Request) -> Response:
 async def messages(request: Request) -> Response:
     from localinfer.serve import anthropic
 
-    wire = Wire(anthropic.parse, anthropic.error_body, lambda model, req, p: anthropic.Writer(model, len(p.tokens), tuple(req.stop)), clamp=True)
+    wire = Wire(anthropic.parse, anthropic.error_body, lambda model, req, p: anthropic.Writer(model, len(p.tokens), req.request.stop), clamp=True)
     return await answer(request, wire)
 
 
@@ -241,7 +241,7 @@ async def count_tokens(request: Request) -> Response:
 async def responses(request: Request) -> Response:
     from localinfer.serve import responses_api as ra
 
-    return await answer(request, Wire(ra.parse, ra.error_body, lambda model, req, p: ra.Writer(model, req)))
+    return await answer(request, Wire(ra.parse, ra.error_body, lambda model, req, p: ra.Writer(model, req.request)))
 
 
 async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = False) -> tuple[Ticket, Channel[Outcome], str, Any]:
@@ -252,7 +252,7 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
         prepared = await run_in_threadpool(prepare)
         assert state.hub is not None
         channel: Channel[Outcome] = Channel(state.hub)
-        ticket, mode = submit(engine, prepared, channel, req.stream, req.logprobs is not None)
+        ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)
     return ticket, channel, mode, prepared
 
 

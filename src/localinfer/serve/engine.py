@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from localinfer.serve.embed_queue import EmbedOutcome, EmbedTicket, embed_step
 from localinfer.serve.outcome import Outcome, failed, feeder, finished
 from localinfer.serve.prepare import Prepared, prepare
-from localinfer.serve.protocol import CompletionRequest
+from localinfer.serve.protocol import Envelope
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
@@ -103,7 +103,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
 
     # -- what the HTTP side calls --------------------------------------------------------------------
-    def prepare(self, request: CompletionRequest, *, clamp: bool = False) -> Prepared:
+    def prepare(self, request: Envelope, *, clamp: bool = False) -> Prepared:
         """``serve.prepare.prepare`` on this engine's model and context (any thread)."""
         return prepare(self.loaded, self.n_ctx_seq, self.template_kwargs, request, clamp=clamp)
 
@@ -140,7 +140,7 @@ class Engine:
         job = SeqJob(
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
-            cache_prompt=r.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
+            cache_prompt=prepared.envelope.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
             on_logprobs=on_logprobs,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end, finish, live, on_steps)

@@ -1,5 +1,5 @@
 """Ollama's ``/api/chat`` and ``/api/generate`` on the wire: its request mapped to the one request
-the OpenAI routes run (``CompletionRequest``), and the finished answer (and its steps, streaming)
+the OpenAI routes run (the core ``Request`` in serve's ``Envelope``), and the finished answer (and its steps, streaming)
 mapped back to Ollama's NDJSON objects. Nothing here samples, parses tool calls or splits thinking:
 the engine and ``localinfer.finish`` did that; this module only renames.
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
-from localinfer.serve.protocol import ApiError, CompletionRequest
+from localinfer.serve.protocol import ApiError, Envelope, envelope
 from localinfer.serve.responses import dumps
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class OllamaRequest:
 
     kind: str  # chat | generate
     model: str
-    request: CompletionRequest | None
+    request: Envelope | None
     think: bool | str | None = None
     logprobs: bool = False
 
@@ -54,7 +54,7 @@ def parse_chat(body: dict[str, Any], model: str) -> OllamaRequest:
         if messages is None or messages == []:
             return OllamaRequest("chat", model, None)
         common = _common(body)
-        req = CompletionRequest(kind="chat", model=model, messages=chat_messages(messages), **common, **_tools(body))
+        req = envelope(model=model, messages=chat_messages(messages), **common, **_tools(body))
         return OllamaRequest("chat", model, req, _think(body), bool(common["logprobs"] is not None))
     except rules.RuleError as exc:
         raise bad(exc.field, str(exc)) from None
@@ -76,10 +76,10 @@ def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> Olla
         raw = _bool(body, "raw", False)
         common = _common(body)
         if raw or not templated:
-            req = CompletionRequest(kind="text", model=model, prompt=f"{system}\n\n{prompt}" if system and not raw else prompt, **common)
+            req = envelope(model=model, prompt=f"{system}\n\n{prompt}" if system and not raw else prompt, **common)
         else:
             turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            req = CompletionRequest(kind="chat", model=model, messages=tuple(turns), **common)
+            req = envelope(model=model, messages=tuple(turns), **common)
         return OllamaRequest("generate", model, req, _think(body), common["logprobs"] is not None)
     except rules.RuleError as exc:
         raise bad(exc.field, str(exc)) from None

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localinfer.errors import ContextOverflowError, UsageError
-from localinfer.serve.protocol import ApiError, CompletionRequest
+from localinfer.serve.protocol import ApiError, Envelope
 
 if TYPE_CHECKING:
     from localinfer.generate import LoadedModel
+    from localinfer.request import Request
     from localinfer.reasoning import Splitter
     from localinfer.toolcalls.plan import ToolPlan
 
@@ -22,43 +23,43 @@ if TYPE_CHECKING:
 class Prepared:
     """A request turned into what the decoder runs: prompt tokens and every stop string."""
 
-    request: CompletionRequest
+    envelope: Envelope  # the request as asked (max_tokens lowered where the route clamps it)
     tokens: list[int]
     stop: tuple[str, ...]
     splitter: Splitter | None = None  # a reasoning model's thinking, apart from the answer
     tools: ToolPlan | None = None  # how the answer's tool calls are parsed (and constrained)
 
+    @property
+    def request(self) -> Request:
+        return self.envelope.request
 
-def prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], request: CompletionRequest,
+
+def prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], envelope: Envelope,
             *, clamp: bool = False) -> Prepared:  # fmt: skip
     """Render and tokenize the prompt and compile the format (any thread: the template, the
     tokenizer and the compiler are thread-safe); a prompt that does not fit one sequence's context
     with ``max_tokens`` (``clamp``: the prompt alone, max_tokens lowered to what is left), or a
     format that does not compile, is a 400. ``template_kwargs``: the server's --chat-template-kwargs."""
-    prepared = _checked(loaded, n_ctx_seq, _prepare(loaded, n_ctx_seq, template_kwargs, request), clamp)
+    prepared = _checked(loaded, n_ctx_seq, _prepare(loaded, n_ctx_seq, template_kwargs, envelope), clamp)
     _compiled(loaded, prepared)
     return prepared
 
 
-def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], request: CompletionRequest) -> Prepared:
-    from localinfer import request as rq
+def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], envelope: Envelope) -> Prepared:
     from localinfer.engine.templates import TemplateRefusedError
     from localinfer.generate import build_prompt, reasoning_splitter, tool_plan
 
-    model = loaded.model
-    if isinstance(request.prompt, tuple):
-        bad = next((t for t in request.prompt if t >= model.n_vocab), None)
+    model, request, ids = loaded.model, envelope.request, envelope.prompt_ids
+    if ids is not None:
+        bad = next((t for t in ids if t >= model.n_vocab), None)
         if bad is not None:
             raise ApiError(400, f"token id {bad} is out of the vocabulary ({model.n_vocab} tokens)", param="prompt")
-        return Prepared(request, list(request.prompt), ())
-    if request.kind == "chat" and loaded.template is None:
+        return Prepared(envelope, list(ids), ())
+    if request.mode == "chat" and loaded.template is None:
         raise ApiError(400, f"{loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
+    variables = {**template_kwargs, **(request.chat_template_kwargs or {})} or None  # the server's, the request's win
+    req = dataclasses.replace(request, chat_template_kwargs=variables, max_tokens=None)  # max_tokens: checked below
     try:
-        chat = request.kind == "chat"  # max_tokens: checked below
-        req = rq.build(None if chat else request.prompt, messages=request.messages if chat else None, raw=not chat,
-                       chat_template_kwargs={**template_kwargs, **(request.chat_template_kwargs or {})},
-                       reasoning_format=request.reasoning_format, tools=request.tools,
-                       tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls)  # fmt: skip
         tokens, stops, _ = build_prompt(loaded, req, n_ctx=n_ctx_seq)
     except ContextOverflowError as exc:
         cause = _overflow(loaded, n_ctx_seq, exc.prompt_tokens or 0, request.max_tokens)
@@ -66,7 +67,7 @@ def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any
                        cause=cause) from None  # fmt: skip
     except (UsageError, TemplateRefusedError) as exc:
         raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
-    return Prepared(request, tokens, stops, reasoning_splitter(loaded, req, tokens), tool_plan(loaded, req))
+    return Prepared(envelope, tokens, stops, reasoning_splitter(loaded, req, tokens), tool_plan(loaded, req))
 
 
 def _compiled(loaded: LoadedModel, prepared: Prepared) -> None:
@@ -77,10 +78,9 @@ def _compiled(loaded: LoadedModel, prepared: Prepared) -> None:
     from localinfer.generate import constraint_for
     from localinfer.structured import FormatError
 
-    request = prepared.request
-    field = request.format_field if prepared.tools is None or not prepared.tools.offered else "tools"
+    field = prepared.envelope.format_field if prepared.tools is None or not prepared.tools.offered else "tools"
     try:
-        fmt, _ = constraint_for(prepared.tools, request.response_format, prepared.splitter)
+        fmt, _ = constraint_for(prepared.tools, prepared.request.response_format, prepared.splitter)
         if fmt is not None:
             compile_for(loaded.model, fmt)
     except FormatError as exc:
@@ -92,7 +92,8 @@ def _checked(loaded: LoadedModel, n_ctx_seq: int, p: Prepared, clamp: bool = Fal
     with ``clamp``, max_tokens is lowered to what the prompt leaves (Claude Code asks for 32k)."""
     n, wanted = len(p.tokens), p.request.max_tokens
     if clamp and wanted is not None and n < n_ctx_seq < n + wanted:
-        return dataclasses.replace(p, request=dataclasses.replace(p.request, max_tokens=n_ctx_seq - n))
+        lowered = dataclasses.replace(p.request, max_tokens=n_ctx_seq - n)
+        return dataclasses.replace(p, envelope=dataclasses.replace(p.envelope, request=lowered))
     if n + (wanted or 1) > n_ctx_seq:
         what = f"the prompt ({n} tokens)" + (f" and max_tokens ({wanted})" if wanted else "")
         raise ApiError(400, f"{what} exceed the context of a sequence ({n_ctx_seq} tokens)", code="context_length_exceeded",

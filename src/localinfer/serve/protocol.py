@@ -1,5 +1,6 @@
-"""The OpenAI request bodies we accept, checked field by field: a ``CompletionRequest`` or an
-``ApiError`` that says which field is wrong and why (HTTP 400), never a 500.
+"""The OpenAI request bodies we accept, checked field by field: the core ``Request`` in an ``Envelope``
+(what is only about the wire: the model's name, streaming...) or an ``ApiError`` that says which field
+is wrong and why (HTTP 400), never a 500. Every other wire's parser ends in ``envelope`` too.
 
 Fields this server does not honour yet (n > 1...) are refused by name rather than ignored,
 and so are unknown fields: a client never gets an answer to a different question than it asked.
@@ -11,15 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
 from localinfer.limits import NotText, loads, require_text
-from localinfer.toolcalls.spec import Tool, ToolChoice
-
-if TYPE_CHECKING:
-    from localinfer.structured import Format
+from localinfer.request import Request
 
 MAX_STOPS = rules.MAX_STOPS
 MAX_MESSAGES = rules.MAX_MESSAGES
@@ -53,38 +51,45 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
 
 
 @dataclass(frozen=True)
-class CompletionRequest:
-    """One validated request: a chat (``messages``) or a plain completion (``prompt``)."""
+class Envelope:
+    """One served request, as every wire's parser gives it: the core ``Request`` (what is asked, as
+    `run`, a batch line and the API ask it) and what is only about the wire it came by."""
 
-    kind: str  # chat | text
-    model: str | None
-    messages: tuple[dict[str, str], ...] = ()
-    prompt: str | tuple[int, ...] | None = None  # text, or token ids
+    request: Request
+    model: str | None = None
     stream: bool = False
     include_usage: bool = False
-    max_tokens: int | None = None
-    sampling: SamplingOptions = SamplingOptions()
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
+    format_field: str | None = None  # where the format is asked (response_format.json_schema.schema | json_schema | grammar...)
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
-    response_format: Format | None = None  # the answer must be this JSON or grammar (None: free text)
-    format_field: str | None = None  # where it is (response_format.json_schema.schema | json_schema | grammar...)
-    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's, llama-server's)
-    reasoning_format: str | None = None  # llama-server's: "none" keeps the thinking in content
-    tools: tuple[Tool, ...] = ()
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = True
-    logprobs: int | None = None  # None: off; N: each token's log probability and the top N
+    prompt_ids: tuple[int, ...] | None = None  # a completion's prompt given as token ids (``request.raw_text`` is "")
 
     def __post_init__(self) -> None:
         # every wire's parser builds this: the tools-and-format rule holds on all of them alike
-        asked = None  # the field that asks for the format, not where its schema sits inside it
-        if self.response_format is not None:
+        r, asked = self.request, None  # the field that asks for the format, not where its schema sits inside it
+        if r.response_format is not None:
             asked = (self.format_field or "response_format").removesuffix(".schema").removesuffix(".json_schema")
         try:
-            format_rules.tools_with_format(asked, bool(self.tools), self.tool_choice.mode if self.tool_choice else None)
+            format_rules.tools_with_format(asked, bool(r.tools), r.tool_choice.mode if r.tool_choice else None)
         except rules.RuleError as exc:
             raise _bad(exc.field, str(exc), exc.code) from None
+
+    @property
+    def kind(self) -> str:
+        """chat (a conversation) | text (a plain completion)."""
+        return "chat" if self.request.mode == "chat" else "text"
+
+
+def envelope(*, model: str | None = None, stream: bool = False, include_usage: bool = False, format_field: str | None = None,
+             cache_prompt: bool = True, messages: tuple[dict[str, Any], ...] | None = None,
+             prompt: str | tuple[int, ...] | None = None, **fields: Any) -> Envelope:  # fmt: skip
+    """A chat (``messages``) or a plain completion (``prompt``: text, or token ids) as the core Request,
+    ``fields`` its other fields, with the wire's own around it: every parser's last step."""
+    ids = prompt if isinstance(prompt, tuple) else None
+    if messages is not None:
+        request = Request(messages=messages, **fields)
+    else:
+        request = Request(raw_text="" if ids is not None else prompt, **fields)
+    return Envelope(request, model, stream, include_usage, format_field, cache_prompt, ids)
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
@@ -205,7 +210,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
+def parse_request(body: dict[str, Any], kind: str) -> Envelope:
     """``kind``: chat (/v1/chat/completions) or text (/v1/completions)."""
     try:
         return _parse_request(body, kind)
@@ -213,7 +218,7 @@ def parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         raise _bad(exc.field, str(exc), exc.code) from None
 
 
-def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
+def _parse_request(body: dict[str, Any], kind: str) -> Envelope:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
@@ -235,10 +240,9 @@ def _parse_request(body: dict[str, Any], kind: str) -> CompletionRequest:
         raise _bad(formats[1][0], f"'{formats[0][0]}' and '{formats[1][0]}' both ask for the answer's format: give one")
     fmt = _FORMATS[formats[0][0]](*formats[0]) if formats else None
     tools = _tools(body) if kind == "chat" else {}
-    return CompletionRequest(
-        kind=kind,
+    return envelope(
         model=v.get("model"),
-        messages=rules.messages("messages", body[main]) if kind == "chat" else (),
+        messages=rules.messages("messages", body[main]) if kind == "chat" else None,
         prompt=_prompt(body[main]) if kind == "text" else None,
         stream=v.get("stream", False),
         # stream_options without a stream asks for nothing: accepted and ignored, as llama-server does

@@ -31,16 +31,16 @@ class UsageWriter:
         from localinfer.generate import peak_rss_bytes
         from localinfer.usage.recorder import record_of
 
-        request = ticket.prepared.request
-        mode = "chat" if request.kind == "chat" else "raw"
+        envelope, request = ticket.prepared.envelope, ticket.prepared.request
+        mode = request.mode
         result = Answer(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode,
                         reasoning=outcome.reasoning, reasoning_tokens=outcome.reasoning_tokens)  # fmt: skip
-        extra = {"endpoint": "chat" if request.kind == "chat" else "completions", "stream": request.stream,
+        extra = {"endpoint": "chat" if mode == "chat" else "completions", "stream": envelope.stream,
                  "parallel": self.parallel, "queue_ms": round(outcome.queue_s * 1000.0, 3)}  # fmt: skip
-        prompt = "\n".join(m["content"] for m in request.messages) if request.kind == "chat" else request.prompt
+        prompt = "\n".join(m["content"] for m in request.messages) if mode == "chat" else request.raw_text
         self._queue.put(record_of(
             "serve", result, self.resolved, exit_status=0 if outcome.error is None else 1,
-            prompt_text=prompt if isinstance(prompt, str) else None, extra=extra,
+            prompt_text=None if envelope.prompt_ids is not None else prompt, extra=extra,
         ))  # fmt: skip
 
     def add_embedding(self, outcome: EmbedOutcome) -> None:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer import format_rules, rules
 from localinfer.engine.types import SamplingOptions
-from localinfer.serve.protocol import ApiError, CompletionRequest
+from localinfer.serve.protocol import ApiError, Envelope, envelope
 
 if TYPE_CHECKING:
     from localinfer.finish import Step
+    from localinfer.request import Request
     from localinfer.serve.engine import Outcome
 
 _IGNORED = {"store", "metadata", "include", "prompt_cache_key", "client_metadata", "user", "safety_identifier",
@@ -38,14 +39,14 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, f"{param}: {message}", code=code, param=param)
 
 
-def parse(body: dict[str, Any]) -> CompletionRequest:
+def parse(body: dict[str, Any]) -> Envelope:
     try:
         return _parse(body)
     except rules.RuleError as exc:
         raise _bad(exc.field, str(exc), exc.code) from None
 
 
-def _parse(body: dict[str, Any]) -> CompletionRequest:
+def _parse(body: dict[str, Any]) -> Envelope:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise _bad(unknown[0], f"unknown field '{unknown[0]}'", "unknown_parameter")
@@ -63,8 +64,8 @@ def _parse(body: dict[str, Any]) -> CompletionRequest:
         raise _bad("stream", "must be true or false", "invalid_type")
     sampling = {k: rules.check(k, body[k]) for k in ("temperature", "top_p") if body.get(k) is not None}
     limit = body.get("max_output_tokens")
-    return CompletionRequest(
-        kind="chat", model=None if body.get("model") is None else rules.text("model", body["model"]),
+    return envelope(
+        model=None if body.get("model") is None else rules.text("model", body["model"]),
         messages=rules.messages("input", _messages(body.get("instructions"), body["input"])), stream=stream,
         max_tokens=None if limit is None else rules.check("max_tokens", limit, name="max_output_tokens"),
         sampling=SamplingOptions(**sampling), chat_template_kwargs=_reasoning(body.get("reasoning")),
@@ -210,7 +211,7 @@ class Writer:
     """One response: a whole object, or its stream of events, output items opened and closed as the
     steps change kind (reasoning, message, each function call), every event numbered."""
 
-    def __init__(self, model: str, request: CompletionRequest) -> None:
+    def __init__(self, model: str, request: Request) -> None:
         self.model, self.request = model, request
         self.id, self.created = _id("resp_"), int(time.time())
         self._seq = 0
