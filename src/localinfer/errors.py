@@ -59,6 +59,13 @@ class ContextOverflowError(LocalInferError):
         self.prompt_tokens = prompt_tokens  # the prompt's length, where it was counted
 
 
+def line_error(exc: BaseException) -> str:
+    """A batch line's ``error``: the message, and a context overflow's hint (what to change differs
+    from line to line), the same whichever backend ran the line."""
+    hint = exc.hint if isinstance(exc, ContextOverflowError) else None
+    return str(exc) + (f" ({hint})" if hint else "")
+
+
 class ResourceError(LocalInferError):
     """Not enough memory or disk for what was asked."""
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.backends import Backend, Items, OnText, ToRequest
-from localinfer.errors import ContextOverflowError, LocalInferError, UsageError
+from localinfer.errors import ContextOverflowError, LocalInferError, UsageError, line_error
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
@@ -92,7 +92,7 @@ class LocalBackend(Backend):
                     request = to_request(item)
                     tokens, stops, dropped = build_prompt(loaded, request, n_ctx=decoder.n_ctx_seq)
                 except (UsageError, ContextOverflowError, TemplateRefusedError) as exc:
-                    reason = str(exc) + (f" ({exc.hint})" if isinstance(exc, ContextOverflowError) and exc.hint else "")
+                    reason = line_error(exc)
                     exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
                     outbox.append(failed(index, item, reason, exc))
                     continue

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.backends import Backend, Items, OnText, ToRequest
-from localinfer.errors import Interrupted, UsageError
+from localinfer.errors import Interrupted, UsageError, line_error
 
 if TYPE_CHECKING:
     from localinfer.answer import Answer
@@ -101,7 +101,7 @@ class RemoteBackend(Backend):
                 if answer is not None:
                     yield BatchResult(index, item.id, item.line, answer)
                 else:
-                    reason = getattr(item, "reason", None) if error is None else str(error)
+                    reason = getattr(item, "reason", None) if error is None else line_error(error)
                     yield BatchResult(index, item.id, item.line, error=reason, exc=error)
         finally:
             stop.set()
