@@ -287,7 +287,7 @@ async def answer(request: Request, wire: Wire) -> Response:
     except ApiError as exc:
         return _wire_error(wire, exc)
     writer = wire.writer(state.names[0], req, prepared)
-    return AnswerResponse(ticket, channel, writer, mode, wire.error)  # type: ignore[return-value]
+    return AnswerResponse(ticket, channel, writer, mode, wire.error)
 
 
 async def embeddings(request: Request) -> Response:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -53,7 +53,7 @@ class Channel(Generic[T]):
 
     def __init__(self, hub: Hub) -> None:
         self._hub = hub
-        self._pieces: collections.deque[str] = collections.deque()
+        self._pieces: collections.deque[Any] = collections.deque()  # text, steps, or (text, entries)
         self._end: T | None = None
         self.event = asyncio.Event()
 
@@ -69,7 +69,7 @@ class Channel(Generic[T]):
 
     def push_logprobs(self, text: str, entries: list) -> None:
         """A piece with its tokens' log probabilities, in one append (read with ``get_logprobs``)."""
-        self._pieces.append((text, entries))  # type: ignore[arg-type]
+        self._pieces.append((text, entries))
         self._hub.notify(self)
 
     def close(self, end: T) -> None:
@@ -101,7 +101,7 @@ class Channel(Generic[T]):
         end = self._end
         pieces = self._pieces
         items = [pieces.popleft() for _ in range(len(pieces))]
-        return "".join(t for t, _ in items), [e for _, es in items for e in es], end  # type: ignore[misc]
+        return "".join(t for t, _ in items), [e for _, es in items for e in es], end
 
     def wake(self) -> None:
         """Event loop: make a waiting ``get`` return (the client went away)."""

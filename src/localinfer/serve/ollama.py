@@ -53,7 +53,7 @@ class Shared:
     read_body: Callable[[Request, int], Awaitable[bytes]]
     overloaded: Callable[[Any], ApiError]
     queue: Callable[..., Awaitable[tuple[Any, Any, str, Any]]]
-    respond: Callable[..., Any]  # app.AnswerResponse
+    respond: Callable[..., Response]  # app.AnswerResponse
     serves: Callable[[tuple[str, ...], str | None], bool]
 
 
@@ -201,7 +201,7 @@ async def _answer(ask: Ask, kind: str) -> Response:
     if asked.think and "thinking" not in om.capabilities(template.template if template else None, None):
         raise ApiError(400, f"'think': {name} does not support thinking (its template writes no reasoning markers)", param="think")
     ticket, channel, mode, _ = await ask.shared.queue(state, engine, asked.request)
-    return ask.shared.respond(ticket, channel, writer, mode, wire.error_body)  # type: ignore[no-any-return]
+    return ask.shared.respond(ticket, channel, writer, mode, wire.error_body)
 
 
 # -- embeddings ---------------------------------------------------------------------------------------

@@ -188,9 +188,8 @@ def header(facts: ModelFacts) -> GGUFInfo | None:
 def running(facts: ModelFacts, loaded: LoadedModel, n_ctx_seq: int) -> dict[str, Any]:
     """An entry of ``/api/ps``: the loaded model, its bytes in memory (all of llama.cpp's buffers as it
     reported them, else the file's size), those on a GPU, and one sequence's context."""
-    buffers = loaded.buffers
-    reported = buffers is not None and bool(buffers.buffers)
-    size = buffers.total() if reported else facts.size  # type: ignore[union-attr]
-    on_gpu = buffers.total(host=False) if reported else 0  # type: ignore[union-attr]
+    buffers = loaded.buffers if loaded.buffers is not None and loaded.buffers.buffers else None  # None: none reported
+    size = buffers.total() if buffers is not None else facts.size
+    on_gpu = buffers.total(host=False) if buffers is not None else 0
     return {"name": facts.name, "model": facts.name, "size": size, "digest": facts.digest, "details": facts.details(),
             "expires_at": FOREVER, "size_vram": on_gpu, "context_length": n_ctx_seq}  # fmt: skip

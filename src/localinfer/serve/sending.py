@@ -10,7 +10,8 @@ from collections.abc import Callable
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from localinfer.serve.bridge import Channel
 from localinfer.serve.protocol import ApiError
@@ -39,14 +40,15 @@ def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: boo
     return engine.submit(prepared, None, channel.close, on_steps=channel.push_steps), "steps"
 
 
-class AnswerResponse:
+class AnswerResponse(Response):
     """Sends one engine answer - SSE events as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once).
 
     ``writer`` makes the protocol's bytes: ``head(mode)`` (the stream's first events), ``text_piece``
     (a piece of text already a JSON string: the fast path), ``steps``, ``logprobs_piece`` (Chat
     Completions only), ``tail(outcome)``, ``stream_error(exc)`` and ``whole(outcome)`` (a JSON object);
-    ``error``: the protocol's error body."""
+    ``error``: the protocol's error body. A Response to the routes that return it: it sends itself
+    (``__call__``) and never renders a body of its own."""
 
     def __init__(self, ticket: Ticket, channel: Channel[Outcome], writer: Any, mode: str,
                  error: Callable[[ApiError], dict[str, Any]] = ApiError.body) -> None:  # fmt: skip
@@ -55,7 +57,7 @@ class AnswerResponse:
         self.gone = False
         self.ended = False  # the engine's outcome arrived
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.ensure_future(self._watch(receive))
         status = 499  # nginx's "client closed request": also what a cancelled task counts as
         try:
