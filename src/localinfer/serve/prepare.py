@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from localinfer import rules
 from localinfer.errors import ContextOverflowError, UsageError
 from localinfer.serve.protocol import ApiError, Envelope
 
@@ -57,15 +58,15 @@ def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any
         return Prepared(envelope, list(ids), ())
     if request.mode == "chat" and loaded.template is None:
         raise ApiError(400, f"{loaded.name} has no chat template: use /v1/completions", code="no_chat_template")
-    variables = {**template_kwargs, **(request.chat_template_kwargs or {})} or None  # the server's, the request's win
-    req = dataclasses.replace(request, chat_template_kwargs=variables, max_tokens=None)  # max_tokens: checked below
-    try:
+    try:  # the server's template variables and the request's (which win), bounded as one
+        variables = rules.chat_template_kwargs("chat_template_kwargs", {**template_kwargs, **(request.chat_template_kwargs or {})})
+        req = dataclasses.replace(request, chat_template_kwargs=variables, max_tokens=None)  # max_tokens: checked below
         tokens, stops, _ = build_prompt(loaded, req, n_ctx=n_ctx_seq)
     except ContextOverflowError as exc:
         cause = _overflow(loaded, n_ctx_seq, exc.prompt_tokens or 0, request.max_tokens)
         raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded",
                        cause=cause) from None  # fmt: skip
-    except (UsageError, TemplateRefusedError) as exc:
+    except (UsageError, TemplateRefusedError, rules.RuleError) as exc:
         raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
     return Prepared(envelope, tokens, stops, reasoning_splitter(loaded, req, tokens), tool_plan(loaded, req))
 
