@@ -25,6 +25,8 @@ class BatchStats:
     cached_tokens: int = 0  # prompt tokens a slot already held (keep_cache), not evaluated
     sampled_tokens: int = 0  # all tokens sampled (end-of-generation tokens included)
     max_active: int = 0
+    draft_tokens: int = 0  # tokens drafted and verified (speculative decoding), all sequences
+    draft_accepted: int = 0  # of those, kept
     extra: dict = field(default_factory=dict)
 
     @property

@@ -8,12 +8,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from localinfer.engine.batch_draft import plan, verify
 from localinfer.engine.logprobs import trim
 from localinfer.engine.types import SeqResult
 from localinfer.errors import GenerationError, ResourceError
 
 if TYPE_CHECKING:
     from localinfer.engine.batch_stats import BatchStats
+    from localinfer.engine.draft import DraftCosts
     from localinfer.engine.model import Model
     from localinfer.engine.slots import Slot, SlotTable
 
@@ -36,6 +38,8 @@ class BatchStep:
     _filler: int
     _slots: SlotTable
     _masks: Any
+    drafting: bool  # some job drafts (speculative decoding): plan drafts and time the steps
+    draft_costs: DraftCosts
 
     def _fill_and_decode(self, active: list[Slot]) -> bool:
         """Fill the batch in sequence id order and decode it; True if it carried prompt tokens.
@@ -56,6 +60,8 @@ class BatchStep:
         fillers = self._fillers
         fillers.clear()
         room = self.capacity - n_next - (active[-1].seq - active[0].seq + 1 - len(active))
+        n_drafted = plan(active, room, self.n_ctx_seq) if self.drafting else 0
+        room -= n_drafted
         n = 0
         expect = active[0].seq
         fill = self.fill_gaps
@@ -77,6 +83,8 @@ class BatchStep:
                 s.idx = n
                 s.pos += 1
                 n += 1
+                if s.draft:  # verified in the same decode: a row (with logits) for each drafted token
+                    n = self._put_draft(s, n)
                 continue
             s.idx = -1
             if room > 0:
@@ -94,7 +102,10 @@ class BatchStep:
             masks.start([s.limiter for s in active if s.idx >= 0 and s.limiter is not None])
         t0 = time.perf_counter()
         rc = self.model.decode_batch(self._batch)
-        self.stats.llama_decode_s += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self.stats.llama_decode_s += spent
+        if self.drafting and not prefilling:  # what a step, and a drafted token, cost now
+            self.draft_costs.observe(n_next + n_drafted, spent, n_seqs=n_next)
         if masks is not None:
             masks.wait()
         for sid in self._fillers:
@@ -125,16 +136,35 @@ class BatchStep:
             s.idx = end - 1
         return end
 
+    def _put_draft(self, s: Slot, n: int) -> int:
+        """Put ``s``'s drafted tokens at batch row ``n`` on, each asking for its logits; the next free row."""
+        k = len(s.draft)
+        end = n + k
+        self._tok[n:end] = s.draft
+        self._pos[n:end] = range(s.pos, s.pos + k)
+        self._out[n:end] = b"\x01" * k
+        sid, seq = s.seq, self._seq
+        for i in range(n, end):
+            seq[i][0] = sid
+        s.pos += k
+        return end
+
     def _sample(self, active: list[Slot]) -> tuple[list[Slot], int]:
-        """Sample one token for every sequence that has logits this step; return those that finished."""
+        """Sample one token for every sequence that has logits this step (a drafting sequence: its
+        kept drafted tokens and one more); return those that finished, and the tokens sampled."""
         sample = self.model.sample
-        token_out = self.model.token_out  # cached per token: (bytes, text, eog)
-        n_ctx_seq = self.n_ctx_seq
         clock = time.perf_counter
+        take = self._take
         done: list[Slot] = []
         n_sampled = 0
         for s in active:
             if s.idx < 0:
+                continue
+            if s.draft:
+                ended, n = self._verified(s, sample, clock())
+                n_sampled += n
+                if ended:
+                    done.append(s)
                 continue
             token = sample(s.chain, s.idx)
             n_sampled += 1
@@ -147,34 +177,64 @@ class BatchStep:
             if s.n_gen == 0 and st.first_token_s is None:
                 s.t_first = now
                 st.first_token_s = now - s.t_admit
-            raw, _, is_eog = token_out(token)
-            if is_eog and not s.ignore_eos:
-                st.finish_reason = "stop"
-                self._flush(s)
+            if take(s, token, s.idx, now):
                 done.append(s)
-                continue
-            s.n_gen += 1
-            st.completion_tokens = s.n_gen
-            st.decode_s = now - s.t_first
-            if s.logprobs is not None:  # before the next llama_decode overwrites the row
-                s.logprobs.add(s.idx, token)
-            text, hit = s.matcher.feed(s.decoder.decode(raw))
-            if text:
-                s.pieces.append(text)
-                if s.emit is not None:
-                    s.emit(text)
-            if hit:
-                st.finish_reason, st.stop_string = "stop", s.matcher.matched
-                done.append(s)
-                continue
-            if (s.max_tokens is not None and s.n_gen >= s.max_tokens) or s.pos >= n_ctx_seq:
-                st.finish_reason = "length"
-                self._flush(s)
-                done.append(s)
-                continue
-            s.last = token
-            s.gen.append(token)
         return done, n_sampled
+
+    def _take(self, s: Slot, token: int, row: int, now: float) -> bool:
+        """Hand ``token`` (sampled from batch row ``row``) to its sequence; True where it ends the answer."""
+        st = s.stats
+        raw, _, is_eog = self.model.token_out(token)  # cached per token: (bytes, text, eog)
+        if is_eog and not s.ignore_eos:
+            st.finish_reason = "stop"
+            self._flush(s)
+            return True
+        s.n_gen += 1
+        st.completion_tokens = s.n_gen
+        st.decode_s = now - s.t_first
+        if s.logprobs is not None:  # before the next llama_decode overwrites the row
+            s.logprobs.add(row, token)
+        text, hit = s.matcher.feed(s.decoder.decode(raw))
+        if text:
+            s.pieces.append(text)
+            if s.emit is not None:
+                s.emit(text)
+        if hit:
+            st.finish_reason, st.stop_string = "stop", s.matcher.matched
+            return True
+        if (s.max_tokens is not None and s.n_gen >= s.max_tokens) or s.pos >= self.n_ctx_seq:
+            st.finish_reason = "length"
+            self._flush(s)
+            return True
+        s.last = token
+        s.gen.append(token)
+        if s.drafter is not None:
+            s.drafter.extend((token,))
+        return False
+
+    def _verified(self, s: Slot, sample: Any, now: float) -> tuple[bool, int]:
+        """Verify ``s``'s draft and hand out what it keeps (batch_draft.verify); drop the cells of
+        what was not kept. Whether the answer ended, and the tokens sampled."""
+        draft = s.draft
+        base = s.pos - len(draft)  # the position of the first drafted token (``last`` is just before)
+        group, kept = verify(s, sample)
+        s.draft = []
+        s.drafter.feedback(len(draft), kept)
+        st = s.stats
+        st.draft_tokens, st.draft_accepted = s.drafter.drafted, s.drafter.accepted
+        self.stats.draft_tokens += len(draft)
+        self.stats.draft_accepted += kept
+        ended = False
+        for i, (token, row) in enumerate(group):
+            s.pos = base + i  # where this token would be evaluated (the context's limit)
+            if self._take(s, token, row, now):
+                ended = True
+                break
+        # the cache keeps ``last`` and the drafted tokens handed out before the last one taken:
+        # the ending token is never evaluated, a next token is evaluated at the next step
+        if s.pos < base + len(draft) and not self.model.drop_tokens(s.seq, s.pos):
+            s.drafter.stop()  # pragma: no cover - drafters are made only for caches that can drop cells
+        return ended, len(group)
 
     @staticmethod
     def _flush(s: Slot) -> None:

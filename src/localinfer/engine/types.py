@@ -161,6 +161,7 @@ class SeqJob:
     logprobs: int | None = None  # None: off; N: each token's log probability and the top N (0-20)
     # with logprobs, instead of on_text: each piece of text with the entries of the tokens it holds
     on_logprobs: Callable[[str, list[dict[str, Any]]], None] | None = None
+    draft: bool | None = None  # speculative decoding: None as the model was loaded (--draft), or on/off
 
 
 @dataclass
