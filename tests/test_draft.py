@@ -188,7 +188,7 @@ def test_good_draft_settings_pass():
 
 
 @pytest.mark.llama  # the CLI asks llama.cpp whether the build offloads before it refuses
-def test_cli_refuses_a_draft_model_and_batch_drafts(tmp_path):
+def test_cli_refuses_a_draft_model_and_a_lone_draft_max(tmp_path):
     from typer.testing import CliRunner
 
     from localinfer.cli.main import build_app
@@ -198,10 +198,6 @@ def test_cli_refuses_a_draft_model_and_batch_drafts(tmp_path):
     assert out.exit_code == 2 and "draft model (--draft-model) is not supported yet" in out.output
     out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-max", "4", "hi"])
     assert out.exit_code == 2 and "--draft-max needs --draft ngram" in out.output
-    src = tmp_path / "in.txt"
-    src.write_text("hello\n")
-    out = runner.invoke(app, ["batch", str(src), "-m", str(tmp_path / "none.gguf"), "--draft", "ngram"])
-    assert out.exit_code == 2 and "not supported by batch yet" in out.output
 
 
 def test_stats_lines_say_how_much_was_accepted():

@@ -221,7 +221,7 @@ class BatchStep:
         s.draft = []
         s.drafter.feedback(len(draft), kept)
         st = s.stats
-        st.draft_tokens, st.draft_accepted = s.drafter.drafted, s.drafter.accepted
+        st.draft_tokens, st.draft_accepted, st.draft_steps = s.drafter.drafted, s.drafter.accepted, s.drafter.drafts
         self.stats.draft_tokens += len(draft)
         self.stats.draft_accepted += kept
         ended = False

@@ -195,7 +195,7 @@ def speculative_loop(
         if tail:
             yield Step(tail, None)
     finally:
-        stats.draft_tokens, stats.draft_accepted = drafter.drafted, drafter.accepted
+        stats.draft_tokens, stats.draft_accepted, stats.draft_steps = drafter.drafted, drafter.accepted, drafter.drafts
         verify.free()
 
 

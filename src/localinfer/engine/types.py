@@ -105,6 +105,7 @@ class GenerationStats:
     draft: str | None = None  # speculative decoding's drafter ("ngram"), None: off
     draft_tokens: int = 0  # tokens drafted
     draft_accepted: int = 0  # of those, kept (what the model chose itself)
+    draft_steps: int = 0  # drafts verified (each one batch)
     extra: dict = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
