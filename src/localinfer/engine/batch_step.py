@@ -233,7 +233,8 @@ class BatchStep:
         # the cache keeps ``last`` and the drafted tokens handed out before the last one taken:
         # the ending token is never evaluated, a next token is evaluated at the next step
         if s.pos < base + len(draft) and not self.model.drop_tokens(s.seq, s.pos):
-            s.drafter.stop()  # pragma: no cover - drafters are made only for caches that can drop cells
+            # drafters are made only for caches that drop cells (speculate.drafter_for): never left wrong
+            raise GenerationError("the KV cache could not drop the drafted tokens the model did not keep")
         return ended, len(group)
 
     @staticmethod
