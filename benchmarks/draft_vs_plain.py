@@ -22,6 +22,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,10 +65,15 @@ def run_once(model: str, prompt: str, *, draft: bool, n: int, threads: int, draf
            "-n", str(n), "-t", str(threads), "-c", "2048"]  # fmt: skip
     if draft:
         cmd += ["--draft", "ngram"] + (["--draft-max", str(draft_max)] if draft_max else [])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([*cmd, prompt], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise SystemExit(f"run failed ({out.returncode}): {out.stderr[-2000:]}")
-    return json.loads(out.stdout)
+    got = json.loads(out.stdout)
+    # the whole process's CPU time (load and prefill too: the same work in both runs of a pair)
+    got["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return got
 
 
 def batch_cost(model: str, threads: int, sizes: tuple[int, ...] = (1, 2, 5, 9), trials: int = 15) -> list[str]:
@@ -182,6 +188,7 @@ def main() -> None:
             lines.append(f"round {r + 1} {name}: plain {p:.2f} tok/s, draft {s:.2f} tok/s, ratio {s / p:.3f}; "
                          f"drafted {t['draft_tokens']}, kept {t['draft_accepted_tokens']}; "
                          f"{plain['usage']['completion_tokens']}/{spec['usage']['completion_tokens']} tokens, {same}; "
+                         f"process CPU {plain['cpu_s']:.2f} s / {spec['cpu_s']:.2f} s; "
                          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
             print(lines[-1], file=sys.stderr)
     if args.batch_cost:

@@ -329,3 +329,15 @@ def test_bench_help_says_what_quiet_and_verbose_do_in_bench():
     assert "No progress lines on stderr; only the results on stdout." in text
     assert "Show llama.cpp's log while models load and run." in text
     assert "only the answer" not in text and "full stats table" not in text
+
+
+@pytest.mark.slow
+def test_draft_adds_ngram_rows_on_a_copy_and_a_free_prompt(smollm2_path, isolated_home):
+    # issue 39: tg rows with speculative decoding, each against the same prompt without it
+    rows, _ = _bench_json("-m", str(smollm2_path), "-p", "0", "-n", "16", "-r", "2", "-t", "1", "--draft", "ngram")
+    assert [r["test"] for r in rows] == ["tg16", "tg16 [ngram copy]", "tg16 [ngram free]"]
+    for row in rows[1:]:
+        assert row["samples_tokens"] == [16, 16] and row["plain_avg_ts"] > 0
+        assert row["draft_ratio"] == pytest.approx(row["avg_ts"] / row["plain_avg_ts"], rel=1e-3)
+        assert 0 <= row["draft_accepted"] <= row["draft_tokens"]
+    assert "draft" not in rows[0]

@@ -10,6 +10,13 @@ from localinfer.engine.types import LoadOptions
 from localinfer.errors import UsageError
 
 
+def cheap() -> d.DraftCosts:
+    """The costs of a machine where a drafted token adds little to a step: every draft pays."""
+    costs = d.DraftCosts()
+    costs.t1, costs.per_token = 0.020, 0.0001
+    return costs
+
+
 def test_lookup_proposes_what_followed_the_longest_match():
     # "7 8 9" occurs once, followed by 1 2 3; the bare "8 9" also occurs later, followed by 5
     seq = [7, 8, 9, 1, 2, 3, 4, 8, 9, 5, 6, 0, 7, 8, 9]
@@ -34,7 +41,7 @@ def test_a_single_token_match_is_not_enough():
 
 
 def test_answer_tokens_extend_the_index_as_they_come():
-    drafter = NgramDrafter([5, 6, 7, 8, 9], max_draft=3)
+    drafter = NgramDrafter([5, 6, 7, 8, 9], max_draft=3, costs=cheap())
     assert drafter.propose() == []
     drafter.extend([5, 6])
     assert drafter.propose() == [7, 8, 9]
@@ -43,14 +50,14 @@ def test_answer_tokens_extend_the_index_as_they_come():
 
 
 def test_propose_respects_the_limit_and_the_draft_cap():
-    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=cheap())
     assert drafter.propose(limit=3) == [2, 3, 4]
     assert drafter.propose() == list(range(2, 10))
     assert drafter.propose(limit=0) == []
 
 
 def test_rejections_shorten_drafts_and_acceptance_lengthens_them():
-    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=cheap())
     assert len(drafter.propose()) == 8
     drafter.feedback(8, 2)
     assert len(drafter.propose()) == 3  # what was kept, plus one
@@ -60,7 +67,7 @@ def test_rejections_shorten_drafts_and_acceptance_lengthens_them():
 
 
 def test_misses_in_a_row_pause_drafting_for_longer_each_time():
-    drafter = NgramDrafter([1, 2, 3, 4] * 3 + [1, 2], max_draft=4)
+    drafter = NgramDrafter([1, 2, 3, 4] * 3 + [1, 2], max_draft=4, costs=cheap())
     for _ in range(d.MISSES_TO_PAUSE):
         draft = drafter.propose()
         assert draft
@@ -128,6 +135,24 @@ def test_after_many_plain_steps_a_short_draft_measures_again():
     assert drafter.worth(2, 8) == d.EXPLORE_DRAFT
 
 
+def test_until_a_drafted_token_is_timed_drafts_are_short():
+    # the first drafts measure what a drafted token costs: a long one could cost k plain steps
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
+    drafter.observe(1, 0.010)
+    drafter.observe(1 + d.EXPLORE_DRAFT, 0.0105)
+    assert len(drafter.propose()) > d.EXPLORE_DRAFT  # cheap here: longer drafts pay
+
+
+def test_a_batch_step_costs_each_sequence_its_share():
+    # four sequences decode in 40 ms (10 ms a token); a step that also verified 4 drafted tokens took
+    # 48 ms: 2 ms a drafted token - the shares a single sequence's drafter would compare too
+    costs = d.DraftCosts()
+    costs.observe(4, 0.040, n_seqs=4)
+    costs.observe(8, 0.048, n_seqs=4)
+    assert costs.t1 == pytest.approx(0.010) and costs.per_token == pytest.approx(0.002)
+
+
 def test_stop_ends_drafting_for_good():
     drafter = NgramDrafter([1, 2, 3, 1, 2], max_draft=4)
     drafter.stop()
@@ -163,7 +188,7 @@ def test_good_draft_settings_pass():
 
 
 @pytest.mark.llama  # the CLI asks llama.cpp whether the build offloads before it refuses
-def test_cli_refuses_a_draft_model_and_batch_drafts(tmp_path):
+def test_cli_refuses_a_draft_model_and_a_lone_draft_max(tmp_path):
     from typer.testing import CliRunner
 
     from localinfer.cli.main import build_app
@@ -173,10 +198,6 @@ def test_cli_refuses_a_draft_model_and_batch_drafts(tmp_path):
     assert out.exit_code == 2 and "draft model (--draft-model) is not supported yet" in out.output
     out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-max", "4", "hi"])
     assert out.exit_code == 2 and "--draft-max needs --draft ngram" in out.output
-    src = tmp_path / "in.txt"
-    src.write_text("hello\n")
-    out = runner.invoke(app, ["batch", str(src), "-m", str(tmp_path / "none.gguf"), "--draft", "ngram"])
-    assert out.exit_code == 2 and "not supported by batch yet" in out.output
 
 
 def test_stats_lines_say_how_much_was_accepted():

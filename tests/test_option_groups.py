@@ -51,7 +51,7 @@ def _declared(group: o.OptionGroup) -> dict[str, tuple]:
         (o.SAMPLING, dict.fromkeys(SAMPLING_COMMANDS, ())),
         (o.COST, dict.fromkeys(COST_COMMANDS, ())),
         (o.SERVER, dict.fromkeys(SERVER_COMMANDS, ())),
-        (o.DRAFT, dict.fromkeys(("run", "chat", "batch"), ())),
+        (o.DRAFT, dict.fromkeys(("run", "chat", "batch", "serve", "bench"), ())),
     ],
     ids=["load", "sampling", "cost", "server", "draft"],
 )

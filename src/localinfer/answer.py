@@ -306,6 +306,8 @@ class Answer:
         out = {"id": rid, "text": self.text, "reasoning": self.reasoning, "finish_reason": full["finish_reason"],
                **self._calls_json(), "usage": {k: full["usage"][k] for k in _BATCH_USAGE},
                "timings": {k: full["timings"][k] for k in _BATCH_TIMINGS}, "seed": full["seed"]}  # fmt: skip
+        if self.draft_tokens is not None:  # --draft: what each line's sequence drafted and kept
+            out["timings"].update(draft_tokens=self.draft_tokens, draft_accepted_tokens=self.draft_accepted)
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
         return out

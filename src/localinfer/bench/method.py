@@ -118,7 +118,9 @@ class BenchResult(Setup):
     build: str = ""  # llama-cpp-python's version
     test_time: str = ""  # when the test ran (ISO 8601, local time)
     constraint: str | None = None  # the answer was constrained (--json-schema...): the Format's kind
-    plain_avg_ts: float | None = None  # the same test's rate without the constraint, measured just before
+    plain_avg_ts: float | None = None  # the same test's rate without the constraint (the draft), measured just before
+    draft: str | None = None  # speculative decoding on a prompt (bench/drafting.py): "ngram copy", "ngram free"
+    draft_counts: tuple[int, int, int] | None = None  # with draft: tokens drafted, kept, drafts verified
 
     @property
     def samples_tps(self) -> list[float]:
@@ -182,7 +184,7 @@ class BenchResult(Setup):
             "flash_attn": self.options.flash_attn,
             "type_k": self.options.cache_type_k,
             "type_v": self.options.cache_type_v,
-            "test": f"{t.name} [{self.constraint}]" if self.constraint else t.name,
+            "test": f"{t.name} [{self.constraint or self.draft}]" if self.constraint or self.draft else t.name,
             "kind": t.kind,
             "n_prompt": t.n_prompt,
             "n_gen": t.n_gen,
@@ -206,6 +208,10 @@ class BenchResult(Setup):
             out["constraint"] = self.constraint
             out["constraint_us_per_token"] = _r((1 / self.avg_ts - 1 / self.plain_avg_ts) * 1e6, 1)
             out["constraint_ratio"] = _r(self.avg_ts / self.plain_avg_ts, 4)
+        if self.draft is not None and self.plain_avg_ts and self.draft_counts is not None:
+            drafted, kept, drafts = self.draft_counts
+            out.update(draft=self.draft, draft_tokens=drafted, draft_accepted=kept, drafts=drafts,
+                       plain_avg_ts=_r(self.plain_avg_ts), draft_ratio=_r(self.avg_ts / self.plain_avg_ts, 4))  # fmt: skip
         if pricing is not None:
             cost = self.cost(pricing)
             if cost is not None:

@@ -32,6 +32,7 @@ def run_bench(
     force: bool = False,
     constraint: Format | None = None,
     parallel: Sequence[int] = (),
+    draft: str | None = None,
 ) -> Iterator[Any]:
     """Every test, for every model under every configuration; results (BenchResult) come as they
     are measured.
@@ -39,6 +40,7 @@ def run_bench(
     A configuration's ``n_ctx`` of None means "just what the tests need". Each (model,
     configuration) pair loads the model once (the file stays in the page cache after the first).
     With a ``constraint``, a test that generates is measured again under it, in the next row.
+    With a ``draft`` (ngram), a tg test is followed by its drafted rows on a copy and a free prompt.
     With ``parallel`` levels, each test (a prompt and a generation) is instead N requests arriving
     together at each level N, one load per level (bench/parallel.py; ParallelResults).
     """
@@ -58,6 +60,11 @@ def run_bench(
                 reps_done = run_test(model, test, reps, warmup=warmup, seed=seed, sampling=sampling,
                                      progress=progress, constraint=constraint)  # fmt: skip
                 yield replace(plain, reps=reps_done, constraint=constraint.kind, plain_avg_ts=plain.avg_ts)
+            if draft is not None and test.kind == "tg":
+                from localinfer.bench.drafting import draft_rows
+
+                yield from draft_rows(model, test, reps, stamp, draft=draft, warmup=warmup, sampling=sampling,
+                                      progress=progress)  # fmt: skip
 
 
 def _plain_loads(tests: Sequence[BenchTest]) -> Callable[[LoadOptions], Iterator[tuple[LoadOptions, None, str]]]:

@@ -79,9 +79,8 @@ def batch(
         from localinfer.render.stats import warn
 
         say = (lambda msg: None) if flags.quiet else warn
-        if draft is not None and draft.kind is not None:  # the batched engine verifies no drafts yet
-            raise UsageError("--draft is not supported by batch yet (its batched engine does not verify drafts)",
-                             hint="run and chat take --draft ngram")
+        if draft is not None:  # each sequence drafts on its own (engine/batch_draft.py)
+            base = draft.apply(base)
         if resume and output is None:
             raise UsageError("--resume needs --output FILE (the results to resume from)")
         if output is not None and input != "-" and output.exists() and output.resolve() == Path(input).resolve():

@@ -99,6 +99,7 @@ def bench(
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format on stdout.")] = OutputFormat.table,
     progress: Annotated[bool, typer.Option("--progress", help="Progress lines on stderr even when it is not a terminal.")] = False,
     response_format: o.ResponseFormat = o.FORMAT,
+    draft: o.Drafting = o.DRAFT,
     flags: o.Common = o.COMMON.only("force", "offline", "no_log"),  # its own --quiet and --verbose
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr; only the results on stdout.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log while models load and run.")] = False,
@@ -166,7 +167,7 @@ def bench(
         try:
             for result in run_bench(
                 resolved, configs, tests, repetitions, warmup=not no_warmup, seed=seed, progress=say, force=flags.force,
-                constraint=response_format, parallel=parallel_levels,
+                constraint=response_format, parallel=parallel_levels, draft=draft.kind if draft is not None else None,
             ):
                 current = result.model
                 writer.add(result.to_json(pricing))

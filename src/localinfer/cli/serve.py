@@ -39,6 +39,7 @@ def serve(
     template_vars: o.TemplateVars = o.TEMPLATE,
     embedding_ctx: Annotated[int, typer.Option("--embedding-ctx", min=16, help="/v1/embeddings: tokens per llama_decode, and so the longest input (its context is made on the first request).", rich_help_panel=_SERVER)] = 512,
     base: o.Load = o.LOAD.without("ctx_size"),
+    draft: o.Drafting = o.DRAFT,
     flags: o.Common = o.COMMON.without("quiet"),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings)."""
@@ -66,7 +67,7 @@ def serve(
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:
             warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
-        options = batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq)
+        options = batchjob.batch_load_options(draft.apply(base) if draft is not None else base, parallel=parallel, ctx_per_seq=ctx_per_seq)
         server.serve(config, resolved, options, force=flags.force, alias=alias)
 
 

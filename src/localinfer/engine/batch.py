@@ -16,9 +16,10 @@ The context must be created with ``n_seq_max >= n_parallel`` and without a unifi
 sequence has its own ``n_ctx_seq`` cells: sequences cannot crowd each other out of the cache, nor
 see each other's tokens.
 
-Per-token Python work is kept small: the batch's arrays are filled through ctypes array views (slice
-assignment for prompt chunks), token pieces are cached by the Model, nothing is allocated per token
-but the text pieces themselves.
+The per-step work (filling the batch, decoding, sampling) is engine/batch_step.py's, the aggregate
+figures engine/batch_stats.py's. Per-token Python work is kept small: the batch's arrays are filled
+through ctypes array views (slice assignment for prompt chunks), token pieces are cached by the
+Model, nothing is allocated per token but the text pieces themselves.
 """
 
 from __future__ import annotations
@@ -26,49 +27,21 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from localinfer.engine.backend import llama_cpp
-from localinfer.engine.logprobs import trim
+from localinfer.engine.batch_stats import BatchStats
+from localinfer.engine.batch_step import BatchStep
+from localinfer.engine.draft import DraftCosts
 from localinfer.engine.model import Model
 from localinfer.engine.sampling import constraint_of
 from localinfer.engine.slots import Slot, SlotTable
+from localinfer.engine.speculate import drafter_for
 from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
-from localinfer.errors import GenerationError, ResourceError
+from localinfer.errors import GenerationError
 from localinfer.structured import FormatError
 
 __all__ = ["BatchDecoder", "BatchStats", "SeqJob", "SeqResult"]  # the jobs' types live in engine.types
-
-
-@dataclass
-class BatchStats:
-    """Aggregate figures over a run: what llama-batched-bench reports, measured the same way.
-
-    A *decode-only* step carries no prompt tokens (every token in it is a sequence's next token); its
-    time runs from filling the batch to the end of sampling, so it includes our Python overhead.
-    """
-
-    steps: int = 0
-    decode_only_steps: int = 0
-    mixed_steps: int = 0  # steps carrying prompt tokens and other sequences' next tokens together
-    filler_tokens: int = 0  # throwaway tokens given to idle sequences between busy ones
-    decode_only_s: float = 0.0
-    decode_only_tokens: int = 0  # tokens sampled at the end of decode-only steps
-    llama_decode_s: float = 0.0  # inside llama_decode, all steps
-    decode_only_llama_s: float = 0.0  # of decode_only_s, inside llama_decode (the rest is sampling and Python)
-    prompt_tokens: int = 0  # prompt tokens evaluated
-    cached_tokens: int = 0  # prompt tokens a slot already held (keep_cache), not evaluated
-    sampled_tokens: int = 0  # all tokens sampled (end-of-generation tokens included)
-    max_active: int = 0
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def decode_tps(self) -> float | None:
-        """Aggregate decode tokens/s over decode-only steps (llama-batched-bench's S_TG)."""
-        if self.decode_only_s <= 0 or self.decode_only_tokens <= 0:
-            return None
-        return self.decode_only_tokens / self.decode_only_s
 
 
 def _by_seq(slot: Slot) -> int:
@@ -78,7 +51,7 @@ def _by_seq(slot: Slot) -> int:
 _END = object()  # the job source is exhausted
 
 
-class BatchDecoder:
+class BatchDecoder(BatchStep):
     """Runs jobs ``n_parallel`` at a time on one Model (its context needs ``n_seq_max >= n_parallel``).
 
     ``keep_cache``: keep each finished sequence's cells and reuse the longest common prefix (the server).
@@ -111,6 +84,8 @@ class BatchDecoder:
         self._filler = bos if bos >= 0 else 0
         self._active: list[Slot] = []  # running sequences, in sequence id order
         self._slots = SlotTable(model, self.n_parallel, keep_cache)
+        self.drafting = False  # a job drafts (speculative decoding, engine/batch_draft.py)
+        self.draft_costs = DraftCosts()  # what a step and a drafted token cost in this context
         self._masks: Any = None  # a constrain.MaskPrefetch (where it pays), made for the first constrained job
         self._masks_checked = False
 
@@ -227,6 +202,11 @@ class BatchDecoder:
                     from localinfer.engine.constrain import mask_prefetch
 
                     self._masks, self._masks_checked = mask_prefetch(self.model, self.n_parallel), True
+            if job.draft or (job.draft is None and self.model.options.draft is not None):
+                slot.drafter = drafter_for(self.model, job.tokens, self.draft_costs)
+                if slot.drafter is not None:
+                    self.drafting = True
+                    slot.stats.draft = "ngram"
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed
             self.stats.cached_tokens += cached
@@ -272,157 +252,3 @@ class BatchDecoder:
             st.decode_only_llama_s += st.llama_decode_s - t_llama
             st.decode_only_tokens += n_sampled
         return done, t_end
-
-    def _fill_and_decode(self, active: list[Slot]) -> bool:
-        """Fill the batch in sequence id order and decode it; True if it carried prompt tokens.
-
-        Without a unified KV cache, llama.cpp splits a batch into ubatches of *consecutive* sequence
-        ids (``split_equal(..., sequential=true)``), and each ubatch reads all the weights once. So
-        each sequence's tokens sit together, in id order, and an idle sequence between two busy
-        ones gets a throwaway token (after what it keeps, no logits, removed right after): one
-        ubatch for all the next tokens, instead of one per run of consecutive ids. Next tokens get
-        room first; prompt chunks share what is left of ``n_batch``.
-        """
-        tok, pos, out, seq = self._tok, self._pos, self._out, self._seq
-        n_next = 0
-        for s in active:
-            if s.prompt is None:
-                n_next += 1
-        prefilling = n_next < len(active)
-        fillers = self._fillers
-        fillers.clear()
-        room = self.capacity - n_next - (active[-1].seq - active[0].seq + 1 - len(active))
-        n = 0
-        expect = active[0].seq
-        fill = self.fill_gaps
-        for s in active:
-            while fill and expect < s.seq:
-                tok[n] = self._filler
-                pos[n] = self._slots.filler_pos(expect)
-                seq[n][0] = expect
-                out[n] = 0
-                fillers.append(expect)
-                n += 1
-                expect += 1
-            expect = s.seq + 1
-            if s.prompt is None:
-                tok[n] = s.last
-                pos[n] = s.pos
-                seq[n][0] = s.seq
-                out[n] = 1
-                s.idx = n
-                s.pos += 1
-                n += 1
-                continue
-            s.idx = -1
-            if room > 0:
-                k = min(len(s.prompt) - s.off, room)
-                n = self._put_prompt(s, n, k)
-                room -= k
-        if prefilling and n_next:
-            self.stats.mixed_steps += 1
-        self.stats.filler_tokens += len(fillers)
-        self._batch.n_tokens = n
-        if self.before_decode is not None:
-            self.before_decode()
-        masks = self._masks  # the constrained sequences' next masks: computed during the decode
-        if masks is not None:
-            masks.start([s.limiter for s in active if s.idx >= 0 and s.limiter is not None])
-        t0 = time.perf_counter()
-        rc = self.model.decode_batch(self._batch)
-        self.stats.llama_decode_s += time.perf_counter() - t0
-        if masks is not None:
-            masks.wait()
-        for sid in self._fillers:
-            self._slots.drop_filler(sid)
-        if rc != 0:
-            if rc == 1:
-                raise ResourceError(
-                    "llama.cpp found no room in the KV cache for this batch",
-                    hint="use a larger --ctx-size or a smaller --parallel",
-                )
-            raise GenerationError(f"llama_decode failed with code {rc}")
-        return prefilling
-
-    def _put_prompt(self, s: Slot, n: int, k: int) -> int:
-        """Put the next ``k`` prompt tokens of ``s`` at batch row ``n``; the next free row."""
-        assert s.prompt is not None
-        end = n + k
-        self._tok[n:end] = s.prompt[s.off : s.off + k]
-        self._pos[n:end] = range(s.pos, s.pos + k)
-        self._out[n:end] = bytes(k)
-        sid, seq = s.seq, self._seq
-        for i in range(n, end):
-            seq[i][0] = sid
-        s.off += k
-        s.pos += k
-        if s.off == len(s.prompt):
-            self._out[end - 1] = 1
-            s.idx = end - 1
-        return end
-
-    def _sample(self, active: list[Slot]) -> tuple[list[Slot], int]:
-        """Sample one token for every sequence that has logits this step; return those that finished."""
-        sample = self.model.sample
-        token_out = self.model.token_out  # cached per token: (bytes, text, eog)
-        n_ctx_seq = self.n_ctx_seq
-        clock = time.perf_counter
-        done: list[Slot] = []
-        n_sampled = 0
-        for s in active:
-            if s.idx < 0:
-                continue
-            token = sample(s.chain, s.idx)
-            n_sampled += 1
-            now = clock()
-            st = s.stats
-            if s.prompt is not None:  # the prompt's last chunk was just evaluated
-                st.prefill_s = now - s.t_admit
-                self.stats.prompt_tokens += len(s.prompt) - st.cached_tokens
-                s.prompt = None
-            if s.n_gen == 0 and st.first_token_s is None:
-                s.t_first = now
-                st.first_token_s = now - s.t_admit
-            raw, _, is_eog = token_out(token)
-            if is_eog and not s.ignore_eos:
-                st.finish_reason = "stop"
-                self._flush(s)
-                done.append(s)
-                continue
-            s.n_gen += 1
-            st.completion_tokens = s.n_gen
-            st.decode_s = now - s.t_first
-            if s.logprobs is not None:  # before the next llama_decode overwrites the row
-                s.logprobs.add(s.idx, token)
-            text, hit = s.matcher.feed(s.decoder.decode(raw))
-            if text:
-                s.pieces.append(text)
-                if s.emit is not None:
-                    s.emit(text)
-            if hit:
-                st.finish_reason, st.stop_string = "stop", s.matcher.matched
-                done.append(s)
-                continue
-            if (s.max_tokens is not None and s.n_gen >= s.max_tokens) or s.pos >= n_ctx_seq:
-                st.finish_reason = "length"
-                self._flush(s)
-                done.append(s)
-                continue
-            s.last = token
-            s.gen.append(token)
-        return done, n_sampled
-
-    @staticmethod
-    def _flush(s: Slot) -> None:
-        tail = s.matcher.flush() + s.decoder.decode(b"", final=True)
-        if tail:
-            s.pieces.append(tail)
-            if s.emit is not None:
-                s.emit(tail)
-
-    def _result(self, s: Slot, t_end: float) -> SeqResult:
-        s.stats.context_used = s.pos
-        text = "".join(s.pieces)
-        if s.logprobs is not None:  # aligned with the text returned (a stop string's tokens cut)
-            s.stats.logprobs = trim(s.logprobs.entries(), text)
-        return SeqResult(s.job.key, text, s.stats, t_admit=s.t_admit, t_end=t_end)

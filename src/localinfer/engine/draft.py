@@ -51,9 +51,9 @@ class NgramDrafter:
     """
 
     __slots__ = ("tokens", "max_draft", "size", "_index", "_misses", "_pause", "_next_pause", "drafted",
-                 "accepted", "drafts", "_t1", "_per_token", "_kept", "_tried", "_last_n", "_plain")  # fmt: skip
+                 "accepted", "drafts", "costs", "_kept", "_tried", "_last_n")  # fmt: skip
 
-    def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT) -> None:
+    def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT, costs: DraftCosts | None = None) -> None:
         self.tokens: list[int] = []
         self.max_draft = max(1, int(max_draft))
         self.size = self.max_draft  # the next draft's length at most (back-off shrinks it)
@@ -64,12 +64,10 @@ class NgramDrafter:
         self.drafted = 0  # tokens verified, over the sequence
         self.accepted = 0  # of those, accepted by the model
         self.drafts = 0  # drafts verified
-        self._t1: float | None = None  # seconds of a plain one-token step (moving average)
-        self._per_token: float | None = None  # seconds each drafted token adds to a step
+        self.costs = costs if costs is not None else DraftCosts()  # shared by the sequences of one context
         self._kept = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)  # by match length: tokens kept
         self._tried = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)  # ... and kept + rejected
         self._last_n = N_MIN
-        self._plain = 0  # plain steps since the last verified draft
         self.extend(history)
 
     def extend(self, tokens: Iterable[int]) -> None:
@@ -100,10 +98,13 @@ class NgramDrafter:
 
     def worth(self, n: int, available: int) -> int:
         """How many of ``available`` drafted tokens to verify after a match of ``n``: the k that
-        maximises expected tokens per second (all of them until both times are known; 0: none pays)."""
-        if self._t1 is None or self._per_token is None:
-            return available
-        a, t1, c = self.rate(n), self._t1, self._per_token
+        maximises expected tokens per second (0: none pays). Until a drafted token's cost is known,
+        EXPLORE_DRAFT tokens: a short draft measures it without risking a long batch that does not pay."""
+        costs = self.costs
+        t1, c = costs.t1, costs.per_token
+        if t1 is None or c is None:
+            return min(available, EXPLORE_DRAFT)
+        a = self.rate(n)
         best_k, best = 0, GAIN_MARGIN / t1
         expected, term = 1.0, 1.0
         for k in range(1, available + 1):
@@ -112,7 +113,8 @@ class NgramDrafter:
             speed = expected / (t1 + c * k)
             if speed > best:
                 best_k, best = k, speed
-        if best_k == 0 and self._plain >= EXPLORE_EVERY:
+        if best_k == 0 and costs.plain >= EXPLORE_EVERY:
+            costs.plain = 0  # one short draft measures again; the next EXPLORE_EVERY plain steps do not
             return min(available, EXPLORE_DRAFT)
         return best_k
 
@@ -134,14 +136,7 @@ class NgramDrafter:
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         """A decode of ``n_tokens`` (1: a plain step; more: the token and its draft) took ``seconds``."""
-        if n_tokens <= 1:
-            self._plain += 1
-            self._t1 = seconds if self._t1 is None else 0.9 * self._t1 + 0.1 * seconds
-            return
-        self._plain = 0
-        if self._t1 is not None:
-            extra = max(0.0, seconds - self._t1) / (n_tokens - 1)
-            self._per_token = extra if self._per_token is None else 0.75 * self._per_token + 0.25 * extra
+        self.costs.observe(n_tokens, seconds)
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """The model kept ``accepted`` of the ``drafted`` tokens of the last proposal (as verified:
@@ -176,6 +171,45 @@ class NgramDrafter:
     @property
     def paused(self) -> bool:
         return self._pause > 0
+
+
+class DraftCosts:
+    """What a decode costs in one context, learnt from its steps (moving averages): ``t1`` the time
+    of a plain step per sequence's token, ``per_token`` what each drafted token adds to a step.
+
+    One per context, shared by its sequences' drafters (and kept by a Model across answers: the
+    second answer starts with what the first measured). In a batch of several sequences a plain
+    step gives each of them a token, so ``observe`` takes its time over ``n_seqs``: a drafted token
+    then pays where it brings more than the batch's own tokens per second (aggregate throughput).
+    """
+
+    __slots__ = ("t1", "per_token", "plain")
+
+    def __init__(self) -> None:
+        self.t1: float | None = None
+        self.per_token: float | None = None
+        self.plain = 0  # plain steps since a draft was last verified
+
+    def observe(self, n_tokens: int, seconds: float, n_seqs: int = 1) -> None:
+        """A decode of ``n_tokens`` rows, ``n_seqs`` of them the sequences' next tokens and the rest
+        drafted, took ``seconds``."""
+        drafted = n_tokens - n_seqs
+        if drafted <= 0:
+            self.plain += 1
+            self.t1 = _low(self.t1, seconds / max(1, n_seqs))
+            return
+        self.plain = 0
+        if self.t1 is not None:
+            self.per_token = _low(self.per_token, max(0.0, seconds - self.t1 * n_seqs) / drafted)
+
+
+def _low(average: float | None, sample: float) -> float:
+    """A moving average that follows a time down fast and up slowly: on a loaded machine a step is
+    only ever delayed (another process took the core), so the low times are the step's own cost,
+    and a few preempted steps do not make drafts look cheap or plain steps dear."""
+    if average is None:
+        return sample
+    return average + (0.3 if sample < average else 0.05) * (sample - average)
 
 
 def check(kind: str | None, max_draft: int | None, draft_model: str | None) -> None:

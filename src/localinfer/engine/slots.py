@@ -21,7 +21,7 @@ class Slot:
     __slots__ = (
         "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
         "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos", "gen", "emit", "cancel", "logprobs",
-        "limiter",
+        "limiter", "drafter", "draft",
     )
 
     def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0, model: Model | None = None) -> None:
@@ -47,6 +47,8 @@ class Slot:
         self.cancel = job.cancel
         self.logprobs: Logprobs | None = None
         self.limiter: Any = None  # its constraint (engine.constrain.ConstraintSampler), in the chain
+        self.drafter: Any = None  # an engine.draft.NgramDrafter where this sequence drafts (batch_draft.py)
+        self.draft: list[int] = []  # this step's drafted tokens, in the batch after ``last``
         if job.logprobs is not None:
             assert model is not None, "a job asking for logprobs needs the model"
             self._track_logprobs(model, job)

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.backend import llama_cpp
-from localinfer.engine.draft import DEFAULT_MAX_DRAFT, NgramDrafter
+from localinfer.engine.draft import DEFAULT_MAX_DRAFT, DraftCosts, NgramDrafter
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, Step
 
@@ -60,16 +60,21 @@ class _VerifyBatch:
         llama_cpp.llama_batch_free(self.batch)
 
 
-def drafter_for(model: Any, history: Sequence[int]) -> NgramDrafter | None:
-    """A drafter holding ``history`` for the load's draft settings; None where rejected tokens
-    could not leave the cache (recurrent and hybrid models keep a state, not per-token cells)."""
+def drafter_for(model: Any, history: Sequence[int], costs: DraftCosts | None = None) -> NgramDrafter | None:
+    """A drafter holding ``history`` for the load's draft settings, timing its steps into ``costs``
+    (None: the model's own, kept across answers); None where rejected tokens could not leave the
+    cache (recurrent and hybrid models keep a state, not per-token cells)."""
     raw = model._model
     if llama_cpp.llama_model_is_recurrent(raw) or llama_cpp.llama_model_is_hybrid(raw):
         return None
-    return NgramDrafter(history, model.options.draft_max or DEFAULT_MAX_DRAFT)
+    if costs is None:
+        costs = getattr(model, "draft_costs", None)
+        if costs is None:  # kept on the model: the next answer starts with what this one measures
+            costs = model.draft_costs = DraftCosts()
+    return NgramDrafter(history, model.options.draft_max or DEFAULT_MAX_DRAFT, costs)
 
 
-def _cut_at_constraint(limiter: ConstraintSampler | None, draft: list[int]) -> list[int]:
+def cut_at_constraint(limiter: ConstraintSampler | None, draft: list[int]) -> list[int]:
     """The draft up to its first token the constraint forbids (a forbidden token cannot be kept)."""
     if limiter is None or not limiter.wants_mask or not draft:
         return draft
@@ -154,7 +159,7 @@ def speculative_loop(
             drafter.extend(t for t, _ in group)
             # drafted tokens past the answer's limit or the context would never be used
             room = min(limit - n_gen - 1, n_ctx - len(cached) - 1)
-            draft = _cut_at_constraint(limiter, drafter.propose(room)) if room > 0 else []
+            draft = cut_at_constraint(limiter, drafter.propose(room)) if room > 0 else []
             t_call = clock()
             if draft:
                 rc = decode(ctx, verify.fill([token, *draft], len(cached)))
@@ -190,7 +195,7 @@ def speculative_loop(
         if tail:
             yield Step(tail, None)
     finally:
-        stats.draft_tokens, stats.draft_accepted = drafter.drafted, drafter.accepted
+        stats.draft_tokens, stats.draft_accepted, stats.draft_steps = drafter.drafted, drafter.accepted, drafter.drafts
         verify.free()
 
 

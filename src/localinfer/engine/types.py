@@ -105,6 +105,7 @@ class GenerationStats:
     draft: str | None = None  # speculative decoding's drafter ("ngram"), None: off
     draft_tokens: int = 0  # tokens drafted
     draft_accepted: int = 0  # of those, kept (what the model chose itself)
+    draft_steps: int = 0  # drafts verified (each one batch)
     extra: dict = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
@@ -161,6 +162,7 @@ class SeqJob:
     logprobs: int | None = None  # None: off; N: each token's log probability and the top N (0-20)
     # with logprobs, instead of on_text: each piece of text with the entries of the tokens it holds
     on_logprobs: Callable[[str, list[dict[str, Any]]], None] | None = None
+    draft: bool | None = None  # speculative decoding: None as the model was loaded (--draft), or on/off
 
 
 @dataclass

@@ -145,6 +145,7 @@ def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], str
     """
     from localinfer.render.term import console as make_console
     from localinfer.render.term import fit_table, print_whole
+    from rich.markup import escape
     from rich.table import Table
 
     stream = stream or sys.stdout
@@ -162,8 +163,8 @@ def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], str
         table = Table(title=title, title_justify="left")
         for header, key in kept:
             table.add_column(header, justify="right" if key in _NUMERIC else "left", no_wrap=True)
-        for r in rows:
-            table.add_row(*(cell(r, k) for _, k in kept))
+        for r in rows:  # escaped: a test's "[json]", "[ngram copy]" is text, not Rich markup
+            table.add_row(*(escape(cell(r, k)) for _, k in kept))
         if dropped:
             table.caption = f"not shown at {console.width} columns: {', '.join(dropped)} (-o md shows all)"
             table.caption_justify = "left"

@@ -60,7 +60,7 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._answers: dict[tuple[str, int], int] = {}  # (endpoint, HTTP status) -> count
-        self._tokens = {"prompt": 0, "prompt_cached": 0, "completion": 0}
+        self._tokens = {"prompt": 0, "prompt_cached": 0, "completion": 0, "draft": 0, "draft_accepted": 0, "drafts": 0}
         self._finished: dict[str, int] = {}  # finish reason -> count
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
@@ -79,6 +79,9 @@ class Metrics:
             self._tokens["prompt"] += s.prompt_tokens
             self._tokens["prompt_cached"] += s.cached_tokens
             self._tokens["completion"] += s.completion_tokens
+            self._tokens["draft"] += s.draft_tokens
+            self._tokens["draft_accepted"] += s.draft_accepted
+            self._tokens["drafts"] += s.draft_steps
             reason = outcome.finish_reason or "unknown"
             self._finished[reason] = self._finished.get(reason, 0) + 1
             if outcome.ttft_s is not None:
@@ -97,6 +100,10 @@ class Metrics:
             lines += _counter(f"{p}prompt_tokens_total", "Prompt tokens, cached ones included.", self._tokens["prompt"])
             lines += _counter(f"{p}prompt_tokens_cached_total", "Prompt tokens reused from a slot's KV cache.", self._tokens["prompt_cached"])
             lines += _counter(f"{p}completion_tokens_total", "Tokens generated.", self._tokens["completion"])
+            # speculative decoding (serve --draft), under llama-server's names
+            lines += _counter(f"{p}spec_decode_num_draft_tokens_total", "Speculative: tokens drafted.", self._tokens["draft"])
+            lines += _counter(f"{p}spec_decode_num_accepted_tokens_total", "Speculative: drafted tokens the model kept.", self._tokens["draft_accepted"])
+            lines += _counter(f"{p}spec_decode_num_drafts_total", "Speculative: drafts verified (one batch each).", self._tokens["drafts"])
             lines += [f"# HELP {p}requests_finished_total Requests that left the engine, by finish reason.",
                       f"# TYPE {p}requests_finished_total counter"]  # fmt: skip
             lines += [f'{p}requests_finished_total{{reason="{r}"}} {n}' for r, n in sorted(self._finished.items())]

@@ -62,6 +62,7 @@ def timings(outcome: Outcome) -> dict[str, Any]:
         "queue_ms": round(outcome.queue_s * 1000.0, 3),
         "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000.0, 3),
         **({} if outcome.reasoning_tokens is None else {"reasoning_ttft_ms": _ms(outcome.reasoning_ttft_s)}),
+        **({"draft_n": s.draft_tokens, "draft_n_accepted": s.draft_accepted} if s.draft else {}),  # --draft
     }
 
 
