@@ -36,6 +36,7 @@ import itertools
 import mmap
 import struct
 from pathlib import Path
+from typing import cast
 
 from localinfer.errors import InvalidModelError
 from localinfer.gguf.bounds import (  # the limits; tests read them here too
@@ -354,7 +355,7 @@ def parse_buffer(buf: mmap.mmap | bytes, size: int, path: Path) -> GGUFInfo:
             raise _invalid(
                 f"general.alignment must be a uint32, not {VALUE_TYPE_NAMES[types['general.alignment']]}"
             )
-        alignment = metadata["general.alignment"]  # type: ignore[assignment]
+        alignment = cast(int, metadata["general.alignment"])  # a uint32, as its type tag said
         if not 1 <= alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
             raise _invalid(f"general.alignment {alignment} is not a power of two from 1 to {MAX_ALIGNMENT}")
 
