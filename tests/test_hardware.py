@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from localinfer.system import hardware
+from localinfer.system.facts import llama_facts, store_disk
 from localinfer.errors import UsageError
 
 SMI_CSV = "NVIDIA GeForce RTX 4090, 24564, 23010, 550.54.14\nNVIDIA A100-SXM4-80GB, 81920, 81000, 550.54.14\n"
@@ -105,7 +106,7 @@ def test_memory_and_cpu_facts():
 
 @pytest.mark.llama
 def test_llama_cpp_facts_and_devices():
-    facts = hardware.llama_facts()
+    facts = llama_facts()
     assert facts["version"] and "CPU" in facts["backends"]
     assert isinstance(facts["gpu_offload"], bool)
     cpu = [d for d in facts["devices"] if d["type"] == "cpu"]
@@ -117,7 +118,7 @@ def test_llama_cpp_facts_and_devices():
 
 
 def test_store_disk_points_at_the_model_store(isolated_home):
-    store = hardware.store_disk()
+    store = store_disk()
     assert store["path"] == str(isolated_home / "models") and store["free_bytes"] > 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
@@ -119,7 +119,8 @@ def run(
     for start in range(0, len(items), CHUNK):
         chunk = items[start : start + CHUNK]
         good = [i for i in chunk if i.error is None]
-        results = iter(backend.embeddings([i.text for i in good], normalize=normalize, pooling=pooling,  # type: ignore[misc]
+        texts = [cast(str, i.text) for i in good]  # an item with no error has its text
+        results = iter(backend.embeddings(texts, normalize=normalize, pooling=pooling,
                                           truncate=truncate, n_ctx=n_ctx, on_done=on_done))  # fmt: skip
         for item in chunk:
             if item.error is not None:

@@ -314,10 +314,12 @@ def _children(s: Mapping[str, Any]) -> list[Any]:
 
 
 def _parse_regex(p: str) -> None:
+    import importlib
+
     try:
-        from re import _parser as parser  # type: ignore[attr-defined]
+        parser = importlib.import_module("re._parser")
     except ImportError:  # Python < 3.11
-        import sre_parse as parser
+        parser = importlib.import_module("sre_parse")
     parser.parse(p)
 
 

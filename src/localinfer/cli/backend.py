@@ -4,7 +4,7 @@ backend (nothing is loaded here, no load flag is read), else the model is resolv
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from localinfer.backends import Backend, Note
@@ -67,7 +67,7 @@ def open_backend(
 
 
 def _resident(model: str | None, load_options: Callable[[ResolvedModel], LoadOptions], keep_alive: KeepAlive,
-              resolve: Callable[[], ResolvedModel], *, tell: Callable[[Named], None], **kw: object) -> Backend | None:
+              resolve: Callable[[], ResolvedModel], *, tell: Callable[[Named], None], **kw: Any) -> Backend | None:
     """The resident server's backend (None: run here). ``load_options(None)`` succeeds where the flags
     alone decide the load (run, chat): the model is then resolved by the server, not here."""
     from localinfer.render.stats import warn
@@ -81,4 +81,4 @@ def _resident(model: str | None, load_options: Callable[[ResolvedModel], LoadOpt
     if model:
         tell(ModelId(model))
     return open_resident(model, options, keep_alive=keep_alive.seconds, max_models=keep_alive.max_models, resolve=resolve,
-                         load_options=load_options, warn=warn, **kw)  # type: ignore[arg-type]  # fmt: skip
+                         load_options=load_options, warn=warn, **kw)  # fmt: skip

@@ -74,6 +74,6 @@ def grouped(command: Callable[..., Any]) -> Callable[..., Any]:
                 kwargs[name] = group.value(given, flags)
         return command(**kwargs)
 
-    with_groups.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    setattr(with_groups, "__signature__", signature.replace(parameters=params))  # what Typer reads
     with_groups.__annotations__ = {p.name: p.annotation for p in params if p.annotation is not p.empty}
     return with_groups

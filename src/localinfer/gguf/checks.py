@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from typing import TypeGuard
 
 from localinfer.errors import InvalidModelError
 from localinfer.gguf.reader import parse_gguf
@@ -146,7 +147,7 @@ def _check_epsilons(info: GGUFInfo, arch: str) -> None:
         key = f"{arch}.attention.{suffix}"
         eps = info.metadata.get(key)
         # ggml asserts eps >= 0 (NaN fails it too); 0 and inf pass it but divide by zero or wipe the output
-        if _number(eps) and not (math.isfinite(eps) and eps > 0):  # type: ignore[arg-type]
+        if _number(eps) and not (math.isfinite(eps) and eps > 0):
             raise _refuse(info, f"{key} is {eps:g} (it must be a positive, finite number)")
 
 
@@ -164,12 +165,12 @@ def _int(value: object) -> int | None:
 def _ints(value: object) -> list[int] | None:
     """A scalar or per-layer integer hyperparameter as a list; None when it is anything else
     (absent, summarised, empty, not integers)."""
-    if _int(value) is not None:
-        return [value]  # type: ignore[list-item]
+    if (one := _int(value)) is not None:
+        return [one]
     if isinstance(value, list) and value and all(_int(v) is not None for v in value):
         return value
     return None
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

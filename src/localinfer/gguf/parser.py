@@ -5,7 +5,7 @@ handed to llama.cpp (whose own parser has a history of memory-safety bugs), so i
 as hostile: every count, length, type and offset is checked against the file size and against fixed
 limits before it is used, work is bounded (no loop runs more often than the file has bytes for, and
 walking big arrays has a global budget), and memory is bounded (big arrays are summarised, never
-materialised; tensor data is never read).
+materialised; tensor data is never read). The fixed limits: ``bounds.py``.
 
 Layout (GGUF v2/v3, little-endian; see ggml's ``docs/gguf.md``)::
 
@@ -36,8 +36,15 @@ import itertools
 import mmap
 import struct
 from pathlib import Path
+from typing import cast
 
 from localinfer.errors import InvalidModelError
+from localinfer.gguf.bounds import (  # the limits; tests read them here too
+    GGUF_MAGIC, SUPPORTED_VERSIONS, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_DIMS, MAX_TENSOR_NAME_BYTES,
+    MAX_TENSOR_COUNT, MAX_KV_COUNT, MAX_KEY_BYTES, MAX_STRING_BYTES, MAX_ARRAY_LENGTH, MAX_ARRAY_DEPTH,
+    MAX_WALKED_ITEMS, MAX_NESTED_ARRAYS, MAX_DECODED_STRING_BYTES, MAX_KEPT_ITEMS, SMALL_ARRAY,
+    MAX_KEPT_NUMERIC_ARRAY, MIN_KV_BYTES, MIN_TENSOR_INFO_BYTES, MIN_STRING_BYTES, MIN_ARRAY_BYTES,
+)
 from localinfer.gguf.types import (
     FIXED_FORMATS,
     FIXED_STRUCTS,
@@ -55,38 +62,9 @@ from localinfer.gguf.types import (
 
 __all__ = ["parse_buffer"]
 
-# --------------------------------------------------------------------------------------------
-# Limits. Real files sit far below every one of these; they exist so hostile files stay cheap.
-# --------------------------------------------------------------------------------------------
-
-GGUF_MAGIC = b"GGUF"
-SUPPORTED_VERSIONS = (2, 3)
-DEFAULT_ALIGNMENT = 32
-MAX_ALIGNMENT = 1 << 20  # 1 MiB
-MAX_DIMS = 4  # GGML_MAX_DIMS
-MAX_TENSOR_NAME_BYTES = 63  # GGML_MAX_NAME is 64 including the terminating NUL
-MAX_TENSOR_COUNT = 1 << 20  # the biggest real models have a few thousand
-MAX_KV_COUNT = 1 << 16  # real files have tens to a few hundred
-MAX_KEY_BYTES = 65535  # the spec's limit (2^16 - 1)
-MAX_STRING_BYTES = 16 << 20  # one string value (chat templates are tens of KiB)
-MAX_ARRAY_LENGTH = 1 << 26  # one array (the largest vocabularies are ~10^6 entries)
-MAX_ARRAY_DEPTH = 2  # an array may hold arrays, which may not hold arrays
-MAX_WALKED_ITEMS = 1 << 24  # strings/arrays stepped over in big arrays, whole file
-MAX_NESTED_ARRAYS = 1 << 20  # arrays inside arrays, whole file (each costs a Python call)
-MAX_DECODED_STRING_BYTES = 64 << 20  # strings decoded into Python str, whole file
-MAX_KEPT_ITEMS = 1 << 20  # array items materialised as Python objects, whole file
-SMALL_ARRAY = 64  # arrays up to this many items are kept as lists
-MAX_KEPT_NUMERIC_ARRAY = 4096  # non-tokenizer numeric arrays (per-layer hyperparameters) up to this
-
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _ARRAY_HEAD = struct.Struct("<IQ")  # item type, length
-
-# Smallest possible encodings, for "count x minimum size <= bytes left" checks.
-_MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-byte key, value type, 1-byte value
-_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, ne0, type, offset
-_MIN_STRING_BYTES = 8
-_MIN_ARRAY_BYTES = 4 + 8
 
 # --------------------------------------------------------------------------------------------
 # Reading
@@ -194,7 +172,7 @@ class _Parser:
             raise _invalid(f"tensor count {n_tensors} is over the limit of {MAX_TENSOR_COUNT}")
         if n_kv > MAX_KV_COUNT:
             raise _invalid(f"metadata key-value count {n_kv} is over the limit of {MAX_KV_COUNT}")
-        need = n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES
+        need = n_kv * MIN_KV_BYTES + n_tensors * MIN_TENSOR_INFO_BYTES
         left = self.size - self.pos
         if need > left:
             raise _eof(
@@ -253,7 +231,7 @@ class _Parser:
         if itype in FIXED_FORMATS:
             item_size = FIXED_FORMATS[itype][1]
         else:
-            item_size = _MIN_STRING_BYTES if itype == T_STRING else _MIN_ARRAY_BYTES
+            item_size = MIN_STRING_BYTES if itype == T_STRING else MIN_ARRAY_BYTES
         left = self.size - self.pos
         if n * item_size > left:
             raise _eof(
@@ -377,7 +355,7 @@ def parse_buffer(buf: mmap.mmap | bytes, size: int, path: Path) -> GGUFInfo:
             raise _invalid(
                 f"general.alignment must be a uint32, not {VALUE_TYPE_NAMES[types['general.alignment']]}"
             )
-        alignment = metadata["general.alignment"]  # type: ignore[assignment]
+        alignment = cast(int, metadata["general.alignment"])  # a uint32, as its type tag said
         if not 1 <= alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
             raise _invalid(f"general.alignment {alignment} is not a power of two from 1 to {MAX_ALIGNMENT}")
 

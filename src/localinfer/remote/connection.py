@@ -21,11 +21,12 @@ CONNECT_TIMEOUT_S = 10.0
 
 def httpx() -> Any:
     """The httpx module (httpx2 when installed); imported on first use, never by ``--help``."""
+    import importlib
+
     try:
-        import httpx2 as module
+        return importlib.import_module("httpx2")
     except ImportError:  # Python 3.10: httpx2 needs 3.11
-        import httpx as module  # type: ignore[no-redef]
-    return module
+        return importlib.import_module("httpx")
 
 
 @dataclass(frozen=True)

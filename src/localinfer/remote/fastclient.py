@@ -36,11 +36,6 @@ def usable(ep: Endpoint) -> bool:
     return not (proxies.get("http") or proxies.get("all")) or urllib.request.proxy_bypass(parts.hostname or "")
 
 
-class _Headers(dict):
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return super().get(key.lower(), default)
-
-
 class Pool:
     """Idle keep-alive connections to one server; at most ``limit`` open at once is the caller's job."""
 
@@ -105,7 +100,8 @@ class Pool:
             raise _Stale() from None
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        headers = _Headers((k.strip().lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines[1:] if ln))
+        # names lower-cased as read; looked up in lower case
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
         try:
             if status != 200:
                 raise status_error(status, await self._body(r, headers), headers, self.ep)
@@ -126,7 +122,7 @@ class Pool:
             w.close()
         return state.finish(time.perf_counter())
 
-    async def _body(self, r: asyncio.StreamReader, headers: _Headers) -> bytes:
+    async def _body(self, r: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
         if headers.get("transfer-encoding", "").lower() == "chunked":
             parts = []
             while chunk := await self._chunk(r):
@@ -141,7 +137,7 @@ class Pool:
         data = await self._read(r.readexactly(size + 2))
         return data[:-2]
 
-    async def _lines(self, r: asyncio.StreamReader, headers: _Headers, state: StreamState) -> None:
+    async def _lines(self, r: asyncio.StreamReader, headers: dict[str, str], state: StreamState) -> None:
         """Feed the body's lines to ``state`` as each piece arrives, to the end of the body."""
         chunked = headers.get("transfer-encoding", "").lower() == "chunked"
         left = int(headers["content-length"]) if not chunked and "content-length" in headers else None

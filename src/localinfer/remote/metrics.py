@@ -100,7 +100,7 @@ def _tpot(o: RequestOutput) -> float | None:
 def _good(o: RequestOutput, slos: dict[str, float]) -> bool:
     tpot = _tpot(o)
     values = {"ttft": o.ttft, "tpot": tpot, "e2el": o.latency}
-    return all(values[k] is not None and values[k] * 1000.0 <= ms for k, ms in slos.items())  # type: ignore[operator]
+    return all((v := values[k]) is not None and v * 1000.0 <= ms for k, ms in slos.items())
 
 
 def compute(outputs: Sequence[RequestOutput], duration_s: float, *, percentiles: Sequence[float] = DEFAULT_PERCENTILES,

@@ -107,7 +107,7 @@ def wrap(text: str, width: int | None) -> str:
         if len(line) <= width:
             out.append(line)
             continue
-        hang = len(_HANG.match(line).group(0))  # type: ignore[union-attr]
+        hang = m.end() if (m := _HANG.match(line)) else 0  # it always matches (all optional)
         if hang > width // 2:
             hang = len(line) - len(line.lstrip())
         out += textwrap.wrap(line, width, subsequent_indent=" " * hang, break_long_words=False,

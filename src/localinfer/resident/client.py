@@ -42,11 +42,6 @@ class NoServer(Exception):
     """Nothing listens on the socket (no file, or a stale one left by a crashed server)."""
 
 
-class _Headers(dict):
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return super().get(key.lower(), default)
-
-
 class _Response:
     """One HTTP/1.1 response read off the socket: status, headers, then the body (sized or chunked)."""
 
@@ -56,7 +51,7 @@ class _Response:
         if not status_line:
             raise ConnectionResetError("the server closed the connection without answering")
         self.status = int(status_line.split(b" ", 2)[1])
-        self.headers = _Headers()
+        self.headers: dict[str, str] = {}  # names lower-cased as read; looked up in lower case
         while (line := self.file.readline(65536)) not in (b"\r\n", b"\n", b""):
             key, _, value = line.decode("latin-1").partition(":")
             self.headers[key.strip().lower()] = value.strip()

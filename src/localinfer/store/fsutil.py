@@ -14,13 +14,17 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 from localinfer.units import human_bytes as human_size  # noqa: F401 - re-exported for the CLI
 
+fcntl: ModuleType | None
 try:
-    import fcntl
+    import fcntl as _fcntl
+
+    fcntl = _fcntl
 except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None
 
 HASH_BLOCK = 4 * 1024 * 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows: an lstat check stands in for it

@@ -7,6 +7,7 @@ the store's job.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +36,10 @@ class RegistryEntry:
 
 
 def _load_toml(path: Path) -> dict:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+    else:  # Python 3.10
+        import tomli as tomllib
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

@@ -175,7 +175,7 @@ def advice(report: dict[str, Any]) -> list[dict[str, Any]]:
 def report() -> dict[str, Any]:
     """Facts and advice, JSON-able: what `localinfer doctor --json` prints."""
     from localinfer import paths
-    from localinfer.system.hardware import collect
+    from localinfer.system.facts import collect
 
     with paths.unchecked():  # an unusable data dir is a finding here, not a failure
         facts = collect()

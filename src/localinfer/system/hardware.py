@@ -1,6 +1,7 @@
-"""Facts about this machine: CPU, memory, GPUs, what llama.cpp was built with, disk in the store.
+"""Facts about this machine: CPU, memory, GPUs, and the memory budget a load may use now.
 
-``doctor`` shows all of it; the pre-flight only asks :func:`memory_budget` (cheap: no subprocess).
+``doctor`` shows all of it (``facts.py`` adds llama.cpp's build, the disk, the versions); the pre-flight
+only asks :func:`memory_budget` (cheap: no subprocess).
 Two environment variables simulate hardware for tests and for planning on another machine:
 ``LOCALINFER_FAKE_VRAM`` (e.g. ``8GB``: one simulated GPU with that much free memory) and
 ``LOCALINFER_FAKE_RAM`` (available RAM).
@@ -14,7 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FAKE_VRAM_ENV = "LOCALINFER_FAKE_VRAM"
@@ -287,34 +288,6 @@ def gpus(ram_total: int | None = None) -> list[GPU]:
 # -- llama.cpp ------------------------------------------------------------------------------------------
 
 
-_BUILD_FEATURES = frozenset({"LLAMAFILE", "OPENMP", "REPACK", "KLEIDIAI", "ACCELERATE", "BLAS", "AARCH64_REPACK"})
-
-
-def llama_facts() -> dict:
-    """What the installed llama-cpp-python was built with; {"error": ...} if it does not import."""
-    try:
-        from localinfer.engine import backend as engine
-    except Exception as exc:  # a broken install is exactly what doctor must report
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    info = engine.system_info()
-    sections = parse_system_info(info)
-    cpu = sections.get("CPU", {})
-    amx = engine.cpu_has_amx()
-    return {
-        "version": _dist_version("llama-cpp-python"),
-        "system_info": info.strip(),
-        "backends": engine.backends(),
-        "gpu_offload": engine.supports_gpu_offload(),
-        "devices": engine.devices(),
-        "simd": sorted(k for k, v in cpu.items() if v == "1" and k not in _BUILD_FEATURES),
-        "build_features": sorted(k for k, v in cpu.items() if v == "1" and k in _BUILD_FEATURES),
-        "amx": amx,
-        "cpu_repack": engine.cpu_repack_enabled(None),
-        "mmap": bool(engine.llama_cpp.llama_supports_mmap()),
-        "mlock": bool(engine.llama_cpp.llama_supports_mlock()),
-    }
-
-
 def _llama_gpu_free() -> tuple[bool, int | None, bool, int]:
     """(offload supported, free bytes over llama.cpp's GPU devices or None, unified memory, devices)."""
     from localinfer.engine import backend as engine
@@ -360,59 +333,3 @@ def memory_budget() -> MemoryBudget:
         gpu_devices=max(1, n_gpus),
         notes=tuple(notes),
     )
-
-
-# -- everything, for doctor --------------------------------------------------------------------------------
-
-
-def store_disk() -> dict:
-    """The model store's path and the free disk where it lives (its nearest existing parent)."""
-    from localinfer.paths import models_dir
-
-    path = models_dir()
-    probe = path
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    try:
-        free = shutil.disk_usage(probe).free
-    except OSError:
-        free = None
-    return {"path": str(path), "free_bytes": free}
-
-
-def _dist_version(dist: str) -> str | None:
-    """An installed distribution's version, read from its metadata (the package is not imported)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def versions() -> dict[str, str | None]:
-    from localinfer import __version__
-
-    return {
-        "localinfer": __version__,
-        "python": platform.python_version(),
-        "llama_cpp_python": _dist_version("llama-cpp-python"),
-        "typer": _dist_version("typer"),
-        "huggingface_hub": _dist_version("huggingface-hub"),
-    }
-
-
-def collect() -> dict:
-    """Every fact doctor reports, as plain JSON-able values."""
-    physical, logical = cpu_cores()
-    mem = memory()
-    return {
-        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
-               "platform": platform.platform()},
-        "cpu": {"model": cpu_model(), "physical_cores": physical, "logical_cores": logical},
-        "memory": mem,
-        "llama_cpp": llama_facts(),
-        "gpus": [asdict(g) for g in gpus(int(mem["total_bytes"] or 0))],
-        "store": store_disk(),
-        "versions": versions(),
-    }

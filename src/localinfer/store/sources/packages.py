@@ -36,7 +36,7 @@ def package_dirs(package: str) -> list[Path]:
 
 
 def is_installed(package: str | None) -> bool:
-    return bool(package) and bool(package_dirs(package))  # type: ignore[arg-type]
+    return package is not None and bool(package_dirs(package))  # package_dirs("") is empty
 
 
 def find_package_file(package: str, filename: str) -> Path | None:

@@ -275,6 +275,9 @@ class _Hasher:
     """sha256 on a helper thread, fed with buffers from a small pool that the reader fills in turn."""
 
     def __init__(self, start=None) -> None:  # hashlib's type is private
+        self._start(start)
+
+    def _start(self, start=None) -> None:
         import hashlib
 
         self._digest = start if start is not None else hashlib.sha256()
@@ -317,7 +320,7 @@ class _Hasher:
     def restart(self) -> None:
         """Forget everything hashed so far (the download starts again from byte 0)."""
         self.close()
-        self.__init__()  # type: ignore[misc]
+        self._start()
 
 
 def _describe(exc: object) -> str:
