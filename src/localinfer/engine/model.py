@@ -287,9 +287,15 @@ class Model(Vocab):
         limiter = self.constraint_sampler(constraint, constraint_after) if constraint is not None else None
         try:
             cached = self._reuse_prefix(prompt)
-            stats.cached_tokens = cached
             t0 = time.perf_counter()
-            self._decode(prompt[cached:])
+            evaluate = getattr(prompt, "evaluate", None)  # engine.vision.MediaPrompt: images among the tokens
+            if evaluate is not None:
+                cached = evaluate(self, cached, stats)
+                t0 += stats.image_encode_s  # encoding is timed apart from prefill
+                prompt = prompt.history
+            else:
+                self._decode(prompt[cached:])
+            stats.cached_tokens = cached
             # GPU backends (CUDA, Metal, RPC) compute asynchronously: llama_decode returns when the
             # work is queued, so the time is taken once it is done (on the CPU this costs nothing)
             llama_cpp.llama_synchronize(self._ctx)

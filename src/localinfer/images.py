@@ -1,0 +1,154 @@
+"""Images in a request: decoded (Pillow), bounded and checked here, before the engine sees them.
+
+Every surface (``run --image``, serve's wires) turns what it was given into :class:`Image` values
+with :func:`from_bytes`, :func:`from_file` or :func:`from_data_uri`; a message that holds images
+carries them in its ``"images"`` key, in the order of the :data:`MARKER`\\ s in its ``content``
+(:func:`message`). The engine's ``engine.vision`` reads only ``rgb``, ``width``, ``height``, ``sha256``.
+
+Bounds: the encoded size, the pixel count (checked from the header before decoding: a decompression
+bomb is refused without being expanded) and the images per request. A bad image is an
+:class:`ImageError` (a usage error: exit 2, a 400) that names it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localinfer.errors import UsageError
+
+MARKER = "<__media__>"  # where an image goes in a message's text (libmtmd's default marker)
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+MAX_PIXELS = 40_000_000  # about 6300 x 6300
+MAX_SIDE = 16384
+MAX_IMAGES = 16  # per request
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+
+
+class ImageError(UsageError):
+    """An image we cannot take (not an image, too big, too many): the message names it."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """One decoded image: RGB pixels, row by row (``width * height * 3`` bytes)."""
+
+    name: str  # how the user named it (a file, "messages[0].content[1]")
+    width: int
+    height: int
+    rgb: bytes = field(repr=False)
+    sha256: str = ""  # of the encoded bytes: the KV cache knows an image again by it
+
+
+def from_bytes(data: bytes, name: str) -> Image:
+    """Decode ``data`` (PNG, JPEG, WebP, GIF's first frame, BMP) to RGB, within the bounds."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageError(f"image {name} is {len(data)} bytes, more than the {MAX_IMAGE_BYTES} allowed")
+    from PIL import Image as PILImage
+
+    PILImage.MAX_IMAGE_PIXELS = MAX_PIXELS  # Pillow's own bomb check, for any path we do not cover
+    try:
+        with PILImage.open(io.BytesIO(data), formats=FORMATS) as img:
+            w, h = img.size
+            _check_size(name, w, h)
+            img.seek(0)
+            rgb = img.convert("RGB")
+            pixels = rgb.tobytes()
+    except ImageError:
+        raise
+    except PILImage.DecompressionBombError:
+        raise ImageError(f"image {name} is too large to decode (a decompression bomb?)") from None
+    except Exception as exc:  # Pillow's errors are many (UnidentifiedImageError, OSError, SyntaxError...)
+        raise ImageError(f"{name} is not an image we can read (PNG, JPEG, WebP, GIF or BMP): {_first_line(exc)}") from None
+    return Image(name, w, h, pixels, hashlib.sha256(data).hexdigest())
+
+
+def _check_size(name: str, w: int, h: int) -> None:
+    if w <= 0 or h <= 0 or w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+        raise ImageError(f"image {name} is {w}x{h} pixels: at most {MAX_SIDE} a side and {MAX_PIXELS} in all are allowed")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def from_file(path: str | Path) -> Image:
+    """An image file (``-`` and URLs are refused: we never read an image from elsewhere silently)."""
+    text = str(path)
+    if text == "-":
+        raise ImageError("--image - : images are not read from stdin; give a file")
+    if "://" in text:
+        raise ImageError(f"--image {text}: URLs are not fetched; download the image and give the file")
+    p = Path(text).expanduser()
+    try:
+        size = p.stat().st_size
+        if not p.is_file():
+            raise ImageError(f"image {text} is not a file")
+        if size > MAX_IMAGE_BYTES:
+            raise ImageError(f"image {text} is {size} bytes, more than the {MAX_IMAGE_BYTES} allowed")
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ImageError(f"cannot read image {text}: {exc.strerror or exc}") from None
+    return from_bytes(data, text)
+
+
+def from_base64(data: Any, name: str) -> Image:
+    """Base64 text (Anthropic's and Ollama's images)."""
+    if not isinstance(data, str) or not data:
+        raise ImageError(f"{name} must be base64 image data")
+    if len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise ImageError(f"image {name} is more than the {MAX_IMAGE_BYTES} bytes allowed")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError(f"{name} is not valid base64") from None
+    return from_bytes(raw, name)
+
+
+def from_data_uri(uri: Any, name: str) -> Image:
+    """``data:image/png;base64,...``; a remote URL is refused (we do not fetch)."""
+    if not isinstance(uri, str):
+        raise ImageError(f"{name} must be a data: URI")
+    if uri.startswith(("http://", "https://")):
+        raise ImageError(f"{name}: remote image URLs are refused (this server does not fetch); send the image as a data: URI")
+    head, comma, body = uri.partition(",")
+    if not head.startswith("data:") or not comma or not head.endswith(";base64"):
+        raise ImageError(f"{name} must be a data: URI with base64 data (data:image/png;base64,...)")
+    return from_base64(body, name)
+
+
+def check_count(n: int) -> None:
+    if n > MAX_IMAGES:
+        raise ImageError(f"{n} images in one request: at most {MAX_IMAGES} are allowed")
+
+
+def message(role: str, text: str, images: list[Image] | tuple[Image, ...], *, where: str = "the prompt") -> dict[str, Any]:
+    """A message with images: those ``text`` does not place (with :data:`MARKER`) go before it."""
+    placed = text.count(MARKER)
+    if placed > len(images):
+        raise ImageError(f"{where} places {placed} images ({MARKER}) but {len(images)} were given")
+    before = "".join(MARKER + "\n" for _ in range(len(images) - placed))
+    return {"role": role, "content": before + text, "images": tuple(images)}
+
+
+def gather(messages: Any) -> tuple[Image, ...]:
+    """The images of a conversation, in order (the order of the markers in the rendered prompt)."""
+    out: list[Image] = []
+    for m in messages:
+        if isinstance(m, dict) and m.get("images"):
+            out.extend(m["images"])
+    check_count(len(out))
+    return tuple(out)
+
+
+def text_without_marker(text: str, where: str) -> str:
+    """Text from a wire: the marker is ours, so text that holds it is refused (it would move an image)."""
+    if MARKER in text:
+        raise ImageError(f"{where} contains {MARKER}, which marks images here: remove it")
+    return text
