@@ -152,3 +152,23 @@ def text_without_marker(text: str, where: str) -> str:
     if MARKER in text:
         raise ImageError(f"{where} contains {MARKER}, which marks images here: remove it")
     return text
+
+
+def attach(request: Any, images: list[Image] | tuple[Image, ...]) -> Any:
+    """``request`` (a core Request) with ``images`` in its last message (``run --image``)."""
+    import dataclasses
+
+    if not images:
+        return request
+    if request.raw_text is not None:
+        raise ImageError("images go through the chat template: not with --raw, nor to a model without one")
+    check_count(len(images))
+    last = request.messages[-1]
+    messages = (*request.messages[:-1], message(last["role"], str(last.get("content") or ""), images))
+    return dataclasses.replace(request, messages=messages)
+
+
+def read_files(paths: list[str]) -> list[Image]:
+    """``--image`` files, counted before any is read."""
+    check_count(len(paths))
+    return [from_file(p) for p in paths]

@@ -221,6 +221,9 @@ def resolve_entry(
     load = store.load_path(entry)
     info = read_header(load)
     ensure_entry(store, entry, load, info)  # installed before llama.cpp was tried on it (or by another version)
+    from localinfer.store.projector import verified_projector
+
+    mmproj = verified_projector(store, entry, progress)
     chat_format = entry.get("chat_format")
     if registry is not None and name in registry:
         chat_format = registry.get(name).chat_format or chat_format
@@ -231,6 +234,7 @@ def resolve_entry(
         source=entry["source"],
         chat_format=chat_format,
         info=info,
+        mmproj=mmproj,
     )
 
 

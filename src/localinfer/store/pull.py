@@ -49,8 +49,10 @@ def pull_model(
     revision: str | None = None,
     offline: bool = False,
     progress: ProgressSink | None = None,
+    mmproj: str | None = None,
 ) -> dict[str, Any]:
     """Install ``spec`` (see :mod:`localinfer.store.names`) and return its manifest entry.
+    ``mmproj``: a local projector file (images in) recorded beside a local model.
 
     Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files. Transfers,
     checks and notes go to ``progress`` (None: nowhere).
@@ -66,7 +68,9 @@ def pull_model(
     if parsed.kind == "path":
         if revision:
             raise UsageError("--revision applies to Hub models, not to a local file")
-        return register_local(parsed, name=name, progress=progress)
+        return register_local(parsed, name=name, progress=progress, mmproj=mmproj)
+    if mmproj is not None:
+        raise UsageError("--mmproj FILE goes with a local model file (pull FILE --mmproj FILE)")
 
     from localinfer.store.registry import load_registry
 
@@ -130,9 +134,13 @@ def _default_alias(path: Path) -> str:
     return stem[:100]
 
 
-def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSink) -> dict[str, Any]:
+def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSink, mmproj: str | None = None) -> dict[str, Any]:
     path, info = read_local_file(parsed)  # refuse non-GGUF / hostile files before anything is recorded
     path = path.resolve()
+    if mmproj is not None:
+        from localinfer.store.projector import read_projector
+
+        read_projector(Path(mmproj).expanduser(), mmproj)  # refused before anything is hashed or recorded
     key = name or alias_name(_default_alias(path))
     from localinfer.store.registry import load_registry
 
@@ -169,6 +177,10 @@ def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSin
         loadable=prove_install(store, key, path, info, files),  # before anything is recorded
     )
     entry["header"]["parameter_count"] = params
+    if mmproj is not None:
+        from localinfer.store.projector import local_record
+
+        entry["mmproj"] = local_record(Path(mmproj).expanduser(), progress)
     store.put(entry)
     progress.note(f"registered {key} -> {path} (used in place, not copied)")
     return entry
