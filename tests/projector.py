@@ -83,3 +83,40 @@ def write_projector(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
+    """A PNG of seeded noise (``size``: width, height)."""
+    import io
+
+    from PIL import Image
+
+    arr = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3)).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def bomb_png(side: int = 20000) -> bytes:
+    """A small PNG whose header says ``side`` x ``side`` pixels (a decompression bomb's shape)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    row = b"\x00" + b"\x00" * side  # one filter byte, then gray pixels
+    body = zlib.compress(row * 64, 9)  # only the first rows: the header is what a bound must read
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+
+
+def wide_png(width: int = 100000, height: int = 1) -> bytes:
+    """A 1 x 100000 (by default) PNG: few pixels, absurd proportions."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height)).save(buf, "PNG")
+    return buf.getvalue()

@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import io
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ MARKER = "<__media__>"  # where an image goes in a message's text (libmtmd's def
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # about 6300 x 6300
 MAX_SIDE = 16384
+MAX_ASPECT = 100  # a 1 x 5000 strip resizes to nothing a projector can see; some preprocessors divide by it
 MAX_IMAGES = 16  # per request
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
@@ -53,7 +55,10 @@ def from_bytes(data: bytes, name: str) -> Image:
 
     PILImage.MAX_IMAGE_PIXELS = MAX_PIXELS  # Pillow's own bomb check, for any path we do not cover
     try:
-        with PILImage.open(io.BytesIO(data), formats=FORMATS) as img:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)  # refused below, by name
+            img = PILImage.open(io.BytesIO(data), formats=FORMATS)
+        with img:
             w, h = img.size
             _check_size(name, w, h)
             img.seek(0)
@@ -71,6 +76,8 @@ def from_bytes(data: bytes, name: str) -> Image:
 def _check_size(name: str, w: int, h: int) -> None:
     if w <= 0 or h <= 0 or w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
         raise ImageError(f"image {name} is {w}x{h} pixels: at most {MAX_SIDE} a side and {MAX_PIXELS} in all are allowed")
+    if max(w, h) > MAX_ASPECT * min(w, h):
+        raise ImageError(f"image {name} is {w}x{h} pixels: one side is more than {MAX_ASPECT} times the other")
 
 
 def _first_line(exc: BaseException) -> str:

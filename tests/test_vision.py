@@ -1,0 +1,163 @@
+"""Images in (issue 41): decoding and bounds (localinfer.images, no model), then the real libmtmd with
+a projector the tests make (tests/projector.py: random weights, SmolLM2's width) on SmolLM2-135M -
+through the engine, `pull --mmproj` / `run --image`, and bad inputs as one line."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+
+import pytest
+from conftest import run_cli as _run_cli
+from projector import bomb_png, image_tokens, png, wide_png, write_projector
+
+from localinfer import images
+from localinfer.images import ImageError
+
+
+def run_cli(*args: str):
+    return _run_cli(*args, text=True)
+
+
+@pytest.fixture(scope="session")
+def projector_file(tmp_path_factory):
+    return write_projector(tmp_path_factory.mktemp("projector") / "mmproj-test.gguf")
+
+
+# -- decoding and bounds (no model) ---------------------------------------------------------------
+def test_an_image_decodes_to_rgb_with_its_digest():
+    img = images.from_bytes(png(1, (48, 40)), "a.png")
+    assert (img.width, img.height, len(img.rgb)) == (48, 40, 48 * 40 * 3)
+    assert img.sha256 != images.from_bytes(png(2, (48, 40)), "b.png").sha256
+
+
+@pytest.mark.parametrize("data, needle", [
+    (b"hello, not an image", "not an image"),
+    (wide_png(), "100000x1 pixels"),
+    (bomb_png(), "decompression bomb"),
+    (bomb_png(7000), "7000x7000 pixels"),
+    (wide_png(5000, 1), "more than 100 times"),
+])  # fmt: skip
+def test_bad_images_are_refused_by_name(data, needle):
+    with pytest.raises(ImageError, match=needle) as exc:
+        images.from_bytes(data, "upload.png")
+    assert "upload.png" in str(exc.value)
+
+
+def test_data_uris_base64_and_counts():
+    uri = "data:image/png;base64," + base64.b64encode(png(3)).decode()
+    assert images.from_data_uri(uri, "x").width == 48
+    with pytest.raises(ImageError, match="remote image URLs are refused"):
+        images.from_data_uri("https://example.com/cat.png", "messages[0].content[1]")
+    with pytest.raises(ImageError, match="not valid base64"):
+        images.from_base64("!!!", "images[0]")
+    with pytest.raises(ImageError, match="100 images in one request"):
+        images.check_count(100)
+
+
+def test_images_go_before_the_text_unless_it_places_them():
+    img = images.from_bytes(png(1), "a.png")
+    m = images.message("user", "describe it", [img, img])
+    assert m["content"] == f"{images.MARKER}\n{images.MARKER}\ndescribe it" and len(m["images"]) == 2
+    placed = images.message("user", f"first {images.MARKER} then", [img])
+    assert placed["content"] == f"first {images.MARKER} then"
+    with pytest.raises(ImageError, match="places 2 images"):
+        images.message("user", images.MARKER * 2, [img])
+
+
+# -- the engine, on the real libmtmd ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vision(smollm2_path, projector_file):
+    from localinfer.engine.types import LoadOptions
+    from localinfer.generate import load
+    from localinfer.store.resolve import resolve_model
+
+    resolved = dataclasses.replace(resolve_model(str(smollm2_path)), mmproj=projector_file)
+    loaded = load(resolved, LoadOptions(n_ctx=1024, n_threads=2))
+    yield loaded
+    loaded.close()
+
+
+def _ask(loaded, pictures, text="What is in this picture?", *, fresh=True):
+    from localinfer.engine.types import SamplingOptions
+    from localinfer.generate import generate
+    from localinfer.request import build
+
+    if fresh:
+        loaded.model.reset()
+    req = build(messages=[images.message("user", text, pictures)], sampling=SamplingOptions(temperature=0), max_tokens=12)
+    return generate(loaded, req, lambda _t: None)
+
+
+def test_an_image_is_in_the_prompt_and_steers_the_answer(vision):
+    one, two = (images.from_bytes(png(s), f"{s}.png") for s in (1, 2))
+    a, again, b = _ask(vision, [one]), _ask(vision, [one]), _ask(vision, [two])
+    text_only = _ask(vision, [])
+    n = image_tokens()
+    assert a.stats.image_tokens == n and text_only.stats.image_tokens == 0
+    assert n <= a.stats.prompt_tokens - text_only.stats.prompt_tokens <= n + 2  # the image, and its newline
+    assert a.stats.image_encode_s > 0 and a.text
+    assert again.text == a.text  # deterministic at temperature 0
+    assert b.text != a.text  # another picture, another answer
+    j = a.to_json()
+    assert j["usage"]["image_tokens"] == n and j["timings"]["image_encode_ms"] > 0
+
+
+def test_the_cache_is_reused_across_the_same_image(vision):
+    one, two = (images.from_bytes(png(s), f"{s}.png") for s in (1, 2))
+    _ask(vision, [one])
+    same = _ask(vision, [one], fresh=False)
+    assert same.stats.cached_tokens == same.stats.prompt_tokens - 1 and same.stats.image_encode_s == 0
+    other = _ask(vision, [two], fresh=False)  # the prefix before the image is kept, not the image
+    assert 0 < other.stats.cached_tokens < other.stats.prompt_tokens - image_tokens()
+    assert other.stats.image_encode_s > 0
+
+
+def test_an_image_to_a_text_model_names_the_model(vision):
+    text_model = dataclasses.replace(vision, projector=None, name="plain-model")
+    with pytest.raises(ImageError, match="model plain-model takes no images"):
+        _ask(text_model, [images.from_bytes(png(1), "a.png")])
+
+
+def test_a_projector_of_another_width_is_refused_at_load(vision, tmp_path):
+    from localinfer.engine.vision import Projector
+    from localinfer.errors import UsageError
+
+    wrong = write_projector(tmp_path / "mmproj-640.gguf", out_width=640)
+    with pytest.raises(UsageError, match="gives 640-wide embeddings but .* takes 576"):
+        Projector(vision.model, wrong)
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+def test_pull_with_a_projector_then_run_with_images(smollm2_path, projector_file, tmp_path):
+    p = run_cli("pull", str(smollm2_path), "--name", "smolvis", "--mmproj", str(projector_file))
+    assert p.returncode == 0, p.stderr
+    listed = run_cli("list", "--json")
+    row = next(m for m in json.loads(listed.stdout)["models"] if m["name"] == "smolvis")
+    assert row["vision"] is True
+    pic = tmp_path / "pic.png"
+    pic.write_bytes(png(1))
+    r = run_cli("run", "-m", "smolvis", "--image", str(pic), "What is in this picture?", "--temperature", "0", "-n", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["usage"]["image_tokens"] == image_tokens() and out["text"]
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    for args, needle in [
+        (["--image", str(bad)], f"{bad} is not an image"),
+        (["--image", "https://example.com/a.png"], "URLs are not fetched"),
+        (["--image", "-"], "not read from stdin"),
+        (["--image", str(pic)] * 17, "17 images in one request"),
+    ]:
+        r = run_cli("run", "-m", "smolvis", *args, "hi")
+        assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run_cli("run", "-m", str(smollm2_path), "--image", str(pic), "hi")
+    assert r.returncode == 2 and "takes no images" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    gone = run_cli("rm", "smolvis")
+    assert gone.returncode == 0 and str(projector_file) in gone.stdout + gone.stderr
+
+
+def test_pull_refuses_a_projector_that_is_not_one(smollm2_path, tmp_path):
+    r = run_cli("pull", str(smollm2_path), "--name", "x", "--mmproj", str(smollm2_path))
+    assert r.returncode != 0 and "is not a projector" in r.stderr and "'llama'" in r.stderr, r.stderr
