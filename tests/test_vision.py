@@ -161,3 +161,53 @@ def test_pull_with_a_projector_then_run_with_images(smollm2_path, projector_file
 def test_pull_refuses_a_projector_that_is_not_one(smollm2_path, tmp_path):
     r = run_cli("pull", str(smollm2_path), "--name", "x", "--mmproj", str(smollm2_path))
     assert r.returncode != 0 and "is not a projector" in r.stderr and "'llama'" in r.stderr, r.stderr
+
+
+# -- serve ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vision_server(smollm2_path, projector_file, tmp_path_factory):
+    from test_serve_model import ServeProcess
+
+    home = tmp_path_factory.mktemp("vision-home")
+    pulled = _run_cli("pull", str(smollm2_path), "--name", "smolvis", "--mmproj", str(projector_file), text=True,
+                      env={"LOCALINFER_HOME": str(home)})  # fmt: skip
+    assert pulled.returncode == 0, pulled.stderr
+    with ServeProcess("smolvis", "-np", "2", "-c", "1024", home=home) as s:
+        yield s
+
+
+def _uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _chat(server, *pictures: bytes, text: str = "What is in this picture?") -> tuple[int, dict]:
+    parts = [{"type": "image_url", "image_url": {"url": p if isinstance(p, str) else _uri(p)}} for p in pictures]
+    body = {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}],
+            "temperature": 0, "max_tokens": 12}  # fmt: skip
+    return server.json("POST", "/v1/chat/completions", body)
+
+
+def test_serve_takes_image_parts_on_the_openai_route(vision_server):
+    code, a = _chat(vision_server, png(1))
+    assert code == 200, a
+    _, again = _chat(vision_server, png(1))
+    _, b = _chat(vision_server, png(2))
+    _, plain = _chat(vision_server)
+    assert a["usage"]["prompt_tokens"] >= plain["usage"]["prompt_tokens"] + image_tokens()
+    assert a["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
+    assert a["choices"][0]["message"]["content"] != b["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("picture, needle", [
+    (b"not an image", "is not an image"),
+    ("https://example.com/cat.png", "remote image URLs are refused"),
+    (wide_png(), "100000x1 pixels"),
+    (bomb_png(), "decompression bomb"),
+])  # fmt: skip
+def test_serve_refuses_bad_images_with_a_400_and_keeps_serving(vision_server, picture, needle):
+    code, body = _chat(vision_server, picture)
+    assert code == 400 and needle in body["error"]["message"], body
+    code, body = _chat(vision_server, *[png(1)] * 17)
+    assert code == 400 and "17 images" in body["error"]["message"], body
+    code, _ = _chat(vision_server, png(1))
+    assert code == 200

@@ -172,7 +172,9 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         raise overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
     tools = tool_plan(loaded, request)
-    images = vision_images(loaded, request)
+    from localinfer.images import for_model
+
+    images = for_model(loaded, request, several=n_ctx is not None)
 
     def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
         if request.raw_text is not None:
@@ -213,19 +215,6 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         f"even truncated, the prompt does not fit the context window ({n_ctx} tokens)",
         hint="shorten the system prompt or raise --ctx-size",
     )
-
-
-def vision_images(loaded: LoadedModel, request: Request) -> tuple:
-    """``request``'s images (localinfer.images), refused where the model takes none."""
-    if request.raw_text is not None or not any("images" in m for m in request.messages):
-        return ()
-    from localinfer.images import ImageError, gather
-
-    images = gather(request.messages)
-    if images and loaded.projector is None:
-        raise ImageError(f"model {loaded.name} takes no images (it has no projector)",
-                         hint="pull it with its projector: localinfer pull MODEL --mmproj FILE")  # fmt: skip
-    return images
 
 
 def rendered_prompt(loaded: LoadedModel, request: Request) -> tuple[str, int]:

@@ -179,3 +179,52 @@ def read_files(paths: list[str]) -> list[Image]:
     """``--image`` files, counted before any is read."""
     check_count(len(paths))
     return [from_file(p) for p in paths]
+
+
+def for_model(loaded: Any, request: Any, several: bool = False) -> tuple[Image, ...]:
+    """A core Request's images, refused where the model (a generate.LoadedModel) takes none;
+    ``several``: for the batch engine, whose positions are token counts (not M-RoPE's)."""
+    if request.raw_text is not None or not any("images" in m for m in request.messages):
+        return ()
+    images = gather(request.messages)
+    if images and loaded.projector is None:
+        raise ImageError(f"model {loaded.name} takes no images (it has no projector)",
+                         hint="pull it with its projector: localinfer pull MODEL --mmproj FILE")  # fmt: skip
+    if images and several and loaded.projector is not None and loaded.projector.mrope:
+        raise ImageError(f"images to {loaded.name} (M-RoPE positions) are taken by `run` only, not yet by serve or batch")
+    return images
+
+
+def wire_error(exc: ImageError, field: str) -> Exception:
+    """An ImageError as the wires' RuleError (a 400 in each protocol's shape), its message kept whole."""
+    from localinfer.rules import RuleError
+
+    err = RuleError(field, str(exc), "invalid_image")
+    err.args = (str(exc),)
+    return err
+
+
+def openai_content(where: str, content: list[Any]) -> tuple[str, tuple[Image, ...]]:
+    """OpenAI's content parts, text and ``image_url`` (a data: URI; remote URLs refused): the text
+    with a :data:`MARKER` where each image was, and the images."""
+    from localinfer import rules
+
+    texts: list[str] = []
+    pictures: list[Image] = []
+    for j, part in enumerate(content):
+        w = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        try:
+            if kind == "text" and not set(part) - {"type", "text"}:
+                texts.append(text_without_marker(rules.text(f"{w}.text", part.get("text")), w))
+            elif kind == "image_url" and not set(part) - {"type", "image_url"}:
+                ref = part["image_url"]
+                pictures.append(from_data_uri(ref.get("url") if isinstance(ref, dict) else ref, f"{w}.image_url"))
+                texts.append(MARKER)
+            else:
+                raise rules.RuleError(w, 'must be a text part {"type": "text", "text": ...} or an image part '
+                                         '{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}')  # fmt: skip
+            check_count(len(pictures))
+        except ImageError as exc:
+            raise wire_error(exc, w) from None
+    return "".join(texts), tuple(pictures)

@@ -157,6 +157,9 @@ class MediaPrompt(list):
         except BaseException:
             self.close()
             raise
+        if not self.pieces or self.pieces[-1][2] is not None:
+            self.close()
+            raise UsageError("the prompt ends with an image: text must follow it (the answer starts after)")
         super().__init__(tokens)
         self.history = [t for t in tokens if t >= 0]
 
@@ -172,33 +175,82 @@ class MediaPrompt(list):
             pass
 
     def evaluate(self, model: Model, cached: int, stats: GenerationStats) -> int:
-        """Decode what the cache lacks from position ``cached`` (moved back to an image's start if it
-        falls inside one); images are encoded first, timed apart (``stats.image_encode_s``). Returns
-        the positions kept from the cache."""
-        mt, pr = self.projector.mt, self.projector
+        """Decode what sequence 0's cache lacks from position ``cached`` (moved back to an image's start
+        if it falls inside one; model.generate's path); images are encoded first, timed apart
+        (``stats.image_encode_s``). Returns the positions kept from the cache."""
         stats.image_tokens = self.image_tokens
         for start, n, chunk in self.pieces:
             if chunk is not None and start < cached < start + n:
                 cached = model.keep_prefix(start)
-        if pr.mrope and cached:  # M-RoPE positions are not token counts: start over
+        if self.projector.mrope and cached:  # M-RoPE positions are not token counts: start over
             model.reset()
             cached = 0
+
+        def text(tokens: list[int], _pos: int) -> None:
+            model._decode(tokens)
+
+        def image(start: int, end: int) -> None:
+            model._tokens.extend(self[start:end])
+
+        stats.image_encode_s += self._run(model, 0, cached, len(self), text, image)
+        return cached
+
+    def evaluate_seq(self, model: Model, seq: int, cached: int) -> tuple[int, float]:
+        """The batch engine's: decode all but the last position into sequence ``seq`` (which holds the
+        first ``cached``), so that its slot evaluates the last text token as any prompt's. Returns the
+        positions now held and the images' encode time."""
         for start, n, chunk in self.pieces:
-            end = start + n
-            if end <= cached:
+            if chunk is not None and start < cached < start + n:
+                cached = start if model.drop_tokens(seq, start) else 0
+                if not cached:
+                    model.drop_sequence(seq)
+
+        def text(tokens: list[int], pos: int) -> None:
+            _decode_seq(model, seq, tokens, pos)
+
+        encode_s = self._run(model, seq, cached, len(self) - 1, text, lambda _s, _e: None)
+        return len(self) - 1, encode_s
+
+    def _run(self, model: Model, seq: int, cached: int, upto: int, text: Any, image: Any) -> float:
+        """Decode positions ``cached`` to ``upto``: text pieces through ``text(tokens, pos)``, images
+        encoded and decoded here (then ``image(start, end)``); the time spent encoding."""
+        mt, pr = self.projector.mt, self.projector
+        encode_s = 0.0
+        for start, n, chunk in self.pieces:
+            end = min(start + n, upto)
+            if end <= cached or start >= upto:
                 continue
             if chunk is None:
-                model._decode(self[max(start, cached) : end])
+                text(list(self[max(start, cached) : end]), max(start, cached))
                 continue
             t0 = time.perf_counter()
             if mt.mtmd_encode_chunk(pr._ctx, chunk) != 0:
                 raise GenerationError("libmtmd could not encode an image")
             embd = mt.mtmd_get_output_embd(pr._ctx)
-            stats.image_encode_s += time.perf_counter() - t0
+            encode_s += time.perf_counter() - t0
             new_past = llama_cpp.llama_pos(0)
-            rc = mt.mtmd_helper_decode_image_chunk(pr._ctx, model._ctx, chunk, embd, start, 0, model.n_batch,
+            rc = mt.mtmd_helper_decode_image_chunk(pr._ctx, model._ctx, chunk, embd, start, seq, model.n_batch,
                                                    ctypes.byref(new_past), _no_callback(mt), None)  # fmt: skip
             if rc != 0:
-                model._decode_failed(rc)
-            model._tokens.extend(self[start:end])
-        return cached
+                if seq == 0:
+                    model._decode_failed(rc)
+                raise GenerationError(f"decoding an image failed (code {rc})")
+            image(start, start + n)
+        return encode_s
+
+
+def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int) -> None:
+    """Evaluate ``tokens`` at positions ``pos``... of sequence ``seq`` (no logits), n_batch at a time."""
+    for off in range(0, len(tokens), model.n_batch):
+        part = tokens[off : off + model.n_batch]
+        batch = llama_cpp.llama_batch_init(len(part), 0, 1)
+        try:
+            for i, tok in enumerate(part):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos + off + i, 1, 0
+                batch.seq_id[i][0] = seq
+            batch.n_tokens = len(part)
+            rc = model.decode_batch(batch)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        if rc != 0:
+            raise GenerationError(f"llama_decode failed with code {rc}")
