@@ -249,7 +249,7 @@ def message(where: str, m: Any) -> dict[str, Any]:
     if "content" not in m and role != "assistant":
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
     pictures: tuple[Any, ...] = ()
-    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("image_url", "image") for p in content):
         from localinfer.images import openai_content  # images in (localinfer.images)
 
         content, pictures = openai_content(f"{where}.content", content)
