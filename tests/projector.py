@@ -25,8 +25,11 @@ def image_tokens(image_size: int = IMAGE_SIZE, patch: int = PATCH) -> int:
 
 
 def write_projector(
-    path: Path, *, out_width: int = SMOLLM2_WIDTH, seed: int = 41, image_size: int = IMAGE_SIZE, patch: int = PATCH
+    path: Path, *, out_width: int = SMOLLM2_WIDTH, seed: int = 41, image_size: int = IMAGE_SIZE, patch: int = PATCH,
+    kind: str = "mlp",
 ) -> Path:
+    """``kind``: "mlp" (LLaVA's), or "idefics3" (SmolVLM's: its prompt needs marker tokens such as
+    ``<fake_token_around_image>`` in the text model's vocabulary, which SmolLM2's lacks)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -39,7 +42,9 @@ def write_projector(
     n_pos = (image_size // patch) ** 2
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_name("localinfer test projector")
-    writer.add_string("clip.projector_type", "mlp")
+    writer.add_string("clip.projector_type", kind)
+    if kind == "idefics3":
+        writer.add_uint32("clip.vision.projector.scale_factor", 2)
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_bool("clip.use_gelu", True)
     writer.add_uint32("clip.vision.image_size", image_size)
@@ -71,10 +76,15 @@ def write_projector(
         tensors[f"{b}.ffn_up.bias"] = np.zeros(N_FF, np.float32)
         tensors[f"{b}.ffn_down.weight"] = w(N_EMBD, N_FF)
         tensors[f"{b}.ffn_down.bias"] = np.zeros(N_EMBD, np.float32)
-    tensors["mm.0.weight"] = w(out_width, N_EMBD)
-    tensors["mm.0.bias"] = np.zeros(out_width, np.float32)
-    tensors["mm.2.weight"] = w(out_width, out_width)
-    tensors["mm.2.bias"] = np.zeros(out_width, np.float32)
+    if kind == "idefics3":  # a 2x2 pixel shuffle, then one matrix
+        tensors["mm.model.fc.weight"] = w(out_width, N_EMBD * 4)
+        tensors["v.post_ln.weight"] = np.ones(N_EMBD, np.float32)
+        tensors["v.post_ln.bias"] = np.zeros(N_EMBD, np.float32)
+    else:
+        tensors["mm.0.weight"] = w(out_width, N_EMBD)
+        tensors["mm.0.bias"] = np.zeros(out_width, np.float32)
+        tensors["mm.2.weight"] = w(out_width, out_width)
+        tensors["mm.2.bias"] = np.zeros(out_width, np.float32)
     for name, data in tensors.items():
         writer.add_tensor(name, data)
 

@@ -129,6 +129,21 @@ def test_a_projector_of_another_width_is_refused_at_load(vision, tmp_path):
         Projector(vision.model, wrong)
 
 
+def test_a_projector_whose_markers_the_vocabulary_lacks_is_refused_not_aborted(vision, tmp_path):
+    from localinfer.engine.vision import Projector
+    from localinfer.errors import UsageError
+
+    # SmolVLM's (idefics3) projector wraps images in <fake_token_around_image>, which SmolLM2 lacks:
+    # libmtmd emits token -1 for it, on which llama_decode would assert and abort the process
+    smolvlm = Projector(vision.model, write_projector(tmp_path / "mmproj-idefics3.gguf", kind="idefics3"))
+    try:
+        with pytest.raises(UsageError, match="needs marker tokens that .* vocabulary lacks"):
+            smolvlm.prompt(f"{images.MARKER}\nhi", [images.from_bytes(png(1), "a.png")])
+    finally:
+        smolvlm.close()
+    assert _ask(vision, [images.from_bytes(png(1), "a.png")]).text  # the model answers on
+
+
 # -- the CLI --------------------------------------------------------------------------------------
 def test_pull_with_a_projector_then_run_with_images(smollm2_path, projector_file, tmp_path):
     p = run_cli("pull", str(smollm2_path), "--name", "smolvis", "--mmproj", str(projector_file))

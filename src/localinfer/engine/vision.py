@@ -155,10 +155,10 @@ class MediaPrompt(list):
                 else:
                     raise UsageError("the prompt holds media other than images (audio), which is not supported")
         except BaseException:
-            self.close()
+            self._chunks = None  # still the caller's to free (Projector.prompt)
             raise
         if not self.pieces or self.pieces[-1][2] is not None:
-            self.close()
+            self._chunks = None
             raise UsageError("the prompt ends with an image: text must follow it (the answer starts after)")
         super().__init__(tokens)
         self.history = [t for t in tokens if t >= 0]
