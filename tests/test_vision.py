@@ -203,6 +203,8 @@ def _chat(server, *pictures: bytes, text: str = "What is in this picture?") -> t
 
 
 def test_serve_takes_image_parts_on_the_openai_route(vision_server):
+    assert vision_server.json("GET", "/v1/models")[1]["data"][0]["meta"]["vision"] is True
+    assert "vision" in vision_server.json("POST", "/api/show", {"model": "smolvis"})[1]["capabilities"]
     code, a = _chat(vision_server, png(1))
     assert code == 200, a
     _, again = _chat(vision_server, png(1))
