@@ -66,6 +66,16 @@ def test_images_go_before_the_text_unless_it_places_them():
         images.message("user", images.MARKER * 2, [img])
 
 
+def test_the_memory_preflight_counts_the_projector():
+    from localinfer.system.hardware import MemoryBudget
+    from localinfer.system.preflight import less_projector
+
+    budget = MemoryBudget(ram_available=1 << 30, ram_total=2 << 30)
+    small, big = less_projector(budget, 1 << 20), less_projector(budget, 600 << 20)
+    assert budget.ram_available - small.ram_available == (1 << 20) + (64 << 20)  # at least 64 MiB of compute
+    assert budget.ram_available - big.ram_available == 900 << 20 and "projector" in big.notes[-1]
+
+
 # -- the engine, on the real libmtmd ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vision(smollm2_path, projector_file):

@@ -104,6 +104,11 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
         from localinfer.engine.rpc import add_servers
 
         add_servers(options.rpc_servers)
+    if resolved.mmproj is not None:  # the projector comes out of the same memory (store.projector)
+        from localinfer.system.hardware import memory_budget
+        from localinfer.system.preflight import less_projector
+
+        budget = less_projector(budget or memory_budget(), resolved.mmproj.stat().st_size)
     plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
     model = Model(resolved.path, plan.apply(options))
     template: ChatTemplate | None = None
