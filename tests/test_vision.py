@@ -7,9 +7,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
+from pathlib import Path
 
 import pytest
 from conftest import run_cli as _run_cli
+from fakehub import fake_hub, hub_env  # noqa: F401 - fixtures
 from projector import bomb_png, image_tokens, png, wide_png, write_projector
 
 from localinfer import images
@@ -290,3 +293,33 @@ def test_every_wire_takes_images_and_refuses_bad_ones_in_its_own_shape(vision_se
             assert isinstance(body["error"], str)
         else:
             assert "message" in body["error"]
+
+
+# -- Hub pulls (tests/fakehub.py) ------------------------------------------------------------------
+def test_a_hub_pull_fetches_the_projector_asked_for(fake_hub, projector_file, smollm2_path, monkeypatch, tmp_path):  # noqa: F811
+    from typer.testing import CliRunner
+
+    from localinfer.cli.main import build_app
+
+    monkeypatch.setenv("LOCALINFER_PROBE", "0")  # the store's mechanics: llama.cpp's test load is not the point
+    repo = "acme/Vis-GGUF"
+    fake_hub.add_file(repo, "vis-Q4_1.gguf", smollm2_path)
+    fake_hub.add_file(repo, "mmproj-vis-f16.gguf", projector_file)
+    fake_hub.add_file(repo, "mmproj-vis-Q4_1.gguf", write_projector(tmp_path / "q4.gguf", seed=7))  # the quant's own wins
+    fake_hub.add_file(repo, "mmproj-broken-f16.gguf", smollm2_path)  # a llama model, not a projector
+
+    def invoke(*args: str):
+        return CliRunner().invoke(build_app(), list(args), catch_exceptions=False)
+
+    r = invoke("pull", f"{repo}/vis-Q4_1.gguf", "--mmproj", "auto")
+    assert r.exit_code == 0 and "with its projector" in r.stderr, r.stderr
+    shown = json.loads(invoke("show", f"{repo}/vis-Q4_1.gguf", "--json").stdout)
+    assert shown["vision"] is True and shown["projector"].endswith(fake_hub.repos[repo].files["mmproj-vis-Q4_1.gguf"].sha256)
+    bad = invoke("pull", f"{repo}/vis-Q4_1.gguf", "--name", "broken", "--mmproj", "mmproj-broken-f16.gguf")
+    assert bad.exit_code != 0 and "is not a projector" in bad.stderr and "Traceback" not in bad.stderr
+    missing = invoke("pull", f"{repo}/vis-Q4_1.gguf", "--name", "nope", "--mmproj", "mmproj-nope.gguf")
+    assert missing.exit_code != 0 and "projectors there: mmproj-broken-f16.gguf, mmproj-vis-Q4_1.gguf, mmproj-vis-f16.gguf" in missing.stderr
+    gone = invoke("rm", f"{repo}/vis-Q4_1.gguf")
+    assert gone.exit_code == 0
+    blobs = Path(os.environ["LOCALINFER_HOME"]) / "models" / "blobs"
+    assert not blobs.is_dir() or not any(blobs.iterdir())  # the model's blob and its projector's

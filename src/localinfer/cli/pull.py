@@ -29,7 +29,7 @@ def pull(
         bool, typer.Option("--offline", help="Never download: only verify what is installed; also HF_HUB_OFFLINE=1.")
     ] = False,
     mmproj: Annotated[
-        Optional[str], typer.Option("--mmproj", metavar="FILE", help="The model's multimodal projector (images in), a local mmproj .gguf file, recorded beside a local model.", show_default=False)
+        Optional[str], typer.Option("--mmproj", metavar="FILE", help="The model's multimodal projector (images in), kept beside it: for a local model a local mmproj .gguf; for a Hub model a file in its repo, or 'auto' (the mmproj of the model's quantization, else F16).", show_default=False)
     ] = None,
 ) -> None:
     """Download a model (resuming, sha256-verified) or register a local GGUF file without copying it."""

@@ -90,3 +90,63 @@ def record_problem(rec: Any) -> str | None:
     if rec.get("path") is not None and not isinstance(rec.get("path"), str):
         return "a projector with a bad path"
     return None
+
+
+def pick_projector(files: list[str], model_file: str) -> str | None:
+    """The repo's ``mmproj*.gguf`` that goes with ``model_file``: the one of its quantization, else the
+    widest float (F16, BF16, F32), else the first by name; None where the repo has none."""
+    from localinfer.store.names import quant_of
+
+    found = sorted(f for f in files if f.rsplit("/", 1)[-1].lower().startswith("mmproj") and f.lower().endswith(".gguf"))
+    if not found:
+        return None
+    by_quant = {(quant_of(f) or "").upper(): f for f in found}
+    for q in ((quant_of(model_file) or "").upper(), "F16", "BF16", "F32"):
+        if q and q in by_quant:
+            return by_quant[q]
+    return found[0]
+
+
+def hub_projector(store: Store, *, repo: str, commit: str, listing: Any, model_file: str, choice: str,
+                  progress: ProgressSink) -> dict[str, Any] | None:  # fmt: skip
+    """Fetch (verified, resuming) the projector ``choice`` names in a Hub repo - a file there, or
+    "auto": :func:`pick_projector` - and its manifest record; None for "auto" in a repo without one."""
+    from localinfer.store.pull import _fetch_blob
+    from localinfer.store.sources import hub
+
+    name = pick_projector(list(listing.files), model_file) if choice == "auto" else choice
+    if name is None:
+        progress.note(f"{repo} holds no mmproj file: the model takes text only")
+        return None
+    if name not in listing.files:
+        found = [f for f in listing.files if f.lower().startswith("mmproj")]
+        raise ModelNotFoundError(f"projector not found in {repo}: {name}",
+                                 hint=f"projectors there: {', '.join(sorted(found)) or 'none'}")  # fmt: skip
+    remote = listing.files[name]
+    meta = hub.file_metadata(repo, commit, name)
+    sha = remote.sha256 or hub.etag_sha256(meta.etag)
+    if not sha:
+        raise InvalidModelError(f"the Hub gives no sha256 for {repo}/{name}, so it cannot be verified; not downloading it")
+    blob, _info = _fetch_blob(store, repo=repo, filename=name, meta=meta, size=remote.size if remote.size is not None else meta.size,
+                              sha256=sha, progress=progress)  # fmt: skip
+    read_projector(blob, f"{repo}/{name}")
+    return {"filename": name, "sha256": sha, "size": blob.stat().st_size}
+
+
+def attach_hub_projector(store: Store, entry: dict[str, Any], files: list[dict[str, Any]], *, repo: str, commit: str,
+                         listing: Any, choice: str, progress: ProgressSink) -> list[Path]:  # fmt: skip
+    """Record the repo's projector in ``entry`` (store.pull's Hub path); the blobs the entry now needs
+    too. A refused projector leaves nothing installed (the model's ``files`` collected)."""
+    from localinfer.errors import LocalInferError
+    from localinfer.store.blobs import gc_blobs
+
+    try:
+        record = hub_projector(store, repo=repo, commit=commit, listing=listing, model_file=files[0]["filename"],
+                               choice=choice, progress=progress)  # fmt: skip
+    except LocalInferError:
+        gc_blobs(store, [rec["sha256"] for rec in files])
+        raise
+    if record is None:
+        return []
+    entry["mmproj"] = record
+    return [store.blob_path(record["sha256"])]

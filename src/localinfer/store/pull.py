@@ -19,6 +19,7 @@ from localinfer.store.blobs import gc_blobs, link_split
 from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
 from localinfer.store.loadable import prove_install
 from localinfer.store.manifest import Store
+from localinfer.store.projector import local_record, read_projector
 from localinfer.store.preflight import check_disk, memory_check
 from localinfer.store.quants import choose_quant, gguf_groups
 from localinfer.store.names import (
@@ -52,7 +53,7 @@ def pull_model(
     mmproj: str | None = None,
 ) -> dict[str, Any]:
     """Install ``spec`` (see :mod:`localinfer.store.names`) and return its manifest entry.
-    ``mmproj``: a local projector file (images in) recorded beside a local model.
+    ``mmproj``: its projector (images in; store.projector): a local file, a file in the Hub repo or "auto".
 
     Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files. Transfers,
     checks and notes go to ``progress`` (None: nowhere).
@@ -69,8 +70,6 @@ def pull_model(
         if revision:
             raise UsageError("--revision applies to Hub models, not to a local file")
         return register_local(parsed, name=name, progress=progress, mmproj=mmproj)
-    if mmproj is not None:
-        raise UsageError("--mmproj FILE goes with a local model file (pull FILE --mmproj FILE)")
 
     from localinfer.store.registry import load_registry
 
@@ -101,6 +100,7 @@ def pull_model(
             chat_format=reg.chat_format,
             offline=offline,
             progress=progress,
+            mmproj=mmproj or reg.mmproj,
         )
 
     if revision is not None:
@@ -118,6 +118,7 @@ def pull_model(
         chat_format=None,
         offline=offline,
         progress=progress,
+        mmproj=mmproj,
     )
 
 
@@ -138,8 +139,6 @@ def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSin
     path, info = read_local_file(parsed)  # refuse non-GGUF / hostile files before anything is recorded
     path = path.resolve()
     if mmproj is not None:
-        from localinfer.store.projector import read_projector
-
         read_projector(Path(mmproj).expanduser(), mmproj)  # refused before anything is hashed or recorded
     key = name or alias_name(_default_alias(path))
     from localinfer.store.registry import load_registry
@@ -178,8 +177,6 @@ def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSin
     )
     entry["header"]["parameter_count"] = params
     if mmproj is not None:
-        from localinfer.store.projector import local_record
-
         entry["mmproj"] = local_record(Path(mmproj).expanduser(), progress)
     store.put(entry)
     progress.note(f"registered {key} -> {path} (used in place, not copied)")
@@ -202,6 +199,7 @@ def _pull_hub(
     chat_format: str | None,
     offline: bool,
     progress: ProgressSink,
+    mmproj: str | None = None,
 ) -> dict[str, Any]:
     from localinfer.store.sources import hub
 
@@ -295,15 +293,20 @@ def _pull_hub(
             loadable=loadable,
         )
         entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
+        required = [store.blob_path(rec["sha256"]) for rec in files] + [store.root / entry["load"]]
+        if mmproj is not None:  # images in: the repo's projector, fetched and verified like the model
+            from localinfer.store.projector import attach_hub_projector
+
+            required += attach_hub_projector(store, entry, files, repo=repo, commit=commit, listing=listing, choice=mmproj, progress=progress)
         old = store.entry(key)
-        if store.put(entry, require=[store.blob_path(rec["sha256"]) for rec in files] + [store.root / entry["load"]]):
+        if store.put(entry, require=required):
             break
         # An `rm` of another model that shared these bytes deleted them between our fetch and now.
         progress.note(f"{key}: a file was deleted meanwhile by another command; fetching it again")
     else:
         raise LocalInferError(f"{key}: its files kept being deleted while it was pulled", hint="run the pull again")
     if old is not None and old.get("kind") == "store":
-        gc_blobs(store, [rec["sha256"] for rec in old.get("files", [])])
+        gc_blobs(store, [rec["sha256"] for rec in old.get("files", [])] + ([old["mmproj"]["sha256"]] if old.get("mmproj") else []))
     progress.note(f"pulled {key} ({human_size(entry['size'])}, sha256 verified)")
     return entry
 
