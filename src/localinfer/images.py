@@ -33,7 +33,12 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 
 class ImageError(UsageError):
-    """An image we cannot take (not an image, too big, too many): the message names it."""
+    """An image we cannot take (not an image, too big, too many): the message names it; ``field``:
+    the request's field, where a wire gave it (a "must be ..." message is about that field)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, field: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -195,79 +200,36 @@ def for_model(loaded: Any, request: Any, several: bool = False) -> tuple[Image, 
     return images
 
 
-def wire_error(exc: ImageError, field: str) -> Exception:
-    """An ImageError as the wires' RuleError (a 400 in each protocol's shape), its message kept whole."""
-    from localinfer.rules import RuleError
-
-    err = RuleError(field, str(exc))
-    err.args = (str(exc),)
-    return err
-
-
-def _decoded(field: str, decode: Any, *args: Any) -> dict[str, Any]:
-    """An image part already decoded (``{"type": "image", "image": Image}``: made here, never read from
-    JSON, which holds no Image), or the wire's 400 naming ``field``."""
+def _decoded(field: str, decode: Any, *args: Any) -> Image:
     try:
-        return {"type": "image", "image": decode(*args, field)}
+        return decode(*args, field)
     except ImageError as exc:
-        raise wire_error(exc, field) from None
+        exc.field = field
+        raise
 
 
-def openai_content(where: str, content: list[Any]) -> tuple[str, tuple[Image, ...]]:
-    """Content parts - text, OpenAI's ``image_url`` (a data: URI; remote URLs refused) and the parts the
-    other wires decoded - as the text with a :data:`MARKER` where each image was, and the images."""
-    from localinfer import rules
-
+def content_parts(where: str, content: list[Any], check_text: Any) -> tuple[str, tuple[Image, ...]]:
+    """Content parts - text (``check_text(field, value)``: rules.text), OpenAI's ``image_url`` (a data:
+    URI; remote URLs refused) and the ``{"type": "image", "image": Image}`` parts the other wires
+    decoded (made by serve.image_parts, never read from JSON, which holds no Image) - as the text with
+    a :data:`MARKER` where each image was, and the images. A bad part: ImageError naming its field."""
     texts: list[str] = []
     pictures: list[Image] = []
     for j, part in enumerate(content):
         w = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and not set(part) - {"type", "text"}:
-            try:
-                texts.append(text_without_marker(rules.text(f"{w}.text", part.get("text")), w))
-            except ImageError as exc:
-                raise wire_error(exc, w) from None
+            texts.append(_decoded(w, text_without_marker, check_text(f"{w}.text", part.get("text"))))
             continue
         if kind == "image" and isinstance(part.get("image"), Image):
             pictures.append(part["image"])
         elif kind == "image_url" and not set(part) - {"type", "image_url"} and part.get("image_url") is not None:
             ref = part["image_url"]
-            pictures.append(_decoded(f"{w}.image_url", from_data_uri, ref.get("url") if isinstance(ref, dict) else ref)["image"])
+            pictures.append(_decoded(f"{w}.image_url", from_data_uri, ref.get("url") if isinstance(ref, dict) else ref))
         else:
-            raise rules.RuleError(w, 'must be a text part {"type": "text", "text": ...} or an image part '
-                                     '{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}')  # fmt: skip
+            raise ImageError('must be a text part {"type": "text", "text": ...} or an image part '
+                             '{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}', field=w)  # fmt: skip
         texts.append(MARKER)
         if len(pictures) > MAX_IMAGES:
-            raise wire_error(ImageError(f"more than {MAX_IMAGES} images in one request"), where)
+            raise ImageError(f"more than {MAX_IMAGES} images in one request", field=where)
     return "".join(texts), tuple(pictures)
-
-
-# -- the other wires: images decoded there (naming their own fields), handed on as parts -------------
-def url_part(where: str, url: Any) -> dict[str, Any]:
-    """The Responses API's ``input_image`` (its ``image_url``: a data: URI)."""
-    return _decoded(where, from_data_uri, url)
-
-
-def anthropic_part(where: str, block: dict[str, Any]) -> dict[str, Any]:
-    """An Anthropic ``image`` block (``source``: base64 with its media type; a URL is refused)."""
-    src = block.get("source")
-    if not isinstance(src, dict) or src.get("type") != "base64":
-        kind = src.get("type") if isinstance(src, dict) else src
-        raise wire_error(ImageError(f"{where}.source must be base64 image data, not {kind!r} (this server fetches no URLs)"), where)
-    return _decoded(f"{where}.source.data", from_base64, src.get("data"))
-
-
-def base64_parts(where: str, images: Any) -> list[dict[str, Any]]:
-    """Ollama's ``images``: base64 strings (data: URIs taken too)."""
-    if not isinstance(images, list):
-        raise wire_error(ImageError(f"{where} must be a list of base64 images"), where)
-    if len(images) > MAX_IMAGES:
-        raise wire_error(ImageError(f"{len(images)} images in one request: at most {MAX_IMAGES} are allowed"), where)
-    return [_decoded(f"{where}[{k}]", from_data_uri if isinstance(i, str) and i.startswith("data:") else from_base64, i)
-            for k, i in enumerate(images)]  # fmt: skip
-
-
-def with_images(text: Any, parts: list[dict[str, Any]]) -> Any:
-    """A message's content: ``text`` alone, or the image parts then the text."""
-    return [*parts, {"type": "text", "text": text}] if parts else text

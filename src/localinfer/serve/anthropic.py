@@ -126,7 +126,7 @@ def _blocks(where: str, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
         if kind == "text":
             texts.append(rules.text(f"{w}.text", block.get("text")))
         elif kind == "image" and role == "user":  # an OpenAI image part, which rules.message decodes
-            from localinfer.images import anthropic_part
+            from localinfer.serve.image_parts import anthropic_part
 
             texts.append(anthropic_part(w, block))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":

@@ -78,7 +78,7 @@ def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> Olla
         if pictures and (raw or not templated):
             raise rules.RuleError("images", "go through the chat template: not with raw, nor to a model without one")
         if pictures:
-            from localinfer.images import base64_parts, with_images
+            from localinfer.serve.image_parts import base64_parts, with_images
 
             prompt = with_images(prompt, base64_parts("images", pictures))
         if raw or not templated:
@@ -177,7 +177,7 @@ def chat_messages(value: Any) -> tuple[dict[str, Any], ...]:
         role = m.get("role")
         turn: dict[str, Any] = {"role": role, "content": "" if m.get("content") is None else m["content"]}
         if m.get("images"):  # OpenAI image parts, which rules.message decodes
-            from localinfer.images import base64_parts, with_images
+            from localinfer.serve.image_parts import base64_parts, with_images
 
             turn["content"] = with_images(turn["content"], base64_parts(f"{where}.images", m["images"]))
         if role == "assistant" and m.get("thinking"):

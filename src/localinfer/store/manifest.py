@@ -30,7 +30,7 @@ from typing import Any
 
 from localinfer.errors import LocalInferError
 from localinfer.store.fsutil import atomic_write_json, file_lock, read_json, stat_key, try_file_lock
-from localinfer.store.untrusted import is_sha256, is_size, shown
+from localinfer.store.untrusted import is_sha256, is_size, projector_problem, shown
 
 MANIFEST_VERSION = 1
 
@@ -355,9 +355,7 @@ def entry_problem(name: str, entry: Any) -> str | None:
         ok = ok and isinstance(rec.get("filename"), str) and (kind == "store" or isinstance(rec.get("path"), str))
         if not ok:
             return "a file without a valid sha256, size, name or path"
-    from localinfer.store.projector import record_problem
-
-    return record_problem(entry.get("mmproj"))
+    return projector_problem(entry.get("mmproj"))
 
 
 def _warn_once(message: str) -> None:

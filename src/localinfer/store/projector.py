@@ -21,14 +21,14 @@ if TYPE_CHECKING:
 
 def read_projector(path: Path, shown: str | None = None) -> GGUFInfo:
     """``path``'s header, refused unless it is a sound GGUF holding a CLIP vision projector."""
-    from localinfer.store.install import read_header
+    from localinfer.gguf import read_gguf
 
     shown = shown or str(path)
     if not path.exists():
         raise ModelNotFoundError(f"no such projector file: {shown}", hint="check the path")
     if not path.is_file():
         raise InvalidModelError(f"projector {shown} is not a file")
-    info = read_header(path)
+    info = read_gguf(path)
     if info.architecture != "clip":
         raise InvalidModelError(f"{shown} is not a projector: its general.architecture is {info.architecture!r}, not 'clip'",
                                 hint="an mmproj file is named like mmproj-*.gguf beside the model")  # fmt: skip
@@ -59,39 +59,6 @@ def projector_path(store: Store, entry: dict[str, Any]) -> Path | None:
     return store.blob_path(rec["sha256"]) if entry.get("kind") == "store" else Path(rec["path"])
 
 
-def verified_projector(store: Store, entry: dict[str, Any], progress: ProgressSink | None = None) -> Path | None:
-    """The entry's projector, its digest checked (cheaply, through the digest cache) and its header read."""
-    from localinfer.errors import ChecksumError
-    from localinfer.store.install import verify_file
-
-    path = projector_path(store, entry)
-    if path is None:
-        return None
-    name = entry["name"]
-    if not path.is_file():
-        raise ModelNotFoundError(f"the projector of {name!r} is missing ({path})",
-                                 hint=f"run 'localinfer pull' for {name} again, or 'localinfer rm {name}'")  # fmt: skip
-    try:
-        verify_file(store, path, entry["mmproj"]["sha256"], progress=progress, label=f"verifying {name}'s projector")
-    except ChecksumError as exc:
-        raise ChecksumError(f"{name}: {exc}", hint=f"pull {name} with its projector again") from None
-    read_projector(path)
-    return path
-
-
-def record_problem(rec: Any) -> str | None:
-    """What is wrong with an entry's ``mmproj`` record (manifest.entry_problem's check), or None."""
-    from localinfer.store.untrusted import is_sha256
-
-    if rec is None:
-        return None
-    if not isinstance(rec, dict) or not is_sha256(rec.get("sha256")) or not isinstance(rec.get("filename"), str):
-        return "a projector without a valid sha256 or name"
-    if rec.get("path") is not None and not isinstance(rec.get("path"), str):
-        return "a projector with a bad path"
-    return None
-
-
 def pick_projector(files: list[str], model_file: str) -> str | None:
     """The repo's ``mmproj*.gguf`` that goes with ``model_file``: the one of its quantization, else the
     widest float (F16, BF16, F32), else the first by name; None where the repo has none."""
@@ -108,10 +75,10 @@ def pick_projector(files: list[str], model_file: str) -> str | None:
 
 
 def hub_projector(store: Store, *, repo: str, commit: str, listing: Any, model_file: str, choice: str,
-                  progress: ProgressSink) -> dict[str, Any] | None:  # fmt: skip
+                  progress: ProgressSink, fetch: Any) -> dict[str, Any] | None:  # fmt: skip
     """Fetch (verified, resuming) the projector ``choice`` names in a Hub repo - a file there, or
-    "auto": :func:`pick_projector` - and its manifest record; None for "auto" in a repo without one."""
-    from localinfer.store.pull import _fetch_blob
+    "auto": :func:`pick_projector` - and its manifest record; None for "auto" in a repo without one.
+    ``fetch``: store.pull's fetch of one verified blob."""
     from localinfer.store.sources import hub
 
     name = pick_projector(list(listing.files), model_file) if choice == "auto" else choice
@@ -127,14 +94,14 @@ def hub_projector(store: Store, *, repo: str, commit: str, listing: Any, model_f
     sha = remote.sha256 or hub.etag_sha256(meta.etag)
     if not sha:
         raise InvalidModelError(f"the Hub gives no sha256 for {repo}/{name}, so it cannot be verified; not downloading it")
-    blob, _info = _fetch_blob(store, repo=repo, filename=name, meta=meta, size=remote.size if remote.size is not None else meta.size,
+    blob, _info = fetch(store, repo=repo, filename=name, meta=meta, size=remote.size if remote.size is not None else meta.size,
                               sha256=sha, progress=progress)  # fmt: skip
     read_projector(blob, f"{repo}/{name}")
     return {"filename": name, "sha256": sha, "size": blob.stat().st_size}
 
 
 def attach_hub_projector(store: Store, entry: dict[str, Any], files: list[dict[str, Any]], *, repo: str, commit: str,
-                         listing: Any, choice: str, progress: ProgressSink) -> list[Path]:  # fmt: skip
+                         listing: Any, choice: str, progress: ProgressSink, fetch: Any) -> list[Path]:  # fmt: skip
     """Record the repo's projector in ``entry`` (store.pull's Hub path); the blobs the entry now needs
     too. A refused projector leaves nothing installed (the model's ``files`` collected)."""
     from localinfer.errors import LocalInferError
@@ -142,7 +109,7 @@ def attach_hub_projector(store: Store, entry: dict[str, Any], files: list[dict[s
 
     try:
         record = hub_projector(store, repo=repo, commit=commit, listing=listing, model_file=files[0]["filename"],
-                               choice=choice, progress=progress)  # fmt: skip
+                               choice=choice, progress=progress, fetch=fetch)  # fmt: skip
     except LocalInferError:
         gc_blobs(store, [rec["sha256"] for rec in files])
         raise

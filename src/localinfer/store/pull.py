@@ -297,7 +297,8 @@ def _pull_hub(
         if mmproj is not None:  # images in: the repo's projector, fetched and verified like the model
             from localinfer.store.projector import attach_hub_projector
 
-            required += attach_hub_projector(store, entry, files, repo=repo, commit=commit, listing=listing, choice=mmproj, progress=progress)
+            required += attach_hub_projector(store, entry, files, repo=repo, commit=commit, listing=listing, choice=mmproj, progress=progress,
+                                             fetch=_fetch_blob)  # fmt: skip
         old = store.entry(key)
         if store.put(entry, require=required):
             break
