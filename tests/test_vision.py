@@ -157,6 +157,24 @@ def test_a_projector_whose_markers_the_vocabulary_lacks_is_refused_not_aborted(v
     assert _ask(vision, [images.from_bytes(png(1), "a.png")]).text  # the model answers on
 
 
+def test_chat_attaches_an_image_to_the_next_turn_and_saves_it(vision, tmp_path):
+    from localinfer.chat.conversation import Conversation
+    from localinfer.chat.settings import ChatSettings
+    from localinfer.engine.types import SamplingOptions
+
+    vision.model.reset()
+    conv = Conversation(vision, settings=ChatSettings(sampling=SamplingOptions(temperature=0), max_tokens=6))
+    conv.images.append(images.from_bytes(png(1), "a.png"))
+    first = conv.ask("What is in this picture?", lambda _t: None)
+    assert first.stats.image_tokens == image_tokens() and conv.images == []
+    second = conv.ask("Say more.", lambda _t: None)  # the image stays in the conversation, and in the cache
+    assert second.stats.image_tokens == image_tokens() and second.stats.cached_tokens > first.stats.prompt_tokens
+    saved = conv.save(tmp_path / "chat.json")
+    again = Conversation(vision)
+    assert again.load(saved) == 4
+    assert again.history[0]["images"][0].rgb == images.from_bytes(png(1), "a.png").rgb  # PNG: lossless
+
+
 # -- the CLI --------------------------------------------------------------------------------------
 def test_pull_with_a_projector_then_run_with_images(smollm2_path, projector_file, tmp_path):
     p = run_cli("pull", str(smollm2_path), "--name", "smolvis", "--mmproj", str(projector_file))

@@ -233,3 +233,25 @@ def content_parts(where: str, content: list[Any], check_text: Any) -> tuple[str,
         if len(pictures) > MAX_IMAGES:
             raise ImageError(f"more than {MAX_IMAGES} images in one request", field=where)
     return "".join(texts), tuple(pictures)
+
+
+def openai_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message holding images as OpenAI's content parts (text, and PNG data URIs where the markers
+    were): how a chat is saved, and read back by rules.message."""
+    if not m.get("images"):
+        return m
+    import io
+
+    from PIL import Image as PILImage
+
+    parts: list[dict[str, Any]] = []
+    texts = str(m.get("content") or "").split(MARKER)
+    for i, text in enumerate(texts):
+        if text:
+            parts.append({"type": "text", "text": text})
+        if i < len(m["images"]) and i < len(texts) - 1:
+            img = m["images"][i]
+            buf = io.BytesIO()
+            PILImage.frombytes("RGB", (img.width, img.height), img.rgb).save(buf, "PNG")
+            parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}})
+    return {**{k: v for k, v in m.items() if k != "images"}, "content": parts}
