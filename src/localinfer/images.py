@@ -33,12 +33,7 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 
 class ImageError(UsageError):
-    """An image we cannot take (not an image, too big, too many): the message names it; ``field``:
-    the request's field, where a wire gave it (a "must be ..." message is about that field)."""
-
-    def __init__(self, message: str, hint: str | None = None, *, field: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.field = field
+    """An image we cannot take (not an image, too big, too many): the message names it."""
 
 
 @dataclass(frozen=True)
@@ -200,38 +195,43 @@ def for_model(loaded: Any, request: Any, several: bool = False) -> tuple[Image, 
     return images
 
 
-def _decoded(field: str, decode: Any, *args: Any) -> Image:
-    try:
-        return decode(*args, field)
-    except ImageError as exc:
-        exc.field = field
-        raise
-
-
-def content_parts(where: str, content: list[Any], check_text: Any) -> tuple[str, tuple[Image, ...]]:
+def content_parts(where: str, content: list[Any], check_text: Any, fail: Any) -> tuple[str, tuple[Image, ...]]:
     """Content parts - text (``check_text(field, value)``: rules.text), OpenAI's ``image_url`` (a data:
     URI; remote URLs refused) and the ``{"type": "image", "image": Image}`` parts the other wires
     decoded (made by serve.image_parts, never read from JSON, which holds no Image) - as the text with
-    a :data:`MARKER` where each image was, and the images. A bad part: ImageError naming its field."""
+    a :data:`MARKER` where each image was, and the images. A bad part: ``fail(field, message)``
+    (rules.RuleError, which does not import this module)."""
+
+    def refused(field: str, message: str) -> Exception:
+        err = fail(field, message)
+        err.args = (message,)  # the message names what it is about already
+        return err
+
+    def decoded(field: str, decode: Any, value: Any) -> Any:
+        try:
+            return decode(value, field)
+        except ImageError as exc:
+            raise refused(field, str(exc)) from None
+
     texts: list[str] = []
     pictures: list[Image] = []
     for j, part in enumerate(content):
         w = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and not set(part) - {"type", "text"}:
-            texts.append(_decoded(w, text_without_marker, check_text(f"{w}.text", part.get("text"))))
+            texts.append(decoded(w, text_without_marker, check_text(f"{w}.text", part.get("text"))))
             continue
         if kind == "image" and isinstance(part.get("image"), Image):
             pictures.append(part["image"])
         elif kind == "image_url" and not set(part) - {"type", "image_url"} and part.get("image_url") is not None:
             ref = part["image_url"]
-            pictures.append(_decoded(f"{w}.image_url", from_data_uri, ref.get("url") if isinstance(ref, dict) else ref))
+            pictures.append(decoded(f"{w}.image_url", from_data_uri, ref.get("url") if isinstance(ref, dict) else ref))
         else:
-            raise ImageError('must be a text part {"type": "text", "text": ...} or an image part '
-                             '{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}', field=w)  # fmt: skip
+            raise fail(w, 'must be a text part {"type": "text", "text": ...} or an image part '
+                          '{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}')  # fmt: skip
         texts.append(MARKER)
         if len(pictures) > MAX_IMAGES:
-            raise ImageError(f"more than {MAX_IMAGES} images in one request", field=where)
+            raise refused(where, f"more than {MAX_IMAGES} images in one request")
     return "".join(texts), tuple(pictures)
 
 

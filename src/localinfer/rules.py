@@ -250,14 +250,9 @@ def message(where: str, m: Any) -> dict[str, Any]:
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
     pictures: tuple[Any, ...] = ()
     if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("image_url", "image") for p in content):
-        from localinfer.images import ImageError, content_parts  # images in
+        from localinfer.images import content_parts  # images in
 
-        try:
-            content, pictures = content_parts(f"{where}.content", content, text)
-        except ImageError as exc:  # a part that is no text or image keeps the "'field' must be" form
-            err = RuleError(exc.field or where, str(exc))
-            err.args = err.args if str(exc).startswith("must be") else (str(exc),)
-            raise err from None
+        content, pictures = content_parts(f"{where}.content", content, text, RuleError)
     elif isinstance(content, list):
         parts = []
         for j, part in enumerate(content):

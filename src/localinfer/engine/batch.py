@@ -219,12 +219,8 @@ class BatchDecoder:
                 yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
                 continue
             seq, cached = self._slots.take(job.tokens, reuse=job.cache_prompt)
-            media = getattr(job.tokens, "evaluate_seq", None)  # engine.vision.MediaPrompt: images decoded now
-            held, encode_s = media(self.model, seq, cached) if media is not None else (cached, 0.0)
-            chain, seed = self.model.new_sampler(job.sampling, getattr(job.tokens, "history", job.tokens), limiter)
-            slot = Slot(seq, job, chain, clock(), held, self.model)
-            if media is not None:
-                slot.stats.cached_tokens, slot.stats.image_tokens, slot.stats.image_encode_s = cached, job.tokens.image_tokens, encode_s
+            chain, seed = self.model.new_sampler(job.sampling, getattr(job.tokens, "history", job.tokens), limiter)  # engine.vision's: text alone
+            slot = Slot(seq, job, chain, clock(), cached, self.model)
             if limiter is not None:
                 slot.limiter = limiter
                 if not self._masks_checked:

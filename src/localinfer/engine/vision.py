@@ -195,10 +195,11 @@ class MediaPrompt(list):
         stats.image_encode_s += self._run(model, 0, cached, len(self), text, image)
         return cached
 
-    def evaluate_seq(self, model: Model, seq: int, cached: int) -> tuple[int, float]:
-        """The batch engine's: decode all but the last position into sequence ``seq`` (which holds the
-        first ``cached``), so that its slot evaluates the last text token as any prompt's. Returns the
-        positions now held and the images' encode time."""
+    def evaluate_seq(self, model: Model, seq: int, cached: int) -> tuple[int, int, float]:
+        """The batch engine's (a Slot's, as it is admitted): decode all but the last position into
+        sequence ``seq`` (which holds the first ``cached``), so that the slot evaluates the last text
+        token as any prompt's. Returns the positions kept from the cache, those now held, and the
+        images' encode time."""
         for start, n, chunk in self.pieces:
             if chunk is not None and start < cached < start + n:
                 cached = start if model.drop_tokens(seq, start) else 0
@@ -209,7 +210,7 @@ class MediaPrompt(list):
             _decode_seq(model, seq, tokens, pos)
 
         encode_s = self._run(model, seq, cached, len(self) - 1, text, lambda _s, _e: None)
-        return len(self) - 1, encode_s
+        return cached, len(self) - 1, encode_s
 
     def _run(self, model: Model, seq: int, cached: int, upto: int, text: Any, image: Any) -> float:
         """Decode positions ``cached`` to ``upto``: text pieces through ``text(tokens, pos)``, images

@@ -13,7 +13,7 @@ from localinfer.rules import RuleError
 
 def wire_error(exc: ImageError, field: str) -> RuleError:
     """An ImageError as the wires' RuleError, its message kept whole."""
-    err = RuleError(exc.field or field, str(exc))
+    err = RuleError(field, str(exc))
     err.args = (str(exc),)
     return err
 
