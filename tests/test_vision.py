@@ -200,6 +200,17 @@ def test_pull_with_a_projector_then_run_with_images(smollm2_path, projector_file
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = run_cli("run", "-m", str(smollm2_path), "--image", str(pic), "hi")
     assert r.returncode == 2 and "takes no images" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    jobs = tmp_path / "jobs.jsonl"
+    lines = [{"id": i, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": _uri(png(seed))}}, {"type": "text", "text": "What is in this picture?"}]}]}
+        for i, seed in enumerate((1, 2, 1))]  # fmt: skip
+    lines.append({"id": 3, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]}]})
+    jobs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    b = run_cli("batch", "-m", "smolvis", str(jobs), "-o", str(tmp_path / "out.jsonl"), "-np", "2")
+    assert "3 answered · 1 error" in b.stderr, b.stderr  # the URL line
+    out = {d["id"]: d for d in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert "remote image URLs are refused" in out[3]["error"]
+    assert out[0]["text"] != out[1]["text"] and out[0]["text"].split()[:5] == out[2]["text"].split()[:5]
     gone = run_cli("rm", "smolvis")
     assert gone.returncode == 0 and str(projector_file) in gone.stdout + gone.stderr
 

@@ -123,7 +123,7 @@ def from_data_uri(uri: Any, name: str) -> Image:
     if not isinstance(uri, str):
         raise ImageError(f"{name} must be a data: URI")
     if uri.startswith(("http://", "https://")):
-        raise ImageError(f"{name}: remote image URLs are refused (this server does not fetch); send the image as a data: URI")
+        raise ImageError(f"{name}: remote image URLs are refused (nothing is fetched); send the image as a data: URI")
     head, comma, body = uri.partition(",")
     if not head.startswith("data:") or not comma or not head.endswith(";base64"):
         raise ImageError(f"{name} must be a data: URI with base64 data (data:image/png;base64,...)")
