@@ -1,9 +1,10 @@
 """Images in a request: decoded (Pillow), bounded and checked here, before the engine sees them.
 
-Every surface (``run --image``, serve's wires) turns what it was given into :class:`Image` values
-with :func:`from_bytes`, :func:`from_file` or :func:`from_data_uri`; a message that holds images
-carries them in its ``"images"`` key, in the order of the :data:`MARKER`\\ s in its ``content``
-(:func:`message`). The engine's ``engine.vision`` reads only ``rgb``, ``width``, ``height``, ``sha256``.
+Every surface (``run --image``, chat's ``/image``, batch lines, serve's wires) turns what it was given
+into :class:`Image` values with :func:`from_bytes`, :func:`from_file` or :func:`from_data_uri`; a
+message that holds images carries them in its ``"images"`` key, one for each :data:`MARKER` in its
+``content``, in order (:func:`message`, :func:`content_parts`). ``engine.vision`` reads ``rgb``,
+``width``, ``height`` and ``sha256``.
 
 Bounds: the encoded size, the pixel count (checked from the header before decoding: a decompression
 bomb is refused without being expanded) and the images per request. A bad image is an
