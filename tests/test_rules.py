@@ -166,7 +166,8 @@ MESSAGE_CASES = [
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
       {"role": "tool", "content": "42", "tool_call_id": "c1"}], None),
     ([{"role": "user"}], "'messages[0]' must be an object with 'role' and 'content'"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "'messages[0].content[0]' must be a text part"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0].image_url must be a data: URI"),
+    ([{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}], "'messages[0].content[0]' must be a text part"),
     ([{"role": "user", "content": "x", "tool_calls": []}], "'messages[0]' has 'tool_calls', which is not supported"),
     ([{"role": "user", "content": "\ud800"}], "'messages[0].content' holds a lone surrogate (\\ud800), which is not text"),
 ]

@@ -265,6 +265,7 @@ class Answer:
                 "reasoning_tokens": self.reasoning_tokens,
                 "total_tokens": self.total_tokens,
                 "truncated_prompt_tokens": self.truncated_tokens,
+                "image_tokens": self.stats.image_tokens if self.stats is not None else None,  # of prompt_tokens
             },
             "timings": {
                 "load_ms": _ms(self.load_s),
@@ -272,6 +273,7 @@ class Answer:
                 "reasoning_ttft_ms": _ms(self.reasoning_ttft_s),
                 "prefill_ms": _ms(self.prefill_s),
                 "prefill_tokens_per_s": _round(self.prefill_tps),
+                "image_encode_ms": _ms(self.stats.image_encode_s) if self.stats is not None else None,
                 "decode_ms": _ms(self.decode_s),
                 "decode_tokens_per_s": _round(self.decode_tps),
                 "total_ms": _ms(self.total_s),

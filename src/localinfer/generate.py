@@ -21,6 +21,7 @@ from localinfer.request import Request
 if TYPE_CHECKING:
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
+    from localinfer.engine.vision import Projector
     from localinfer.reasoning import Splitter
     from localinfer.system.estimate import BufferReport
     from localinfer.system.hardware import MemoryBudget
@@ -58,8 +59,11 @@ class LoadedModel:
     plan: LoadPlan | None = None  # the pre-flight's context size, GPU layers and memory estimate
     buffers: BufferReport | None = None  # what llama.cpp reported allocating
     load_s: float = 0.0  # pre-flight and load, as :func:`load` timed them
+    projector: Projector | None = None  # images in (engine.vision), when the model has its mmproj
 
     def close(self) -> None:
+        if self.projector is not None:
+            self.projector.close()  # before the model it was made on
         self.model.close()
 
 
@@ -100,6 +104,11 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
         from localinfer.engine.rpc import add_servers
 
         add_servers(options.rpc_servers)
+    if resolved.mmproj is not None:  # the projector comes out of the same memory (store.projector)
+        from localinfer.system.hardware import memory_budget
+        from localinfer.system.preflight import less_projector
+
+        budget = less_projector(budget or memory_budget(), resolved.mmproj.stat().st_size)
     plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
     model = Model(resolved.path, plan.apply(options))
     template: ChatTemplate | None = None
@@ -113,7 +122,16 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
         # llama.cpp pads the context to a multiple of 256: say so, or later figures would surprise
         note = f"the context is {model.n_ctx} tokens: llama.cpp rounded {plan.n_ctx} up to a multiple of 256"
         plan = dataclasses.replace(plan, notes=(*plan.notes, note))
-    return LoadedModel(name=resolved.name, model=model, template=template, resolved=resolved, plan=plan, buffers=buffers)
+    loaded = LoadedModel(name=resolved.name, model=model, template=template, resolved=resolved, plan=plan, buffers=buffers)
+    if resolved.mmproj is not None:
+        from localinfer.engine.vision import Projector
+
+        try:
+            loaded.projector = Projector(model, resolved.mmproj, use_gpu=bool(plan.n_gpu_layers), verbose=bool(options.verbose))
+        except BaseException:
+            model.close()
+            raise
+    return loaded
 
 
 def _window(n_ctx: int, asked: int | None) -> str:
@@ -159,13 +177,16 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         raise overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
     tools = tool_plan(loaded, request)
+    from localinfer.images import for_model
+
+    images = for_model(loaded, request, several=n_ctx is not None)
 
     def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
         if request.raw_text is not None:
             text = request.raw_text if text_override is None else text_override
             return model.tokenize(text, add_special=True, parse_special=False), ()
         assert loaded.template is not None
-        messages = list(request.messages)
+        messages = [{k: v for k, v in m.items() if k != "images"} if "images" in m else m for m in request.messages]
         if text_override is not None:
             messages[-1] = {**messages[-1], "content": text_override}
         if tools is None:
@@ -173,12 +194,15 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         else:  # the tools through the template; a forced call's opening after it
             prompt = loaded.template.render(tools.messages(messages), **{**request.template_variables, **tools.variables()})
             prompt = dataclasses.replace(prompt, text=prompt.text + tools.opening)
+        if images:  # engine.vision.MediaPrompt: the images' positions among the tokens
+            assert loaded.projector is not None
+            return loaded.projector.prompt(prompt.text, images, add_special=prompt.add_special), prompt.stop
         return model.tokenize(prompt.text, add_special=prompt.add_special, parse_special=True), prompt.stop
 
     tokens, stops = render(None)
     if len(tokens) <= budget:
         return tokens, stops, 0
-    if request.on_overflow != "truncate":
+    if request.on_overflow != "truncate" or images:  # an image is not cut
         raise overflow_error(len(tokens), request.max_tokens, n_ctx, model.n_ctx_train, asked)
     # Keep the end of the user's text (the system prompt and template stay whole).
     original = request.raw_text if request.raw_text is not None else str(request.messages[-1].get("content", ""))
@@ -203,7 +227,7 @@ def rendered_prompt(loaded: LoadedModel, request: Request) -> tuple[str, int]:
     written out, BOS included where tokenization adds it) and its length in tokens (`--show-prompt`)."""
     tokens, _, _ = build_prompt(loaded, request)
     model = loaded.model
-    return "".join(model.token_text(t) for t in tokens), len(tokens)
+    return "".join(model.token_text(t) if t >= 0 else "<image>" for t in tokens), len(tokens)
 
 
 def reasoning_splitter(loaded: LoadedModel, request: Request, tokens: Sequence[int]) -> Splitter | None:
@@ -215,7 +239,7 @@ def reasoning_splitter(loaded: LoadedModel, request: Request, tokens: Sequence[i
     markers = reasoning.detect(template.template if template is not None else None)
     if markers is None or not request.splits_reasoning:
         return None
-    tail = "".join(loaded.model.token_text(t) for t in tokens[-8:])
+    tail = "".join(loaded.model.token_text(t) for t in getattr(tokens, "history", tokens)[-8:])
     return reasoning.Splitter(markers, opened=reasoning.opened_by(markers, tail))
 def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
     """How ``request``'s tools go through this model's template and come back out of its answer."""

@@ -250,7 +250,12 @@ def message(where: str, m: Any) -> dict[str, Any]:
     content = m.get("content")
     if "content" not in m and role != "assistant":
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
-    if isinstance(content, list):
+    pictures: tuple[Any, ...] = ()
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("image_url", "image") for p in content):
+        from localinfer.images import content_parts  # images in
+
+        content, pictures = content_parts(f"{where}.content", content, text, RuleError)
+    elif isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or set(part) - {"type", "text"}:
@@ -270,6 +275,8 @@ def message(where: str, m: Any) -> dict[str, Any]:
         out["tool_calls"] = _assistant_calls(f"{where}.tool_calls", m["tool_calls"])
     if thought is not None:  # the template renders it, or not (most drop past thinking)
         out["reasoning_content"] = text(f"{where}.reasoning_content", thought)
+    if pictures:
+        out["images"] = pictures
     return out
 
 

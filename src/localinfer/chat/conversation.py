@@ -83,6 +83,7 @@ class Conversation:
         self.totals = Totals()  # the engine's figures, summed (a server's answers are kept in ``answers``)
         self.answers: list[Result] = []  # a server's answers, for /stats (its counts may be unknown)
         self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
+        self.images: list[Any] = []  # /image's, attached to the next message (localinfer.images)
         self._replay: tuple[str, list[int], int] | None = None  # the same, and how many came from the cache
         self._replaying = False  # set by retry for the next _answer
         self.on_reasoning: Write | None = None  # a reasoning model's thinking, as it streams (not kept)
@@ -121,7 +122,7 @@ class Conversation:
         """The messages rendered for the model: the system prompt, then history[start:] (role and content)."""
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         first = self.start if start is None else start
-        keep = ("role", "content", "reasoning_content")
+        keep = ("role", "content", "reasoning_content", "images")
         msgs.extend({k: m[k] for k in keep if k in m} for m in self.history[first:])
         return msgs
 
@@ -215,7 +216,13 @@ class Conversation:
         interrupted before its first word is dropped with its message). Errors leave the history as
         it was.
         """
-        self.history.append({"role": "user", "content": text})
+        pending, self.images = self.images, []  # /image's, for this message
+        if pending:
+            from localinfer.images import message
+
+            self.history.append(message("user", text, pending))
+        else:
+            self.history.append({"role": "user", "content": text})
         return self._answer(write)
 
     def _answer(self, write: Write) -> Result:
@@ -226,7 +233,8 @@ class Conversation:
         prompt = None
         replay, self._replaying = self._replay if self._replaying else None, False
         try:
-            if self._engine_here:  # fit the context, reuse the cache
+            pictured = any(m.get("images") for m in self.history[self.start :])  # built whole (generate.build_prompt)
+            if self._engine_here and not pictured:  # fit the context, reuse the cache
                 fitted, full = self._fit()
                 if replay is not None and replay[0] == fitted.text:
                     # /retry: the very tokens of the first answer's prompt, evaluated from where it
@@ -338,7 +346,9 @@ class Conversation:
     # -- files -------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """The conversation as an OpenAI-style chat request body (``model`` and ``messages``)."""
-        messages = self.context_messages(0)
+        from localinfer.images import openai_message
+
+        messages = [openai_message(m) for m in self.context_messages(0)]
         offset = 1 if self.system else 0
         data: dict[str, Any] = {"model": self.name, "messages": messages}
         interrupted = [i + offset for i, m in enumerate(self.history) if m.get("interrupted")]

@@ -200,6 +200,14 @@ class ChatSession:
                 raise UsageError("/load needs a file name", hint="/load chat.json")
             n = conv.load(unquote(arg))
             self.tell(f"Loaded {n} messages from {arg}.")
+        elif name == "image":  # attached to the next message (localinfer.images)
+            from localinfer.images import check_count, from_file
+
+            if not arg:
+                raise UsageError("/image needs a file name", hint="/image photo.png")
+            check_count(len(conv.images) + 1)
+            conv.images.append(from_file(unquote(arg)))
+            self.tell(f"Image {arg} ({conv.images[-1].width}x{conv.images[-1].height}) goes with your next message.")
         elif name == "think":
             on = {"on": True, "off": False}.get(arg.strip().lower())
             if on is None:
@@ -218,7 +226,7 @@ class ChatSession:
         else:
             from localinfer.fuzzy import did_you_mean
 
-            known = ("help", "clear", "system", "set", "show", "stats", "retry", "save", "load", "model", "think", *_EXIT)
+            known = ("help", "clear", "system", "set", "show", "stats", "retry", "save", "load", "model", "think", "image", *_EXIT)
             hint = did_you_mean(name, known, "/") or "type /help for the commands"
             raise UsageError(f"unknown command /{name}", hint=f"{hint}; //text sends a message starting with /")
         return True

@@ -89,7 +89,7 @@ def list_cmd(
                 human_size(m["size"]),
                 m["quant"] or "-",
                 human_count(m["parameters"]),
-                m["architecture"] or "-",
+                (m["architecture"] or "-") + (" +vision" if m.get("vision") else ""),
                 str(m["context_length"] or "-"),
                 _short_source(m["source"]),
                 relative_time(m["last_used"]),
@@ -141,6 +141,7 @@ def show(
             ("path", d["path"]),
             ("sha256", d["sha256"] or "- (not registered; not hashed)"),
             ("source", d["source"]),
+            ("vision", f"yes, projector {d['projector']}" if d.get("vision") else "no"),
         ]
         if d.get("split_count") and d["split_count"] > 1:
             fields.append(("files", f"{d['split_count']} shards"))

@@ -28,6 +28,9 @@ def pull(
     offline: Annotated[
         bool, typer.Option("--offline", help="Never download: only verify what is installed; also HF_HUB_OFFLINE=1.")
     ] = False,
+    mmproj: Annotated[
+        Optional[str], typer.Option("--mmproj", metavar="FILE", help="The model's multimodal projector (images in), kept beside it: for a local model a local mmproj .gguf; for a Hub model a file in its repo, or 'auto' (the mmproj of the model's quantization, else F16).", show_default=False)
+    ] = None,
 ) -> None:
     """Download a model (resuming, sha256-verified) or register a local GGUF file without copying it."""
     with handle_errors():
@@ -38,8 +41,9 @@ def pull(
 
         from localinfer.units import human_bytes
 
-        entry = pull_model(model, name=name, revision=revision, offline=offline, progress=make_progress())
+        entry = pull_model(model, name=name, revision=revision, offline=offline, progress=make_progress(), mmproj=mmproj)
         size = f" ({human_bytes(entry['size'])})" if entry.get("size") else ""
+        size += " with its projector (images in)" if entry.get("mmproj") else ""
         # Whatever the path (downloaded, verified again, registered in place), it ends the same way.
         sys.stderr.write(f"ready: {entry['name']}{size} · localinfer run -m {entry['name']}\n")
 

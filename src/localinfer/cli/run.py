@@ -74,6 +74,7 @@ def run(
     endpoint: o.Server = o.SERVER,
     response_format: o.ResponseFormat = o.FORMAT,
     keep_alive: o.Keep = o.KEEP_ALIVE,
+    image: Annotated[Optional[list[str]], typer.Option("--image", metavar="FILE", help="An image for a vision model (repeatable): before the text, or where the prompt writes <__media__>. PNG, JPEG, WebP, GIF, BMP; no URLs.", show_default=False)] = None,
 ) -> None:
     """Run a prompt and stream the answer to stdout; stats go to stderr. With --json-schema, --grammar
     or --format json, stdout is exactly the document (and a newline)."""
@@ -94,6 +95,7 @@ def run(
         bound = {"remote": True} if endpoint else {"n_ctx": load_opts.n_ctx, "keep_tail": on_overflow.value == "truncate"}
         text = _prompt_text(prompt_words, prompt, **bound)
         rec.prompt_text = text
+        pictures = _images(image, endpoint, keep_alive)  # read and checked before a model is loaded
         say = (lambda msg: None) if quiet else warn
 
         def on_model(named: Any) -> None:
@@ -114,6 +116,10 @@ def run(
                 response_format=response_format, chat_template_kwargs=template_vars,
                 logprobs=logprobs,
             )  # fmt: skip
+            if pictures:
+                from localinfer.images import attach
+
+                request = attach(request, pictures)
             if show_prompt:
                 _show_prompt(backend, request, say)
             from localinfer.render.thinking import ThinkingWriter, shows_thinking
@@ -152,6 +158,18 @@ def _incomplete(answer: Any) -> bool:
     if answer.stats is not None:
         return answer.stats.document == "incomplete"
     return answer.finish_reason == "length"
+
+
+def _images(paths: list[str] | None, endpoint: Any, keep_alive: Any) -> list:
+    """--image's files, decoded; only for a model loaded here for now."""
+    if not paths:
+        return []
+    from localinfer.errors import UsageError
+    from localinfer.images import read_files
+
+    if endpoint is not None or keep_alive is not None:
+        raise UsageError("--image needs the model loaded by this command (not --endpoint or --keep-alive) for now")
+    return read_files(paths)
 
 
 def _prompt_text(prompt_words: list[str] | None, prompt: str | None, **stdin: Any) -> str:

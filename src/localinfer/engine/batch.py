@@ -194,7 +194,7 @@ class BatchDecoder(BatchStep):
                 yield SeqResult(job.key, "", stats, t_admit=now, t_end=now)
                 continue
             seq, cached = self._slots.take(job.tokens, reuse=job.cache_prompt)
-            chain, seed = self.model.new_sampler(job.sampling, job.tokens, limiter)
+            chain, seed = self.model.new_sampler(job.sampling, getattr(job.tokens, "history", job.tokens), limiter)  # engine.vision's: text alone
             slot = Slot(seq, job, chain, clock(), cached, self.model)
             if limiter is not None:
                 slot.limiter = limiter

@@ -39,3 +39,17 @@ def note_use() -> None:
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")
+
+
+def mtmd_bindings() -> ModuleType:
+    """``llama_cpp.mtmd_cpp`` (libmtmd, images in), loaded the way :func:`bindings` loads the C API."""
+    if "llama_cpp" in sys.modules or "llama_cpp.mtmd_cpp" in sys.modules:
+        return importlib.import_module("llama_cpp.mtmd_cpp")
+    bindings()
+    spec = importlib.util.find_spec("llama_cpp")
+    assert spec is not None
+    sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
+    try:
+        return importlib.import_module("llama_cpp.mtmd_cpp")
+    finally:
+        del sys.modules["llama_cpp"]

@@ -23,6 +23,7 @@ from localinfer.engine.logprobs import Logprobs
 from localinfer.engine.params import context_params, model_params
 from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
+from localinfer.engine.vocab import Vocab
 from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, SamplingOptions, Step
 from localinfer.errors import GenerationError, ResourceError
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from localinfer.structured import Format
 
 
-class Model:
+class Model(Vocab):
     """A loaded GGUF model with one context (``n_seq_max`` sequences share it)."""
 
     def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> None:
@@ -156,55 +157,6 @@ class Model:
     @property
     def add_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-
-    # -- tokens --------------------------------------------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            from localinfer.limits import require_utf8
-
-            require_utf8(text, "the text")
-            raise
-        cap = len(data) + 8
-        arr = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            arr = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            raise GenerationError("tokenization failed")
-        return list(arr[:n])
-
-    def _piece(self, token: int, special: bool = False) -> bytes:
-        buf = self._piece_buf
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
-
-    def token_out(self, token: int) -> tuple[bytes, str | None, bool]:
-        """What a sampled token adds to the answer, cached: its bytes (control tokens render as
-        nothing), their text when they are whole UTF-8 characters on their own (else None: part of
-        a character split across tokens), and whether it ends generation."""
-        out = self._outs.get(token)
-        if out is None:
-            raw = self._piece(token)
-            try:
-                text: str | None = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
-            out = self._outs[token] = (raw, text, bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)))
-        return out
-
-    def piece(self, token: int) -> bytes:
-        """The bytes a sampled token adds to the answer (control tokens render as nothing)."""
-        return self.token_out(token)[0]
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     # -- the public face for several sequences (engine.batch) ---------------------------------------
     def new_sampler(self, opts: SamplingOptions, history: Sequence[int], constraint: Any = None) -> tuple[Any, int]:
@@ -335,9 +287,15 @@ class Model:
         limiter = self.constraint_sampler(constraint, constraint_after) if constraint is not None else None
         try:
             cached = self._reuse_prefix(prompt)
-            stats.cached_tokens = cached
             t0 = time.perf_counter()
-            self._decode(prompt[cached:])
+            evaluate = getattr(prompt, "evaluate", None)  # engine.vision.MediaPrompt: images among the tokens
+            if evaluate is not None:
+                cached = evaluate(self, cached, stats)
+                t0 += stats.image_encode_s  # encoding is timed apart from prefill
+                prompt = prompt.history
+            else:
+                self._decode(prompt[cached:])
+            stats.cached_tokens = cached
             # GPU backends (CUDA, Metal, RPC) compute asynchronously: llama_decode returns when the
             # work is queued, so the time is taken once it is done (on the CPU this costs nothing)
             llama_cpp.llama_synchronize(self._ctx)

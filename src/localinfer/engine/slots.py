@@ -38,6 +38,10 @@ class Slot:
         self.matcher = StopMatcher(job.stop)
         self.pieces: list[str] = []
         self.stats = GenerationStats(prompt_tokens=len(self.prompt), cached_tokens=cached)
+        media = getattr(job.tokens, "evaluate_seq", None)  # engine.vision.MediaPrompt: its images decoded now
+        if media is not None:
+            self.stats.cached_tokens, self.pos, self.stats.image_encode_s = media(model, seq, cached)
+            self.off, self.stats.image_tokens = self.pos, job.tokens.image_tokens
         self.t_admit = now
         self.t_first = 0.0
         self.max_tokens = job.max_tokens

@@ -106,6 +106,8 @@ class GenerationStats:
     draft_tokens: int = 0  # tokens drafted
     draft_accepted: int = 0  # of those, kept (what the model chose itself)
     draft_steps: int = 0  # drafts verified (each one batch)
+    image_tokens: int = 0  # of prompt_tokens, the images' (engine.vision)
+    image_encode_s: float = 0.0  # encoding the images (libmtmd), apart from prefill_s
     extra: dict = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:

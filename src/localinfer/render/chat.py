@@ -29,6 +29,7 @@ HELP = '''Commands:
   /show                the model, the context and the current settings
   /stats               the last turn in detail and the session's totals
   /retry               regenerate the last answer
+  /image FILE          attach an image to your next message (a vision model: see docs/vision.md)
   /save FILE           save the conversation (OpenAI-style messages JSON)
   /load FILE           load a saved conversation
   /model [NAME]        switch to another model, keeping the conversation

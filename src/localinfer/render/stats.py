@@ -36,6 +36,8 @@ def summary_line(result: Result) -> str:
         from localinfer.engine.draft import acceptance
 
         parts.insert(5, acceptance(s.draft_tokens, s.draft_accepted))
+    if s.image_tokens:  # of the prompt's tokens; their encoding is not in prefill
+        parts.insert(4, f"images {s.image_tokens} tokens, encoded in {_ms(s.image_encode_s)}")
     if s.truncated_tokens:
         parts.append(f"prompt truncated by {s.truncated_tokens} tokens")
     if getattr(result, "reasoning_tokens", None):  # a reasoning model's: TTFT is its first answer text
@@ -71,6 +73,7 @@ def _rows(result: Result) -> list[tuple[str, str]]:
         ("prompt tokens", f"{s.prompt_tokens} ({s.evaluated_tokens} evaluated, {s.cached_tokens} cached)"),
         ("prompt truncated", f"{s.truncated_tokens} tokens" if s.truncated_tokens else "no"),
         ("prefill", f"{_ms(s.prefill_s)} · {_tps(s.prefill_tps)}"),
+        *([("images", f"{s.image_tokens} of the prompt tokens · encoded in {_ms(s.image_encode_s)}")] if s.image_tokens else []),
         ("completion tokens", str(s.completion_tokens)),
         ("decode", f"{_ms(s.decode_s)} · {_tps(s.decode_tps)} (tokens after the first)"),
         ("speculative", f"{s.draft}: {s.draft_accepted} of {s.draft_tokens} drafted tokens kept" if s.draft else "off"),

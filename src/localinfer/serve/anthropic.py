@@ -125,6 +125,10 @@ def _blocks(where: str, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(rules.text(f"{w}.text", block.get("text")))
+        elif kind == "image" and role == "user":  # an OpenAI image part, which rules.message decodes
+            from localinfer.serve.image_parts import anthropic_part
+
+            texts.append(anthropic_part(w, block))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue
         elif kind == "tool_use" and role == "assistant":
@@ -137,12 +141,14 @@ def _blocks(where: str, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
             text = _text_of(f"{w}.content", content) if content is not None else ""
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
         elif kind in ("image", "document"):
-            raise ApiError(400, f"{w}: {kind} blocks are not supported by this server (text models only)", param=w)
+            raise ApiError(400, f"{w}: {kind} blocks are not supported by this server here (images in user turns only)", param=w)
         else:
             raise _bad(w, f"a {role} turn cannot hold a block of type {rules.shown(kind)}")
     out: list[dict[str, Any]] = list(results)  # a user turn's results answer the calls just made
     if texts or calls or not results:
-        message: dict[str, Any] = {"role": role, "content": "".join(texts)}
+        pictured = any(isinstance(t, dict) for t in texts)
+        content = [t if isinstance(t, dict) else {"type": "text", "text": t} for t in texts] if pictured else "".join(texts)
+        message: dict[str, Any] = {"role": role, "content": content}
         if calls:
             message["tool_calls"] = calls
         out.append(message)

@@ -173,7 +173,7 @@ async def models(request: Request) -> Response:
     state = _state(request)
     _authorize(request, state)
     engine = state.engine
-    meta = {"n_ctx_seq": engine.n_ctx_seq, "parallel": engine.parallel} if engine else {"loading": True}
+    meta = {"n_ctx_seq": engine.n_ctx_seq, "parallel": engine.parallel, "vision": engine.loaded.projector is not None} if engine else {"loading": True}
     data = [{"id": state.names[0], "object": "model", "created": state.created, "owned_by": "localinfer", "meta": meta}]
     return JSONResponse({"object": "list", "data": data})
 

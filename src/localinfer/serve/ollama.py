@@ -154,7 +154,8 @@ async def show(ask: Ask) -> Response:
     else:
         info = await run_in_threadpool(om.header, facts)
         template = info.chat_template if info is not None else None
-    return JSONResponse(om.show(facts, info, template))
+    vision = facts.served and loaded is not None and loaded.projector is not None
+    return JSONResponse(om.show(facts, info, template, vision))
 
 
 async def ps(ask: Ask) -> Response:

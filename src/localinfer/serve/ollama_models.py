@@ -128,9 +128,10 @@ def find(models: list[ModelFacts], name: str) -> ModelFacts | None:
 
 
 # -- /api/show: the header's facts and what the model can do --------------------------------------------
-def capabilities(template: str | None, info: GGUFInfo | None) -> list[str]:
+def capabilities(template: str | None, info: GGUFInfo | None, vision: bool = False) -> list[str]:
     """Ollama's capabilities: completion (every model), tools (its template renders them), thinking
-    (its template writes reasoning markers), embedding (the GGUF names a pooling: an embedding model)."""
+    (its template writes reasoning markers), embedding (the GGUF names a pooling: an embedding model),
+    vision (loaded with its projector)."""
     from localinfer import reasoning
 
     caps = ["completion"]
@@ -141,6 +142,8 @@ def capabilities(template: str | None, info: GGUFInfo | None) -> list[str]:
     arch = info.architecture if info is not None else None
     if info is not None and arch and info.metadata.get(f"{arch}.pooling_type") is not None:
         caps.append("embedding")
+    if vision:
+        caps.append("vision")
     return caps
 
 
@@ -159,7 +162,7 @@ def model_info(info: GGUFInfo | None, facts: ModelFacts) -> dict[str, Any]:
     return out
 
 
-def show(facts: ModelFacts, info: GGUFInfo | None, template: str | None) -> dict[str, Any]:
+def show(facts: ModelFacts, info: GGUFInfo | None, template: str | None, vision: bool = False) -> dict[str, Any]:
     """``/api/show``'s answer. ``info``: the model's header (None when it cannot be read)."""
     return {
         "modelfile": f"# served by localinfer\nFROM {facts.path or facts.name}\n",
@@ -167,7 +170,7 @@ def show(facts: ModelFacts, info: GGUFInfo | None, template: str | None) -> dict
         "template": template or "",
         "details": facts.details(),
         "model_info": model_info(info, facts),
-        "capabilities": capabilities(template, info),
+        "capabilities": capabilities(template, info, vision),
         "modified_at": facts.modified_at,
     }
 

@@ -3,8 +3,8 @@ the OpenAI routes run (the core ``Request`` in serve's ``Envelope``), and the fi
 mapped back to Ollama's NDJSON objects. Nothing here samples, parses tool calls or splits thinking:
 the engine and ``localinfer.finish`` did that; this module only renames.
 
-Fields Ollama knows and we cannot honour (``images``, ``suffix``, ``template``, ``context``) are a 400
-naming them; ``options`` we do not use are ignored, as Ollama ignores the ones it does not know, and
+``images`` (base64) become OpenAI image parts (localinfer.images). Fields Ollama knows and we cannot
+honour (``suffix``, ``template``, ``context``) are a 400 naming them; ``options`` we do not use are ignored, as Ollama ignores the ones it does not know, and
 so are top-level fields we do not know (Ollama's Go decoder drops them).
 """
 
@@ -67,7 +67,7 @@ def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> Olla
                            ("context", "a previous answer's context: send the conversation to /api/chat")):  # fmt: skip
             if body.get(name):
                 raise bad(name, f"'{name}' ({what}) is not supported by this server")
-        _no_images("images", body.get("images"))
+        pictures = body.get("images")
         prompt = body.get("prompt")
         if prompt is None or prompt == "":
             return OllamaRequest("generate", model, None)
@@ -75,11 +75,17 @@ def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> Olla
         system = rules.text("system", body["system"]) if body.get("system") is not None else None
         raw = _bool(body, "raw", False)
         common = _common(body)
+        if pictures and (raw or not templated):
+            raise rules.RuleError("images", "go through the chat template: not with raw, nor to a model without one")
+        if pictures:
+            from localinfer.serve.image_parts import base64_parts, with_images
+
+            prompt = with_images(prompt, base64_parts("images", pictures))
         if raw or not templated:
             req = envelope(model=model, prompt=f"{system}\n\n{prompt}" if system and not raw else prompt, **common)
         else:
             turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            req = envelope(model=model, messages=tuple(turns), **common)
+            req = envelope(model=model, messages=rules.messages("prompt", turns), **common)
         return OllamaRequest("generate", model, req, _think(body), common["logprobs"] is not None)
     except rules.RuleError as exc:
         raise bad(exc.field, str(exc)) from None
@@ -92,11 +98,6 @@ def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise rules.RuleError(name, f"must be true or false, not {rules.shown(value)}", "invalid_type")
     return value
-
-
-def _no_images(field: str, images: Any) -> None:
-    if images:
-        raise bad(field, f"'{field}': images are not supported by this server yet (text models only)")
 
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
@@ -173,9 +174,12 @@ def chat_messages(value: Any) -> tuple[dict[str, Any], ...]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise rules.RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
-        _no_images(f"{where}.images", m.get("images"))
         role = m.get("role")
         turn: dict[str, Any] = {"role": role, "content": "" if m.get("content") is None else m["content"]}
+        if m.get("images"):  # OpenAI image parts, which rules.message decodes
+            from localinfer.serve.image_parts import base64_parts, with_images
+
+            turn["content"] = with_images(turn["content"], base64_parts(f"{where}.images", m["images"]))
         if role == "assistant" and m.get("thinking"):
             turn["reasoning_content"] = m["thinking"]
         if role == "assistant" and m.get("tool_calls"):

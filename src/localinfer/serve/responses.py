@@ -38,6 +38,8 @@ def usage(outcome: Outcome) -> dict[str, Any]:
         "total_tokens": s.prompt_tokens + s.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
     }
+    if s.image_tokens:  # of prompt_tokens (engine.vision)
+        out["image_tokens"] = s.image_tokens
     if outcome.reasoning_tokens is not None:  # OpenAI's name for the thinking's share
         out["completion_tokens_details"] = {"reasoning_tokens": outcome.reasoning_tokens}
     return out
@@ -63,6 +65,7 @@ def timings(outcome: Outcome) -> dict[str, Any]:
         "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000.0, 3),
         **({} if outcome.reasoning_tokens is None else {"reasoning_ttft_ms": _ms(outcome.reasoning_ttft_s)}),
         **({"draft_n": s.draft_tokens, "draft_n_accepted": s.draft_accepted} if s.draft else {}),  # --draft
+        **({"image_encode_ms": _ms(s.image_encode_s)} if s.image_tokens else {}),  # apart from prompt_ms
     }
 
 

@@ -73,17 +73,24 @@ def _parse(body: dict[str, Any]) -> Envelope:
     )  # fmt: skip
 
 
-def _content(where: str, content: Any) -> str:
+def _content(where: str, content: Any) -> Any:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _bad(where, f"must be a string or a list of content parts, not {rules.shown(content)}", "invalid_type")
-    parts = []
+    parts: list[Any] = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image":  # an OpenAI image part, which rules.message decodes
+            from localinfer.serve.image_parts import url_part
+
+            parts.append(url_part(f"{where}[{i}].image_url", part.get("image_url")))
+            continue
         if kind not in ("input_text", "output_text", "text", "summary_text"):
             raise _bad(f"{where}[{i}]", f"{rules.shown(kind or part)} parts are not supported by this server (text only)")
         parts.append(rules.text(f"{where}[{i}].text", part.get("text")))
+    if any(isinstance(p, dict) for p in parts):
+        return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]
     return "".join(parts)
 
 

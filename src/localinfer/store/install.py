@@ -221,6 +221,7 @@ def resolve_entry(
     load = store.load_path(entry)
     info = read_header(load)
     ensure_entry(store, entry, load, info)  # installed before llama.cpp was tried on it (or by another version)
+    mmproj = verified_projector(store, entry, progress)
     chat_format = entry.get("chat_format")
     if registry is not None and name in registry:
         chat_format = registry.get(name).chat_format or chat_format
@@ -231,7 +232,27 @@ def resolve_entry(
         source=entry["source"],
         chat_format=chat_format,
         info=info,
+        mmproj=mmproj,
     )
+
+
+def verified_projector(store: Store, entry: dict[str, Any], progress: ProgressSink | None = None) -> Path | None:
+    """The entry's projector, its digest checked (cheaply, through the digest cache) and its header read."""
+    from localinfer.store.projector import projector_path, read_projector
+
+    path = projector_path(store, entry)
+    if path is None:
+        return None
+    name = entry["name"]
+    if not path.is_file():
+        raise ModelNotFoundError(f"the projector of {name!r} is missing ({path})",
+                                 hint=f"run 'localinfer pull' for {name} again, or 'localinfer rm {name}'")  # fmt: skip
+    try:
+        verify_file(store, path, entry["mmproj"]["sha256"], progress=progress, label=f"verifying {name}'s projector")
+    except ChecksumError as exc:
+        raise ChecksumError(f"{name}: {exc}", hint=f"pull {name} with its projector again") from None
+    read_projector(path)
+    return path
 
 
 def read_local_file(spec: ModelSpec) -> tuple[Path, GGUFInfo]:

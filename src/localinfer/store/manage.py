@@ -27,6 +27,7 @@ def _row(store: Store, entry: dict[str, Any]) -> dict[str, Any]:
         "added_at": entry.get("added_at"),
         "path": str(store.load_path(entry)),
         "sha256": entry["files"][0]["sha256"] if entry.get("files") else None,
+        "vision": bool(entry.get("mmproj")),
     }
 
 
@@ -126,6 +127,8 @@ def show_model(spec: str) -> dict[str, Any]:
         ],
         "last_used": (entry or {}).get("last_used"),
         "added_at": (entry or {}).get("added_at"),
+        "vision": resolved.mmproj is not None,
+        "projector": str(resolved.mmproj) if resolved.mmproj is not None else None,
     }
     return out
 
@@ -149,9 +152,13 @@ def remove_model(name: str) -> Removal:
         if entry is None:
             raise ModelNotFoundError(f"model {name!r} is not installed", hint="see 'localinfer list'")
     if entry.get("kind") == "store":
-        freed = gc_blobs(store, [rec["sha256"] for rec in entry.get("files", [])])
+        mmproj = [entry["mmproj"]["sha256"]] if entry.get("mmproj") else []
+        freed = gc_blobs(store, [rec["sha256"] for rec in entry.get("files", [])] + mmproj)
         return Removal(name=name, freed_bytes=freed)
-    return Removal(name=name, freed_bytes=0, kept=[str(p) for p in store.file_paths(entry)])
+    from localinfer.store.projector import projector_path
+
+    kept = [*store.file_paths(entry), *filter(None, [projector_path(store, entry)])]
+    return Removal(name=name, freed_bytes=0, kept=[str(p) for p in kept])
 
 
 @dataclass

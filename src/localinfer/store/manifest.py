@@ -30,7 +30,7 @@ from typing import Any
 
 from localinfer.errors import LocalInferError
 from localinfer.store.fsutil import atomic_write_json, file_lock, read_json, stat_key, try_file_lock
-from localinfer.store.untrusted import is_sha256, is_size, shown
+from localinfer.store.untrusted import is_sha256, is_size, projector_problem, shown
 
 MANIFEST_VERSION = 1
 
@@ -176,6 +176,7 @@ class Store:
     def digests_in_use(self) -> set[str]:
         """The sha256 of every blob an installed model uses, and of any an entry we could not understand names."""
         used = {rec["sha256"] for e in self.entries().values() if e["kind"] == "store" for rec in e["files"]}
+        used |= {e["mmproj"]["sha256"] for e in self.entries().values() if e["kind"] == "store" and e.get("mmproj")}
         return used | set(re.findall(r"[0-9a-f]{64}", json.dumps(self.unreadable)))
 
     def entries(self) -> dict[str, dict[str, Any]]:
@@ -354,7 +355,7 @@ def entry_problem(name: str, entry: Any) -> str | None:
         ok = ok and isinstance(rec.get("filename"), str) and (kind == "store" or isinstance(rec.get("path"), str))
         if not ok:
             return "a file without a valid sha256, size, name or path"
-    return None
+    return projector_problem(entry.get("mmproj"))
 
 
 def _warn_once(message: str) -> None:

@@ -19,6 +19,7 @@ from localinfer.store.blobs import gc_blobs, link_split
 from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
 from localinfer.store.loadable import prove_install
 from localinfer.store.manifest import Store
+from localinfer.store.projector import local_record, read_projector
 from localinfer.store.preflight import check_disk, memory_check
 from localinfer.store.quants import choose_quant, gguf_groups
 from localinfer.store.names import (
@@ -49,8 +50,10 @@ def pull_model(
     revision: str | None = None,
     offline: bool = False,
     progress: ProgressSink | None = None,
+    mmproj: str | None = None,
 ) -> dict[str, Any]:
     """Install ``spec`` (see :mod:`localinfer.store.names`) and return its manifest entry.
+    ``mmproj``: its projector (images in; store.projector): a local file, a file in the Hub repo or "auto".
 
     Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files. Transfers,
     checks and notes go to ``progress`` (None: nowhere).
@@ -66,7 +69,7 @@ def pull_model(
     if parsed.kind == "path":
         if revision:
             raise UsageError("--revision applies to Hub models, not to a local file")
-        return register_local(parsed, name=name, progress=progress)
+        return register_local(parsed, name=name, progress=progress, mmproj=mmproj)
 
     from localinfer.store.registry import load_registry
 
@@ -97,6 +100,7 @@ def pull_model(
             chat_format=reg.chat_format,
             offline=offline,
             progress=progress,
+            mmproj=mmproj or reg.mmproj,
         )
 
     if revision is not None:
@@ -114,6 +118,7 @@ def pull_model(
         chat_format=None,
         offline=offline,
         progress=progress,
+        mmproj=mmproj,
     )
 
 
@@ -130,9 +135,11 @@ def _default_alias(path: Path) -> str:
     return stem[:100]
 
 
-def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSink) -> dict[str, Any]:
+def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSink, mmproj: str | None = None) -> dict[str, Any]:
     path, info = read_local_file(parsed)  # refuse non-GGUF / hostile files before anything is recorded
     path = path.resolve()
+    if mmproj is not None:
+        read_projector(Path(mmproj).expanduser(), mmproj)  # refused before anything is hashed or recorded
     key = name or alias_name(_default_alias(path))
     from localinfer.store.registry import load_registry
 
@@ -169,6 +176,8 @@ def register_local(parsed: ModelSpec, *, name: str | None, progress: ProgressSin
         loadable=prove_install(store, key, path, info, files),  # before anything is recorded
     )
     entry["header"]["parameter_count"] = params
+    if mmproj is not None:
+        entry["mmproj"] = local_record(Path(mmproj).expanduser(), progress)
     store.put(entry)
     progress.note(f"registered {key} -> {path} (used in place, not copied)")
     return entry
@@ -190,6 +199,7 @@ def _pull_hub(
     chat_format: str | None,
     offline: bool,
     progress: ProgressSink,
+    mmproj: str | None = None,
 ) -> dict[str, Any]:
     from localinfer.store.sources import hub
 
@@ -283,15 +293,21 @@ def _pull_hub(
             loadable=loadable,
         )
         entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
+        required = [store.blob_path(rec["sha256"]) for rec in files] + [store.root / entry["load"]]
+        if mmproj is not None:  # images in: the repo's projector, fetched and verified like the model
+            from localinfer.store.projector import attach_hub_projector
+
+            required += attach_hub_projector(store, entry, files, repo=repo, commit=commit, listing=listing, choice=mmproj, progress=progress,
+                                             fetch=_fetch_blob)  # fmt: skip
         old = store.entry(key)
-        if store.put(entry, require=[store.blob_path(rec["sha256"]) for rec in files] + [store.root / entry["load"]]):
+        if store.put(entry, require=required):
             break
         # An `rm` of another model that shared these bytes deleted them between our fetch and now.
         progress.note(f"{key}: a file was deleted meanwhile by another command; fetching it again")
     else:
         raise LocalInferError(f"{key}: its files kept being deleted while it was pulled", hint="run the pull again")
     if old is not None and old.get("kind") == "store":
-        gc_blobs(store, [rec["sha256"] for rec in old.get("files", [])])
+        gc_blobs(store, [rec["sha256"] for rec in old.get("files", [])] + ([old["mmproj"]["sha256"]] if old.get("mmproj") else []))
     progress.note(f"pulled {key} ({human_size(entry['size'])}, sha256 verified)")
     return entry
 

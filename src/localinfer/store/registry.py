@@ -33,6 +33,7 @@ class RegistryEntry:
     chat_format: str | None = None
     description: str = ""
     size: int | None = None  # the download's bytes, for `list --available`
+    mmproj: str | None = None  # the projector (images in): a file in ``repo``, or "auto"
 
 
 def _load_toml(path: Path) -> dict:

