@@ -36,7 +36,9 @@ _llama_fixtures: set[str] = set()  # fixtures seen using llama.cpp as they were 
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not os.environ.get(_LLAMA_LOG):
+    # an xdist worker (`-n 2`) keeps its own witness: one shared file would blame a test on one worker
+    # for a use on the other
+    if not os.environ.get(_LLAMA_LOG) or hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="localinfer-llama-uses-")
         os.close(fd)
         os.environ[_LLAMA_LOG] = path  # inherited by every child the tests start
