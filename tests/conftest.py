@@ -35,6 +35,23 @@ _LOG_SIZE = pytest.StashKey[int]()
 _llama_fixtures: set[str] = set()  # fixtures seen using llama.cpp as they were set up (a shared model, a server)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # The whole suite (no paths given: README's command, CI) on two xdist workers, a file per worker so
+    # module-scoped models and servers load once: most tests wait on a child or a server most of their
+    # time, and serially the second core sat idle (benchmarks/results/ci-time-2026-12-04.txt). Runs of
+    # chosen files stay in one process (-s, --pdb as usual); `-n N` given wins, `-n 0` turns it off.
+    if (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and config.pluginmanager.has_plugin("xdist")
+        and config.option.numprocesses is None
+        and not os.environ.get("PYTEST_XDIST_WORKER")
+        and not (config.option.collectonly or config.option.usepdb)
+        and (os.cpu_count() or 1) >= 2
+    ):
+        config.option.numprocesses, config.option.dist = 2, "loadfile"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # an xdist worker (`-n 2`) keeps its own witness: one shared file would blame a test on one worker
     # for a use on the other
