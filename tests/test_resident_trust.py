@@ -124,8 +124,18 @@ class Listener:
 
 
 @pytest.fixture
-def deep(tmp_path, monkeypatch):
+def short_tmp():
+    """A folder with a short path: what these tests put in it must fit AF_UNIX's limit (SUN_PATH_MAX)
+    as it would in a real runtime dir, which pytest's tmp_path (longer under xdist, popen-gwN/) need not."""
+    folder = Path(tempfile.mkdtemp(prefix="li-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def deep(short_tmp, monkeypatch):
     """A data dir deep enough that the sockets move to $TMPDIR/localinfer-UID; where they go."""
+    tmp_path = short_tmp  # $TMPDIR/localinfer-UID/<digest>.sock must fit AF_UNIX's limit
     home = tmp_path / ("d" * 100) / "home"
     home.mkdir(parents=True)
     tmp = tmp_path / "tmp"
@@ -194,15 +204,6 @@ def test_a_listener_in_another_mount_namespace_gets_nothing(deep, smollm2_path):
     proc = _cli("run", "-m", str(smollm2_path), "-n", "2", "--keep-alive", "60s", "Hi", env=_env(home, tmp))
     assert set(spy.received()) <= {0}
     _refused(proc, "mount namespace")
-
-
-@pytest.fixture
-def short_tmp():
-    """A folder with a short path: what these tests put in it must fit AF_UNIX's limit (SUN_PATH_MAX)
-    as it would in a real runtime dir, which pytest's tmp_path (longer under xdist, popen-gwN/) need not."""
-    folder = Path(tempfile.mkdtemp(prefix="li-", dir="/tmp"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_xdg_runtime_dir_is_preferred_when_it_is_private(short_tmp, monkeypatch):
