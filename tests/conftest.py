@@ -38,9 +38,10 @@ _llama_fixtures: set[str] = set()  # fixtures seen using llama.cpp as they were 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     # The whole suite (no paths given: README's command, CI) on two xdist workers, a file per worker so
-    # module-scoped models and servers load once: most tests wait on a child or a server most of their
-    # time, and serially the second core sat idle (benchmarks/results/ci-time-2026-12-04.txt). Runs of
-    # chosen files stay in one process (-s, --pdb as usual); `-n N` given wins, `-n 0` turns it off.
+    # module-scoped models and servers load once: tests spend much of their time waiting on a child or
+    # a server, and in one process the second core was mostly idle (0.71-0.74x the wall on two workers:
+    # benchmarks/results/suite-xdist-2026-12-04.txt). Runs of chosen files stay in one process (-s,
+    # --pdb as usual); `-n N` given wins, `-n 0` turns it off.
     if (
         config.args_source == pytest.Config.ArgsSource.TESTPATHS
         and config.pluginmanager.has_plugin("xdist")
