@@ -35,8 +35,28 @@ _LOG_SIZE = pytest.StashKey[int]()
 _llama_fixtures: set[str] = set()  # fixtures seen using llama.cpp as they were set up (a shared model, a server)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # The whole suite (no paths given: README's command, CI) on two xdist workers, a file per worker so
+    # module-scoped models and servers load once: tests spend much of their time waiting on a child or
+    # a server, and in one process the second core was mostly idle (0.71-0.74x the wall on two workers:
+    # benchmarks/results/suite-xdist-2026-12-04.txt). Runs of chosen files stay in one process (-s,
+    # --pdb as usual); `-n N` given wins, `-n 0` turns it off.
+    if (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and config.pluginmanager.has_plugin("xdist")
+        and config.option.numprocesses is None
+        and not os.environ.get("PYTEST_XDIST_WORKER")
+        and not (config.option.collectonly or config.option.usepdb)
+        and (os.cpu_count() or 1) >= 2
+    ):
+        config.option.numprocesses, config.option.dist = 2, "loadfile"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if not os.environ.get(_LLAMA_LOG):
+    # an xdist worker (`-n 2`) keeps its own witness: one shared file would blame a test on one worker
+    # for a use on the other
+    if not os.environ.get(_LLAMA_LOG) or hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="localinfer-llama-uses-")
         os.close(fd)
         os.environ[_LLAMA_LOG] = path  # inherited by every child the tests start

@@ -124,8 +124,18 @@ class Listener:
 
 
 @pytest.fixture
-def deep(tmp_path, monkeypatch):
+def short_tmp():
+    """A folder with a short path: what these tests put in it must fit AF_UNIX's limit (SUN_PATH_MAX)
+    as it would in a real runtime dir, which pytest's tmp_path (longer under xdist, popen-gwN/) need not."""
+    folder = Path(tempfile.mkdtemp(prefix="li-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def deep(short_tmp, monkeypatch):
     """A data dir deep enough that the sockets move to $TMPDIR/localinfer-UID; where they go."""
+    tmp_path = short_tmp  # $TMPDIR/localinfer-UID/<digest>.sock must fit AF_UNIX's limit
     home = tmp_path / ("d" * 100) / "home"
     home.mkdir(parents=True)
     tmp = tmp_path / "tmp"
@@ -196,7 +206,8 @@ def test_a_listener_in_another_mount_namespace_gets_nothing(deep, smollm2_path):
     _refused(proc, "mount namespace")
 
 
-def test_xdg_runtime_dir_is_preferred_when_it_is_private(tmp_path, monkeypatch):
+def test_xdg_runtime_dir_is_preferred_when_it_is_private(short_tmp, monkeypatch):
+    tmp_path = short_tmp
     deep_home = tmp_path / ("d" * 100)
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
@@ -209,7 +220,8 @@ def test_xdg_runtime_dir_is_preferred_when_it_is_private(tmp_path, monkeypatch):
     assert start.place(deep_home).commands.parent.parent == Path(tempfile.gettempdir())
 
 
-def test_a_server_started_without_xdg_runtime_dir_is_found_with_it(tmp_path, monkeypatch):
+def test_a_server_started_without_xdg_runtime_dir_is_found_with_it(short_tmp, monkeypatch):
+    tmp_path = short_tmp
     # cron or a service has no XDG_RUNTIME_DIR, a login shell has one: one data dir, one server
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
