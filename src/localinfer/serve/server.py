@@ -184,3 +184,50 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
 def _say(message: str) -> None:
     sys.stderr.write(f"localinfer serve: {message}\n")
     sys.stderr.flush()
+
+
+class _Preload:
+    """``serve_all``'s stand-in for ``_Loader``: the -m models load on the loop, through the router."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.error, self.stopping = names, None, False
+        self.thread = threading.Thread(target=lambda: None, name="localinfer-preload", daemon=True)
+        self.on_failure: Callable[[], None] = lambda: None
+
+    def failed(self, exc: BaseException) -> None:
+        self.error = exc
+        self.on_failure()
+
+
+class _ManyServer(_Server):
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        served, hub = self.state.router, self.state.hub
+        assert hub is not None
+        hub.deferred = True  # each engine flushes before its decodes
+        served.hub = hub
+        self._router_task = asyncio.ensure_future(served.run(self.loader.names, self.loader.failed))  # type: ignore[attr-defined]
+
+
+def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say | None = None) -> None:
+    """Serve every installed model (``multi.Served``) until SIGTERM / Ctrl-C, loading each on
+    demand; the ``preload`` models load at start (one that fails stops the server with its error)."""
+    say = say or _say
+    sock = listen(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    state = ServerState(config, (), created=int(time.time()), router=served)
+    served.metrics, served.say, served.router.say = state.metrics, say, say
+    loader = _Preload(preload)
+    server = _ManyServer(http_config(create_app(state), config, say, state.metrics), state, loader, say)  # type: ignore[arg-type]
+    shown = f"[{host}]" if ":" in host else host
+    names = served.servable()
+    say(f"listening on http://{shown}:{port}: {len(names)} model(s) can be served, each loaded on its first request")
+    for name in names:
+        say(f"  {name}{' (loading now)' if name in preload else ''}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        served.router.stop_all()
+    if loader.error is not None:
+        raise loader.error
