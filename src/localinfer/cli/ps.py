@@ -11,6 +11,8 @@ from localinfer.cli.common import handle_errors
 
 def ps(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="Ask this `localinfer serve` (or Ollama) what it has loaded.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Bearer key for --endpoint.")] = None,
 ) -> None:
     """List the models kept loaded by --keep-alive (size, sequences, context, idle time, unload time)."""
     with handle_errors():
@@ -18,12 +20,13 @@ def ps(
 
         from localinfer.resident import control
 
-        state = control.ps()
+        state = control.endpoint_ps(endpoint, api_key) if endpoint else control.ps()
         if json_out:
             sys.stdout.write(json.dumps(state) + "\n")
             return
         if not state["models"]:
-            sys.stderr.write("no model is resident (run a command with --keep-alive 5m to keep one loaded)\n")
+            sys.stderr.write(f"no model is loaded at {endpoint}\n" if endpoint else
+                             "no model is resident (run a command with --keep-alive 5m to keep one loaded)\n")  # fmt: skip
             return
         sys.stdout.write(control.table(state["models"]))
 

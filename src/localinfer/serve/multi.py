@@ -253,7 +253,10 @@ class Served:
             if left != math.inf:
                 when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=left)
                 entry["expires_at"] = when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
-            entry["localinfer"] = {"busy": slot.info.busy, "keep_alive_s": None if slot.info.keep_alive == math.inf else slot.info.keep_alive}
+            forever = slot.info.keep_alive == math.inf
+            entry["localinfer"] = {"busy": slot.info.busy, "sequences": slot.info.sequences, "idle_s": round(slot.info.idle_for(now), 3),
+                                   "keep_alive_s": None if forever else slot.info.keep_alive,
+                                   "unloads_in_s": None if forever else round(left, 3)}  # fmt: skip
             out.append(entry)
         return out
 
