@@ -106,6 +106,10 @@ class Router:
             asyncio.ensure_future(self._unload(slot, "keep_alive 0"))
         self._notify()
 
+    @property
+    def loading(self) -> int:
+        return len(self._loading)
+
     def busy(self, slot: Slot) -> bool:
         return slot.info.busy > 0 or bool(self.active(slot.held))
 
