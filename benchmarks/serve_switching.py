@@ -69,7 +69,7 @@ class Server:
                 if m and m.group(1) == name:
                     return float(m.group(2))
             time.sleep(0.05)
-        raise RuntimeError(f"no load of {name} logged")
+        raise RuntimeError(f"no load of {name} logged:\n" + "".join(self.lines))
 
     def post(self, path: str, body: dict) -> dict:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
