@@ -142,3 +142,12 @@ def test_a_full_engine_and_a_full_wait_are_503(monkeypatch):
     import asyncio
 
     asyncio.run(main())
+
+
+def test_serving_several_models_takes_names_not_files():
+    from typer.testing import CliRunner
+
+    from localinfer.cli.main import build_app
+
+    result = CliRunner().invoke(build_app(), ["serve", "-m", "./model.gguf", "-m", "smol", "--port", "0"])
+    assert result.exit_code == 2 and "not a file" in result.output, result.output

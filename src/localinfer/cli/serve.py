@@ -67,9 +67,13 @@ def serve(
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
         models = list(dict.fromkeys(model or ()))
         if len(models) != 1:  # every installed model (or the -m ones and the rest), on demand
-            from localinfer.serve.multi import Served, default_max_models
+            from localinfer.errors import UsageError
+            from localinfer.serve.multi import Served, default_max_models, is_path
 
-            for name in models:  # installed (pulled now if need be) and named as the API will name it
+            for name in models:
+                if is_path(name):
+                    raise UsageError(f"-m {name}: serving several models, each is an installed model's name, not a file",
+                                     hint=f"localinfer pull {name} --name NAME, then -m NAME")  # fmt: skip  # installed (pulled now if need be) and named as the API will name it
                 resolve_model(name, offline=flags.offline, pull_progress=make_progress())
             served = Served(config, base, ctx_size=ctx_size, only=tuple(models) if no_autoload and models else None,
                             max_models=max_models or default_max_models(base), keep_alive=_seconds(keep_alive), force=flags.force)  # fmt: skip

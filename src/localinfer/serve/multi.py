@@ -203,9 +203,14 @@ class Served:
 
     async def run(self, preload: list[str], on_error: Callable[[BaseException], None]) -> None:
         """Load the -m models (kept loaded), then unload idle models as their keep-alive runs out."""
+        from localinfer.errors import LocalInferError
+
         try:
             for name in preload:
                 await self.engine_for(None, name, keep_alive=-1)
+        except ApiError as exc:  # said as the command's error, not as an HTTP answer
+            on_error(LocalInferError(f"-m {name}: {exc.message}"))
+            return
         except BaseException as exc:
             on_error(exc)
             return
