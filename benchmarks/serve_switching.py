@@ -141,6 +141,7 @@ def main() -> int:
             rate_alone = (len(alone) - 1) / (alone[-1] - alone[0])
             rate_during = len(during) / (t_loaded - t_ask)
             ratio_rows.append((s.load_s("gemma", mark), rate_alone, rate_during, rate_during / rate_alone))
+            s.unload("gemma")  # the next round starts cold
     finally:
         s.stop()
     load_after = os.getloadavg()

@@ -35,6 +35,7 @@ from localinfer.serve.sending import STATUS_KEY, AnswerResponse, submit
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome, Ticket
+    from localinfer.serve.multi import Served
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
              "/v1/models": "models", "/health": "health", "/metrics": "metrics", **{
@@ -51,7 +52,7 @@ class ServerState:
     engine: Engine | None = None
     hub: Hub | None = None
     created: int = 0
-    router: Any = None  # multi.Served: every installed model, on demand (``engine`` stays None)
+    router: Served | None = None  # multi.Served: every installed model, on demand (``engine`` stays None)
 
     def gauges(self) -> Gauges:
         if self.router is not None:
@@ -283,7 +284,7 @@ async def _accept(request: Request, state: ServerState, wire: Wire) -> tuple[Eng
 async def _pick(request: Request, state: ServerState, model: str | None) -> tuple[Engine, str]:
     """The one place a request's ``model`` chooses its engine (and its name in the answer)."""
     if state.router is not None:
-        return await state.router.engine_for(request.scope, model)  # type: ignore[no-any-return]
+        return await state.router.engine_for(request.scope, model)
     _ours(state, model)
     return _engine(state), state.names[0]
 

@@ -214,9 +214,18 @@ class Served:
         except BaseException as exc:
             on_error(exc)
             return
+        await asyncio.to_thread(self._find_all)
         while True:
             await asyncio.sleep(TICK_S)
             await self.router.reap()
+
+    def _find_all(self) -> None:
+        """Find (and verify, the first time) every servable model now, so a first request pays only the load."""
+        for name in self.servable():
+            try:
+                self.resolve(name)
+            except ApiError:
+                pass
 
     # -- listings and figures ----------------------------------------------------------------------------
     def loaded(self) -> dict[str, Any]:

@@ -111,8 +111,9 @@ async def pick(ask: Ask, name: str, body: dict[str, Any]) -> Engine:
         await check_model(ask, name)
         return engine
     options = body.get("options") if isinstance(body.get("options"), dict) else {}
-    engine, _ = await state.router.engine_for(ask.request.scope, name, keep_alive=body.get("keep_alive"), num_ctx=options.get("num_ctx"))
-    return engine  # type: ignore[no-any-return]
+    engine: Engine = (await state.router.engine_for(ask.request.scope, name, keep_alive=body.get("keep_alive"),
+                                                    num_ctx=options.get("num_ctx")))[0]  # fmt: skip
+    return engine
 
 
 async def check_model(ask: Ask, name: str) -> None:

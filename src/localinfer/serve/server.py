@@ -96,7 +96,7 @@ class _Server(uvicorn.Server):
     """uvicorn's server with our own signal handling (uvicorn re-raises the signal once it has shut
     down, so the process would die of it; a server that drained exits 0)."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, loader: _Loader, say: Say) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, loader: _Loader | _Preload, say: Say) -> None:
         super().__init__(config)
         self.state, self.loader, self.say = state, loader, say
         loader.on_failure = self._stop
@@ -190,7 +190,8 @@ class _Preload:
     """``serve_all``'s stand-in for ``_Loader``: the -m models load on the loop, through the router."""
 
     def __init__(self, names: list[str]) -> None:
-        self.names, self.error, self.stopping = names, None, False
+        self.names, self.stopping = names, False
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=lambda: None, name="localinfer-preload", daemon=True)
         self.on_failure: Callable[[], None] = lambda: None
 
@@ -206,7 +207,9 @@ class _ManyServer(_Server):
         assert hub is not None
         hub.deferred = True  # each engine flushes before its decodes
         served.hub = hub
-        self._router_task = asyncio.ensure_future(served.run(self.loader.names, self.loader.failed))  # type: ignore[attr-defined]
+        loader = self.loader
+        assert isinstance(loader, _Preload) and served is not None
+        self._router_task = asyncio.ensure_future(served.run(loader.names, loader.failed))
 
 
 def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say | None = None) -> None:
@@ -218,7 +221,7 @@ def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say 
     state = ServerState(config, (), created=int(time.time()), router=served)
     served.metrics, served.say, served.router.say = state.metrics, say, say
     loader = _Preload(preload)
-    server = _ManyServer(http_config(create_app(state), config, say, state.metrics), state, loader, say)  # type: ignore[arg-type]
+    server = _ManyServer(http_config(create_app(state), config, say, state.metrics), state, loader, say)
     shown = f"[{host}]" if ":" in host else host
     names = served.servable()
     say(f"listening on http://{shown}:{port}: {len(names)} model(s) can be served, each loaded on its first request")
