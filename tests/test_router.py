@@ -181,3 +181,19 @@ def test_a_larger_context_reloads_when_idle():
         assert small is slot  # a smaller context reuses what is loaded
 
     asyncio.run(main())
+
+
+def test_requests_waiting_on_a_failed_load_get_its_error_without_loading_again():
+    m = Machine(100, {"huge": 500}, load_s=0.1)
+
+    async def main() -> None:
+        r = m.router()
+        tries = [asyncio.ensure_future(use(r, m, "huge")) for _ in range(4)]
+        results = await asyncio.gather(*tries, return_exceptions=True)
+        assert all(isinstance(e, ResourceError) for e in results)
+
+    calls: list[str] = []
+    make = m.make
+    m.make = lambda want: calls.append(want.key) or make(want)  # type: ignore[method-assign]
+    asyncio.run(main())
+    assert calls == ["huge"]

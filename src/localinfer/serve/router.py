@@ -158,9 +158,14 @@ class Router:
                     notes.append(f"unloaded {old.info.name} to make room for {name}")
                     await self._unload(old, f"room for {name}")
             return self.adopt(want, name, held, load_s=time.perf_counter() - t0)
+        except Exception as exc:  # the requests waiting on this load get its error, not a load each
+            done.set_exception(exc)
+            done.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
         finally:
             del self._loading[want.key]
-            done.set_result(None)
+            if not done.done():
+                done.set_result(None)
             self._notify()
 
     def adopt(self, want: Want, name: str, held: Any, *, load_s: float | None = None,
