@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from localinfer.errors import ResourceError
-from localinfer.resident.pool import Want
+from localinfer.serve.pool import Want
 from localinfer.serve.router import Busy, Router
 
 

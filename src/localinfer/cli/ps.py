@@ -6,26 +6,28 @@ from typing import Annotated, Optional
 
 import typer
 
+from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 
+@o.grouped
 def ps(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="Ask this `localinfer serve` (or Ollama) what it has loaded.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Bearer key for --endpoint.")] = None,
+    endpoint: o.Server = o.SERVER,
 ) -> None:
-    """List the models kept loaded by --keep-alive (size, sequences, context, idle time, unload time)."""
+    """List the models kept loaded by --keep-alive (size, sequences, context, idle time, unload time);
+    with --endpoint, what that `localinfer serve` (or Ollama) has loaded."""
     with handle_errors():
         import json
 
         from localinfer.resident import control
 
-        state = control.endpoint_ps(endpoint, api_key) if endpoint else control.ps()
+        state = control.endpoint_ps(endpoint) if endpoint else control.ps()
         if json_out:
             sys.stdout.write(json.dumps(state) + "\n")
             return
         if not state["models"]:
-            sys.stderr.write(f"no model is loaded at {endpoint}\n" if endpoint else
+            sys.stderr.write(f"no model is loaded at {endpoint.display}\n" if endpoint else
                              "no model is resident (run a command with --keep-alive 5m to keep one loaded)\n")  # fmt: skip
             return
         sys.stdout.write(control.table(state["models"]))

@@ -32,12 +32,11 @@ def ps() -> dict[str, Any]:
             "models": body["models"]}  # fmt: skip
 
 
-def endpoint_ps(url: str, api_key: str | None = None) -> dict[str, Any]:
+def endpoint_ps(ep: Any) -> dict[str, Any]:
     """``ps --endpoint URL``: what a `localinfer serve` (or Ollama) says it has loaded (``/api/ps``),
-    in the rows ``table`` prints."""
-    from localinfer.remote.connection import endpoint, httpx, status_error, transport_error
+    in the rows ``table`` prints. ``ep``: the checked ``remote.connection.Endpoint``."""
+    from localinfer.remote.connection import httpx, status_error, transport_error
 
-    ep = endpoint(url, api_key)
     root = ep.base_url.removesuffix("/v1")
     try:
         response = httpx().get(root + "/api/ps", headers=ep.headers(), timeout=ep.timeout())

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localinfer.resident import pool
-from localinfer.resident.pool import Want
+from localinfer.serve import pool
+from localinfer.serve.pool import Want
 from localinfer.resident.start import runtime_env
 from localinfer.serve.router import Router
 

@@ -133,7 +133,7 @@ class Served:
         """The engine that answers ``name``, loaded if needed and held until the request's exchange
         ends (``Leases``); ``keep_alive`` and ``num_ctx``: Ollama's per-request fields."""
         from localinfer.errors import LocalInferError, ResourceError
-        from localinfer.resident.pool import Want
+        from localinfer.serve.pool import Want
 
         if name is None:  # no model named: the one used last, else the default
             recent = max(self.router.slots.values(), key=lambda s: s.info.last_used, default=None)
@@ -321,7 +321,7 @@ def _keep_alive(value: Any) -> float | None:
     if value is None:
         return None
     from localinfer.errors import UsageError
-    from localinfer.resident.place import parse_keep_alive
+    from localinfer.units import parse_keep_alive
 
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ApiError(400, f"'keep_alive' must be a duration such as 5m or a number of seconds, not {value!r}", param="keep_alive")
