@@ -24,7 +24,7 @@ LOAD_COMMANDS = {
 }
 SAMPLING_COMMANDS = ("run", "chat", "batch")
 COST_COMMANDS = ("bench", "stats")
-SERVER_COMMANDS = ("run", "chat", "batch", "bench", "embed")
+SERVER_COMMANDS = ("run", "chat", "batch", "bench", "embed", "ps")
 
 
 def _commands() -> dict:
@@ -199,7 +199,7 @@ def test_a_bad_endpoint_is_the_same_line_from_every_command_taking_it(tmp_path, 
     monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
     app = build_app()
     for name in SERVER_COMMANDS:
-        res = CliRunner().invoke(app, [name, *COMMAND_ARGS[name], "--endpoint", "ftp://10.0.0.3"])
+        res = CliRunner().invoke(app, [name, *COMMAND_ARGS.get(name, []), "--endpoint", "ftp://10.0.0.3"])
         assert res.exit_code == 2, (name, res.output)
         assert res.stderr.splitlines()[0] == (
             "Error: --endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, not 'ftp://10.0.0.3'"
@@ -231,6 +231,8 @@ def test_the_keep_alive_group_is_on_run_chat_and_batch_as_declared_once():
         shown = {p.name: _described(p) for p in command.params}
         if name in ("run", "chat", "batch"):
             assert all(shown.get(flag) == d for flag, d in declared.items()), name
+        elif name == "serve":  # the server's own: how long its models stay loaded, how many at once
+            assert set(shown) & set(declared) == set(declared) and all(shown[f] != d for f, d in declared.items())
         else:
             assert not set(shown) & set(declared), name
 

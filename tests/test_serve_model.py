@@ -26,10 +26,10 @@ _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 
 
 class ServeProcess:
-    def __init__(self, model: Path, *args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 120) -> None:
+    def __init__(self, model: Path | None, *args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 120) -> None:
         full_env = {k: v for k, v in os.environ.items() if k != "LOCALINFER_API_KEY"}
         full_env.update({"LOCALINFER_HOME": str(home), "HF_HUB_OFFLINE": "1", **(env or {})})
-        cmd = [sys.executable, "-m", "localinfer", "serve", "-m", str(model), "--port", "0", "--offline", *args]
+        cmd = [sys.executable, "-m", "localinfer", "serve", *(["-m", str(model)] if model is not None else []), "--port", "0", "--offline", *args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
         self.lines: list[str] = []
         self._port: int | None = None

@@ -6,24 +6,29 @@ from typing import Annotated, Optional
 
 import typer
 
+from localinfer.cli import options as o
 from localinfer.cli.common import handle_errors
 
 
+@o.grouped
 def ps(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    endpoint: o.Server = o.SERVER,
 ) -> None:
-    """List the models kept loaded by --keep-alive (size, sequences, context, idle time, unload time)."""
+    """List the models kept loaded by --keep-alive (size, sequences, context, idle time, unload time);
+    with --endpoint, what that `localinfer serve` (or Ollama) has loaded."""
     with handle_errors():
         import json
 
         from localinfer.resident import control
 
-        state = control.ps()
+        state = control.endpoint_ps(endpoint) if endpoint else control.ps()
         if json_out:
             sys.stdout.write(json.dumps(state) + "\n")
             return
         if not state["models"]:
-            sys.stderr.write("no model is resident (run a command with --keep-alive 5m to keep one loaded)\n")
+            sys.stderr.write(f"no model is loaded at {endpoint.display}\n" if endpoint else
+                             "no model is resident (run a command with --keep-alive 5m to keep one loaded)\n")  # fmt: skip
             return
         sys.stdout.write(control.table(state["models"]))
 

@@ -33,7 +33,7 @@ _PRELOAD = (
     "localinfer.cli.main", "localinfer.cli.run", "localinfer.cli.options", "localinfer.cli.common",
     "localinfer.cli.backend", "localinfer.render.stats", "localinfer.render.thinking", "localinfer.render.remote",
     "localinfer.usage.recorder", "localinfer.usage.history", "sqlite3", "localinfer.resident.backend",
-    "localinfer.resident.client", "localinfer.resident.pool", "localinfer.backends.remote", "localinfer.remote.client",
+    "localinfer.resident.client", "localinfer.serve.pool", "localinfer.backends.remote", "localinfer.remote.client",
     "localinfer.request", "localinfer.answer", "localinfer.generate", "localinfer.api", "localinfer.engine.types",
     "localinfer.limits", "localinfer.structured", "localinfer.rules", "localinfer.engine.rpc", "localinfer.units",
     "localinfer.resident.place", "typer._click.decorators",

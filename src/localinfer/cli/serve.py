@@ -12,6 +12,7 @@ from localinfer.cli.common import handle_errors
 
 _SERVER = "Server"
 _SECURITY = "Who may connect"
+_MODELS = "Several models"
 
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", min=1, max=256, help="Requests decoded together (sequences in the context).", rich_help_panel=_SERVER)]
 CtxPerSeqOpt = Annotated[
@@ -22,7 +23,7 @@ CtxPerSeqOpt = Annotated[
 
 @o.grouped
 def serve(
-    model: o.ModelOpt = None,
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="The model to serve (registry name or .gguf path). Without -m: every installed model, each loaded on its first request; -m repeated: those loaded at start, the others on demand.", rich_help_panel=o._CONTEXT, autocompletion=o.complete_model)] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on. Anything but loopback exposes the model: use --api-key.", rich_help_panel=_SERVER)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port, printed).", rich_help_panel=_SERVER)] = 8080,
     parallel: ParallelOpt = 4,
@@ -37,6 +38,9 @@ def serve(
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, help="Seconds a client has to send a request's headers (408 after).", rich_help_panel=_SECURITY)] = 10.0,
     ctx_size: CtxPerSeqOpt = None,
     template_vars: o.TemplateVars = o.TEMPLATE,
+    max_models: Annotated[Optional[int], typer.Option("--max-models", min=1, help="Serving several models: how many stay loaded at once (the least recently used idle one is unloaded). Default: what fits, at most 3 on CPU.", rich_help_panel=_MODELS)] = None,
+    keep_alive: Annotated[str, typer.Option("--keep-alive", metavar="DURATION", help="Serving several models: unload a model idle this long (5m, 30s; -1: never). A request's keep_alive wins for its model.", rich_help_panel=_MODELS)] = "5m",
+    no_autoload: Annotated[bool, typer.Option("--no-autoload", help="Serve only the -m models (no others on demand).", rich_help_panel=_MODELS)] = False,
     embedding_ctx: Annotated[int, typer.Option("--embedding-ctx", min=16, help="/v1/embeddings: tokens per llama_decode, and so the longest input (its context is made on the first request).", rich_help_panel=_SERVER)] = 512,
     base: o.Load = o.LOAD.without("ctx_size"),
     draft: o.Drafting = o.DRAFT,
@@ -62,13 +66,34 @@ def serve(
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
-        resolved = resolve_model(model, offline=flags.offline, pull_progress=make_progress())
+        models = list(dict.fromkeys(model or ()))
+        if len(models) != 1:  # every installed model (or the -m ones and the rest), on demand
+            from localinfer.errors import UsageError
+            from localinfer.serve.multi import Served, default_max_models, is_path
+
+            for name in models:
+                if is_path(name):
+                    raise UsageError(f"-m {name}: serving several models, each is an installed model's name, not a file",
+                                     hint=f"localinfer pull {name} --name NAME, then -m NAME")  # fmt: skip  # installed (pulled now if need be) and named as the API will name it
+                resolve_model(name, offline=flags.offline, pull_progress=make_progress())
+            served = Served(config, base, ctx_size=ctx_size, only=tuple(models) if no_autoload and models else None,
+                            max_models=max_models or default_max_models(base), keep_alive=_seconds(keep_alive), force=flags.force)  # fmt: skip
+            server.serve_all(config, served, models)
+            return
+        resolved = resolve_model(models[0], offline=flags.offline, pull_progress=make_progress())
         ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:
             warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
         options = batchjob.batch_load_options(draft.apply(base) if draft is not None else base, parallel=parallel, ctx_per_seq=ctx_per_seq)
         server.serve(config, resolved, options, force=flags.force, alias=alias)
+
+
+def _seconds(keep_alive: str) -> float:
+    from localinfer.resident.place import parse_keep_alive
+
+    seconds = parse_keep_alive(keep_alive)
+    return 0.0 if seconds is None else seconds
 
 
 def _import_server():

@@ -210,7 +210,7 @@ def _spec(spec: str | None, resolved: ResolvedModel | None) -> str | None:
 
 
 def _load_body(spec: str | None, options: LoadOptions, extra: dict[str, Any]) -> dict[str, Any]:
-    from localinfer.resident.pool import load_fields
+    from localinfer.serve.pool import load_fields
 
     sequences = max(1, options.n_seq_max)
     ctx = options.n_ctx // sequences if options.n_ctx else None  # None: the server's default for the model

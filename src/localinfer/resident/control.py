@@ -32,6 +32,28 @@ def ps() -> dict[str, Any]:
             "models": body["models"]}  # fmt: skip
 
 
+def endpoint_ps(ep: Any) -> dict[str, Any]:
+    """``ps --endpoint URL``: what a `localinfer serve` (or Ollama) says it has loaded (``/api/ps``),
+    in the rows ``table`` prints. ``ep``: the checked ``remote.connection.Endpoint``."""
+    from localinfer.remote.connection import httpx, status_error, transport_error
+
+    root = ep.base_url.removesuffix("/v1")
+    try:
+        response = httpx().get(root + "/api/ps", headers=ep.headers(), timeout=ep.timeout())
+    except Exception as exc:
+        raise transport_error(exc, ep) from None
+    if response.status_code != 200:
+        raise status_error(response.status_code, response.content, response.headers, ep, "ps")
+    models = []
+    for m in response.json().get("models") or []:
+        extra = m.get("localinfer") or {}
+        models.append({"name": m.get("name"), "size_bytes": int(m.get("size") or 0), "sequences": extra.get("sequences", "-"),
+                       "context": m.get("context_length", "-"), "busy": extra.get("busy", 0), "idle_s": extra.get("idle_s"),
+                       "keep_alive_s": extra.get("keep_alive_s"), "unloads_in_s": extra.get("unloads_in_s"),
+                       "expires_at": m.get("expires_at")})  # fmt: skip
+    return {"server": {"endpoint": ep.display}, "models": models}
+
+
 def stop(name: str | None) -> list[str]:
     """Unload ``name`` (None: every model, and wait for the server to exit); the names unloaded."""
     where, server = _server()
@@ -70,7 +92,8 @@ def table(models: list[dict[str, Any]]) -> str:
     rows = [("NAME", "SIZE", "SEQUENCES", "CONTEXT", "IDLE", "UNLOADS IN")]
     for m in models:
         until = "forever" if m["unloads_in_s"] is None else ("busy" if m["busy"] else show_duration(m["unloads_in_s"]))
+        idle = "busy" if m["busy"] else show_duration(m["idle_s"])
         rows.append((m["name"], human_bytes(m["size_bytes"]), str(m["sequences"]), str(m["context"]),
-                     "busy" if m["busy"] else show_duration(m["idle_s"]), until))  # fmt: skip
+                     idle, until))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows)

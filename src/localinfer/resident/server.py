@@ -1,8 +1,9 @@
 """The resident server: one process per user on a private Unix socket (``python -m
 localinfer.resident.server``, started by ``client.find_or_start``). Each loaded model is our serve
 app (``serve.app``) on its own engine, reached at ``/m/ID/v1/...``; ``/resident/load`` loads or
-reloads one as a request needs (``pool``), ``/resident/ps`` and ``/resident/stop`` are ``ps`` and
-``stop``. A model idle for its keep-alive is unloaded; with nothing loaded the server exits.
+reloads one as a request needs, ``/resident/ps`` and ``/resident/stop`` are ``ps`` and ``stop``.
+Which models stay loaded is the router core `serve` shares (``serve.router``): least recently used
+idle ones go first, a model idle for its keep-alive is unloaded; with nothing loaded the server exits.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localinfer.resident import pool
-from localinfer.resident.pool import Loaded, Want
+from localinfer.serve import pool
+from localinfer.serve.pool import Want
 from localinfer.resident.start import runtime_env
+from localinfer.serve.router import Router
 
 TICK_S = 0.1  # how often idle models are looked at: unloads are on time to this
 EMPTY_GRACE_S = 1.0  # with nothing loaded (the last model unloaded, a load refused), exit after this
@@ -37,11 +39,10 @@ def model_id(key: str) -> str:
 
 
 @dataclass
-class Slot:
-    """One loaded model: its serve app and engine, and how it is used (``info``)."""
+class Model:
+    """What the router holds for one loaded model: its serve app and engine."""
 
     id: str
-    info: Loaded
     app: Any
     engine: Any
     size_bytes: int
@@ -50,13 +51,12 @@ class Slot:
 
 
 class Resident:
-    """The loaded models and the routes in front of them (an ASGI app)."""
+    """The loaded models (``router``) and the routes in front of them (an ASGI app)."""
 
     def __init__(self, *, max_models: int | None, say: Callable[[str], None]) -> None:
-        self.slots: dict[str, Slot] = {}
-        self.max_models = max_models
+        self.router = Router(stop=lambda m: m.engine.stop(), active=lambda m: m.engine.running + m.engine.queued > 0,
+                             max_models=max_models, max_queue=1024, say=say)  # fmt: skip
         self.say = say
-        self.lock = asyncio.Lock()  # one load or unload at a time
         self.busy = 0  # requests in flight, all routes
         self.empty_since = time.monotonic()
         self.exiting = False
@@ -85,22 +85,24 @@ class Resident:
                 await self._reply(send, 404, _error(f"no route {path}", "not_found"))
         finally:
             self.busy -= 1
-            if not self.slots:
+            if not self.router.slots:
                 self.empty_since = time.monotonic()
+
+    def slot(self, ident: str) -> Any:
+        return next((s for s in self.router.slots.values() if s.held.id == ident), None)
 
     async def _model_route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         _, _, ident, rest = scope["path"].split("/", 3)
-        slot = self.slots.get(ident)
+        slot = self.slot(ident)
         if slot is None:
             await self._reply(send, 404, _error("that model is no longer loaded: run the command again", "model_unloaded"))
             return
-        slot.info.busy += 1
+        self.router.hold(slot)
         try:
             inner = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode()}
-            await slot.app(inner, receive, send)
+            await slot.held.app(inner, receive, send)
         finally:
-            slot.info.busy -= 1
-            slot.info.last_used = time.monotonic()
+            self.router.release(slot)
 
     @staticmethod
     async def _reply(send: Callable, status: int, body: Any) -> None:
@@ -115,27 +117,32 @@ class Resident:
             return 503, _error("the resident server is stopping", "stopping")
         try:
             if body.get("max_models"):  # the latest command's limit holds from its own load on
-                self.max_models = int(body["max_models"])
+                self.router.max_models = int(body["max_models"])
             pre, self.preload = self.preload, None
             if pre is not None and pre.body != body:
                 asyncio.ensure_future(asyncio.to_thread(pre.discard))
                 pre = None
             if pre is not None:  # the model this server was started for, loading since it started
                 await asyncio.to_thread(pre.done.wait)
+            keep = float(body.get("keep_alive", 300))
+            loop = asyncio.get_running_loop()
             if pre is not None and pre.error is None:
                 resolved, want, loaded = pre.result
-                async with self.lock:
-                    slot, notes = self._start(model_id(want.key), want, resolved.name, loaded), []
+                slot, notes = self.router.adopt(want, resolved.name, self._start(want, resolved.name, loaded, loop)), []
+                self.router.hold(slot)
+                slot.info.keep_alive = math.inf if keep < 0 else keep
             else:
                 resolved = await asyncio.to_thread(self._resolve, body.get("spec"))
-                want = _want(body, resolved)
-                async with self.lock:
-                    slot, notes = await self._ensure(want, resolved, default_ctx=body.get("ctx_per_seq") is None,
-                                                     force=bool(body.get("force")))  # fmt: skip
-            keep = float(body.get("keep_alive", 300))
-            slot.info.keep_alive = math.inf if keep < 0 else keep
-            slot.info.last_used = time.monotonic()
-            load_s, slot.fresh_load_s = slot.fresh_load_s or 0.0, None
+                first, default_ctx, force = _want(body, resolved), body.get("ctx_per_seq") is None, bool(body.get("force"))
+
+                def make(want: Want) -> Model:  # a reload (a grown want) sizes its context as asked
+                    loaded = _load_model(resolved, want, default_ctx=default_ctx and want == first, force=force)
+                    return self._start(want, resolved.name, loaded, loop)
+
+                slot, notes = await self.router.acquire(first, resolved.name, make, keep_alive=keep)
+            self.router.release(slot)
+            model = slot.held
+            load_s, model.fresh_load_s = model.fresh_load_s or 0.0, None
         except Exception as exc:  # every failure goes back to the command as its own error
             from localinfer.errors import LocalInferError
 
@@ -144,8 +151,8 @@ class Resident:
             return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
         from localinfer.answer import load_facts
 
-        loaded = slot.engine.loaded
-        return 200, {"id": slot.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
+        loaded = model.engine.loaded
+        return 200, {"id": model.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
                      "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid(),
                      "env": runtime_env(),
                      "facts": load_facts(loaded.plan, loaded.buffers)}  # fmt: skip
@@ -163,39 +170,8 @@ class Resident:
         self._resolved[spec] = (resolved, file_identity(resolved.path))
         return resolved
 
-    async def _ensure(self, want: Want, resolved: Any, *, default_ctx: bool, force: bool) -> tuple[Slot, list[str]]:
-        notes: list[str] = []
-        name = resolved.name
-        ident = model_id(want.key)
-        slot = self.slots.get(ident)
-        if slot is not None:
-            reason = pool.reload_reason(slot.info, want)
-            if reason is None:
-                return slot, notes
-            while slot.info.busy:  # let the answers in flight end first
-                await asyncio.sleep(0.02)
-            want = pool.grown(slot.info, want)
-            notes.append(f"reloading {name}: {reason}")
-            default_ctx = False
-            await self._unload(slot, "reloaded")
-        for old in pool.victims([s.info for s in self.slots.values()], max_models=self.max_models, adding=True):
-            notes.append(f"unloaded {old.name} to keep at most {self.max_models} model(s) loaded")
-            await self._unload(self.slots[model_id(old.key)], "--max-models")
-        from localinfer.errors import ResourceError
-
-        while True:
-            try:
-                loaded = await asyncio.to_thread(_load_model, resolved, want, default_ctx=default_ctx, force=force)
-                break
-            except ResourceError:
-                old = pool.least_recent([s.info for s in self.slots.values()])
-                if old is None:
-                    raise
-                notes.append(f"unloaded {old.name} to make room for {name}")
-                await self._unload(self.slots[model_id(old.key)], "room for another model")
-        return self._start(ident, want, name, loaded), notes
-
-    def _start(self, ident: str, want: Want, name: str, loaded: Any) -> Slot:
+    def _start(self, want: Want, name: str, loaded: Any, loop: asyncio.AbstractEventLoop) -> Model:
+        """Our serve app on its own engine, for a model just loaded (any thread)."""
         from localinfer.serve.app import ServerState, create_app
         from localinfer.serve.bridge import Hub
         from localinfer.serve.config import ServeConfig
@@ -203,62 +179,44 @@ class Resident:
 
         config = ServeConfig(parallel=want.sequences, no_log=True, whole_answers=True)
         state = ServerState(config, (name, want.key), created=int(time.time()))
-        state.hub = Hub(asyncio.get_running_loop(), deferred=True)
+        state.hub = Hub(loop, deferred=True)
         engine = Engine(loaded, want.sequences, max_queue=64, on_step=state.hub.flush)
         engine.start()
         state.engine = engine
-        info = Loaded(want.key, name, want.options, want.sequences, want.ctx_per_seq, engine.n_ctx_seq,
-                      keep_alive=300.0, last_used=time.monotonic())  # fmt: skip
         buffers = loaded.buffers
         size = buffers.total() if buffers is not None and buffers.buffers else os.path.getsize(want.key)
-        slot = Slot(ident, info, create_app(state), engine, size, want.key, fresh_load_s=loaded.load_s)
-        self.slots[ident] = slot
         self.say(f"loaded {name} in {loaded.load_s:.1f} s: {want.sequences} sequence(s) x {engine.n_ctx_seq} tokens")
-        return slot
-
-    async def _unload(self, slot: Slot, why: str) -> None:
-        self.slots.pop(slot.id, None)
-        await asyncio.to_thread(slot.engine.stop)
-        self.say(f"unloaded {slot.info.name} ({why})")
-        if not self.slots:
-            self.empty_since = time.monotonic()
+        return Model(model_id(want.key), create_app(state), engine, size, want.key, fresh_load_s=loaded.load_s)
 
     # -- ps and stop -------------------------------------------------------------------------------------
     def ps(self) -> dict[str, Any]:
         now = time.monotonic()
         models = [{
-            "name": s.info.name, "path": s.path, "size_bytes": s.size_bytes, "sequences": s.info.sequences,
+            "name": s.info.name, "path": s.key, "size_bytes": s.held.size_bytes, "sequences": s.info.sequences,
             "context": s.info.n_ctx_seq, "busy": s.info.busy, "idle_s": round(s.info.idle_for(now), 3),
             "keep_alive_s": None if s.info.keep_alive == math.inf else s.info.keep_alive,
             "unloads_in_s": None if s.info.keep_alive == math.inf else round(s.info.unloads_in(now), 3),
-        } for s in self.slots.values()]  # fmt: skip
+        } for s in self.router.slots.values()]  # fmt: skip
         return {"pid": os.getpid(), "rss": _rss(), "models": models}
 
     async def _stop(self, body: dict[str, Any]) -> dict[str, Any]:
         name = body.get("name")
-        async with self.lock:
-            chosen = [s for s in self.slots.values() if name is None or name in (s.info.name, s.path, s.id)]
-            for slot in chosen:
-                await self._unload(slot, "stop")
-        return {"stopped": [s.info.name for s in chosen], "left": len(self.slots), "pid": os.getpid()}
+        by_id = self.slot(name) if name else None
+        stopped = await self.router.unload(by_id.key if by_id is not None else name)
+        return {"stopped": stopped, "left": len(self.router.slots), "pid": os.getpid()}
 
     # -- the clock -----------------------------------------------------------------------------------------
     async def reap(self) -> None:
         """Unload models idle past their keep-alive; exit once nothing is loaded or asked for."""
         while not self.exiting:
             await asyncio.sleep(TICK_S)
-            if self.lock.locked():
-                continue
-            now = time.monotonic()
-            async with self.lock:
-                for info in pool.expired([s.info for s in self.slots.values()], now):
-                    slot = self.slots[model_id(info.key)]
-                    if slot.engine.running == 0 and slot.engine.queued == 0:
-                        await self._unload(slot, f"idle for {info.keep_alive:g} s")
-                idle = not self.slots and not self.busy and self.preload is None
-                if idle and time.monotonic() - self.empty_since >= (EMPTY_GRACE_S if self.asked else FRESH_GRACE_S):
-                    self.exiting = True
-                    self.on_exit()
+            await self.router.reap()
+            if self.router.slots or self.router.loading:
+                self.empty_since = time.monotonic()
+            idle = not self.router.slots and not self.busy and self.preload is None
+            if idle and time.monotonic() - self.empty_since >= (EMPTY_GRACE_S if self.asked else FRESH_GRACE_S):
+                self.exiting = True
+                self.on_exit()
 
 
 def _want(body: dict[str, Any], resolved: Any) -> Want:
@@ -417,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         resident.exiting = True
         unlink_if(args.socket, mine, args.lock)
-        for slot in list(resident.slots.values()):
-            slot.engine.stop()
+        resident.router.stop_all()
         say("stopped")
     return 0
 

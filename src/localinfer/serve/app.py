@@ -35,6 +35,7 @@ from localinfer.serve.sending import STATUS_KEY, AnswerResponse, submit
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome, Ticket
+    from localinfer.serve.multi import Served
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
              "/v1/models": "models", "/health": "health", "/metrics": "metrics", **{
@@ -51,8 +52,11 @@ class ServerState:
     engine: Engine | None = None
     hub: Hub | None = None
     created: int = 0
+    router: Served | None = None  # multi.Served: every installed model, on demand (``engine`` stays None)
 
     def gauges(self) -> Gauges:
+        if self.router is not None:
+            return self.router.gauges()
         e = self.engine
         if e is None:
             return Gauges()
@@ -61,6 +65,7 @@ class ServerState:
 
 def create_app(state: ServerState) -> Starlette:
     from localinfer.serve import ollama
+    from localinfer.serve.multi import Leases
 
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -76,7 +81,8 @@ def create_app(state: ServerState) -> Starlette:
     config = state.config
     hosts = allowed_names(config.host, config.allowed_hosts)
     middleware = [Middleware(CountAnswers, metrics=state.metrics, endpoints={**ENDPOINTS, **ollama.ENDPOINTS}),
-                  Middleware(Guard, hosts=hosts, origins=config.cors_origins, keyed=config.api_key is not None)]  # fmt: skip
+                  Middleware(Guard, hosts=hosts, origins=config.cors_origins, keyed=config.api_key is not None),
+                  Middleware(Leases)]  # fmt: skip
     app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)  # type: ignore[arg-type]
     app.state.serve = state
     return app
@@ -158,7 +164,7 @@ def _engine(state: ServerState) -> Engine:
 async def health(request: Request) -> Response:
     """503 while the model loads, 200 once requests can be answered (no key needed: for probes)."""
     state = _state(request)
-    if state.engine is None:
+    if state.engine is None and state.router is None:
         return error_response(ApiError(503, "the model is loading", type="unavailable_error", code="model_loading"))
     return JSONResponse({"status": "ok"})
 
@@ -166,12 +172,15 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = _state(request)
     _authorize(request, state)
-    return PlainTextResponse(state.metrics.render(state.gauges()), media_type="text/plain; version=0.0.4")
+    text = state.metrics.render(state.gauges()) + (state.router.metrics_text() if state.router is not None else "")
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 async def models(request: Request) -> Response:
     state = _state(request)
     _authorize(request, state)
+    if state.router is not None:
+        return JSONResponse(await run_in_threadpool(state.router.openai_models, state.created))
     engine = state.engine
     meta = {"n_ctx_seq": engine.n_ctx_seq, "parallel": engine.parallel, "vision": engine.loaded.projector is not None} if engine else {"loading": True}
     data = [{"id": state.names[0], "object": "model", "created": state.created, "owned_by": "localinfer", "meta": meta}]
@@ -231,7 +240,7 @@ async def count_tokens(request: Request) -> Response:
     wire = Wire(functools.partial(anthropic.parse, counting=True), anthropic.error_body, lambda *_: None, clamp=True)
     state = _state(request)
     try:
-        engine, req = await _accept(request, state, wire)
+        engine, req, _ = await _accept(request, state, wire)
         prepared = await run_in_threadpool(functools.partial(engine.prepare, req, clamp=True))
     except ApiError as exc:
         return _wire_error(wire, exc)
@@ -260,14 +269,24 @@ def _wire_error(wire: Wire, exc: ApiError) -> JSONResponse:
     return JSONResponse(wire.error(exc), status_code=exc.status, headers=exc.headers)
 
 
-async def _accept(request: Request, state: ServerState, wire: Wire) -> tuple[Engine, Any]:
-    """Who asks (the key), whether we can answer (loaded), and what (the body, parsed; the model ours)."""
+async def _accept(request: Request, state: ServerState, wire: Wire) -> tuple[Engine, Any, str]:
+    """Who asks (the key), whether we can answer (loaded), and what (the body, parsed; the model
+    ours): the engine, the request and the model's name."""
     _authorize(request, state)
-    engine = _engine(state)
+    if state.router is None:
+        _engine(state)
     body = parse_body(await _read_body(request, state.config.max_body))
     req = await run_in_threadpool(wire.parse, body)  # a schema's or grammar's checks: off the loop
-    _ours(state, req.model)
-    return engine, req
+    engine, name = await _pick(request, state, req.model)
+    return engine, req, name
+
+
+async def _pick(request: Request, state: ServerState, model: str | None) -> tuple[Engine, str]:
+    """The one place a request's ``model`` chooses its engine (and its name in the answer)."""
+    if state.router is not None:
+        return await state.router.engine_for(request.scope, model)
+    _ours(state, model)
+    return _engine(state), state.names[0]
 
 
 def _ours(state: ServerState, model: str | None) -> None:
@@ -280,13 +299,13 @@ async def answer(request: Request, wire: Wire) -> Response:
     """Every generating route: accept, prepare off the loop, queue, then stream or send the answer."""
     state = _state(request)
     try:
-        engine, req = await _accept(request, state, wire)
+        engine, req, name = await _accept(request, state, wire)
         ticket, channel, mode, prepared = await queue(state, engine, req, clamp=wire.clamp)
     except Overloaded:
         return _wire_error(wire, _overloaded(state))
     except ApiError as exc:
         return _wire_error(wire, exc)
-    writer = wire.writer(state.names[0], req, prepared)
+    writer = wire.writer(name, req, prepared)
     return AnswerResponse(ticket, channel, writer, mode, wire.error)
 
 
@@ -296,9 +315,10 @@ async def embeddings(request: Request) -> Response:
     state = _state(request)
     try:
         _authorize(request, state)
-        engine = _engine(state)
+        if state.router is None:
+            _engine(state)
         req = emb.parse(parse_body(await _read_body(request, state.config.max_body)))
-        _ours(state, req.model)
+        engine, name = await _pick(request, state, req.model)
         tokens = await run_in_threadpool(emb.tokenize, engine, req)
         outcome = await emb.run(engine, tokens, request.receive)  # a disconnect cancels it
     except Overloaded:
@@ -307,7 +327,7 @@ async def embeddings(request: Request) -> Response:
         return error_response(exc)
     if outcome.error is not None:
         return error_response(ApiError(500, f"the embedding failed: {outcome.error}", type="server_error", code="engine_error"))
-    return Response(dumps(emb.response(state.names[0], req, outcome)), media_type="application/json")
+    return Response(dumps(emb.response(name, req, outcome)), media_type="application/json")
 
 
 def _overloaded(state: ServerState) -> ApiError:

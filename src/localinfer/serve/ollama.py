@@ -102,6 +102,20 @@ def model_field(body: dict[str, Any], *, names: tuple[str, ...] = ("model",)) ->
     return name
 
 
+async def pick(ask: Ask, name: str, body: dict[str, Any]) -> Engine:
+    """The engine that answers ``name``: this server's one model, or (serving every installed model)
+    the router's, with Ollama's ``keep_alive`` and ``options.num_ctx`` for that model."""
+    state = ask.state
+    if state.router is None:
+        engine = ask.shared.engine(state)
+        await check_model(ask, name)
+        return engine
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    engine: Engine = (await state.router.engine_for(ask.request.scope, name, keep_alive=body.get("keep_alive"),
+                                                    num_ctx=options.get("num_ctx")))[0]  # fmt: skip
+    return engine
+
+
 async def check_model(ask: Ask, name: str) -> None:
     """A request for ``name`` is answered here: our names (with or without ``:latest``), or any name
     ``serves`` takes - unless it is another installed model, which this server has not loaded (404)."""
@@ -133,6 +147,8 @@ async def version(ask: Ask) -> Response:
 
 async def tags(ask: Ask) -> Response:
     state = ask.state
+    if state.router is not None:
+        return JSONResponse({"models": await run_in_threadpool(state.router.tags)})
     engine = state.engine
     models = await run_in_threadpool(om.catalog, engine.loaded if engine else None, state.names)
     return JSONResponse({"models": [m.tag() for m in models]})
@@ -160,6 +176,8 @@ async def show(ask: Ask) -> Response:
 
 async def ps(ask: Ask) -> Response:
     state = ask.state
+    if state.router is not None:
+        return JSONResponse({"models": await run_in_threadpool(state.router.ollama_ps)})
     engine = state.engine
     if engine is None:
         return JSONResponse({"models": []})
@@ -189,8 +207,7 @@ async def _answer(ask: Ask, kind: str) -> Response:
     ``app.AnswerResponse`` in Ollama's objects (``ollama_wire.OllamaAnswer``)."""
     state, body = ask.state, await ask.body()
     name = model_field(body)
-    engine = ask.shared.engine(state)
-    await check_model(ask, name)
+    engine = await pick(ask, name, body)
     template = engine.loaded.template
     if kind == "chat":  # a format's or tool's schema checks: off the loop, as every route's
         asked = await run_in_threadpool(wire.parse_chat, body, name)
@@ -221,7 +238,7 @@ async def embed(ask: Ask) -> Response:
     if not isinstance(truncate, bool):
         raise bad("truncate", f"'truncate' must be true or false, not {rules.shown(truncate)}")
     req = emb.parse({"input": inputs, **({"dimensions": body["dimensions"]} if body.get("dimensions") is not None else {})})
-    vectors, tokens, total_s = await _embed(ask, name, req, truncate)
+    vectors, tokens, total_s = await _embed(ask, name, req, truncate, body)
     return JSONResponse({"model": name, "embeddings": vectors, "total_duration": ns(total_s), "load_duration": 0,
                          "prompt_eval_count": tokens})  # fmt: skip
 
@@ -235,15 +252,14 @@ async def embeddings(ask: Ask) -> Response:
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise bad("prompt", f"'prompt' must be a non-empty string, not {rules.shown(prompt)}")
-    vectors, _, _ = await _embed(ask, name, emb.parse({"input": prompt}), False)
+    vectors, _, _ = await _embed(ask, name, emb.parse({"input": prompt}), False, body)
     return JSONResponse({"embedding": vectors[0]})
 
 
-async def _embed(ask: Ask, name: str, req: Any, truncate: bool) -> tuple[list[list[float]], int, float]:
+async def _embed(ask: Ask, name: str, req: Any, truncate: bool, body: dict[str, Any]) -> tuple[list[list[float]], int, float]:
     from localinfer.serve import embeddings as emb
 
-    engine: Engine = ask.shared.engine(ask.state)
-    await check_model(ask, name)
+    engine = await pick(ask, name, body)
     t0 = time.perf_counter()
     tokens = await run_in_threadpool(lambda: emb.tokenize(engine, req, truncate=truncate))
     outcome = await emb.run(engine, tokens, ask.request.receive)  # a disconnect cancels it

@@ -96,7 +96,7 @@ class _Server(uvicorn.Server):
     """uvicorn's server with our own signal handling (uvicorn re-raises the signal once it has shut
     down, so the process would die of it; a server that drained exits 0)."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, loader: _Loader, say: Say) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, loader: _Loader | _Preload, say: Say) -> None:
         super().__init__(config)
         self.state, self.loader, self.say = state, loader, say
         loader.on_failure = self._stop
@@ -184,3 +184,53 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
 def _say(message: str) -> None:
     sys.stderr.write(f"localinfer serve: {message}\n")
     sys.stderr.flush()
+
+
+class _Preload:
+    """``serve_all``'s stand-in for ``_Loader``: the -m models load on the loop, through the router."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.stopping = names, False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=lambda: None, name="localinfer-preload", daemon=True)
+        self.on_failure: Callable[[], None] = lambda: None
+
+    def failed(self, exc: BaseException) -> None:
+        self.error = exc
+        self.on_failure()
+
+
+class _ManyServer(_Server):
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        served, hub = self.state.router, self.state.hub
+        assert hub is not None
+        hub.deferred = True  # each engine flushes before its decodes
+        served.hub = hub
+        loader = self.loader
+        assert isinstance(loader, _Preload) and served is not None
+        self._router_task = asyncio.ensure_future(served.run(loader.names, loader.failed))
+
+
+def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say | None = None) -> None:
+    """Serve every installed model (``multi.Served``) until SIGTERM / Ctrl-C, loading each on
+    demand; the ``preload`` models load at start (one that fails stops the server with its error)."""
+    say = say or _say
+    sock = listen(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    state = ServerState(config, (), created=int(time.time()), router=served)
+    served.metrics, served.say, served.router.say = state.metrics, say, say
+    loader = _Preload(preload)
+    server = _ManyServer(http_config(create_app(state), config, say, state.metrics), state, loader, say)
+    shown = f"[{host}]" if ":" in host else host
+    names = served.servable()
+    say(f"listening on http://{shown}:{port}: {len(names)} model(s) can be served, each loaded on its first request")
+    for name in names:
+        say(f"  {name}{' (loading now)' if name in preload else ''}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        served.router.stop_all()
+    if loader.error is not None:
+        raise loader.error

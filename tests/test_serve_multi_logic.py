@@ -1,0 +1,153 @@
+"""serve without -m, on fakes (no llama.cpp): names are looked up among installed models only (never a
+path), each protocol's refusal names the closest installed model, the router's refusals become 503
+and 507, and a request's model picks the engine that answers it and holds it for the exchange."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_serve import HI, FakeEngine, call
+
+from localinfer.errors import ResourceError
+from localinfer.serve.app import ServerState
+from localinfer.serve.config import ServeConfig
+from localinfer.serve.multi import Model, Served, is_path
+from localinfer.serve.protocol import ApiError
+
+
+class Engine(FakeEngine):
+    stopped = False
+    loaded = SimpleNamespace(template=None)  # no chat template: Ollama's generate sends the prompt as it is
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def served(monkeypatch: pytest.MonkeyPatch, make: Any = None, **kw: Any) -> Served:
+    """A Served over two installed models whose files are never opened; ``make``: the loader."""
+    s = Served(ServeConfig(max_queue=kw.pop("max_queue", 4)), SimpleNamespace(n_gpu_layers=0), **kw)  # type: ignore[arg-type]
+    opened: list[str] = []
+    s.opened = opened  # type: ignore[attr-defined]
+    monkeypatch.setattr(s, "servable", lambda: list(s.only) if s.only else ["gemma", "smol"])
+
+    def resolve_model(name: str, **_: Any) -> Any:
+        opened.append(name)
+        return SimpleNamespace(name=name, path=f"/models/{name}.gguf", info=SimpleNamespace(context_length=2048))
+
+    import localinfer.store
+
+    monkeypatch.setattr(localinfer.store, "resolve_model", resolve_model)
+    monkeypatch.setattr("localinfer.serve.multi._default_ctx", lambda resolved: 1024)
+    monkeypatch.setattr(s, "_make", make or (lambda resolved, name, want: Model(name, Engine(pieces=(name,)))))
+    return s
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "models/x", "..\\x", "x.gguf", "X.GGUF", "~/m", "./m"])
+def test_a_path_is_never_a_name(name):
+    assert is_path(name)
+
+
+@pytest.mark.parametrize("name", ["smol", "gemma:latest", "qwen2.5:0.5b", "gpt-4o"])
+def test_names_are_not_paths(name):
+    assert not is_path(name)
+
+
+def test_lookup_takes_installed_names_and_refuses_the_rest_naming_the_closest(monkeypatch):
+    s = served(monkeypatch)
+    assert s.resolve("gemma:latest")[0] == "gemma" and s.resolve("smol")[0] == "smol"
+    with pytest.raises(ApiError) as err:
+        s.resolve("gemmma")
+    assert err.value.status == 404 and "closest installed: gemma" in err.value.message
+    with pytest.raises(ApiError, match="never a file"):
+        s.resolve("/models/smol.gguf")
+    assert s.opened == ["gemma", "smol"]  # type: ignore[attr-defined]
+    only = served(monkeypatch, only=("smol",))
+    with pytest.raises(ApiError, match="closest installed: smol"):
+        only.resolve("gemma")
+
+
+def _engine_for(s: Served, name: str, **kw: Any) -> Any:
+    import asyncio
+
+    async def main() -> Any:
+        scope: dict[str, Any] = {}
+        engine, found = await s.engine_for(scope, name, **kw)
+        return engine, found, scope
+
+    return asyncio.run(main())
+
+
+def test_the_pre_flight_refusal_is_a_507_naming_need_and_free(monkeypatch):
+    def make(resolved: Any, name: str, want: Any) -> Any:
+        raise ResourceError("smol needs 9.0 GB, 2.0 GB free", hint="use a smaller --ctx-size")
+
+    with pytest.raises(ApiError) as err:
+        _engine_for(served(monkeypatch, make), "smol")
+    assert err.value.status == 507 and "needs 9.0 GB, 2.0 GB free" in err.value.message
+
+
+def test_per_request_fields_are_checked_and_num_ctx_sizes_the_load(monkeypatch):
+    wants: list[Any] = []
+
+    def make(resolved: Any, name: str, want: Any) -> Any:
+        wants.append(want)
+        return Model(name, Engine())
+
+    s = served(monkeypatch, make)
+    for bad in ({"keep_alive": "soon"}, {"keep_alive": [1]}, {"num_ctx": 8}, {"num_ctx": "2048"}):
+        with pytest.raises(ApiError) as err:
+            _engine_for(s, "smol", **bad)
+        assert err.value.status == 400
+    assert wants == []
+    engine, found, scope = _engine_for(s, "smol", num_ctx=4096, keep_alive="10m")
+    assert found == "smol" and wants[0].ctx_per_seq == 4096
+    (router, slot), = scope["localinfer.leases"]
+    assert slot.info.busy == 1 and slot.info.keep_alive == 600
+
+
+def test_a_request_s_model_picks_its_engine_on_every_wire_and_is_released(monkeypatch):
+    s = served(monkeypatch)
+    state = ServerState(ServeConfig(), (), router=s)
+    status, _, data = call(state, "POST", "/v1/chat/completions", {"messages": HI, "model": "gemma"})
+    assert status == 200 and json.loads(data)["model"] == "gemma"
+    assert json.loads(data)["choices"][0]["message"]["content"] == "gemma"
+    status, _, data = call(state, "POST", "/v1/completions", {"prompt": "x", "model": "smol:latest"})
+    assert status == 200 and json.loads(data)["choices"][0]["text"] == "smol"
+    status, _, data = call(state, "POST", "/api/generate", {"prompt": "x", "model": "gemma", "stream": False})
+    assert status == 200 and json.loads(data)["response"] == "gemma"
+    assert all(slot.info.busy == 0 for slot in s.router.slots.values())  # each exchange let go of its model
+    status, _, data = call(state, "POST", "/api/chat", {"messages": HI, "model": "gpt-4o"})
+    assert status == 404 and "not found" in json.loads(data)["error"]  # Ollama's shape
+    status, _, data = call(state, "POST", "/v1/messages", {"messages": HI, "model": "/tmp/x.gguf", "max_tokens": 4})
+    assert status == 404 and json.loads(data)["type"] == "error"  # Anthropic's shape
+    assert call(state, "GET", "/health")[0] == 200
+
+
+def test_a_full_engine_and_a_full_wait_are_503(monkeypatch):
+    s = served(monkeypatch, lambda resolved, name, want: Model(name, Engine(full=True)))
+    state = ServerState(ServeConfig(), (), router=s)
+    status, headers, _ = call(state, "POST", "/v1/chat/completions", {"messages": HI, "model": "smol"})
+    assert status == 503 and headers["retry-after"] == "1"
+    waits = served(monkeypatch, max_queue=0, max_models=1)
+
+    async def main() -> None:
+        await waits.engine_for({}, "smol")  # held: the one model that may be loaded is busy
+        with pytest.raises(ApiError) as err:
+            await waits.engine_for({}, "gemma")
+        assert err.value.status == 503 and err.value.headers == {"Retry-After": "1"}
+
+    import asyncio
+
+    asyncio.run(main())
+
+
+def test_serving_several_models_takes_names_not_files():
+    from typer.testing import CliRunner
+
+    from localinfer.cli.main import build_app
+
+    result = CliRunner().invoke(build_app(), ["serve", "-m", "./model.gguf", "-m", "smol", "--port", "0"])
+    assert result.exit_code == 2 and "not a file" in result.output, result.output
