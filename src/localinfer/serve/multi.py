@@ -232,11 +232,14 @@ class Served:
         return {s.info.name: s for s in self.router.slots.values()}
 
     def openai_models(self, created: int) -> dict[str, Any]:
-        loaded = self.loaded()
-        data = []
+        from localinfer.serve import ollama_models as om
+
+        loaded, data = self.loaded(), []
+        vision = {m.name for m in om.catalog(None, ()) if m.vision}
         for name in self.servable():
             slot = loaded.get(name)
             meta = {"n_ctx_seq": slot.held.n_ctx_seq, "parallel": slot.info.sequences} if slot else {}
+            meta["vision"] = name in vision
             data.append({"id": name, "object": "model", "created": created, "owned_by": "localinfer",
                          "status": {"value": "loaded" if slot else "unloaded"}, "meta": meta})  # fmt: skip
         return {"object": "list", "data": data}

@@ -170,7 +170,7 @@ async def show(ask: Ask) -> Response:
     else:
         info = await run_in_threadpool(om.header, facts)
         template = info.chat_template if info is not None else None
-    vision = facts.served and loaded is not None and loaded.projector is not None
+    vision = facts.vision or (facts.served and loaded is not None and loaded.projector is not None)
     return JSONResponse(om.show(facts, info, template, vision))
 
 

@@ -36,6 +36,7 @@ class ModelFacts:
     path: Path | None = None
     served: bool = False  # a request naming it is answered by this server
     aliases: tuple[str, ...] = field(default=(), compare=False)  # other names that reach it
+    vision: bool = False  # installed with a projector: takes images
 
     def details(self) -> dict[str, Any]:
         return {
@@ -71,7 +72,7 @@ def _installed(entry: dict[str, Any], path: Path) -> ModelFacts:
         name=entry["name"], size=int(entry.get("size") or 0), digest=files[0]["sha256"] if files else "",
         modified_at=entry.get("added_at") or "", family=header.get("architecture"),
         parameter_count=header.get("parameter_count"), quantization=entry.get("quant") or header.get("quantization"),
-        context_length=header.get("context_length"), path=path,
+        context_length=header.get("context_length"), path=path, vision=bool(entry.get("mmproj")),
     )  # fmt: skip
 
 
