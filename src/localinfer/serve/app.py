@@ -182,7 +182,7 @@ async def models(request: Request) -> Response:
     if state.router is not None:
         return JSONResponse(await run_in_threadpool(state.router.openai_models, state.created))
     engine = state.engine
-    meta = {"n_ctx_seq": engine.n_ctx_seq, "parallel": engine.parallel, "vision": engine.loaded.projector is not None} if engine else {"loading": True}
+    meta = {"n_ctx_seq": engine.n_ctx_seq, "parallel": engine.parallel, "vision": engine.vision} if engine else {"loading": True}
     data = [{"id": state.names[0], "object": "model", "created": state.created, "owned_by": "localinfer", "meta": meta}]
     return JSONResponse({"object": "list", "data": data})
 

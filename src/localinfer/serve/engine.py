@@ -162,6 +162,11 @@ class Engine:
 
     # -- figures (any thread) --------------------------------------------------------------------------
     @property
+    def vision(self) -> bool:
+        """Loaded with a projector: takes images."""
+        return self.loaded.projector is not None
+
+    @property
     def running(self) -> int:
         return len(self._running)
 
