@@ -10,7 +10,9 @@ completion tok/s = completion tokens / wall time from the first request to the l
 servers run the same model, threads, slots (-np) and context per slot; they alternate per shape and
 per round. Reported: the ratio per shape (median over rounds) and overall (the geometric mean of the
 shapes' ratios, and total tokens / total seconds), answers that fail their schema, answers cut at
-the cap. The floor: overall >= 1.0 x llama-server.
+the cap. The floor: overall >= 1.0 x llama-server. Beside it, answers per second: llama-server's
+grammar lets the model write free whitespace, so its documents take more tokens (up to 2x on short
+answers), which raises its tok/s for the same documents; answers/s compares the documents.
 
 The shapes: enums only (short answer); flat object with optional fields; bounded and unbounded
 numbers; string formats and patterns; nested objects; array of objects; long free-text strings
@@ -99,13 +101,14 @@ def one_shape(server, shape: str, clients: int, requests: int, n: int, rnd: int)
     wall = max(r["end"] for r in results) - t0
     tokens = sum(r["tokens"] for r in results)
     return {"server": server.name, "shape": shape, "round": rnd, "tokens": tokens, "wall_s": wall, "tps": tokens / wall,
+            "dps": len(results) / wall,
             "invalid": sum(r["valid"] is False and r["finish"] != "length" for r in results),
             "cut": sum(r["finish"] == "length" for r in results)}  # fmt: skip
 
 
 def report(rows: list[dict], shapes: list[str]) -> list[str]:
     lines = [f"{'shape':<18}{'localinfer tok/s':>17}{'llama-server tok/s':>20}{'ratio':>8}{'tokens ours/theirs':>20}"
-             f"{'invalid':>9}{'cut':>9}"]  # fmt: skip
+             f"{'invalid':>9}{'cut':>9}{'answers/s ratio':>17}"]  # fmt: skip
     ratios, totals = [], {"localinfer": [0.0, 0.0], "llama-server": [0.0, 0.0]}
     for shape in shapes:
         by = {name: [r for r in rows if r["shape"] == shape and r["server"] == name] for name in totals}
@@ -114,6 +117,7 @@ def report(rows: list[dict], shapes: list[str]) -> list[str]:
         per_round = [a["tps"] / b["tps"] for a, b in zip(by["localinfer"], by["llama-server"])]
         ratio = statistics.median(per_round)
         ratios.append(ratio)
+        answers = statistics.median(a["dps"] / b["dps"] for a, b in zip(by["localinfer"], by["llama-server"]))
         for name, rs in by.items():
             totals[name][0] += sum(r["tokens"] for r in rs)
             totals[name][1] += sum(r["wall_s"] for r in rs)
@@ -122,7 +126,8 @@ def report(rows: list[dict], shapes: list[str]) -> list[str]:
         lines.append(f"{shape:<18}{med['localinfer']:>17.1f}{med['llama-server']:>20.1f}{ratio:>8.3f}"
                      f"{toks['localinfer']:>11}/{toks['llama-server']:<8}"
                      f"{sum(r['invalid'] for r in by['localinfer']):>4}/{sum(r['invalid'] for r in by['llama-server']):<4}"
-                     f"{sum(r['cut'] for r in by['localinfer']):>4}/{sum(r['cut'] for r in by['llama-server']):<4}")  # fmt: skip
+                     f"{sum(r['cut'] for r in by['localinfer']):>4}/{sum(r['cut'] for r in by['llama-server']):<4}"
+                     f"{answers:>13.3f}")  # fmt: skip
     if ratios:
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         ours, theirs = (t[0] / t[1] for t in (totals["localinfer"], totals["llama-server"]))
