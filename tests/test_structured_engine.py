@@ -149,3 +149,40 @@ def test_masks_computed_ahead_are_the_samplers_own(smol, monkeypatch):
     ahead = answers()
     monkeypatch.setattr(MaskPrefetch, "start", lambda self, limiters: None)
     assert answers() == ahead
+
+
+def test_greedy_takes_the_best_candidate_the_grammar_accepts_without_a_mask(smol, monkeypatch):
+    # greedy under a constraint: where the grammar accepts the best candidate, it is taken without
+    # computing the whole mask (llama.cpp's sampler checks its sampled token first alike): most tokens
+    # need no mask, and every answer still validates; without the shortcut every token has a mask
+    from localinfer.engine import constrain
+    from localinfer.engine.batch import BatchDecoder, SeqJob
+
+    m = smol.loaded.model
+    chat = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    names = ["invoice", "classification", "dates_by_pattern", "integer_ranges"]
+    made: list = []
+    real = constrain.ConstraintSampler.__init__
+
+    def tracked(self, *a, **kw):
+        real(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(constrain.ConstraintSampler, "__init__", tracked)
+
+    def answers() -> dict:
+        jobs = [SeqJob(n, m.tokenize(chat.format(CORPUS[n][1]), parse_special=True), SamplingOptions(temperature=0),
+                       max_tokens=200, constraint=from_schema(CORPUS[n][0])) for n in names]  # fmt: skip
+        with BatchDecoder(m, 4) as decoder:
+            return {r.key: r for r in decoder.run(jobs)}
+
+    fast = answers()
+    shortcuts, masks = sum(s.shortcuts for s in made), sum(s.masks for s in made)
+    assert shortcuts > 2 * masks, (shortcuts, masks)
+    for n in names:
+        assert fast[n].stats.document == "complete" and fast[n].stats.finish_reason == "stop", fast[n].text
+        jsonschema.validate(json.loads(fast[n].text), CORPUS[n][0])
+    made.clear()
+    monkeypatch.setattr(constrain.ConstraintSampler, "_best_allowed", lambda self, arr, rows: False)
+    answers()
+    assert sum(s.shortcuts for s in made) == 0 and sum(s.masks for s in made) > 0

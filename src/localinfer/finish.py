@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.toolcalls.parser import CallArgs, CallStart, Text
+from localinfer.toolcalls.events import CallArgs, CallStart, Text
 
 if TYPE_CHECKING:
     from localinfer.reasoning import Splitter
@@ -96,16 +96,18 @@ class Finish:
 
     def result(self, finish_reason: str | None, stats: Any = None) -> Finished:
         """The answer (after ``close``); ``finish_reason``: why the engine stopped (stop | length...)."""
-        from localinfer.toolcalls.plan import finish_reason as reason_with
-
         calls = tuple(self._calls.calls) if self._calls is not None else ()
         text = self._calls.content if self._calls is not None else "".join(self._pieces)
+        if calls:  # (the tool-call modules are imported only for an answer that made calls)
+            from localinfer.toolcalls.plan import finish_reason as reason_with
+
+            finish_reason = reason_with(calls, finish_reason)
         thinking = self._thinking
         if thinking is None:
-            return Finished(text, reason_with(calls, finish_reason), tool_calls=calls, stats=stats)
+            return Finished(text, finish_reason, tool_calls=calls, stats=stats)
         completion = getattr(stats, "completion_tokens", None)
         tokens = thinking.tokens if completion is None else min(thinking.tokens, completion)
-        return Finished(text, reason_with(calls, finish_reason), thinking.split.reasoning or None, tokens, calls,
+        return Finished(text, finish_reason, thinking.split.reasoning or None, tokens, calls,
                         thinking.t_text, thinking.t_reasoning, stats)  # fmt: skip
 
     def _steps(self, reasoning: str, text: str) -> list[Step]:

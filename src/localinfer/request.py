@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.types import SamplingOptions
-from localinfer.toolcalls.spec import Tool, ToolChoice
 
 if TYPE_CHECKING:
+    from localinfer.toolcalls.spec import Tool, ToolChoice
     from localinfer.structured import Format
 
 Messages = Sequence[dict[str, Any]]

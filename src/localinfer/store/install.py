@@ -26,6 +26,13 @@ def read_header(path: Path) -> GGUFInfo:
     return read_gguf(path)
 
 
+def read_header_cached(path: Path) -> GGUFInfo:
+    """:func:`read_header` of a file used in place, remembered by its identity (store.headers)."""
+    from localinfer.store.headers import read_header_cached as cached
+
+    return cached(path)
+
+
 def hub_offline(offline: bool = False) -> bool:
     """``--offline`` or ``HF_HUB_OFFLINE`` (read now, not at import time)."""
     env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
@@ -219,7 +226,7 @@ def resolve_entry(
                 hint = f"the file changed since it was registered; run 'localinfer pull {path} --name {name}' again"
             raise ChecksumError(f"{name}: {exc}", hint=hint) from None
     load = store.load_path(entry)
-    info = read_header(load)
+    info = read_header_cached(load)
     ensure_entry(store, entry, load, info)  # installed before llama.cpp was tried on it (or by another version)
     mmproj = verified_projector(store, entry, progress)
     chat_format = entry.get("chat_format")
@@ -264,4 +271,4 @@ def read_local_file(spec: ModelSpec) -> tuple[Path, GGUFInfo]:
         raise ModelNotFoundError(f"no such file: {spec.raw}", hint="check the path")
     if path.is_dir():
         raise InvalidModelError(f"{spec.raw} is a directory, not a GGUF file")
-    return path, read_header(path)
+    return path, read_header_cached(path)

@@ -6,6 +6,16 @@ Plain Python, no llama_cpp: the guarantees (``required``, a named function) are 
 sampler chain enforces (``localinfer.structured``).
 """
 
-from localinfer.toolcalls.spec import Tool, ToolCall, ToolChoice
+from typing import Any
 
 __all__ = ["Tool", "ToolCall", "ToolChoice"]
+
+
+def __getattr__(name: str) -> Any:
+    """``Tool``, ``ToolCall``, ``ToolChoice`` from ``spec``, imported when asked for: a request without
+    tools imports ``toolcalls.events`` alone (the answer's ``Text`` steps)."""
+    if name in __all__:
+        from localinfer.toolcalls import spec
+
+        return getattr(spec, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,29 +18,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from localinfer.toolcalls.events import CallArgs, CallStart, Event, Text
 from localinfer.toolcalls.families import Family
 from localinfer.toolcalls.spec import ToolCall, new_call_id
 
 
-@dataclass(frozen=True)
-class Text:
-    text: str
-
-
-@dataclass(frozen=True)
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class CallArgs:
-    index: int
-    text: str
-
-
-Event = Text | CallStart | CallArgs
 _HEADER = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*'
 
 
