@@ -56,7 +56,7 @@ def _prompt(loaded, n_tokens: int, salt: int) -> str:
 
 def ours(model_path: str, threads: int, parallel: int, ctx_per_seq: int, npp: int, ntg: int, temperature: float) -> dict:
     from localinfer.batch import job as batchjob
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.engine.batch import BatchStats
     from localinfer.engine.types import LoadOptions, SamplingOptions
     from localinfer.store import resolve_model

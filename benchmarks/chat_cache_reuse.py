@@ -42,7 +42,7 @@ def main() -> int:
     if not os.environ.get("LOCALINFER_HOME"):  # do not touch the user's store for a benchmark
         os.environ["LOCALINFER_HOME"] = tempfile.mkdtemp(prefix="localinfer-bench-")
 
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.chat.settings import ChatSettings
     from localinfer.chat.conversation import Conversation
     from localinfer.engine.types import LoadOptions, SamplingOptions

@@ -45,7 +45,7 @@ def replay(constrain, compiled, tokens: list[int], n: int, greedy: bool) -> tupl
 def main() -> None:
     import localinfer
     from localinfer.engine import constrain
-    from localinfer.structured import from_schema
+    from localinfer.request.structured import from_schema
 
     from serve_vs_native import default_model
 

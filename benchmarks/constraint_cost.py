@@ -106,7 +106,7 @@ class LLGuidance:
 
     def sampler(self, schema: dict):
         from localinfer.engine.constrain import ConstraintSampler
-        from localinfer.structured import Format
+        from localinfer.request.structured import Format
 
         fmt = Format("json_schema", json.dumps(schema))
         compiled = self.compiler.compile(fmt)

@@ -122,7 +122,7 @@ def main() -> int:
     from localinfer.engine.batch import BatchDecoder
     from localinfer.engine.model import Model
     from localinfer.engine.types import LoadOptions
-    from localinfer.structured import from_schema
+    from localinfer.request.structured import from_schema
 
     model = Model(_model_path(args.model), LoadOptions(n_ctx=1024 * args.parallel, n_threads=args.threads,
                                                        n_seq_max=args.parallel))  # fmt: skip

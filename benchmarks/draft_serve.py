@@ -59,7 +59,7 @@ def _prompts(model, free: bool) -> dict[str, list[int]]:
 def engine(args: argparse.Namespace) -> list[str]:
     from draft_vs_plain import default_model
 
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.batch import job as batchjob
     from localinfer.engine.batch import BatchDecoder, SeqJob
     from localinfer.engine.types import LoadOptions, SamplingOptions

@@ -55,10 +55,10 @@ def main() -> int:
     from models import smollm2_path
     from projector import write_projector
 
-    from localinfer import images
+    from localinfer.request import images
     from localinfer.engine.types import LoadOptions, SamplingOptions
-    from localinfer.generate import generate, load
-    from localinfer.request import build
+    from localinfer.generate.run import generate, load
+    from localinfer.request.request import build
     from localinfer.store.resolve import resolve_model
     import dataclasses
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from localinfer.answer import Answer, BatchResult
+from localinfer.answer.answer import Answer, BatchResult
 from localinfer.backends import Backend
 from localinfer.engine.types import GenerationStats
-from localinfer.request import Request
+from localinfer.request.request import Request
 
 
 @dataclass
@@ -65,8 +65,8 @@ class FakeBackend(Backend):
         cached = next((i for i, (a, b) in enumerate(zip(prompt_words, self._cache)) if a != b), min(len(prompt_words), len(self._cache)))
         stats = GenerationStats(prompt_tokens=_words(request), cached_tokens=cached, n_ctx=self.script.n_ctx, finish_reason="stop")
         out = []
-        from localinfer.finish import Finish, Text, Thought
-        from localinfer.reasoning import Splitter
+        from localinfer.generate.finish import Finish, Text, Thought
+        from localinfer.request.reasoning import Splitter
 
         splits = self.script.reasoning is not None and request.splits_reasoning
         finish = Finish(Splitter(self.script.reasoning, opened=self.script.opened) if splits else None)  # as every surface finishes

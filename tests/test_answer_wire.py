@@ -10,9 +10,9 @@ import dataclasses
 import json
 from typing import Any
 
-from localinfer.answer import _PLAIN, Answer
+from localinfer.answer.answer import _PLAIN, Answer
 from localinfer.engine.types import GenerationStats
-from localinfer.toolcalls.spec import ToolCall
+from localinfer.request.toolcalls.spec import ToolCall
 
 # Answer's fields that stay in the process that made them: the load plan and llama.cpp's buffers go
 # as ``facts`` (what --json reads of them), and a server's Outcome is what a client timed where it ran.

@@ -15,7 +15,7 @@ from conftest import run_cli
 
 from localinfer.batch import job as batchjob
 
-from localinfer import generate
+from localinfer.generate import run as generate
 from localinfer.batch.io import BatchRequest, InputError
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.store import resolve_model

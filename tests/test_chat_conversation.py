@@ -106,7 +106,7 @@ def test_parse_messages_accepts_openai_shapes_and_rejects_others():
 
 
 def _conv(smollm2_path, *, n_ctx=1024, system=None, sampling=GREEDY, max_tokens=24, notes=None):
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.store import resolve_model
 
     resolved = resolve_model(str(smollm2_path))
@@ -428,7 +428,7 @@ def _raised(fn, *args) -> BaseException | None:
 
 @pytest.mark.slow
 def test_switch_model_keeps_the_conversation_and_refuses_a_model_without_template(smollm2_path, gemma_path):
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.store import resolve_model
 
     conv = _conv(smollm2_path, max_tokens=8)
@@ -496,7 +496,7 @@ def test_a_model_without_template_chats_with_the_registry_chat_format(gemma_path
     """models.toml's chat_format stands in for a missing GGUF template (gemma's own turn format)."""
     from dataclasses import replace
 
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.store import resolve_model
 
     resolved = replace(resolve_model(str(gemma_path)), chat_format="gemma")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from localinfer.engine import constrain
-from localinfer.structured import Format
+from localinfer.request.structured import Format
 
 
 def _compiler(monkeypatch) -> constrain.Compiler:

@@ -201,7 +201,7 @@ def test_cli_refuses_a_draft_model_and_a_lone_draft_max(tmp_path):
 
 
 def test_stats_lines_say_how_much_was_accepted():
-    from localinfer.answer import Answer
+    from localinfer.answer.answer import Answer
     from localinfer.engine.types import GenerationStats
     from localinfer.render.chat import turn_line
     from localinfer.render.stats import summary_line

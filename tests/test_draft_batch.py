@@ -17,7 +17,7 @@ import pytest
 
 from localinfer.engine import draft as d
 from localinfer.engine.backend import llama_cpp
-from localinfer.engine.types import SamplingOptions
+from localinfer.request.sampling import SamplingOptions
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ TEXTS = {
 
 @pytest.fixture(scope="module")
 def batch_model(smollm2_path):
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.batch import job as batchjob
     from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.types import LoadOptions
@@ -121,7 +121,7 @@ def test_batched_greedy_answers_are_the_plain_decodes(batch_model):
 
 def test_a_constraint_and_a_stop_string_with_drafts_in_one_batch(batch_model):
     from localinfer.engine.batch import SeqJob
-    from localinfer.structured import from_schema
+    from localinfer.request.structured import from_schema
 
     model, prompt = batch_model
     schema = {"type": "object", "properties": {"keeper": {"type": "string"}, "vessels": {"type": "integer"}},

@@ -145,7 +145,7 @@ def test_a_seed_reproduces_a_sampled_answer(models):
 
 
 def test_json_schema_constraint_holds_with_drafts(models):
-    from localinfer.structured import from_schema
+    from localinfer.request.structured import from_schema
 
     _, drafted, template = models
     schema = {

@@ -9,9 +9,9 @@ import struct
 
 import pytest
 
-from localinfer import embedding
+from localinfer.embed import embedding
 from localinfer.backends import Backend
-from localinfer.embedding import Embedding, parse_lines
+from localinfer.embed.embedding import Embedding, parse_lines
 from localinfer.errors import ContextOverflowError, UsageError
 
 

@@ -1,14 +1,14 @@
-"""localinfer.finish: raw pieces in, typed steps out, one finished answer; a stream fed piece by piece
+"""localinfer.generate.finish: raw pieces in, typed steps out, one finished answer; a stream fed piece by piece
 finishes to the same answer as its whole text fed at once."""
 
 from __future__ import annotations
 
 from localinfer.engine.types import GenerationStats
-from localinfer.finish import CallArgs, CallStart, Finish, Text, Thought, of_text, plain
-from localinfer.reasoning import FAMILIES, Splitter
-from localinfer.toolcalls import families as F
-from localinfer.toolcalls.plan import ToolPlan
-from localinfer.toolcalls.spec import ToolChoice, tools
+from localinfer.generate.finish import CallArgs, CallStart, Finish, Text, Thought, of_text, plain
+from localinfer.request.reasoning import FAMILIES, Splitter
+from localinfer.request.toolcalls import families as F
+from localinfer.request.toolcalls.plan import ToolPlan
+from localinfer.request.toolcalls.spec import ToolChoice, tools
 
 THINK = next(m for m in FAMILIES if m.open == "<think>")
 ADD = tools("tools", [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}])

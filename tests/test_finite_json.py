@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from localinfer import embedding
+from localinfer.embed import embedding
 from localinfer.batch import io as batch_io
 from localinfer.serve import responses
 

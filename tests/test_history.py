@@ -61,7 +61,7 @@ def test_no_log_switches(monkeypatch):
 
 
 def _Result():
-    from localinfer.answer import Answer
+    from localinfer.answer.answer import Answer
     from localinfer.engine.types import GenerationStats
 
     stats = GenerationStats(prompt_tokens=12, cached_tokens=2, completion_tokens=5, finish_reason="stop")

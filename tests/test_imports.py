@@ -113,6 +113,52 @@ def test_only_the_cli_and_render_import_render_and_only_the_cli_imports_the_cli(
     assert wrong == []
 
 
+# --- the pipeline's order (written by the tree reorganisation; keep it true) ---
+# The pipeline, upstream first: a top-level package imports only packages before it (the
+# request is plain values; the engine takes them; generate runs them; features, processes
+# and the terminal come last). Leaves at the top (errors, paths, units...) are outside it.
+LAYERS = [
+    "localinfer.request",
+    "localinfer.gguf",
+    "localinfer.engine",
+    "localinfer.system",
+    "localinfer.store",
+    "localinfer.answer",
+    "localinfer.generate",
+    "localinfer.usage",
+    "localinfer.embed",
+    "localinfer.remote",
+    "localinfer.backends",
+    "localinfer.chat",
+    "localinfer.batch",
+    "localinfer.bench",
+    "localinfer.serve",
+    "localinfer.resident",
+    "localinfer.render",
+    "localinfer.cli",
+]
+
+
+def test_the_packages_follow_the_pipeline():
+    order = {p: i for i, p in enumerate(LAYERS)}
+    tops = {_top(m) for m in _modules()} - {"localinfer"}
+    packages = {t for t in tops if (PACKAGE / t.split(".")[1]).is_dir()}
+    assert packages <= set(order), f"a package not in LAYERS: {sorted(packages - set(order))}"
+    upstream = sorted(
+        via
+        for (a, b), vias in _package_edges().items()
+        if a in order and b in order and order[b] > order[a]
+        for via in vias
+    )
+    assert upstream == []
+
+
+def test_the_top_holds_only_the_face_and_leaves():
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= 8, f"{len(loose)} loose modules at the top (a stage belongs in its package): {loose}"
+# --- end of the pipeline's order ---
+
+
 def test_no_cycle_between_top_level_packages():
     graph: dict[str, set[str]] = {}
     for a, b in _package_edges():

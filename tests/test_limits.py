@@ -7,7 +7,7 @@ import io
 import pytest
 
 from localinfer.errors import UsageError
-from localinfer.limits import loads, read_limited
+from localinfer.request.limits import loads, read_limited
 
 
 def test_an_endless_stream_is_read_only_up_to_its_limit():

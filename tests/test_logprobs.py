@@ -11,12 +11,12 @@ import pytest
 from conftest import run_cli
 from test_remote_server import llama_server  # noqa: F401 - the reference server, started from the test
 
-from localinfer import rules
+from localinfer.request import rules
 from localinfer.batch.io import parse_input
 from localinfer.engine.logprobs import trim
 from localinfer.errors import UsageError
 from localinfer.remote.sse import choice_logprobs
-from localinfer.request import build
+from localinfer.request.request import build
 from localinfer.serve.protocol import ApiError, parse_request
 from localinfer.serve.responses import legacy_logprobs
 
@@ -206,7 +206,7 @@ def test_the_engine_reports_the_raw_distribution_of_each_sampled_token(model):
 @pytest.mark.slow
 def test_a_hot_sampler_does_not_change_the_reported_distribution(model):
     from localinfer.engine.batch import BatchDecoder, SeqJob
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     _, greedy = _greedy(model, 2)
     # the same first token's distribution, reported before temperature and penalties
@@ -222,7 +222,7 @@ def test_a_hot_sampler_does_not_change_the_reported_distribution(model):
 @pytest.mark.slow
 def test_batch_decoder_matches_one_sequence_and_trims_at_a_stop(model):
     from localinfer.engine.batch import BatchDecoder, SeqJob
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     text, stats = _greedy(model, 3)
     stop = text[text.index("\n") + 1 :][:2]  # the second line's start: cut from the text returned

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from localinfer.engine.types import GenerationStats
-from localinfer.finish import CallArgs, CallStart, Text, Thought
+from localinfer.generate.finish import CallArgs, CallStart, Text, Thought
 from localinfer.serve import ollama_wire as wire
 from localinfer.serve.engine import Outcome
 from localinfer.serve.protocol import ApiError
-from localinfer.toolcalls.spec import ToolCall
+from localinfer.request.toolcalls.spec import ToolCall
 
 HI = [{"role": "user", "content": "hi"}]
 

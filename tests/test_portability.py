@@ -66,7 +66,7 @@ def no_proc_or_sys():
 
 from localinfer import paths
 from localinfer.engine import backend
-from localinfer.generate import peak_rss_bytes
+from localinfer.generate.run import peak_rss_bytes
 from localinfer.system import hardware
 
 with no_proc_or_sys():

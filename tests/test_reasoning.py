@@ -1,4 +1,4 @@
-"""localinfer.reasoning: the families' markers found in their real templates, and the streaming
+"""localinfer.request.reasoning: the families' markers found in their real templates, and the streaming
 splitter (a marker split across pieces, thinking opened by the prompt, thinking never closed)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from localinfer import reasoning
-from localinfer.reasoning import Markers, Splitter, Thinking, detect, opened_by, split_text
+from localinfer.request import reasoning
+from localinfer.request.reasoning import Markers, Splitter, Thinking, detect, opened_by, split_text
 
 THINK = Markers("<think>", "</think>")
 GPT_OSS = Markers("<|channel|>analysis<|message|>", "<|end|>", answer_open="<|channel|>final<|message|>")

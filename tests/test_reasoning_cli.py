@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localinfer.cli.main import build_app
-from localinfer.reasoning import Markers
+from localinfer.request.reasoning import Markers
 
 pytestmark = pytest.mark.llama  # the commands ask llama.cpp about the build (tests/conftest.py)
 

@@ -1,12 +1,12 @@
-"""The one request builder (localinfer.request.build) every command, the API and serve go through."""
+"""The one request builder (localinfer.request.request.build) every command, the API and serve go through."""
 
 from __future__ import annotations
 
 import pytest
 
-from localinfer.engine.types import SamplingOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import UsageError
-from localinfer.request import build
+from localinfer.request.request import build
 
 
 def test_a_prompt_is_a_user_message_after_the_system_prompt():

@@ -117,7 +117,7 @@ def test_the_cli_validates_rpc_and_names_the_build_flag(smollm2_path):
 
 @pytest.mark.slow
 def test_a_load_registers_its_rpc_servers_once(smollm2_path, monkeypatch):
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.engine.types import LoadOptions
     from localinfer.store import resolve_model
 

@@ -1,4 +1,4 @@
-"""One rule table (localinfer.rules): the same value gets the same verdict and the same message from
+"""One rule table (localinfer.request.rules): the same value gets the same verdict and the same message from
 `run`'s options, a batch line, chat's `/set` and serve - and malformed input is a 4xx or an error
 record at every entry point, never a 500, an ended job or an ended session (issue 26, issue 31)."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from localinfer import rules
+from localinfer.request import rules
 from localinfer.batch.io import BatchRequest, InputError, JsonlSink, parse_input
 from localinfer.chat.conversation import Conversation
 from localinfer.chat.settings import ChatSettings
@@ -261,7 +261,7 @@ def test_malformed_batch_lines_are_error_records_that_can_be_written():
     sink = JsonlSink(io.BytesIO())
     for i in items[:4]:
         sink({"id": i.id, "error": i.reason, "line": i.line})  # a surrogate here would end the job
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     s = items[4].sampling_over(SamplingOptions(temperature=0.0))
     assert (s.temperature, s.top_p, s.top_k, s.frequency_penalty) == (0.0, 0.5, 3, 1.0)
@@ -337,7 +337,7 @@ def test_fuzzed_conversation_files_load_or_are_refused_in_one_line(tmp_path_fact
 
 
 def test_a_batch_lines_sampling_fields_reach_a_remote_server_too():
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.remote.client import request_body
 
     item = parse_input(b'{"prompt": "x", "presence_penalty": 0.5, "repeat_last_n": 32, "top_k": 7}', "jsonl")[0]

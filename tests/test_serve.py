@@ -374,7 +374,7 @@ def _editable() -> bool:
 def test_the_serve_hint_names_the_index_package_when_not_installed_from_a_checkout(monkeypatch):
     import importlib.metadata
 
-    from localinfer.extras import pip_install
+    from localinfer.cli.extras import pip_install
 
     class FromIndex:
         def read_text(self, name):

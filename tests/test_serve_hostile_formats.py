@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from test_serve_security import _serve_process, _wait_ready, get
 
-from localinfer import structured
+from localinfer.request import structured
 
 WIDE = "[\u0100-\uffff]"  # 5 characters; CPython's re compiler builds a table for each: ~5-30 ms apiece
 HI = [{"role": "user", "content": "hi"}]

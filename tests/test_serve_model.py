@@ -411,7 +411,7 @@ def test_greedy_output_equals_run(server, smollm2_path):
 
 # -- the engine underneath: prefix reuse and cancellation ------------------------------------------------------
 def _loaded(path: Path, parallel: int, ctx: int) -> Any:
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.batch import job as batchjob
     from localinfer.engine.types import LoadOptions
     from localinfer.store import resolve_model
@@ -421,7 +421,7 @@ def _loaded(path: Path, parallel: int, ctx: int) -> Any:
 
 def test_a_reused_prefix_gives_the_answer_a_fresh_cache_gives(smollm2_path):
     from localinfer.engine.batch import BatchDecoder, SeqJob
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     greedy = SamplingOptions(temperature=0.0)
     loaded = _loaded(smollm2_path, 2, 256)
@@ -453,7 +453,7 @@ def test_a_reused_prefix_gives_the_answer_a_fresh_cache_gives(smollm2_path):
 
 def test_a_cancelled_sequence_ends_at_the_next_step_and_its_slot_serves_again(smollm2_path):
     from localinfer.engine.batch import BatchDecoder, SeqJob
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     loaded = _loaded(smollm2_path, 1, 256)
     stop = threading.Event()
@@ -486,7 +486,7 @@ def test_a_sliding_window_model_reuses_a_prefix_longer_than_its_window(gemma_pat
     import random
 
     from localinfer.engine.batch import BatchDecoder, SeqJob
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     greedy = SamplingOptions(temperature=0.0)
     loaded = _loaded(gemma_path, 1, 1024)

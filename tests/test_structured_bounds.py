@@ -11,7 +11,7 @@ import json
 import jsonschema
 import pytest
 
-from localinfer.structured import from_schema
+from localinfer.request.structured import from_schema
 
 POPULATION = {"type": "object", "properties": {"population": {"type": "integer"}}, "required": ["population"]}
 

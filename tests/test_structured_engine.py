@@ -11,7 +11,7 @@ import pytest
 from structured_corpus import CORPUS
 
 from localinfer.engine.types import GenerationStats, SamplingOptions
-from localinfer.structured import FormatError, from_grammar, from_schema
+from localinfer.request.structured import FormatError, from_grammar, from_schema
 
 pytestmark = pytest.mark.slow
 

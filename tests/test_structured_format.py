@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from localinfer import structured
+from localinfer.request import structured
 from localinfer.errors import ExitCode, UsageError, exit_code_for
-from localinfer.request import build
-from localinfer.structured import Format, FormatError, from_grammar, from_response_format, from_schema, pick
+from localinfer.request.request import build
+from localinfer.request.structured import Format, FormatError, from_grammar, from_response_format, from_schema, pick
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]}
 

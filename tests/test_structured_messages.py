@@ -9,11 +9,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localinfer import request as rq
+from localinfer.request import request as rq
 from localinfer.batch.io import parse_input
 from localinfer.cli.main import build_app
 from localinfer.errors import UsageError
-from localinfer.request import InputError
+from localinfer.request.request import InputError
 from localinfer.serve.protocol import ApiError, parse_request
 
 DANGLING = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
@@ -92,8 +92,8 @@ def test_with_tool_choice_none_the_format_is_kept_and_enforced():
     assert req.response_format is not None and req.response_format.kind == "json_schema"
     built = rq.build("hi", tools=TOOLS, tool_choice="none", response_format=SCHEMA_RF)
     assert built.response_format is not None and built.tool_choice.mode == "none"
-    from localinfer.generate import constraint_for
-    from localinfer.toolcalls.plan import plan_for
+    from localinfer.generate.run import constraint_for
+    from localinfer.request.toolcalls.plan import plan_for
 
     plan = plan_for(built.tools, built.tool_choice, True, None)
     assert constraint_for(plan, built.response_format, None) == (built.response_format, None)

@@ -10,7 +10,7 @@ import pytest
 from localinfer.batch.io import parse_input
 from localinfer.chat.settings import ChatSettings
 from localinfer.errors import UsageError
-from localinfer.request import InputError
+from localinfer.request.request import InputError
 
 pytest.importorskip("starlette")
 
@@ -80,7 +80,7 @@ def test_a_batch_line_brings_its_own_format_or_turns_the_commands_off():
 
 
 def test_the_line_overrides_the_commands_format():
-    from localinfer import structured
+    from localinfer.request import structured
     from localinfer.batch.job import BatchDefaults, to_request
 
     class Chat:

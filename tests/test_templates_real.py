@@ -12,7 +12,7 @@ from templatesource import real_template
 
 from localinfer.engine.templates import ChatTemplate
 from localinfer.errors import LocalInferError
-from localinfer import reasoning
+from localinfer.request import reasoning
 
 transformers_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 

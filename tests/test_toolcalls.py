@@ -9,14 +9,14 @@ import random
 
 import pytest
 
-from localinfer import request as rq
+from localinfer.request import request as rq
 from localinfer.batch.io import parse_input
 from localinfer.errors import UsageError
-from localinfer.request import BatchRequest, InputError
-from localinfer.toolcalls import families as F
-from localinfer.toolcalls.parser import CallArgs, CallParser, CallStart, Text, parse
-from localinfer.toolcalls.plan import ToolPlan, plan_for
-from localinfer.toolcalls.spec import Tool, ToolChoice
+from localinfer.request.request import BatchRequest, InputError
+from localinfer.request.toolcalls import families as F
+from localinfer.request.toolcalls.parser import CallArgs, CallParser, CallStart, Text, parse
+from localinfer.request.toolcalls.plan import ToolPlan, plan_for
+from localinfer.request.toolcalls.spec import Tool, ToolChoice
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
@@ -206,7 +206,7 @@ def test_real_templates_get_the_tools_and_tool_turns_as_transformers_renders_the
     from templatesource import real_template
 
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.rules import messages as checked
+    from localinfer.request.rules import messages as checked
 
     source = real_template(name.removesuffix(".jinja"))
     assert F.detect(source) is FAMILY[name]
@@ -255,7 +255,7 @@ def test_tools_are_refused_for_a_server_not_dropped():
 
 def test_serve_answers_in_openai_shapes_whole_and_streamed():
     from localinfer.engine.types import GenerationStats
-    from localinfer.finish import of_text
+    from localinfer.generate.finish import of_text
     from localinfer.serve.engine import Outcome as Ended
     from localinfer.serve.responses import Answer
 
@@ -291,8 +291,8 @@ def test_serve_answers_in_openai_shapes_whole_and_streamed():
 
 
 def test_the_api_and_batch_answers_carry_the_calls():
-    from localinfer.answer import Answer
-    from localinfer.toolcalls.spec import ToolCall
+    from localinfer.answer.answer import Answer
+    from localinfer.request.toolcalls.spec import ToolCall
 
     a = Answer("", "m", tool_calls=[ToolCall("call_1", "get_time", "{}")])
     expected = [{"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from localinfer.toolcalls.parser import CallArgs, CallParser, CallStart, Text
-from localinfer.toolcalls.plan import finish_reason, plan_for
-from localinfer.toolcalls.spec import Tool, ToolChoice
+from localinfer.request.toolcalls.parser import CallArgs, CallParser, CallStart, Text
+from localinfer.request.toolcalls.plan import finish_reason, plan_for
+from localinfer.request.toolcalls.spec import Tool, ToolChoice
 
 OFFERED = (Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}}), Tool("get_time", "", None))
 LLAMA3_TEMPLATE = '{% if tools %}<|start_header_id|>{"name": ..., "parameters": ...}{% endif %}'

@@ -1,4 +1,4 @@
-"""Images in (issue 41): decoding and bounds (localinfer.images, no model), then the real libmtmd with
+"""Images in (issue 41): decoding and bounds (localinfer.request.images, no model), then the real libmtmd with
 a projector the tests make (tests/projector.py: random weights, SmolLM2's width) on SmolLM2-135M -
 through the engine, `pull --mmproj` / `run --image`, and bad inputs as one line."""
 
@@ -15,8 +15,8 @@ from conftest import run_cli as _run_cli
 from fakehub import fake_hub, hub_env  # noqa: F401 - fixtures
 from projector import bomb_png, image_tokens, png, wide_png, write_projector
 
-from localinfer import images
-from localinfer.images import ImageError
+from localinfer.request import images
+from localinfer.request.images import ImageError
 
 
 def run_cli(*args: str):
@@ -83,7 +83,7 @@ def test_the_memory_preflight_counts_the_projector():
 @pytest.fixture(scope="module")
 def vision(smollm2_path, projector_file):
     from localinfer.engine.types import LoadOptions
-    from localinfer.generate import load
+    from localinfer.generate.run import load
     from localinfer.store.resolve import resolve_model
 
     resolved = dataclasses.replace(resolve_model(str(smollm2_path)), mmproj=projector_file)
@@ -93,9 +93,9 @@ def vision(smollm2_path, projector_file):
 
 
 def _ask(loaded, pictures, text="What is in this picture?", *, fresh=True):
-    from localinfer.engine.types import SamplingOptions
-    from localinfer.generate import generate
-    from localinfer.request import build
+    from localinfer.request.sampling import SamplingOptions
+    from localinfer.generate.run import generate
+    from localinfer.request.request import build
 
     if fresh:
         loaded.model.reset()
@@ -160,7 +160,7 @@ def test_a_projector_whose_markers_the_vocabulary_lacks_is_refused_not_aborted(v
 def test_chat_attaches_an_image_to_the_next_turn_and_saves_it(vision, tmp_path):
     from localinfer.chat.conversation import Conversation
     from localinfer.chat.settings import ChatSettings
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     vision.model.reset()
     conv = Conversation(vision, settings=ChatSettings(sampling=SamplingOptions(temperature=0), max_tokens=6))

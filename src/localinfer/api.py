@@ -10,15 +10,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.answer import Answer
+from localinfer.answer.answer import Answer
 from localinfer.backends.local import LocalBackend
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
-    from localinfer.request import Request
+    from localinfer.request.request import Request
     from localinfer.store import ResolvedModel
-    from localinfer.toolcalls.spec import ToolCall
+    from localinfer.request.toolcalls.spec import ToolCall
 
 # What one answer measured (docs/metrics.md): the one answer record, None where nothing was measured.
 Stats = Result = Answer
@@ -117,7 +117,7 @@ class Model(LocalBackend):
         """The request ``stream`` runs: a string is a user message through the chat template (plain
         completion with ``raw`` or where the model has none); a list is the conversation itself.
         ``sampling``: all the sampler's settings at once, instead of one by one. ``fields``: the rest
-        of :func:`localinfer.request.build`'s: ``system``, ``raw``, ``max_tokens``, ``stop``,
+        of :func:`localinfer.request.request.build`'s: ``system``, ``raw``, ``max_tokens``, ``stop``,
         ``on_overflow``, ``ignore_eos``... The answer is JSON with ``response_format`` ("json",
         OpenAI's object, or a structured.Format) or ``json_schema`` (a schema or its text), or
         follows ``grammar`` (GBNF); a bad one raises FormatError. ``tools`` and ``tool_choice``:
@@ -139,7 +139,7 @@ class Model(LocalBackend):
         return self.stream_request(self.request(prompt, **options))
 
     def stream_request(self, request: Request) -> Stream:
-        from localinfer.generate import Generation
+        from localinfer.generate.run import Generation
 
         gen = Generation(self.loaded, request, load_s=self.load_s)
         self.load_s = 0.0  # the load is counted once, in the first answer
@@ -185,6 +185,6 @@ def load(
 def load_resolved(
     resolved: ResolvedModel, options: LoadOptions, *, force: bool = False, on_note: Callable[[str], None] | None = None
 ) -> Model:
-    from localinfer.generate import load as load_model
+    from localinfer.generate.run import load as load_model
 
     return Model(load_model(resolved, options, force=force, on_note=on_note))

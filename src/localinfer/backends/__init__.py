@@ -5,7 +5,7 @@ interface; ``--endpoint`` only chooses which backend is made.
 
 A backend is made by :func:`load` or :func:`connect`; it builds its requests (:meth:`Backend.request`: one builder for every command), answers them
 one at a time (:meth:`Backend.answer`) or many at once (:meth:`Backend.run_batch`), and gives one
-answer record (``localinfer.answer.Answer``) whichever it is. It also embeds texts
+answer record (``localinfer.answer.answer.Answer``) whichever it is. It also embeds texts
 (:meth:`Backend.embeddings`: the engine's embedding context, or the server's /v1/embeddings).
 """
 
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 from localinfer.errors import LocalInferError, UsageError
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
-    from localinfer.request import BatchRequest, InputError
-    from localinfer.answer import BatchResult
-    from localinfer.embedding import Embedding
+    from localinfer.answer.answer import Answer
+    from localinfer.request.request import BatchRequest, InputError
+    from localinfer.answer.answer import BatchResult
+    from localinfer.embed.embedding import Embedding
     from localinfer.backends.local import LocalBackend
     from localinfer.backends.remote import RemoteBackend
     from localinfer.engine.types import LoadOptions
     from localinfer.remote.connection import Endpoint
-    from localinfer.request import Messages, Request
+    from localinfer.request.request import Messages, Request
     from localinfer.store import ResolvedModel
 
 OnText = Callable[[str], None]
@@ -55,7 +55,7 @@ class Backend:
         """The request for a prompt (a string: a user message through the chat template, plain
         completion with ``raw`` or where the model has none) or a conversation (a list of messages);
         ``fields``: the rest of ``request.build``'s (system, sampling, max_tokens, stop...)."""
-        from localinfer import request as rq
+        from localinfer.request import request as rq
 
         plain = raw or not self.can_chat
         if not isinstance(prompt, str) and plain:
@@ -87,7 +87,7 @@ class Backend:
         self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True, pooling: str | None = None,
         truncate: bool = False, n_ctx: int | None = None, on_done: Callable[[int], None] | None = None,
     ) -> list[Embedding]:  # fmt: skip
-        """One :class:`~localinfer.embedding.Embedding` per input (a text or token ids), in order; an
+        """One :class:`~localinfer.embed.embedding.Embedding` per input (a text or token ids), in order; an
         input that cannot be embedded (empty, longer than the context without ``truncate``) has its
         ``error``, the others are embedded all the same. ``pooling``: mean | cls | last (default: the
         model's); ``n_ctx``: the embedding context here (the longest input); ``on_done(n)``: n more done."""
@@ -130,7 +130,7 @@ def load(
     """The engine here: pre-flight and load ``resolved`` (``generate.load``, the one loader).
     ``chat_only``: refuse a model that cannot chat, before loading it when the GGUF says so."""
     from localinfer.backends.local import LocalBackend
-    from localinfer.generate import load as load_model
+    from localinfer.generate.run import load as load_model
 
     if chat_only and not (resolved.info.chat_template or resolved.chat_format):
         raise no_template_error(resolved.name)  # before spending time loading it

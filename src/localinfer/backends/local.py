@@ -13,16 +13,16 @@ from localinfer.backends import Backend, Items, OnText, ToRequest
 from localinfer.errors import ContextOverflowError, LocalInferError, UsageError, line_error
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
-    from localinfer.request import BatchRequest, InputError
-    from localinfer.answer import BatchResult
-    from localinfer.embedding import Embedding
+    from localinfer.answer.answer import Answer
+    from localinfer.request.request import BatchRequest, InputError
+    from localinfer.answer.answer import BatchResult
+    from localinfer.embed.embedding import Embedding
     from localinfer.engine.batch import BatchStats, SeqJob
     from localinfer.engine.embed import Embedder
     from localinfer.engine.batch import SeqResult
-    from localinfer.finish import Finish
-    from localinfer.generate import LoadedModel
-    from localinfer.request import Request
+    from localinfer.generate.finish import Finish
+    from localinfer.generate.run import LoadedModel
+    from localinfer.request.request import Request
 
 
 def _ignore(_text: str) -> None:
@@ -49,13 +49,13 @@ class LocalBackend(Backend):
                prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None) -> Answer:  # fmt: skip
         """``prompt``: tokens, stops and dropped count already built (chat splices its turns onto
         the cached tokens); else built from ``request`` (``generate.build_prompt``)."""
-        from localinfer.generate import generate
+        from localinfer.generate.run import generate
 
         load_s, self.load_s = self.load_s, 0.0  # the load is counted once, in the first answer
         return generate(self.loaded, request, on_text or _ignore, load_s=load_s, prompt=prompt, on_reasoning=on_reasoning)
 
     def prompt_text(self, request: Request) -> tuple[str, int] | None:
-        from localinfer.generate import rendered_prompt
+        from localinfer.generate.run import rendered_prompt
 
         return rendered_prompt(self.loaded, request)
 
@@ -67,12 +67,12 @@ class LocalBackend(Backend):
     def run_batch(self, items: Items, to_request: ToRequest, parallel: int, *, stats: Any = None) -> Iterator[BatchResult]:
         """One context of ``parallel`` sequences (loaded with ``batch.job.batch_load_options``): a
         prompt is built when a sequence is free for it, checked against one sequence's context."""
-        from localinfer.request import InputError
-        from localinfer.answer import BatchResult
+        from localinfer.request.request import InputError
+        from localinfer.answer.answer import BatchResult
         from localinfer.engine.batch import BatchDecoder, SeqJob
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.finish import Finish
-        from localinfer.generate import build_prompt, constraint_for, reasoning_splitter, tool_plan
+        from localinfer.generate.finish import Finish
+        from localinfer.generate.run import build_prompt, constraint_for, reasoning_splitter, tool_plan
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
@@ -98,7 +98,7 @@ class LocalBackend(Backend):
                     continue
                 split = reasoning_splitter(loaded, request, tokens)
                 tools = tool_plan(loaded, request)
-                finish = Finish(split, tools)  # the answer is finished as on every surface (localinfer.finish)
+                finish = Finish(split, tools)  # the answer is finished as on every surface (localinfer.generate.finish)
                 started[index] = (item, t0, dropped, request, finish)
                 stop = tuple(dict.fromkeys((*request.stop, *stops)))
                 constraint, after = constraint_for(tools, request.response_format, split)
@@ -139,7 +139,7 @@ class LocalBackend(Backend):
         self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True, pooling: str | None = None,
         truncate: bool = False, n_ctx: int | None = None, on_done: Callable[[int], None] | None = None,
     ) -> list[Embedding]:  # fmt: skip
-        from localinfer.embedding import Embedding
+        from localinfer.embed.embedding import Embedding
 
         embedder = self.embedder(pooling, n_ctx)
         out: list[Embedding | None] = [None] * len(inputs)
@@ -181,10 +181,10 @@ def _fed(finish: Finish) -> Callable[[str], None]:
 
 
 def _finished(name: str, res: SeqResult, finish: Finish, mode: str, t0: float) -> Answer:
-    """One batch answer, finished (``localinfer.finish``): TTFT from its sequence's start (the
+    """One batch answer, finished (``localinfer.generate.finish``): TTFT from its sequence's start (the
     engine's; to the first answer text where thinking is split), not the job's."""
-    from localinfer.answer import Answer
-    from localinfer.finish import since
+    from localinfer.answer.answer import Answer
+    from localinfer.generate.finish import since
 
     if not finish.splits:
         finish.feed(res.text)  # fed whole: nothing was split while it decoded

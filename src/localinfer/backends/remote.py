@@ -15,12 +15,12 @@ from localinfer.backends import Backend, Items, OnText, ToRequest
 from localinfer.errors import Interrupted, UsageError, line_error
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
-    from localinfer.request import BatchRequest
-    from localinfer.answer import BatchResult
-    from localinfer.embedding import Embedding
+    from localinfer.answer.answer import Answer
+    from localinfer.request.request import BatchRequest
+    from localinfer.answer.answer import BatchResult
+    from localinfer.embed.embedding import Embedding
     from localinfer.remote.client import Client, Outcome
-    from localinfer.request import Messages, Request
+    from localinfer.request.request import Messages, Request
 
 
 class RemoteBackend(Backend):
@@ -64,7 +64,7 @@ class RemoteBackend(Backend):
         return body
 
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
-        from localinfer.answer import Answer
+        from localinfer.answer.answer import Answer
 
         return Answer.of_outcome(outcome, self.name, self.endpoint, request.mode, request.sampling.seed if seed else None)
 
@@ -72,7 +72,7 @@ class RemoteBackend(Backend):
         try:
             outcome = self.client.stream(self.body(request), on_text=on_text, on_reasoning=on_reasoning)
         except Interrupted as exc:  # the client's Outcome so far, made this backend's Answer
-            from localinfer.answer import Outcome
+            from localinfer.answer.answer import Outcome
 
             partial = exc.partial if isinstance(exc.partial, Outcome) else None
             raise Interrupted(None if partial is None else self._answer(partial, request)) from exc
@@ -83,7 +83,7 @@ class RemoteBackend(Backend):
         (which alone writes output, so ``batch.io``'s resumable-output guarantees hold)."""
         import threading
 
-        from localinfer.answer import BatchResult
+        from localinfer.answer.answer import BatchResult
         from localinfer.remote.batch import RetryPolicy, Workers, with_retries
 
         policy, stop = RetryPolicy(retries=self.retries), threading.Event()
@@ -137,7 +137,7 @@ class RemoteBackend(Backend):
         return out
 
     def _embed_one(self, item: str | Sequence[int]) -> list[Embedding]:
-        from localinfer.embedding import Embedding
+        from localinfer.embed.embedding import Embedding
         from localinfer.errors import ContextOverflowError, UsageError
 
         try:
@@ -146,7 +146,7 @@ class RemoteBackend(Backend):
             return [Embedding(None, error=str(exc), exc=exc)]
 
     def _embed_chunk(self, chunk: list[str | Sequence[int]]) -> list[Embedding]:
-        from localinfer.embedding import Embedding
+        from localinfer.embed.embedding import Embedding
         from localinfer.remote.connection import ProtocolError
 
         body = {"model": self.name, "input": [x if isinstance(x, str) else list(x) for x in chunk], "encoding_format": "float"}

@@ -19,14 +19,14 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
-from localinfer import format_rules, rules
+from localinfer.request import format_rules, rules
 from localinfer.errors import UsageError
-from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
-from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
-from localinfer.request import BatchRequest, InputError  # the lines' types, re-exported
-from localinfer.rules import SAMPLING_FIELDS
+from localinfer.answer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
+from localinfer.request.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
+from localinfer.request.request import BatchRequest, InputError  # the lines' types, re-exported
+from localinfer.request.rules import SAMPLING_FIELDS
 
-# A line takes serve's sampling fields, checked by the same rules (localinfer.rules).
+# A line takes serve's sampling fields, checked by the same rules (localinfer.request.rules).
 _FIELDS = ("id", "prompt", "messages", "max_tokens", *SAMPLING_FIELDS, "stop", "logprobs", "top_logprobs", "response_format",
            "tools", "tool_choice", "parallel_tool_calls")  # fmt: skip
 
@@ -137,7 +137,7 @@ def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
 
 def _tools(obj: dict[str, Any]) -> dict[str, Any]:
     """A line's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked as serve checks them."""
-    from localinfer.toolcalls import spec
+    from localinfer.request.toolcalls import spec
 
     if obj.get("tools") is None and obj.get("tool_choice") is None:
         return {}

@@ -2,7 +2,7 @@
 
 Core API (plain values; `bench --parallel` uses it too)::
 
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.batch import job as batchjob
     from localinfer.engine.batch import BatchStats
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localinfer.answer import BatchResult
+from localinfer.answer.answer import BatchResult
 from localinfer.batch.io import BatchRequest, InputError, OutputOrder, id_key, parse_input  # noqa: F401 - re-exported API
 from localinfer.engine.types import LoadOptions, SamplingOptions
 from localinfer.errors import UsageError
@@ -38,8 +38,8 @@ from localinfer.errors import UsageError
 if TYPE_CHECKING:
     from localinfer.backends import Backend
     from localinfer.engine.batch import BatchStats
-    from localinfer.generate import LoadedModel
-    from localinfer.request import Request
+    from localinfer.generate.run import LoadedModel
+    from localinfer.request.request import Request
     from localinfer.store import ResolvedModel
 
 Warn = Callable[[str], None]
@@ -62,7 +62,7 @@ class BatchDefaults:
 
 def to_request(item: BatchRequest, defaults: BatchDefaults, backend: Backend) -> Request:
     """The request a batch line makes, with the command's defaults where the line is silent."""
-    from localinfer import request as rq
+    from localinfer.request import request as rq
 
     sampling = item.sampling_over(defaults.sampling)
     fmt = defaults.response_format if item.response_format is None else item.response_format or None

@@ -21,7 +21,7 @@ from localinfer.bench.method import BenchResult, BenchTest, Rep, generate_exactl
 if TYPE_CHECKING:
     from localinfer.bench.facts import Progress
     from localinfer.engine.model import Model
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
 PASSAGE = (
     "The lighthouse keeper, Mara Quint, logged every ship that passed the northern reef. In 1887 she "

@@ -25,7 +25,7 @@ from localinfer.units import json_number as _r
 if TYPE_CHECKING:
     from localinfer.usage.cost import Pricing
     from localinfer.engine.model import Model
-    from localinfer.structured import Format
+    from localinfer.request.structured import Format
 
 # The sampler chain of `run` with its defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8),
 # with a fixed seed: sampling is part of what a real request pays for each token.

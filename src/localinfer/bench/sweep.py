@@ -16,7 +16,7 @@ from localinfer.engine.types import LoadOptions, SamplingOptions
 if TYPE_CHECKING:
     from localinfer.engine.model import Model
     from localinfer.store import ResolvedModel
-    from localinfer.structured import Format
+    from localinfer.request.structured import Format
 
 
 def run_bench(

@@ -32,10 +32,10 @@ from localinfer.chat.settings import ChatSettings, Totals
 from localinfer.errors import ContextOverflowError, Interrupted, UsageError
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
+    from localinfer.answer.answer import Answer
     from localinfer.backends import Backend
     from localinfer.engine.templates import ChatPrompt
-    from localinfer.generate import LoadedModel
+    from localinfer.generate.run import LoadedModel
 
     Result = Answer
 
@@ -83,7 +83,7 @@ class Conversation:
         self.totals = Totals()  # the engine's figures, summed (a server's answers are kept in ``answers``)
         self.answers: list[Result] = []  # a server's answers, for /stats (its counts may be unknown)
         self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
-        self.images: list[Any] = []  # /image's, attached to the next message (localinfer.images)
+        self.images: list[Any] = []  # /image's, attached to the next message (localinfer.request.images)
         self._replay: tuple[str, list[int], int] | None = None  # the same, and how many came from the cache
         self._replaying = False  # set by retry for the next _answer
         self.on_reasoning: Write | None = None  # a reasoning model's thinking, as it streams (not kept)
@@ -218,7 +218,7 @@ class Conversation:
         """
         pending, self.images = self.images, []  # /image's, for this message
         if pending:
-            from localinfer.images import message
+            from localinfer.request.images import message
 
             self.history.append(message("user", text, pending))
         else:
@@ -227,7 +227,7 @@ class Conversation:
 
     def _answer(self, write: Write) -> Result:
         """Answer the history's last (user) message."""
-        from localinfer import request as rq
+        from localinfer.request import request as rq
 
         s = self.settings
         prompt = None
@@ -346,7 +346,7 @@ class Conversation:
     # -- files -------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """The conversation as an OpenAI-style chat request body (``model`` and ``messages``)."""
-        from localinfer.images import openai_message
+        from localinfer.request.images import openai_message
 
         messages = [openai_message(m) for m in self.context_messages(0)]
         offset = 1 if self.system else 0

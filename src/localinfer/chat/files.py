@@ -28,7 +28,7 @@ def write_chat_file(target: Path, data: dict[str, Any]) -> Path:
 
 def read_chat_file(source: Path) -> Any:
     """The JSON value in ``source`` (a regular file, at most CHAT_FILE_MAX_BYTES)."""
-    from localinfer.limits import CHAT_FILE_MAX_BYTES, loads, read_limited
+    from localinfer.request.limits import CHAT_FILE_MAX_BYTES, loads, read_limited
 
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
@@ -74,9 +74,9 @@ def parse_messages(data: Any, where: str = "the conversation") -> tuple[list[dic
         data = data.get("messages")
     if not isinstance(data, list):
         raise UsageError(f"{where}: expected a list of messages or an object with \"messages\"")
-    from localinfer.rules import RuleError, messages
+    from localinfer.request.rules import RuleError, messages
 
-    try:  # the roles and content shapes serve and batch lines take (localinfer.rules)
+    try:  # the roles and content shapes serve and batch lines take (localinfer.request.rules)
         out = [dict(m) for m in messages("messages", data, allow_empty=True, limit=None)]
     except RuleError as exc:
         raise UsageError(f"{where}: {exc}") from None

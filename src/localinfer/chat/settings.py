@@ -10,18 +10,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localinfer.engine.types import SamplingOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import UsageError
-from localinfer.rules import RULES, RuleError
+from localinfer.request.rules import RULES, RuleError
 
 if TYPE_CHECKING:
-    from localinfer.generate import Result
-    from localinfer.structured import Format
+    from localinfer.generate.run import Result
+    from localinfer.request.structured import Format
 
 # -- settings --------------------------------------------------------------------------------------
 
 
-# key -> where the value lives ("sampling" or "chat"); the rules are localinfer.rules
+# key -> where the value lives ("sampling" or "chat"); the rules are localinfer.request.rules
 _KEYS: dict[str, str] = {
     "temperature": "sampling",
     "top_p": "sampling",
@@ -105,7 +105,7 @@ class ChatSettings:
 def parse_format(value: str) -> Format | None:
     """`/set format`'s value: json (any JSON object), schema FILE (a JSON schema), grammar FILE
     (GBNF), or off; a schema we cannot enforce is refused here, naming its keyword."""
-    from localinfer import structured
+    from localinfer.request import structured
 
     kind, _, arg = value.strip().partition(" ")
     kind, arg = kind.lower(), unquote(arg.strip())

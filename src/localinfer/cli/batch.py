@@ -29,7 +29,7 @@ CtxPerSeqOpt = Annotated[
 
 def _read_input(source: str) -> bytes:
     from localinfer.errors import UsageError
-    from localinfer.limits import BATCH_INPUT_MAX_BYTES, read_limited
+    from localinfer.request.limits import BATCH_INPUT_MAX_BYTES, read_limited
 
     if source == "-":
         if sys.stdin is None or sys.stdin.isatty():

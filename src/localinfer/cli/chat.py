@@ -80,6 +80,6 @@ def _stdin_lines() -> Iterator[str] | TextIO:
         raw = sys.stdin.buffer
     except AttributeError:
         return sys.stdin
-    from localinfer.limits import utf8_lines
+    from localinfer.request.limits import utf8_lines
 
     return utf8_lines(raw, "the input on stdin")

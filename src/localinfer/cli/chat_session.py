@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from localinfer.chat.session import split_command
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
+    from localinfer.answer.answer import Answer
     from localinfer.backends import Backend
     from localinfer.chat.conversation import Conversation
     from localinfer.engine.types import LoadOptions
@@ -200,8 +200,8 @@ class ChatSession:
                 raise UsageError("/load needs a file name", hint="/load chat.json")
             n = conv.load(unquote(arg))
             self.tell(f"Loaded {n} messages from {arg}.")
-        elif name == "image":  # attached to the next message (localinfer.images)
-            from localinfer.images import check_count, from_file
+        elif name == "image":  # attached to the next message (localinfer.request.images)
+            from localinfer.request.images import check_count, from_file
 
             if not arg:
                 raise UsageError("/image needs a file name", hint="/image photo.png")

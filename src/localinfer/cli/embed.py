@@ -26,7 +26,7 @@ def _read(source: str) -> bytes:
     import contextlib
 
     from localinfer.errors import UsageError
-    from localinfer.limits import BATCH_INPUT_MAX_BYTES, read_limited
+    from localinfer.request.limits import BATCH_INPUT_MAX_BYTES, read_limited
 
     stdin = source == "-"
     if stdin and (sys.stdin is None or sys.stdin.isatty()):
@@ -55,7 +55,7 @@ def embed(
     with handle_errors():
         import dataclasses
 
-        from localinfer import embedding
+        from localinfer.embed import embedding
         from localinfer.batch import io as batchio
         from localinfer.cli.backend import open_backend
         from localinfer.render.embed import EmbedProgress, print_summary

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeAlias
 
 import typer
 
-from localinfer import rules
+from localinfer.request import rules
 from localinfer.cli.groups import OptionGroup, grouped  # noqa: F401 - what commands decorate with
-from localinfer.engine import defaults as DEFAULTS  # sampling defaults, read in signatures
+from localinfer.request import defaults as DEFAULTS  # sampling defaults, read in signatures
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions, SamplingOptions
     from localinfer.remote.connection import Endpoint
-    from localinfer.structured import Format
+    from localinfer.request.structured import Format
     from localinfer.resident.place import KeepAlive
     from localinfer.usage.cost import Pricing
 
@@ -202,7 +202,7 @@ def _sampling(
     repeat_penalty: RepeatPenaltyOpt = DEFAULTS.repeat_penalty,
     seed: SeedOpt = None,
 ) -> "SamplingOptions":
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
     return SamplingOptions(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
 
@@ -241,7 +241,7 @@ def _response_format(
 ) -> "Format | None":
     """One of the five, checked now (a bad schema is exit 2 before anything loads); a schema or
     grammar we cannot enforce is named by its option, as Typer names a bad value."""
-    from localinfer.structured import FormatError
+    from localinfer.request.structured import FormatError
 
     given = [f for f, v in (("--json-schema", json_schema), ("--json-schema-file", json_schema_file),
                             ("--grammar", grammar), ("--grammar-file", grammar_file),
@@ -256,7 +256,7 @@ def _response_format(
 
 def _format_of(json_schema: str | None, json_schema_file: Path | None, grammar: str | None, grammar_file: Path | None,
                response_format: str | None) -> "Format | None":  # fmt: skip
-    from localinfer.structured import from_grammar, from_schema, pick
+    from localinfer.request.structured import from_grammar, from_schema, pick
 
     if json_schema_file is not None:
         return from_schema(_read_text(json_schema_file, "--json-schema-file"))
@@ -270,7 +270,7 @@ def _format_of(json_schema: str | None, json_schema_file: Path | None, grammar: 
 
 
 def _read_text(path: Path, flag: str) -> str:
-    from localinfer.structured import MAX_SCHEMA_BYTES
+    from localinfer.request.structured import MAX_SCHEMA_BYTES
 
     try:
         with open(path, "rb") as f:

@@ -16,7 +16,7 @@ def read_piped_stdin(n_ctx: int | None = None, *, keep_tail: bool = False, remot
     Checked like every input: not UTF-8 is a usage error naming the byte; more than a context of
     ``n_ctx`` tokens can hold (limits.piped_limit) is refused before it is all read and tokenized,
     or with ``keep_tail`` (--on-overflow truncate) only its end is kept."""
-    from localinfer import limits
+    from localinfer.request import limits
 
     stream = sys.stdin
     if stream is None:
@@ -117,7 +117,7 @@ def run(
                 logprobs=logprobs,
             )  # fmt: skip
             if pictures:
-                from localinfer.images import attach
+                from localinfer.request.images import attach
 
                 request = attach(request, pictures)
             if show_prompt:
@@ -129,7 +129,7 @@ def run(
             rec.result = result
             if json_out:
 
-                from localinfer.finite import dumps as finite_dumps  # NaN logprobs as null
+                from localinfer.answer.finite import dumps as finite_dumps  # NaN logprobs as null
 
                 _write_stdout(finite_dumps(result.to_json(), ensure_ascii=False) + "\n")
             elif result.text and not result.text.endswith("\n"):
@@ -165,7 +165,7 @@ def _images(paths: list[str] | None, endpoint: Any, keep_alive: Any) -> list:
     if not paths:
         return []
     from localinfer.errors import UsageError
-    from localinfer.images import read_files
+    from localinfer.request.images import read_files
 
     if endpoint is not None or keep_alive is not None:
         raise UsageError("--image needs the model loaded by this command (not --endpoint or --keep-alive) for now")
@@ -175,7 +175,7 @@ def _images(paths: list[str] | None, endpoint: Any, keep_alive: Any) -> list:
 def _prompt_text(prompt_words: list[str] | None, prompt: str | None, **stdin: Any) -> str:
     """The prompt from the arguments or --prompt, after any piped stdin (as context; ``stdin``:
     how much of it to read, see read_piped_stdin)."""
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.errors import UsageError
 
     if prompt_words and prompt:

@@ -102,7 +102,7 @@ def _import_server():
         from localinfer.serve import server
     except ImportError as exc:
         from localinfer.errors import LocalInferError
-        from localinfer.extras import pip_install
+        from localinfer.cli.extras import pip_install
 
         raise LocalInferError(
             f"`localinfer serve` needs {exc.name or 'its server packages'}, which is not installed",

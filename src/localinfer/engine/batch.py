@@ -39,7 +39,7 @@ from localinfer.engine.slots import Slot, SlotTable
 from localinfer.engine.speculate import drafter_for
 from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
 from localinfer.errors import GenerationError
-from localinfer.structured import FormatError
+from localinfer.request.structured import FormatError
 
 __all__ = ["BatchDecoder", "BatchStats", "SeqJob", "SeqResult"]  # the jobs' types live in engine.types
 

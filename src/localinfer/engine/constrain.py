@@ -1,4 +1,4 @@
-"""Constrained decoding: a :class:`~localinfer.structured.Format` compiled for a loaded model, and
+"""Constrained decoding: a :class:`~localinfer.request.structured.Format` compiled for a loaded model, and
 the sampler that enforces it inside the native chain (engine/sampling.py puts it there).
 
 The mechanism is llguidance (Microsoft's Rust grammar engine, used by vLLM, SGLang and llama.cpp's
@@ -20,7 +20,7 @@ chain accepts a token. End of generation is allowed only where the document is c
 is complete nothing else is; so the answer ends right after the document. In a batch, the masks of
 the next step are computed while llama_decode runs, where that leaves CPU free (MaskPrefetch).
 
-Bounds: structured.py bounds the schema's size and depth; llguidance's parser limits (below) bound
+Bounds: request/structured.py bounds the schema's size and depth; llguidance's parser limits (below) bound
 the lexer's states and the work of one mask, so a pathological schema fails instead of hanging.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from localinfer.engine.backend import llama_cpp
-from localinfer.structured import Format, FormatError, gbnf_to_lark
+from localinfer.request.structured import Format, FormatError, gbnf_to_lark
 
 CACHE_SIZE = 64  # compiled formats kept per loaded model...
 CACHE_TEXT_BYTES = 4 << 20  # ...and their text at most: a matcher's memory grows with its grammar's size

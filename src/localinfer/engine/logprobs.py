@@ -14,7 +14,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any
 
-MAX_TOP = 20  # OpenAI's bound for top_logprobs (rules.py holds it for requests)
+MAX_TOP = 20  # OpenAI's bound for top_logprobs (request/rules.py holds it for requests)
 Entry = dict[str, Any]
 
 

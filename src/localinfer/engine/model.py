@@ -28,7 +28,7 @@ from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOp
 from localinfer.errors import GenerationError, ResourceError
 
 if TYPE_CHECKING:
-    from localinfer.structured import Format
+    from localinfer.request.structured import Format
 
 
 class Model(Vocab):

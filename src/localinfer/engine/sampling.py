@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.backend import llama_cpp
-from localinfer.engine.types import SamplingOptions
+from localinfer.request.sampling import SamplingOptions
 
 if TYPE_CHECKING:
     from localinfer.engine.constrain import ConstraintSampler

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from localinfer.errors import InvalidModelError, UsageError
-from localinfer.rules import TEMPLATE_OWN
+from localinfer.request.rules import TEMPLATE_OWN
 
 # Bounds on one render, far above what any real template needs for a long conversation.
 MAX_RANGE_ITEMS = 1_000_000  # range() items over a whole render (a loop over messages needs none)

@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine import defaults
+from localinfer.request.sampling import SamplingOptions
 
 if TYPE_CHECKING:
     import threading
 
-    from localinfer.structured import Format
+    from localinfer.request.structured import Format
 
 
 @dataclass(frozen=True)
@@ -54,25 +54,6 @@ class LoadOptions:
 
 DEFAULT_CTX_CEILING = 4096
 GPU_LAYERS_AUTO = -2  # LoadOptions.n_gpu_layers: resolved by the pre-flight (-1 = all)
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    """Sampler chain settings; defaults follow llama.cpp's."""
-
-    temperature: float = defaults.temperature
-    top_k: int = defaults.top_k
-    top_p: float = defaults.top_p
-    min_p: float = defaults.min_p
-    repeat_penalty: float = defaults.repeat_penalty
-    repeat_last_n: int = defaults.repeat_last_n
-    frequency_penalty: float = 0.0  # OpenAI's penalties, over the same last_n window; 0 = off
-    presence_penalty: float = 0.0
-    seed: int | None = None  # None: a random seed each request
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from localinfer.errors import GenerationError, ModelLoadError, UsageError
 if TYPE_CHECKING:
     from localinfer.engine.model import Model
     from localinfer.engine.types import GenerationStats
-    from localinfer.images import Image
+    from localinfer.request.images import Image
 
 CHUNK_TEXT, CHUNK_IMAGE = 0, 1
 _NO_CALLBACK: Any = None  # mtmd_helper_decode_image_chunk's post-decode callback: a null one, made once

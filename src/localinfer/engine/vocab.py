@@ -22,7 +22,7 @@ class Vocab:
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
-            from localinfer.limits import require_utf8
+            from localinfer.request.limits import require_utf8
 
             require_utf8(text, "the text")
             raise

@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localinfer.request import BatchRequest, InputError
+from localinfer.request.request import BatchRequest, InputError
 from localinfer.remote.connection import RemoteError
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
+    from localinfer.answer.answer import Answer
     from localinfer.remote.client import Outcome
 
 Done = tuple[int, "BatchRequest | InputError", "Answer | None", "Exception | None"]

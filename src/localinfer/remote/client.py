@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine import defaults as llama_defaults
+from localinfer.request import defaults as llama_defaults
 from localinfer.errors import Interrupted
 from localinfer.remote.connection import (
     Endpoint,
@@ -22,11 +22,11 @@ from localinfer.remote.connection import (
     status_error,
     transport_error,
 )
-from localinfer.answer import Outcome  # what the client returns, re-exported
+from localinfer.answer.answer import Outcome  # what the client returns, re-exported
 from localinfer.remote.sse import SSEDecoder, choice_logprobs, choice_text, parse_event
 
 if TYPE_CHECKING:
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
 
 OnText = Callable[[str], None]
 

@@ -129,7 +129,7 @@ def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[f
 
 
 def body_for(model: str, sample: Sample, *, ignore_eos: bool, temperature: float) -> dict[str, Any]:
-    from localinfer.engine.types import SamplingOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.remote.client import request_body
 
     return request_body(model, messages=sample.messages, sampling=SamplingOptions(temperature=temperature),

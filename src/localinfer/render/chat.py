@@ -15,7 +15,7 @@ from localinfer.units import human_duration as ms
 from localinfer.units import human_rate as tps
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer as Result
+    from localinfer.answer.answer import Answer as Result
     from localinfer.chat.conversation import Conversation
 
 HELP = '''Commands:

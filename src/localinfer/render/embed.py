@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TextIO
 from localinfer.render.term import write_line
 
 if TYPE_CHECKING:
-    from localinfer.embedding import EmbedSummary
+    from localinfer.embed.embedding import EmbedSummary
 
 
 class EmbedProgress:

@@ -11,7 +11,7 @@ from localinfer.units import human_duration as _ms
 from localinfer.units import human_rate
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
+    from localinfer.answer.answer import Answer
 
 UNKNOWN = "unknown"
 

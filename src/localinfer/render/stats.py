@@ -14,7 +14,7 @@ from localinfer.units import human_duration as _ms
 from localinfer.units import human_rate as _tps
 
 if TYPE_CHECKING:
-    from localinfer.generate import Result
+    from localinfer.generate.run import Result
 
 
 

@@ -14,9 +14,9 @@ from localinfer.errors import GenerationError, LocalInferError
 from localinfer.remote.connection import RemoteError
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer, Outcome
+    from localinfer.answer.answer import Answer, Outcome
     from localinfer.engine.types import LoadOptions
-    from localinfer.request import Messages, Request
+    from localinfer.request.request import Messages, Request
     from localinfer.resident.client import UnixClient
     from localinfer.resident.start import Place
     from localinfer.store import ResolvedModel
@@ -66,7 +66,7 @@ class ResidentBackend(RemoteBackend):
     def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
         """The answer the server sent whole, timed here as a local run times it (TTFT, total: as the
         user saw them); an answer cut short (Ctrl-C) has only what came: its stats from ``timings``."""
-        from localinfer.answer import Answer
+        from localinfer.answer.answer import Answer
 
         wire = dict(outcome.whole) if outcome.whole is not None else self._partial(outcome, request, seed)
         load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident

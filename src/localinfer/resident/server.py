@@ -149,7 +149,7 @@ class Resident:
             if not isinstance(exc, LocalInferError):
                 self.say(f"load failed: {type(exc).__name__}: {exc}")
             return 422, {"error": {"message": str(exc), "hint": getattr(exc, "hint", None), "type": type(exc).__name__}}
-        from localinfer.answer import load_facts
+        from localinfer.answer.answer import load_facts
 
         loaded = model.engine.loaded
         return 200, {"id": model.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
@@ -262,7 +262,7 @@ def _default_ctx(resolved: Any) -> int:
 
 def _load_model(resolved: Any, want: Want, *, default_ctx: bool, force: bool) -> Any:
     """The model as ``run`` (one sequence, its -c or the default context) or ``batch`` loads it."""
-    from localinfer import generate
+    from localinfer.generate import run as generate
     from localinfer.batch import job as batchjob
     from localinfer.engine.types import LoadOptions
 
@@ -385,7 +385,7 @@ def _warm() -> None:
     with contextlib.suppress(Exception):
         import localinfer.batch.job
         import localinfer.engine.model  # llama_cpp
-        import localinfer.generate
+        import localinfer.generate.run
         import localinfer.serve.app
         import localinfer.store  # noqa: F401
 

@@ -1,6 +1,6 @@
 """Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``), as a translator:
 its request mapped to the one request serve runs, the finished answer and its steps
-(``localinfer.finish``) mapped back to its message, its stream events and its error shape.
+(``localinfer.generate.finish``) mapped back to its message, its stream events and its error shape.
 
 What Claude Code sends and no local model can honour (``cache_control``, ``context_management``,
 ``output_config.effort``, ``metadata``, adaptive thinking) is accepted and ignored; ``max_tokens`` is
@@ -13,12 +13,12 @@ import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from localinfer import format_rules, rules
-from localinfer.engine.types import SamplingOptions
+from localinfer.request import format_rules, rules
+from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.protocol import ApiError, Envelope, envelope
 
 if TYPE_CHECKING:
-    from localinfer.finish import Step
+    from localinfer.generate.finish import Step
     from localinfer.serve.engine import Outcome
 
 # Accepted and ignored: caching hints, agents' context editing, effort, routing and tracing fields
@@ -156,7 +156,7 @@ def _blocks(where: str, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
 
 
 def _tools(body: dict[str, Any]) -> tuple[tuple, Any, bool]:
-    from localinfer.toolcalls import spec
+    from localinfer.request.toolcalls import spec
 
     given = body.get("tools")
     if given is not None and not isinstance(given, list):
@@ -251,7 +251,7 @@ class Writer:
         return _TEXT_DELTA + encoded + b"}}\n\n"
 
     def steps(self, steps: list[Step]) -> bytes:
-        from localinfer.finish import CallStart, Text, Thought
+        from localinfer.generate.finish import CallStart, Text, Thought
 
         out = []
         for s in steps:

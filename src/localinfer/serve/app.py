@@ -1,6 +1,6 @@
 """The HTTP routes: check who asks and what, hand the request to the engine, send its answer.
 
-No model logic here: ``engine`` prepares and runs, ``localinfer.finish`` finishes the answer, and each
+No model logic here: ``engine`` prepares and runs, ``localinfer.generate.finish`` finishes the answer, and each
 wire protocol is a translator (a ``Wire``: its parser, its error shape, its answer writer): OpenAI's
 Chat Completions (``protocol``, ``responses``), Anthropic's Messages (``anthropic``) and OpenAI's
 Responses (``responses_api``) share one path (``answer``): limits, auth, queueing, metrics. An answer

@@ -48,7 +48,7 @@ class Hub:
 
 
 class Channel(Generic[T]):
-    """One request's pieces of text (or its steps: ``localinfer.finish``), then its end value
+    """One request's pieces of text (or its steps: ``localinfer.generate.finish``), then its end value
     (``T``: the engine's Outcome)."""
 
     def __init__(self, hub: Hub) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer import rules
+from localinfer.request import rules
 from localinfer.serve.protocol import ApiError
 
 if TYPE_CHECKING:

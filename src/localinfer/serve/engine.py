@@ -39,8 +39,8 @@ from localinfer.serve.protocol import Envelope
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
     from localinfer.engine.embed import Embedder
-    from localinfer.finish import Finish, Step
-    from localinfer.generate import LoadedModel
+    from localinfer.generate.finish import Finish, Step
+    from localinfer.generate.run import LoadedModel
 
 __all__ = ["EmbedOutcome", "EmbedTicket", "Engine", "Outcome", "Overloaded", "Prepared", "Ticket"]
 
@@ -124,15 +124,15 @@ class Engine:
     ) -> Ticket:  # fmt: skip
         """Queue a request. Its answer streams as raw text pieces (``on_text``: the fast path of an
         answer that is all text), as pieces with their logprobs (``on_logprobs``: thinking stays
-        inline), or as typed steps (``on_steps``: thinking, text, tool calls - ``localinfer.finish``);
+        inline), or as typed steps (``on_steps``: thinking, text, tool calls - ``localinfer.generate.finish``);
         all None: wanted only at the end. ``Overloaded`` when more than ``max_queue`` would wait."""
         from localinfer.engine.batch import SeqJob
-        from localinfer.finish import Finish
+        from localinfer.generate.finish import Finish
 
         if self._waiting_chats() - (self.parallel - self.running) >= self.max_queue:
             raise Overloaded()
         r = prepared.request
-        from localinfer.generate import constraint_for
+        from localinfer.generate.run import constraint_for
 
         finish = Finish(prepared.splitter if on_logprobs is None else None, prepared.tools)
         live = on_steps is not None or finish.splits  # thinking is counted piece by piece

@@ -1,14 +1,14 @@
 """Images on serve's other wires (Anthropic's blocks, Ollama's ``images``, the Responses API's
 ``input_image``): decoded here, each naming its own field in a 400 (a RuleError, which every wire
 turns into its own error shape), and handed on as image parts in OpenAI-style messages, which
-``rules.message`` reads (localinfer.images.content_parts)."""
+``rules.message`` reads (localinfer.request.images.content_parts)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from localinfer.images import MAX_IMAGES, ImageError, from_base64, from_data_uri
-from localinfer.rules import RuleError
+from localinfer.request.images import MAX_IMAGES, ImageError, from_base64, from_data_uri
+from localinfer.request.rules import RuleError
 
 
 def wire_error(exc: ImageError, field: str) -> RuleError:

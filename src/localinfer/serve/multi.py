@@ -166,7 +166,7 @@ class Served:
 
     def _make(self, resolved: ResolvedModel, name: str, want: Any) -> Model:
         """Load a model and start its engine (on the router's thread), as `serve -m` does."""
-        from localinfer import generate
+        from localinfer.generate import run as generate
         from localinfer.batch import job as batchjob
         from localinfer.serve.engine import Engine
         from localinfer.serve.record import UsageWriter

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from localinfer import rules
+from localinfer.request import rules
 from localinfer.serve import ollama_models as om
 from localinfer.serve import ollama_wire as wire
 from localinfer.serve.engine import Overloaded

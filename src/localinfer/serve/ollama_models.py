@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from localinfer.generate import LoadedModel
+    from localinfer.generate.run import LoadedModel
     from localinfer.gguf import GGUFInfo
 
 FOREVER = "2318-01-01T00:00:00Z"  # /api/ps: a loaded model stays until the server stops (Ollama's keep_alive: -1)
@@ -133,7 +133,7 @@ def capabilities(template: str | None, info: GGUFInfo | None, vision: bool = Fal
     """Ollama's capabilities: completion (every model), tools (its template renders them), thinking
     (its template writes reasoning markers), embedding (the GGUF names a pooling: an embedding model),
     vision (loaded with its projector)."""
-    from localinfer import reasoning
+    from localinfer.request import reasoning
 
     caps = ["completion"]
     if template and "tools" in template:

@@ -1,9 +1,9 @@
 """Ollama's ``/api/chat`` and ``/api/generate`` on the wire: its request mapped to the one request
 the OpenAI routes run (the core ``Request`` in serve's ``Envelope``), and the finished answer (and its steps, streaming)
 mapped back to Ollama's NDJSON objects. Nothing here samples, parses tool calls or splits thinking:
-the engine and ``localinfer.finish`` did that; this module only renames.
+the engine and ``localinfer.generate.finish`` did that; this module only renames.
 
-``images`` (base64) become OpenAI image parts (localinfer.images). Fields Ollama knows and we cannot
+``images`` (base64) become OpenAI image parts (localinfer.request.images). Fields Ollama knows and we cannot
 honour (``suffix``, ``template``, ``context``) are a 400 naming them; ``options`` we do not use are ignored, as Ollama ignores the ones it does not know, and
 so are top-level fields we do not know (Ollama's Go decoder drops them).
 """
@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer import format_rules, rules
-from localinfer.engine.types import SamplingOptions
+from localinfer.request import format_rules, rules
+from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.protocol import ApiError, Envelope, envelope
 from localinfer.serve.responses import dumps
 
@@ -155,7 +155,7 @@ def _think(body: dict[str, Any]) -> bool | str | None:
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
     """``tools``, and ``tool_choice`` as OpenAI's (ours: Ollama has none, and ignores it)."""
-    from localinfer.toolcalls import spec
+    from localinfer.request.toolcalls import spec
 
     offered = spec.tools("tools", body["tools"], spec.check_schema) if body.get("tools") else ()
     if body.get("tool_choice") is None:
@@ -288,9 +288,9 @@ class OllamaAnswer:
         return b""
 
     def steps(self, steps: list) -> bytes:
-        """``localinfer.finish``'s steps: text and thinking as they come; tool calls are sent whole,
+        """``localinfer.generate.finish``'s steps: text and thinking as they come; tool calls are sent whole,
         with the last chunks (Ollama's calls carry their arguments as an object)."""
-        from localinfer.finish import Text, Thought
+        from localinfer.generate.finish import Text, Thought
 
         out = []
         for step in steps:

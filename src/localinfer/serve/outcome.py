@@ -14,8 +14,8 @@ from localinfer.engine.types import GenerationStats
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import SeqResult
-    from localinfer.finish import Finish, Step
-    from localinfer.toolcalls.spec import ToolCall
+    from localinfer.generate.finish import Finish, Step
+    from localinfer.request.toolcalls.spec import ToolCall
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Outcome:
     def reason(self) -> str | None:
         """The answer's finish reason (``tool_calls`` when it ended by itself with calls);
         ``finish_reason`` is the engine's (what /metrics counts)."""
-        from localinfer.toolcalls.plan import finish_reason
+        from localinfer.request.toolcalls.plan import finish_reason
 
         return finish_reason(self.tool_calls, self.finish_reason)
 
@@ -48,7 +48,7 @@ def feeder(finish: Finish, on_text: Callable[[str], None] | None,
            on_steps: Callable[[list[Step]], None] | None) -> Callable[[str], None]:  # fmt: skip
     """The decoder's ``on_text`` for an answer finished piece by piece: its steps to ``on_steps``, else
     its answer text to ``on_text`` (either may be None: wanted at the end only)."""
-    from localinfer.finish import Text
+    from localinfer.generate.finish import Text
 
     def feed(piece: str) -> None:
         steps = finish.feed(piece)
@@ -68,7 +68,7 @@ def finished(result: SeqResult, finish: Finish, live: bool, on_steps: Callable[[
              t_arrival: float) -> Outcome:  # fmt: skip
     """A sequence's end as its request's Outcome: ``finish`` (fed piece by piece when ``live``, else
     here with the whole text) closed, what it held back sent to ``on_steps`` first."""
-    from localinfer.finish import since
+    from localinfer.generate.finish import since
 
     st = result.stats
     ttft = None if st.first_token_s is None else result.t_admit + st.first_token_s - t_arrival

@@ -9,15 +9,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer import rules
+from localinfer.request import rules
 from localinfer.errors import ContextOverflowError, UsageError
 from localinfer.serve.protocol import ApiError, Envelope
 
 if TYPE_CHECKING:
-    from localinfer.generate import LoadedModel
-    from localinfer.request import Request
-    from localinfer.reasoning import Splitter
-    from localinfer.toolcalls.plan import ToolPlan
+    from localinfer.generate.run import LoadedModel
+    from localinfer.request.request import Request
+    from localinfer.request.reasoning import Splitter
+    from localinfer.request.toolcalls.plan import ToolPlan
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any]
 
 def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], envelope: Envelope) -> Prepared:
     from localinfer.engine.templates import TemplateRefusedError
-    from localinfer.generate import build_prompt, reasoning_splitter, tool_plan
+    from localinfer.generate.run import build_prompt, reasoning_splitter, tool_plan
 
     model, request, ids = loaded.model, envelope.request, envelope.prompt_ids
     if ids is not None:
@@ -76,8 +76,8 @@ def _compiled(loaded: LoadedModel, prepared: Prepared) -> None:
     engine thread (the engine finds it in the model's cache): one that does not compile, or a
     tools' schema past the size bound, is a 400 before the request is queued."""
     from localinfer.engine.constrain import compile_for
-    from localinfer.generate import constraint_for
-    from localinfer.structured import FormatError
+    from localinfer.generate.run import constraint_for
+    from localinfer.request.structured import FormatError
 
     field = prepared.envelope.format_field if prepared.tools is None or not prepared.tools.offered else "tools"
     try:
@@ -104,7 +104,7 @@ def _checked(loaded: LoadedModel, n_ctx_seq: int, p: Prepared, clamp: bool = Fal
 
 def _overflow(loaded: LoadedModel, n_ctx_seq: int, n_prompt: int, max_tokens: int | None) -> ContextOverflowError:
     """The error `run` would have given here (the resident server's client shows it as its own)."""
-    from localinfer.generate import overflow_error
+    from localinfer.generate.run import overflow_error
 
     room = not max_tokens or max_tokens < n_ctx_seq  # else: no room for any prompt, as build_prompt says
     return overflow_error(n_prompt if room else 0, max_tokens, n_ctx_seq, loaded.model.n_ctx_train)

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localinfer import format_rules, rules
-from localinfer.engine.types import SamplingOptions
-from localinfer.limits import NotText, loads, require_text
-from localinfer.request import Request
+from localinfer.request import format_rules, rules
+from localinfer.request.sampling import SamplingOptions
+from localinfer.request.limits import NotText, loads, require_text
+from localinfer.request.request import Request
 
 MAX_STOPS = rules.MAX_STOPS
 MAX_MESSAGES = rules.MAX_MESSAGES
@@ -92,7 +92,7 @@ def envelope(*, model: str | None = None, stream: bool = False, include_usage: b
     return Envelope(request, model, stream, include_usage, format_field, cache_prompt, ids)
 
 
-# -- field checks: each takes (name, value) and returns the value to use (localinfer.rules) ------------
+# -- field checks: each takes (name, value) and returns the value to use (localinfer.request.rules) ------------
 def _rule(field: str) -> Callable[[str, Any], Any]:
     return lambda name, v: rules.check(field, v, name=name)
 
@@ -189,7 +189,7 @@ _FORMATS: dict[str, Callable[[str, Any], Any]] = {
 }
 _LOGPROBS = {"logprobs", "top_logprobs"}  # chat's pair; completions take logprobs: N (rules.logprobs_fields)
 _CHAT_ONLY = {"n", "logit_bias", "modalities"}
-_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only (localinfer.toolcalls)
+_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only (localinfer.request.toolcalls)
 _TEXT_ONLY = {"n", "logit_bias", "echo", "suffix", "best_of"}
 
 
@@ -263,7 +263,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> Envelope:
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
     """``tools`` (each parameters schema checked), ``tool_choice`` among them, ``parallel_tool_calls``."""
-    from localinfer.toolcalls import spec
+    from localinfer.request.toolcalls import spec
 
     offered = spec.tools("tools", body["tools"], spec.check_schema) if body.get("tools") is not None else ()
     choice = body.get("tool_choice")

@@ -27,8 +27,8 @@ class UsageWriter:
     def add(self, ticket: Ticket, outcome: Outcome) -> None:
         """Any thread (the engine's): one request, as ``run`` records one (its text only with
         LOCALINFER_LOG_TEXT=1)."""
-        from localinfer.answer import Answer
-        from localinfer.generate import peak_rss_bytes
+        from localinfer.answer.answer import Answer
+        from localinfer.generate.run import peak_rss_bytes
         from localinfer.usage.recorder import record_of
 
         envelope, request = ticket.prepared.envelope, ticket.prepared.request

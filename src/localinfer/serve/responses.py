@@ -1,7 +1,7 @@
 """OpenAI's Chat Completions (and completions) answer shapes: a whole completion, or SSE chunks that
 all carry the same ``id`` and ``created``; with llama-server's ``timings`` object and
 ``usage.prompt_tokens_details.cached_tokens``. A translator only: the engine's finished answer and its
-steps (``localinfer.finish``) in, OpenAI's shapes out."""
+steps (``localinfer.generate.finish``) in, OpenAI's shapes out."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
+from localinfer.answer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.serve.engine import Outcome
 
 if TYPE_CHECKING:
-    from localinfer.finish import Step
+    from localinfer.generate.finish import Step
 
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
 DONE = b"data: [DONE]\n\n"
@@ -70,12 +70,12 @@ def timings(outcome: Outcome) -> dict[str, Any]:
 
 
 def whole_answer(outcome: Outcome, model: str) -> dict[str, Any]:
-    """The answer as ``localinfer.answer.Answer.to_wire`` writes it, for the resident server's own
+    """The answer as ``localinfer.answer.answer.Answer.to_wire`` writes it, for the resident server's own
     client: what OpenAI's shapes leave out (the document's verdict, llama_decode's own time...)."""
     import dataclasses
 
-    from localinfer.answer import Answer
-    from localinfer.toolcalls.plan import finish_reason
+    from localinfer.answer.answer import Answer
+    from localinfer.request.toolcalls.plan import finish_reason
 
     # the engine's reason, as an answer made here has it (calls made: tool_calls); the chunks carried the logprobs
     stats = dataclasses.replace(outcome.stats, logprobs=None, finish_reason=finish_reason(outcome.tool_calls, outcome.stats.finish_reason))
@@ -192,7 +192,7 @@ class Answer:
         """An answer's steps as chunks: thinking (``reasoning_chunk``), content (a run of text pieces in
         one chunk), or OpenAI's ``delta.tool_calls`` keyed by ``index`` (the id and name in a call's
         first delta, then its arguments in pieces)."""
-        from localinfer.finish import CallStart, Text, Thought
+        from localinfer.generate.finish import CallStart, Text, Thought
 
         out: list[bytes] = []
         run: list[str] = []  # a run of text or thinking pieces, sent as one chunk

@@ -1,5 +1,5 @@
 """OpenAI's Responses API (``POST /v1/responses``), stateless, as a translator: its request mapped to
-the one request serve runs, the finished answer and its steps (``localinfer.finish``) mapped back to
+the one request serve runs, the finished answer and its steps (``localinfer.generate.finish``) mapped back to
 a response object and its stream of events (each with a ``sequence_number``).
 
 Stateless as Codex uses it (``store: false``, the whole ``input`` each turn): ``previous_response_id``
@@ -15,13 +15,13 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from localinfer import format_rules, rules
-from localinfer.engine.types import SamplingOptions
+from localinfer.request import format_rules, rules
+from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.protocol import ApiError, Envelope, envelope
 
 if TYPE_CHECKING:
-    from localinfer.finish import Step
-    from localinfer.request import Request
+    from localinfer.generate.finish import Step
+    from localinfer.request.request import Request
     from localinfer.serve.engine import Outcome
 
 _IGNORED = {"store", "metadata", "include", "prompt_cache_key", "client_metadata", "user", "safety_identifier",
@@ -133,7 +133,7 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
 
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
-    from localinfer.toolcalls import spec
+    from localinfer.request.toolcalls import spec
 
     given = body.get("tools")
     if given is not None and not isinstance(given, list):
@@ -269,7 +269,7 @@ class Writer:
         return head + encoded + mid + str(seq).encode() + b"}\n\n"
 
     def steps(self, steps: list[Step]) -> bytes:
-        from localinfer.finish import CallStart, Text, Thought
+        from localinfer.generate.finish import CallStart, Text, Thought
 
         out = []
         for s in steps:

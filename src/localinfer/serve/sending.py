@@ -28,8 +28,8 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
     """Queue a prepared request whose answer goes to ``channel``, and how it streams: ``whole`` (the
     outcome only), ``text`` (raw pieces: an answer that is all text), ``logprobs`` (pieces with their
-    entries; calls are not parsed from them) or ``steps`` (``localinfer.finish``'s). Every protocol's route."""
-    from localinfer.finish import plain
+    entries; calls are not parsed from them) or ``steps`` (``localinfer.generate.finish``'s). Every protocol's route."""
+    from localinfer.generate.finish import plain
 
     if not stream:
         return engine.submit(prepared, None, channel.close), "whole"

@@ -60,7 +60,7 @@ class _Loader:
         self.on_failure: Callable[[], None] = lambda: None
 
     def _run(self) -> None:
-        from localinfer import generate
+        from localinfer.generate import run as generate
         from localinfer.batch import job as batchjob
         from localinfer.serve.engine import Engine
 

@@ -23,7 +23,7 @@ from localinfer.usage.history import (
 )
 
 if TYPE_CHECKING:
-    from localinfer.answer import Answer
+    from localinfer.answer.answer import Answer
 
 
 class Named(Protocol):

@@ -155,7 +155,7 @@ def _model_info(repo: str, revision: str | None):  # huggingface_hub's ModelInfo
     from huggingface_hub.hf_api import ModelInfo
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    from localinfer.limits import loads
+    from localinfer.request.limits import loads
 
     url = f"{endpoint()}/api/models/{repo}"
     if revision is not None:

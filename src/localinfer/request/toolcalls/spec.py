@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localinfer.errors import UsageError
-from localinfer.rules import RuleError, shown, text
+from localinfer.request.rules import RuleError, shown, text
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's rule for function names (and a dot, for Llama's builtins)
@@ -146,7 +146,7 @@ def tool_choice(field: str, value: Any, offered: tuple[Tool, ...]) -> ToolChoice
 def check_schema(field: str, schema: dict[str, Any]) -> None:
     """A tool's ``parameters`` as JSON Schema, checked by structured output's rules: a schema the
     constraint could not enforce is refused, by the field's name."""
-    from localinfer.structured import FormatError, check_schema as check
+    from localinfer.request.structured import FormatError, check_schema as check
 
     try:
         check(schema)
@@ -174,7 +174,7 @@ def checked(offered: Sequence[Any] | None, choice: Any) -> tuple[tuple[Tool, ...
 
 def checked_messages(messages: Sequence[Any]) -> tuple[dict[str, Any], ...]:
     """A conversation with tool turns (the API's), checked and shaped as serve's: UsageError."""
-    from localinfer import rules
+    from localinfer.request import rules
 
     try:
         return rules.messages("messages", list(messages))

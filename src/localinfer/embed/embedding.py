@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from localinfer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
-from localinfer.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
+from localinfer.answer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
+from localinfer.request.limits import BATCH_LINE_MAX_BYTES, NotText, loads, require_text
 
 CHUNK = 256  # inputs handed to a backend at once: progress and output come per chunk
 

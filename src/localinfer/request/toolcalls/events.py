@@ -1,4 +1,4 @@
-"""The parser's events, apart from it: every answer's text steps are ``Text`` (``localinfer.finish``),
+"""The parser's events, apart from it: every answer's text steps are ``Text`` (``localinfer.generate.finish``),
 and importing them should not import the tool-call machinery a request without tools never uses."""
 
 from __future__ import annotations

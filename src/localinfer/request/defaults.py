@@ -1,5 +1,5 @@
 """Sampling defaults (llama.cpp's), as plain values: `--help` shows them without building the
-engine's option types (``engine.types.SamplingOptions`` takes its defaults from here)."""
+engine's option types (``sampling.SamplingOptions`` takes its defaults from here)."""
 
 temperature = 0.8
 top_k = 40

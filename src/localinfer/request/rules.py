@@ -3,7 +3,7 @@
 `run`'s options, chat's `/set`, batch lines and serve's protocol all check values here, so one
 value gets one verdict and one message wherever it is given (docs/requests.md). Plain
 Python only: the CLI imports it for `--help`. The structured-output fields (response_format,
-json_schema, grammar) are ``localinfer.format_rules``'s.
+json_schema, grammar) are ``localinfer.request.format_rules``'s.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def message(where: str, m: Any) -> dict[str, Any]:
         raise RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
     pictures: tuple[Any, ...] = ()
     if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("image_url", "image") for p in content):
-        from localinfer.images import content_parts  # images in
+        from localinfer.request.images import content_parts  # images in
 
         content, pictures = content_parts(f"{where}.content", content, text, RuleError)
     elif isinstance(content, list):
@@ -366,7 +366,7 @@ def chat_template_kwargs_text(field: str, raw: str) -> dict[str, Any] | None:
 def reasoning_format(field: str, value: Any) -> str:
     """llama-server's: ``none`` keeps a reasoning model's thinking in the text; ``auto`` and
     ``deepseek`` put it apart (``reasoning_content``), as when it is not given."""
-    from localinfer.reasoning import FORMATS
+    from localinfer.request.reasoning import FORMATS
 
     if not isinstance(value, str) or value not in FORMATS:
         raise RuleError(field, f"must be one of {', '.join(FORMATS)}, not {shown(value)}")

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.toolcalls import families, spec
-from localinfer.toolcalls.families import Family
-from localinfer.toolcalls.parser import CallParser, parse
-from localinfer.toolcalls.spec import Tool, ToolChoice
+from localinfer.request.toolcalls import families, spec
+from localinfer.request.toolcalls.families import Family
+from localinfer.request.toolcalls.parser import CallParser, parse
+from localinfer.request.toolcalls.spec import Tool, ToolChoice
 
 if TYPE_CHECKING:
-    from localinfer.structured import Format
+    from localinfer.request.structured import Format
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ToolPlan:
         return self.__dict__["_constraint"]
 
     def _make_constraint(self) -> tuple[Format, str | None] | None:
-        from localinfer.structured import from_schema
+        from localinfer.request.structured import from_schema
 
         if not self.offered:
             return None
@@ -86,7 +86,7 @@ class ToolPlan:
 def finish_reason(calls: Sequence[Any], reason: str | None) -> str | None:
     """OpenAI's: ``tool_calls`` when an answer that ended by itself made calls; a call cut short by
     the token limit stays ``length`` (its arguments are not whole)."""
-    from localinfer.toolcalls.parser import is_object
+    from localinfer.request.toolcalls.parser import is_object
 
     whole = all(is_object(c.arguments) for c in calls)  # a call cut short by the answer's end is not
     return "tool_calls" if calls and whole and reason == "stop" else reason

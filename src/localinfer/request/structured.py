@@ -123,8 +123,8 @@ def from_grammar(text: str) -> Format:
 
 
 def gbnf_to_lark(text: str) -> str:
-    """The GBNF grammar in Lark syntax, or FormatError (llguidance's converter, linear: grammar.py)."""
-    from localinfer.grammar import TooDeep, convert
+    """The GBNF grammar in Lark syntax, or FormatError (llguidance's converter, linear: request/grammar.py)."""
+    from localinfer.request.grammar import TooDeep, convert
 
     try:
         return convert(text)

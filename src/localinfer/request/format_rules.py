@@ -1,7 +1,7 @@
 """The rules for the fields that ask for the answer's shape: OpenAI's ``response_format``,
 llama-server's ``json_schema`` and ``grammar`` (each as a ``structured.Format``, a schema we cannot
 enforce refused naming its keyword), where a format's schema sits in a request, and the rule for
-``tools`` beside a format. The scalar fields, text and messages are ``localinfer.rules``'s.
+``tools`` beside a format. The scalar fields, text and messages are ``localinfer.request.rules``'s.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from localinfer.rules import RuleError, shown, text
+from localinfer.request.rules import RuleError, shown, text
 
 _NAMED = re.compile(r"'([A-Za-z_][\w.]*)' (.+)", re.DOTALL)
 
@@ -18,7 +18,7 @@ _NAMED = re.compile(r"'([A-Za-z_][\w.]*)' (.+)", re.DOTALL)
 def response_format(field: str, value: Any) -> Any:
     """OpenAI's ``response_format`` (text, json_object, json_schema) as a ``structured.Format`` or
     None (text); a schema we cannot enforce is refused naming the keyword and where it is."""
-    from localinfer import structured
+    from localinfer.request import structured
 
     if value is not None and not isinstance(value, dict):
         raise RuleError(field, f"must be an object, not {shown(value)}", "invalid_type")
@@ -46,7 +46,7 @@ def format_param(field: str, value: Any) -> str:
 
 def json_schema(field: str, value: Any) -> Any:
     """llama-server's ``json_schema``: a schema object, as a ``structured.Format``."""
-    from localinfer import structured
+    from localinfer.request import structured
 
     if not isinstance(value, (dict, bool)):
         raise RuleError(field, f"must be a JSON schema (an object), not {shown(value)}", "invalid_type")
@@ -55,14 +55,14 @@ def json_schema(field: str, value: Any) -> Any:
 
 def grammar(field: str, value: Any) -> Any:
     """llama-server's ``grammar``: GBNF text, as a ``structured.Format``."""
-    from localinfer import structured
+    from localinfer.request import structured
 
     return _format(field, structured.from_grammar, text(field, value))
 
 
 def _format(field: str, parse: Callable[[Any], Any], value: Any, where: str | None = None) -> Any:
     """``parse(value)``; its FormatError as a RuleError naming ``where`` (the schema's own field)."""
-    from localinfer.structured import FormatError
+    from localinfer.request.structured import FormatError
 
     try:
         return parse(value)

@@ -56,7 +56,7 @@ def loads(text: str | bytes, where: str) -> Any:
     except json.JSONDecodeError:
         raise
     except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
-        from localinfer.rules import int_digits_limit
+        from localinfer.request.rules import int_digits_limit
 
         raise ValueError(f"{where} has an integer longer than {int_digits_limit()} digits") from None
 

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine.types import SamplingOptions
+from localinfer.request.sampling import SamplingOptions
 
 if TYPE_CHECKING:
-    from localinfer.toolcalls.spec import Tool, ToolChoice
-    from localinfer.structured import Format
+    from localinfer.request.toolcalls.spec import Tool, ToolChoice
+    from localinfer.request.structured import Format
 
 Messages = Sequence[dict[str, Any]]
 
@@ -34,7 +34,7 @@ class Request:
     on_overflow: str = "error"  # error | truncate
     ignore_eos: bool = False
     response_format: Format | None = None  # None: free text; else the answer is this JSON or grammar
-    tools: tuple[Tool, ...] = ()  # functions the model may call (localinfer.toolcalls)
+    tools: tuple[Tool, ...] = ()  # functions the model may call (localinfer.request.toolcalls)
     tool_choice: ToolChoice | None = None  # None: auto when tools are given
     parallel_tool_calls: bool = True
     logprobs: int | None = None  # None: off; N: each answer token's log probability and the top N (0-20)
@@ -90,17 +90,17 @@ def build(
     message after the system prompt, or, with ``raw`` (plain completion: the caller's choice, or a
     model without a chat template), the text after the system prompt and a blank line.
     ``default_max_tokens`` applies to plain completion only. Text that is not UTF-8 is a usage error,
-    and so is a ``logprobs`` out of rules.py's bounds. ``chat_template_kwargs``: the template's
+    and so is a ``logprobs`` out of request/rules.py's bounds. ``chat_template_kwargs``: the template's
     variables (checked by ``rules.chat_template_kwargs``); ``reasoning_format``: "none" keeps a
     reasoning model's thinking in the text.
     At most one of ``response_format`` (a Format, OpenAI's object, or "json"), ``json_schema`` (a
-    schema or its text) and ``grammar`` (GBNF) constrains the answer (localinfer.structured.pick).
+    schema or its text) and ``grammar`` (GBNF) constrains the answer (localinfer.request.structured.pick).
     ``tools``: OpenAI's tool objects (or ``Tool``s), ``tool_choice`` its choice (or a ``ToolChoice``);
     a bad one is a usage error."""
-    from localinfer import format_rules, rules
+    from localinfer.request import format_rules, rules
     from localinfer.errors import UsageError
-    from localinfer.limits import require_utf8
-    from localinfer.structured import pick
+    from localinfer.request.limits import require_utf8
+    from localinfer.request.structured import pick
 
     for text, what in ((prompt, "the prompt"), (system, "the system prompt")):
         if isinstance(text, str):
@@ -117,7 +117,7 @@ def build(
                                   reasoning_format=reasoning_format,
                                   response_format=pick(response_format, json_schema, grammar))  # fmt: skip
     if tools or tool_choice is not None:
-        from localinfer.toolcalls.spec import checked
+        from localinfer.request.toolcalls.spec import checked
 
         offered, choice = checked(tools, tool_choice)
         common.update(tools=offered, tool_choice=choice, parallel_tool_calls=parallel_tool_calls)
@@ -129,7 +129,7 @@ def build(
             raise UsageError(str(exc)) from None
     if messages is not None:
         if any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages):
-            from localinfer.toolcalls.spec import checked_messages
+            from localinfer.request.toolcalls.spec import checked_messages
 
             messages = checked_messages(messages)  # the API's tool turns, as serve reads them
         return Request(messages=tuple(messages), **common)

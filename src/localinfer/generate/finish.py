@@ -2,7 +2,7 @@
 it streams (thinking, answer text, tool calls), then one ``Finished`` answer with its finish reason.
 
 The engine (one sequence or a batch) only samples text; what that text means - a reasoning model's
-thinking (``localinfer.reasoning``), calls to the offered tools (``localinfer.toolcalls``), why the
+thinking (``localinfer.request.reasoning``), calls to the offered tools (``localinfer.request.toolcalls``), why the
 answer ended - is decided here, so ``run``, the API, batch and every wire protocol of ``serve`` see the
 same answer. A protocol then only translates the steps and the ``Finished`` answer to its own shapes.
 Plain Python, no llama_cpp, nothing about HTTP.
@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.toolcalls.events import CallArgs, CallStart, Text
+from localinfer.request.toolcalls.events import CallArgs, CallStart, Text
 
 if TYPE_CHECKING:
-    from localinfer.reasoning import Splitter
-    from localinfer.toolcalls.plan import ToolPlan
-    from localinfer.toolcalls.spec import ToolCall
+    from localinfer.request.reasoning import Splitter
+    from localinfer.request.toolcalls.plan import ToolPlan
+    from localinfer.request.toolcalls.spec import ToolCall
 
 __all__ = ["CallArgs", "CallStart", "Finish", "Finished", "Step", "Text", "Thought", "of_text"]
 
@@ -31,7 +31,7 @@ class Thought:
 
 
 # Text: a piece of the answer's content; CallStart / CallArgs: a tool call's index, id and name, then
-# pieces of its arguments' JSON text as the model writes them (localinfer.toolcalls.parser's events).
+# pieces of its arguments' JSON text as the model writes them (localinfer.request.toolcalls.parser's events).
 Step = Text | Thought | CallStart | CallArgs
 
 
@@ -64,7 +64,7 @@ class Finish:
     __slots__ = ("_thinking", "_calls", "_pieces")
 
     def __init__(self, splitter: Splitter | None = None, tools: ToolPlan | None = None) -> None:
-        from localinfer.reasoning import Thinking
+        from localinfer.request.reasoning import Thinking
 
         self._thinking = Thinking(splitter) if splitter is not None else None
         self._calls = tools.parser() if tools is not None else None  # None also when the tools are not offered
@@ -99,7 +99,7 @@ class Finish:
         calls = tuple(self._calls.calls) if self._calls is not None else ()
         text = self._calls.content if self._calls is not None else "".join(self._pieces)
         if calls:  # (the tool-call modules are imported only for an answer that made calls)
-            from localinfer.toolcalls.plan import finish_reason as reason_with
+            from localinfer.request.toolcalls.plan import finish_reason as reason_with
 
             finish_reason = reason_with(calls, finish_reason)
         thinking = self._thinking

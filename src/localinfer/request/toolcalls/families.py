@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from localinfer.toolcalls.spec import Tool, ToolChoice
+from localinfer.request.toolcalls.spec import Tool, ToolChoice
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from localinfer.engine.types import GenerationStats
     from localinfer.system.estimate import BufferReport
     from localinfer.system.preflight import LoadPlan
-    from localinfer.toolcalls.spec import ToolCall
+    from localinfer.request.toolcalls.spec import ToolCall
 
 
 # What a server sent, as the client timed it (``remote.client``); here, so that the answer reads it
@@ -108,7 +108,7 @@ class Answer:
     backend: str | None = None  # the server that answered (Endpoint.display, no credentials); None: here
     sampling_seed: int | None = None  # the seed asked of a server (the engine reports its own)
     resident: bool = False  # answered by this user's resident server (--keep-alive): nothing loaded for it
-    reasoning: str | None = None  # a reasoning model's thinking, apart from ``text`` (localinfer.reasoning)
+    reasoning: str | None = None  # a reasoning model's thinking, apart from ``text`` (localinfer.request.reasoning)
     reasoning_tokens: int | None = None  # of completion_tokens, the thinking's; None: not split or not reported
     reasoning_ttft_s: float | None = None  # to the first piece of thinking (ttft_s: to the first answer text)
     tool_calls: list[ToolCall] | None = None  # the calls the model made (``text`` is then the rest)
@@ -230,7 +230,7 @@ class Answer:
     def from_wire(cls, data: dict[str, Any]) -> Answer:
         """The answer ``to_wire`` wrote (a field another version did not write keeps its default)."""
         from localinfer.engine.types import GenerationStats
-        from localinfer.toolcalls.spec import ToolCall
+        from localinfer.request.toolcalls.spec import ToolCall
 
         fields = {k: data[k] for k in _PLAIN if k in data}
         stats = GenerationStats.from_wire(data["stats"]) if isinstance(data.get("stats"), dict) else None

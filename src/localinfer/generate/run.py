@@ -13,26 +13,26 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localinfer.answer import Answer
+from localinfer.answer.answer import Answer
 from localinfer.engine.types import GenerationStats, LoadOptions
 from localinfer.errors import ContextOverflowError, Interrupted, UsageError
-from localinfer.request import Request
+from localinfer.request.request import Request
 
 if TYPE_CHECKING:
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.vision import Projector
-    from localinfer.reasoning import Splitter
+    from localinfer.request.reasoning import Splitter
     from localinfer.system.estimate import BufferReport
     from localinfer.system.hardware import MemoryBudget
     from localinfer.system.preflight import LoadPlan
     from localinfer.store import ResolvedModel
-    from localinfer.structured import Format
-    from localinfer.finish import Step
-    from localinfer.toolcalls.plan import ToolPlan
+    from localinfer.request.structured import Format
+    from localinfer.generate.finish import Step
+    from localinfer.request.toolcalls.plan import ToolPlan
 
 Warn = Callable[[str], None]
-Result = Answer  # what a generation gives: the one answer record (localinfer.answer)
+Result = Answer  # what a generation gives: the one answer record (localinfer.answer.answer)
 
 
 def peak_rss_bytes() -> int:
@@ -177,7 +177,7 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
         raise overflow_error(0, request.max_tokens, n_ctx, model.n_ctx_train, asked)
 
     tools = tool_plan(loaded, request)
-    from localinfer.images import for_model
+    from localinfer.request.images import for_model
 
     images = for_model(loaded, request, several=n_ctx is not None)
 
@@ -233,7 +233,7 @@ def rendered_prompt(loaded: LoadedModel, request: Request) -> tuple[str, int]:
 def reasoning_splitter(loaded: LoadedModel, request: Request, tokens: Sequence[int]) -> Splitter | None:
     """A splitter for the answer to ``tokens`` when the model's template marks thinking (None: the
     text is all answer); started inside the thinking where the prompt opened it."""
-    from localinfer import reasoning
+    from localinfer.request import reasoning
 
     template = loaded.template
     markers = reasoning.detect(template.template if template is not None else None)
@@ -245,7 +245,7 @@ def tool_plan(loaded: LoadedModel, request: Request) -> ToolPlan | None:
     """How ``request``'s tools go through this model's template and come back out of its answer."""
     if request.raw_text is not None or (not request.tools and request.tool_choice is None):
         return None
-    from localinfer.toolcalls.plan import plan_for
+    from localinfer.request.toolcalls.plan import plan_for
 
     template = loaded.template.template if loaded.template is not None else None
     return plan_for(request.tools, request.tool_choice, request.parallel_tool_calls, template)
@@ -307,9 +307,9 @@ class Generation:
     def parts(self) -> Iterator[tuple[str, str]]:
         """``("reasoning" | "text", piece)`` as they come (a model whose template marks no thinking
         gives text alone). TTFT is the first answer text; ``reasoning_ttft_s`` the first thinking.
-        The answer is finished by ``localinfer.finish`` (thinking split, tool calls parsed out), as on
+        The answer is finished by ``localinfer.generate.finish`` (thinking split, tool calls parsed out), as on
         every surface; the text and thinking kept are what the consumer took."""
-        from localinfer.finish import Finish
+        from localinfer.generate.finish import Finish
 
         result, pieces, thoughts = self.result, [], []
         finish = Finish(self._splitter, self._tools)
@@ -339,7 +339,7 @@ class Generation:
 
     def _hand(self, steps: list[Step], pieces: list[str], thoughts: list[str]) -> Iterator[tuple[str, str]]:
         """The finished steps' thinking and text, timed as they are handed on (calls stay in the finish)."""
-        from localinfer.finish import Text, Thought
+        from localinfer.generate.finish import Text, Thought
 
         for step in steps:
             now = time.perf_counter() - self._t_request

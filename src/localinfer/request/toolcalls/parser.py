@@ -18,9 +18,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from localinfer.toolcalls.events import CallArgs, CallStart, Event, Text
-from localinfer.toolcalls.families import Family
-from localinfer.toolcalls.spec import ToolCall, new_call_id
+from localinfer.request.toolcalls.events import CallArgs, CallStart, Event, Text
+from localinfer.request.toolcalls.families import Family
+from localinfer.request.toolcalls.spec import ToolCall, new_call_id
 
 
 _HEADER = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*'

@@ -1,0 +1,1 @@
+"""`localinfer embed`'s core: embeddings as plain values, inputs and output records."""
