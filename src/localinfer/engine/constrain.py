@@ -196,10 +196,6 @@ class ConstraintSampler:
         n_words = (compiled.n_vocab + 31) // 32
         self._bits = np.full(n_words, -1, dtype=np.int32)
         self.masks = 0  # masks applied
-        self.shortcuts = 0  # tokens chosen without a mask (greedy: the best candidate was allowed)
-        # set by the chain (engine/sampling.py) when a greedy draw follows: the best candidate is then
-        # the answer whenever the grammar accepts it, and checking that one token costs far less than a mask
-        self.greedy = False
         self.active = not start_after
         self._marker = start_after or ""
         self._seen = ""
@@ -237,27 +233,9 @@ class ConstraintSampler:
             # the candidates as rows of (id, logit, p): 3 x 4 bytes, viewed in place
             raw = (ctypes.c_char * (n * 12)).from_address(ctypes.cast(arr.data, ctypes.c_void_p).value)
             rows = np.frombuffer(raw, dtype=np.float32).reshape(n, 3)
-            if self.greedy and self._best_allowed(arr, rows):
-                self._ready = None  # (a mask computed ahead, not needed)
-                return
             self._mask(arr, rows, n)
         except Exception as exc:  # an exception must not cross the C callback: record it
             self.error = f"constraint failed: {exc}"
-
-    def _best_allowed(self, arr: Any, rows: np.ndarray) -> bool:
-        """Greedy: where the grammar accepts the best candidate (llguidance's validate_tokens), it
-        alone is left, as llama.cpp's sampler checks its sampled token against the grammar before
-        masking. False: the mask decides. (The mask is a little stricter than the grammar: it leaves
-        out some tokens that span two of its lexemes, such as '":' closing a key, which the grammar
-        accepts; so a greedy answer may take such a token where the masked draw took another, and
-        is as valid. With or without masks computed ahead, the same answer.)"""
-        best = int(np.argmax(rows[:, 1]))
-        if self.matcher.validate_tokens([int(rows[best, 0:1].view(np.int32)[0])]) != 1:
-            return False
-        rows[0] = rows[best]
-        arr.size = 1
-        self.shortcuts += 1
-        return True
 
     def _mask(self, arr: Any, rows: np.ndarray, n: int) -> None:
         """The mask (computed now, or ahead by a MaskPrefetch) onto the candidates."""
