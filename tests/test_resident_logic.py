@@ -10,7 +10,7 @@ import pytest
 
 from localinfer.errors import UsageError
 from localinfer.serve import pool
-from localinfer.resident.place import parse_keep_alive
+from localinfer.units import parse_keep_alive
 from localinfer.resident.start import SUN_PATH_MAX, place, private_folder
 
 

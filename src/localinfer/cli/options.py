@@ -295,7 +295,8 @@ MaxModelsOpt = Annotated[Optional[int], typer.Option("--max-models", envvar="LOC
 
 
 def _keep_alive(keep_alive: KeepAliveOpt = None, max_models: MaxModelsOpt = None, *, endpoint: Any = None) -> "KeepAlive | None":
-    from localinfer.resident.place import KeepAlive, parse_keep_alive
+    from localinfer.resident.place import KeepAlive
+    from localinfer.units import parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
     if seconds is None or endpoint:  # a server of one's own choosing answers; nothing stays loaded here
@@ -308,7 +309,7 @@ def _resident(keep_alive: Any) -> bool:
     from a caller that passes one)."""
     if keep_alive is None or not isinstance(keep_alive, str):
         return keep_alive is not None
-    from localinfer.resident.place import parse_keep_alive
+    from localinfer.units import parse_keep_alive
 
     try:
         return parse_keep_alive(keep_alive) is not None

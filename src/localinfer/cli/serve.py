@@ -90,7 +90,7 @@ def serve(
 
 
 def _seconds(keep_alive: str) -> float:
-    from localinfer.resident.place import parse_keep_alive
+    from localinfer.units import parse_keep_alive
 
     seconds = parse_keep_alive(keep_alive)
     return 0.0 if seconds is None else seconds

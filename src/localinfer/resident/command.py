@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import socket
 
 SERVING = False  # True in the runner: a command it runs takes the full path (never handed over again)
-_OFF = ("", "0", "off", "no", "false")  # --keep-alive values that mean off (resident.place.parse_keep_alive)
+_OFF = ("", "0", "off", "no", "false")  # --keep-alive values that mean off (units.parse_keep_alive)
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")  # passed on to the command's process
 
 

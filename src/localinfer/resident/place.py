@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localinfer.units import FOREVER, parse_keep_alive
+from localinfer.units import FOREVER
 
-__all__ = ["FOREVER", "KeepAlive", "parse_keep_alive", "show_duration"]
+__all__ = ["FOREVER", "KeepAlive", "show_duration"]
 
 
 @dataclass(frozen=True)
