@@ -19,7 +19,7 @@ from localinfer.store.blobs import gc_blobs, link_split
 from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
 from localinfer.store.loadable import prove_install
 from localinfer.store.manifest import Store
-from localinfer.store.projector import local_record, read_projector
+from localinfer.store.projector import SKIP, attach_hub_projector, local_record, plan_hub_projector, read_projector
 from localinfer.store.preflight import check_disk, memory_check
 from localinfer.store.quants import choose_quant, gguf_groups
 from localinfer.store.names import (
@@ -53,7 +53,8 @@ def pull_model(
     mmproj: str | None = None,
 ) -> dict[str, Any]:
     """Install ``spec`` (see :mod:`localinfer.store.names`) and return its manifest entry.
-    ``mmproj``: its projector (images in; store.projector): a local file, a file in the Hub repo or "auto".
+    ``mmproj``: its projector (images in; store.projector): a local file; for a Hub model a file in
+    the repo, "auto" or "none" (None: "auto" where the repo lists projectors; a local file: none).
 
     Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files. Transfers,
     checks and notes go to ``progress`` (None: nowhere).
@@ -69,7 +70,7 @@ def pull_model(
     if parsed.kind == "path":
         if revision:
             raise UsageError("--revision applies to Hub models, not to a local file")
-        return register_local(parsed, name=name, progress=progress, mmproj=mmproj)
+        return register_local(parsed, name=name, progress=progress, mmproj=None if mmproj == SKIP else mmproj)
 
     from localinfer.store.registry import load_registry
 
@@ -100,7 +101,7 @@ def pull_model(
             chat_format=reg.chat_format,
             offline=offline,
             progress=progress,
-            mmproj=mmproj or reg.mmproj,
+            mmproj=mmproj if mmproj is not None else reg.mmproj,
         )
 
     if revision is not None:
@@ -232,6 +233,7 @@ def _pull_hub(
                 hint=f"GGUF files there: {available}",
             )
     commit = listing.commit
+    projector = plan_hub_projector(repo, commit, listing, wanted[0], mmproj, progress)  # images in: part of the model
 
     # metadata of every file before any byte is downloaded
     plan: list[tuple[str, hub.FileMeta, int | None, str]] = []
@@ -254,9 +256,10 @@ def _pull_hub(
         plan.append((f, meta, size, expected))
 
     # pre-flight: disk and memory
-    total = sum(s or 0 for _f, _m, s, _e in plan)
+    sized = plan + ([(projector.name, projector.meta, projector.size, projector.sha256)] if projector else [])
+    total = sum(s or 0 for _f, _m, s, _e in sized)
     need = 0
-    for _f, _m, size, expected in plan:
+    for _f, _m, size, expected in sized:
         if store.blob_path(expected).is_file() or size is None:
             continue
         part = store.partial_path(expected)
@@ -294,11 +297,8 @@ def _pull_hub(
         )
         entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
         required = [store.blob_path(rec["sha256"]) for rec in files] + [store.root / entry["load"]]
-        if mmproj is not None:  # images in: the repo's projector, fetched and verified like the model
-            from localinfer.store.projector import attach_hub_projector
-
-            required += attach_hub_projector(store, entry, files, repo=repo, commit=commit, listing=listing, choice=mmproj, progress=progress,
-                                             fetch=_fetch_blob)  # fmt: skip
+        if projector is not None:  # fetched and verified like the model, recorded in its entry
+            required += attach_hub_projector(store, entry, files, repo=repo, plan=projector, progress=progress, fetch=_fetch_blob)
         old = store.entry(key)
         if store.put(entry, require=required):
             break
