@@ -263,6 +263,27 @@ def test_serve_takes_image_parts_on_the_openai_route(vision_server):
     assert a["choices"][0]["message"]["content"] != b["choices"][0]["message"]["content"]
 
 
+def test_images_go_through_endpoint_as_data_uris(vision_server, tmp_path):
+    """`run --image` and batch's image files, sent to a server (--endpoint) as OpenAI data URIs: the
+    server's answer to the same picture sent to it directly."""
+    pic = tmp_path / "pic.png"
+    pic.write_bytes(png(1))
+    _, direct = _chat(vision_server, png(1))
+    words = direct["choices"][0]["message"]["content"].split()[:5]
+    ep = ("--endpoint", vision_server.base + "/v1", "-m", "smolvis", "--no-log")
+    r = run_cli("run", *ep, "--image", str(pic), "--temperature", "0", "-n", "12", "--json", f"{images.MARKER}What is in this picture?")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"].split()[:5] == words  # (usage.image_tokens: not read from a server's usage yet)
+    assert out["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"] > image_tokens()  # the image's tokens with them
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"id": 0, "temperature": 0, "max_tokens": 12, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "file://pic.png"}}, {"type": "text", "text": "What is in this picture?"}]}]}) + "\n")  # fmt: skip
+    b = run_cli("batch", *ep, str(jobs), "--image-dir", str(tmp_path), "-o", str(tmp_path / "out.jsonl"))
+    assert b.returncode == 0, b.stderr
+    assert json.loads((tmp_path / "out.jsonl").read_text())["text"].split()[:5] == words
+
+
 @pytest.mark.parametrize("picture, needle", [
     (b"not an image", "is not an image"),
     ("https://example.com/cat.png", "remote image URLs are refused"),
