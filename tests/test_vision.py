@@ -274,8 +274,8 @@ def test_images_go_through_endpoint_as_data_uris(vision_server, tmp_path):
     r = run_cli("run", *ep, "--image", str(pic), "--temperature", "0", "-n", "12", "--json", f"{images.MARKER}What is in this picture?")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["text"].split()[:5] == words  # (usage.image_tokens: not read from a server's usage yet)
-    assert out["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"] > image_tokens()  # the image's tokens with them
+    assert out["text"].split()[:5] == words and out["usage"]["image_tokens"] == image_tokens()  # as the server counted
+    assert out["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"] > image_tokens()
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text(json.dumps({"id": 0, "temperature": 0, "max_tokens": 12, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "file://pic.png"}}, {"type": "text", "text": "What is in this picture?"}]}]}) + "\n")  # fmt: skip
