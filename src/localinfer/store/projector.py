@@ -120,15 +120,20 @@ def attach_hub_projector(store: Store, entry: dict[str, Any], files: list[dict[s
                          plan: HubProjector, progress: ProgressSink, fetch: Any) -> list[Path]:  # fmt: skip
     """Fetch (verified, resuming) the projector ``plan`` names and record it in ``entry`` (store.pull's
     Hub path); the blobs the entry now needs too. ``fetch``: store.pull's fetch of one verified blob.
-    A projector that fails (a download cut, a file that is not one) leaves nothing installed: the
-    model's ``files`` no entry uses are collected, an installed entry (a re-pull) keeps its own."""
+    Until it is recorded, nothing is installed. A transfer cut (or Ctrl-C) leaves the model's verified
+    blobs unlisted for the next pull to take again, and the projector's bytes in ``partial/`` to
+    resume (as a split model's shards); a refused projector takes the model's blobs no entry uses with
+    it (an installed entry, on a re-pull, keeps its own)."""
+    from localinfer.errors import LocalInferError, NetworkError
     from localinfer.store.blobs import gc_blobs
 
     try:
         blob, _info = fetch(store, repo=repo, filename=plan.name, meta=plan.meta, size=plan.size, sha256=plan.sha256,
                             progress=progress)  # fmt: skip
         read_projector(blob, f"{repo}/{plan.name}")
-    except BaseException:  # an error, or Ctrl-C: the half-pulled model is not left behind either
+    except NetworkError:
+        raise
+    except LocalInferError:
         gc_blobs(store, [rec["sha256"] for rec in files] + [plan.sha256])
         raise
     entry["mmproj"] = {"filename": plan.name, "sha256": plan.sha256, "size": blob.stat().st_size}
