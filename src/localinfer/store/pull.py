@@ -10,13 +10,13 @@ only then write the manifest entry.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, UsageError
 from localinfer.store.blobs import gc_blobs, link_split
-from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
+from localinfer.store.fsutil import file_lock, fsync_dir, human_size, sha256_file
+from localinfer.store.hfcache import reuse_hf_cache
 from localinfer.store.loadable import prove_install
 from localinfer.store.manifest import Store
 from localinfer.store.projector import SKIP, attach_hub_projector, local_record, plan_hub_projector, read_projector
@@ -337,7 +337,7 @@ def _fetch_blob(
             except ChecksumError:
                 progress.note(f"{filename}: the stored copy is corrupt; downloading it again")
                 blob.unlink(missing_ok=True)
-        reused = _reuse_hf_cache(store, repo=repo, filename=filename, size=size, sha256=sha256, progress=progress)
+        reused = reuse_hf_cache(store, repo=repo, filename=filename, size=size, sha256=sha256, progress=progress)
         if reused is not None:
             return reused
         part = store.partial_path(sha256)
@@ -360,41 +360,3 @@ def _fetch_blob(
         fsync_dir(blob.parent)
         store.record_digest(blob, sha256, synced=False)  # downloads are not fsync'ed (store/transfer.py)
         return blob, info
-
-
-def _copy_into_store(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` in the store, never writing through a link planted at ``dest``."""
-    with src.open("rb") as fin, os.fdopen(open_in_store(dest, os.O_WRONLY | os.O_TRUNC), "wb") as fout:
-        shutil.copyfileobj(fin, fout, 4 * 1024 * 1024)
-
-
-def _reuse_hf_cache(
-    store: Store, *, repo: str, filename: str, size: int | None, sha256: str, progress: ProgressSink
-) -> tuple[Path, Any] | None:
-    """Take a verified copy of the file from huggingface_hub's cache (hard link, else copy); None if absent."""
-    from localinfer.store.sources import hub
-
-    cached = hub.hf_cached_blob(repo, sha256, size)
-    if cached is None:
-        return None
-    tmp = store.partial_dir / f"sha256-{sha256}.hfcache"
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    tmp.unlink(missing_ok=True)
-    try:
-        try:
-            os.link(cached, tmp)
-        except OSError:
-            _copy_into_store(cached, tmp)
-        progress.note(f"{filename}: found in the Hugging Face cache ({cached}), verifying it")
-        verify_file(store, tmp, sha256, force=True, progress=progress, label=f"verifying {filename}")
-        info = read_header(tmp)
-    except (OSError, ChecksumError, InvalidModelError):
-        tmp.unlink(missing_ok=True)
-        progress.note(f"{filename}: the cached copy is not usable; downloading it")
-        return None
-    blob = store.blob_path(sha256)
-    blob.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, blob)
-    fsync_dir(blob.parent)
-    store.record_digest(blob, sha256)
-    return blob, info
