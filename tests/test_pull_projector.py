@@ -164,3 +164,14 @@ def test_a_models_toml_entry_names_its_projector(hub: FakeHub) -> None:
             assert d["projector"].endswith(sha(hub, want))
     over = invoke("pull", "vis:named", "--no-mmproj")  # the command's flag wins over the file's key
     assert over.exit_code == 0 and shown("vis:named")["vision"] is False
+
+
+def test_an_offline_pull_verifies_the_projector_too(hub: FakeHub) -> None:
+    assert invoke("pull", VIS).exit_code == 0
+    assert invoke("pull", VIS, "--offline").exit_code == 0
+    blob = Path(os.environ["LOCALINFER_HOME"]) / "models" / "blobs" / f"sha256-{sha(hub, 'mmproj-vis-Q4_K_M.gguf')}"
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    r = invoke("pull", VIS, "--offline")
+    assert r.exit_code == 4 and "projector" in r.stderr, r.stderr

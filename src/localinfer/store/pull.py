@@ -38,6 +38,7 @@ from localinfer.store.install import (
     pinned_sha256,
     read_header,
     read_local_file,
+    verified_projector,
     verify_file,
 )
 from localinfer.store.types import NullProgress, ProgressSink
@@ -213,6 +214,7 @@ def _pull_hub(
         if entry is not None:
             for path, rec in zip(store.file_paths(entry), entry["files"]):
                 verify_file(store, path, rec["sha256"], force=True, progress=progress, label=f"verifying {rec['filename']}")
+            verified_projector(store, entry, progress)  # part of the model
             return entry
         raise ModelNotFoundError(
             f"model {key!r} is not installed and offline mode is on (--offline or HF_HUB_OFFLINE)",
