@@ -75,3 +75,29 @@ def test_serve_sends_its_outcome_as_that_serialisation():
     assert back.finish_reason == "tool_calls" and back.tool_calls == list(calls)  # the answer's reason, as a local run's
     assert (back.reasoning, back.reasoning_tokens, back.reasoning_ttft_s) == ("add them", 2, 0.01)
     assert back.stats.logprobs is None  # the chunks carried them
+
+
+def test_a_request_with_images_crosses_to_a_server_whole():
+    """The other way: a request's images cross the body sent to a server (``--endpoint``) and to the
+    resident server (its private socket) as OpenAI ``image_url`` data URIs; serve's reading of a body
+    (``rules.messages``) gives back the same conversation, every image's pixels and place in it."""
+    from projector import png
+
+    from localinfer.backends.remote import RemoteBackend
+    from localinfer.request import images, rules
+    from localinfer.request.request import build
+    from localinfer.resident.backend import ResidentBackend
+
+    a, b = images.from_bytes(png(1), "a.png"), images.from_bytes(png(2, (20, 30)), "b.png")
+    history = ({"role": "system", "content": "Be brief."}, images.message("user", f"Is {images.MARKER} like this?", [a, b]),
+               {"role": "assistant", "content": "No.", "reasoning_content": "they differ"}, images.message("user", "And now?", [b]))  # fmt: skip
+    request = build(messages=history, max_tokens=5)
+    # a server is sent each message's role and content; this user's own resident server all of it (past thinking)
+    for backend, keys in ((RemoteBackend(None, "m"), {"role", "content"}), (ResidentBackend(None, "m", {}, None), None)):  # type: ignore[arg-type]
+        body = json.loads(json.dumps(backend.body(request)))
+        assert body["messages"][1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+        back = rules.messages("messages", body["messages"])
+        assert [{k: v for k, v in m.items() if k != "images"} for m in back] == [
+            {k: v for k, v in m.items() if k != "images" and (keys is None or k in keys)} for m in history]  # fmt: skip
+        assert [[(i.width, i.height, i.rgb) for i in m.get("images", ())] for m in back] == [
+            [(i.width, i.height, i.rgb) for i in m.get("images", ())] for m in history]  # fmt: skip

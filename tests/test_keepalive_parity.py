@@ -110,3 +110,24 @@ def test_batch_lines_and_tool_calls_are_the_same(home, smollm2_path, tmp_path):
         if a["id"] == "c":
             assert a["finish_reason"] == "tool_calls" and b["tool_calls"] == [
                 {**c, "id": d["id"]} for c, d in zip(a["tool_calls"], b["tool_calls"], strict=True)]  # the ids are new
+
+
+def test_an_image_crosses_to_the_resident_runner(home, smollm2_path, tmp_path):
+    from projector import image_tokens, png, write_projector
+
+    pulled = run_cli("pull", str(smollm2_path), "--name", "smolvis", "--mmproj", str(write_projector(tmp_path / "mmproj.gguf")),
+                     env={"LOCALINFER_HOME": str(home)})  # fmt: skip
+    assert pulled.returncode == 0, pulled.stderr
+    pic = tmp_path / "pic.png"
+    pic.write_bytes(png(1))
+    plain, kept = both(home, "run", "-m", "smolvis", "--image", str(pic), "--temp", "0", "-n", "8", "-c", "1024", "--json",
+                       "What is in this picture?")  # fmt: skip
+    assert plain[0] == kept[0] == 0 and plain[2] == kept[2] == [], kept[3]
+    a, b = same_json(plain[1], kept[1])
+    assert a["usage"]["image_tokens"] == b["usage"]["image_tokens"] == image_tokens()
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+    # the same file by its path, without the projector: the loaded vision model (one file, another
+    # projector) does not answer it
+    plain, kept = both(home, "run", "-m", str(smollm2_path), "--image", str(pic), "-n", "4", "-c", "1024", "hi")  # a text model
+    assert plain[0] == kept[0] == 2 and plain[1:3] == kept[1:3], kept[3]
+    assert "takes no images" in kept[2][0]

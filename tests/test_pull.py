@@ -69,7 +69,6 @@ def hub(fake_hub: FakeHub) -> FakeHub:  # noqa: F811
     fake_hub.add_file(REPO, "tiny-Q4_K_S.gguf", gguf_bytes(name="tiny q4ks", payload=payload[:1000]))
     fake_hub.add_file(REPO, "tiny-Q8_0.gguf", gguf_bytes(name="tiny q8", payload=payload[:2000]))
     fake_hub.add_file(REPO, "tiny-F16.gguf", gguf_bytes(name="tiny f16", payload=payload[:3000]))
-    fake_hub.add_file(REPO, "mmproj-tiny-f16.gguf", gguf_bytes(name="projector"))
     fake_hub.add_file(REPO, "README.md", b"# tiny\n")
     for i in (1, 2, 3):
         fake_hub.add_file(
@@ -144,7 +143,7 @@ def test_quant_selection(hub: FakeHub) -> None:
 
     none = invoke("pull", f"{REPO}:Q3_K_M")
     assert none.exit_code == 3
-    assert "available: F16, Q4_K_M, Q4_K_S, Q8_0" in none.stderr  # mmproj files are not models
+    assert "available: F16, Q4_K_M, Q4_K_S, Q8_0" in none.stderr  # (mmproj files: test_pull_projector.py)
     assert set(listed()) == {f"{REPO}:Q8_0", f"{REPO}:Q4_K_S"}
 
 

@@ -35,7 +35,7 @@ def served(monkeypatch: pytest.MonkeyPatch, make: Any = None, **kw: Any) -> Serv
 
     def resolve_model(name: str, **_: Any) -> Any:
         opened.append(name)
-        return SimpleNamespace(name=name, path=f"/models/{name}.gguf", info=SimpleNamespace(context_length=2048))
+        return SimpleNamespace(name=name, path=f"/models/{name}.gguf", info=SimpleNamespace(context_length=2048), mmproj=None)
 
     import localinfer.store
 
@@ -151,3 +151,37 @@ def test_serving_several_models_takes_names_not_files():
 
     result = CliRunner().invoke(build_app(), ["serve", "-m", "./model.gguf", "-m", "smol", "--port", "0"])
     assert result.exit_code == 2 and "not a file" in result.output, result.output
+
+
+def test_one_file_under_a_name_with_a_projector_and_one_without_is_reloaded_not_shared(monkeypatch):
+    """Two installed names of one file, one pulled with its projector (images in): a request for the
+    other is not answered by the model loaded with the projector (it would take images), nor back."""
+    import asyncio
+
+    made: list[tuple[str, Any]] = []
+
+    def make(resolved: Any, name: str, want: Any) -> Any:
+        made.append((name, want.options["mmproj"]))
+        return Model(name, Engine(pieces=(name,)))
+
+    s = served(monkeypatch, make)
+    monkeypatch.setattr(s, "servable", lambda: ["vis", "plain"])
+    import localinfer.store
+
+    def resolve_model(name: str, **_: Any) -> Any:  # one file; "vis" with its projector
+        return SimpleNamespace(name=name, path="/models/smol.gguf", info=SimpleNamespace(context_length=2048),
+                               mmproj="/models/mmproj.gguf" if name == "vis" else None)  # fmt: skip
+
+    monkeypatch.setattr(localinfer.store, "resolve_model", resolve_model)
+
+    async def main() -> list[str]:
+        found = []
+        for name in ("vis", "vis", "plain", "vis"):
+            scope: dict[str, Any] = {}
+            found.append((await s.engine_for(scope, name))[1])
+            for router, slot in scope["localinfer.leases"]:
+                router.release(slot)
+        return found
+
+    assert asyncio.run(main()) == ["vis", "vis", "plain", "vis"]
+    assert made == [("vis", "/models/mmproj.gguf"), ("plain", None), ("vis", "/models/mmproj.gguf")]  # the second "vis": the loaded one

@@ -205,12 +205,16 @@ def test_pull_with_a_projector_then_run_with_images(smollm2_path, projector_file
         {"type": "image_url", "image_url": {"url": _uri(png(seed))}}, {"type": "text", "text": "What is in this picture?"}]}]}
         for i, seed in enumerate((1, 2, 1))]  # fmt: skip
     lines.append({"id": 3, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]}]})
+    for i, url in ((4, "file://pic.png"), (5, "file://../secret.png")):  # files under --image-dir (batch.images)
+        lines.append({**lines[0], "id": i, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in this picture?"}]}]})  # fmt: skip
     jobs.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    b = run_cli("batch", "-m", "smolvis", str(jobs), "-o", str(tmp_path / "out.jsonl"), "-np", "2")
-    assert "3 answered · 1 error" in b.stderr, b.stderr  # the URL line
+    b = run_cli("batch", "-m", "smolvis", str(jobs), "-o", str(tmp_path / "out.jsonl"), "-np", "2", "--image-dir", str(tmp_path))
+    assert "4 answered · 2 errors" in b.stderr, b.stderr  # the URL line, the file outside the directory
     out = {d["id"]: d for d in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
-    assert "remote image URLs are refused" in out[3]["error"]
+    assert "remote image URLs are refused" in out[3]["error"] and "outside --image-dir" in out[5]["error"]
     assert out[0]["text"] != out[1]["text"] and out[0]["text"].split()[:5] == out[2]["text"].split()[:5]
+    assert out[4]["text"].split()[:5] == out[0]["text"].split()[:5]  # the same picture, read from its file
     gone = run_cli("rm", "smolvis")
     assert gone.returncode == 0 and str(projector_file) in gone.stdout + gone.stderr
 
@@ -257,6 +261,27 @@ def test_serve_takes_image_parts_on_the_openai_route(vision_server):
     assert "image_tokens" not in plain["usage"]
     assert a["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
     assert a["choices"][0]["message"]["content"] != b["choices"][0]["message"]["content"]
+
+
+def test_images_go_through_endpoint_as_data_uris(vision_server, tmp_path):
+    """`run --image` and batch's image files, sent to a server (--endpoint) as OpenAI data URIs: the
+    server's answer to the same picture sent to it directly."""
+    pic = tmp_path / "pic.png"
+    pic.write_bytes(png(1))
+    _, direct = _chat(vision_server, png(1))
+    words = direct["choices"][0]["message"]["content"].split()[:5]
+    ep = ("--endpoint", vision_server.base + "/v1", "-m", "smolvis", "--no-log")
+    r = run_cli("run", *ep, "--image", str(pic), "--temperature", "0", "-n", "12", "--json", f"{images.MARKER}What is in this picture?")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"].split()[:5] == words and out["usage"]["image_tokens"] == image_tokens()  # as the server counted
+    assert out["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"] > image_tokens()
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"id": 0, "temperature": 0, "max_tokens": 12, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "file://pic.png"}}, {"type": "text", "text": "What is in this picture?"}]}]}) + "\n")  # fmt: skip
+    b = run_cli("batch", *ep, str(jobs), "--image-dir", str(tmp_path), "-o", str(tmp_path / "out.jsonl"))
+    assert b.returncode == 0, b.stderr
+    assert json.loads((tmp_path / "out.jsonl").read_text())["text"].split()[:5] == words
 
 
 @pytest.mark.parametrize("picture, needle", [

@@ -35,6 +35,7 @@ class Outcome:
     prompt_tokens: int | None = None  # from the server's usage; None: not reported
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    image_tokens: int | None = None  # usage.image_tokens (our serve's): of prompt_tokens
     server_timings: dict[str, Any] | None = None  # llama-server's (and our serve's) timings object
     t_start: float = 0.0  # the request was handed to the connection
     t_first: float | None = None  # first chunk with text
@@ -129,6 +130,7 @@ class Answer:
     finish_reason = _Either("finish_reason")
     prompt_tokens = _Either("prompt_tokens")
     cached_tokens = _Either("cached_tokens")
+    image_tokens = _Either("image_tokens")  # of prompt_tokens
     completion_tokens = _Either("completion_tokens")
     decode_s = _Either("decode_s")  # from the first token to the last (on a server: as the client saw it)
     decode_tps = _Either("decode_tps")  # tokens after the first over decode_s
@@ -265,7 +267,7 @@ class Answer:
                 "reasoning_tokens": self.reasoning_tokens,
                 "total_tokens": self.total_tokens,
                 "truncated_prompt_tokens": self.truncated_tokens,
-                "image_tokens": self.stats.image_tokens if self.stats is not None else None,  # of prompt_tokens
+                "image_tokens": self.image_tokens,
             },
             "timings": {
                 "load_ms": _ms(self.load_s),

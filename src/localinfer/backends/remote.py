@@ -54,7 +54,9 @@ class RemoteBackend(Backend):
 
         if request.tools or request.tool_choice is not None:  # refused, never dropped: the answer would not be what was asked
             raise UsageError("tool calls are not sent to a server (--endpoint) yet", hint="use a local model, or the server's API directly")
-        text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": request.messages}
+        from localinfer.request.images import wire_messages
+
+        text: dict[str, Any] = {"prompt": request.raw_text} if request.raw_text is not None else {"messages": wire_messages(request.messages)}
         body = request_body(self.name, sampling=request.sampling, max_tokens=request.max_tokens, stop=request.stop,
                             ignore_eos=request.ignore_eos, logprobs=request.logprobs,
                             chat_template_kwargs=request.chat_template_kwargs, reasoning_format=request.reasoning_format,

@@ -44,8 +44,10 @@ def detect_format(text: str, name: str | None = None) -> str:
     return "text"
 
 
-def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None) -> list[BatchRequest | InputError]:
-    """Every non-blank line of the input, as a request or as an error naming the line."""
+def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None,
+                image_dir: Path | None = None) -> list[BatchRequest | InputError]:  # fmt: skip
+    """Every non-blank line of the input, as a request or as an error naming the line. ``image_dir``:
+    where the lines' ``file://`` image URLs are read (batch.images); None: they are refused."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
@@ -70,11 +72,11 @@ def parse_input(data: bytes | str, fmt: str = "auto", name: str | None = None) -
         if fmt == "text":
             items.append(BatchRequest(id=number, line=number, prompt=line))
         else:
-            items.append(_parse_json_line(line, number))
+            items.append(_parse_json_line(line, number, image_dir))
     return items
 
 
-def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
+def _parse_json_line(line: str, number: int, image_dir: Path | None = None) -> BatchRequest | InputError:
     try:
         obj = loads(line, "the line")
     except json.JSONDecodeError as exc:
@@ -102,7 +104,7 @@ def _parse_json_line(line: str, number: int) -> BatchRequest | InputError:
             id=rid,
             line=number,
             prompt=_prompt(obj),
-            messages=_messages(obj),
+            messages=_messages(obj, image_dir),
             max_tokens=rules.check("max_tokens", obj["max_tokens"]) if obj.get("max_tokens") is not None else None,
             temperature=given.pop("temperature", None),
             seed=given.pop("seed", None),
@@ -130,9 +132,11 @@ def _response_format(obj: dict[str, Any]) -> Any:
     return format_rules.response_format("response_format", obj["response_format"]) or False
 
 
-def _messages(obj: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
+def _messages(obj: dict[str, Any], image_dir: Path | None) -> tuple[dict[str, Any], ...] | None:
+    from localinfer.batch.images import read_file_parts
+
     messages = obj.get("messages")
-    return None if messages is None else rules.messages("messages", messages)
+    return None if messages is None else rules.messages("messages", read_file_parts(messages, image_dir))
 
 
 def _tools(obj: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def batch(
     input_format: Annotated[InputFormat, typer.Option("--input-format", help="Input format; auto looks at the extension, then the first line.", rich_help_panel=_JOB)] = InputFormat.auto,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt for 'prompt' requests.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="'prompt' requests as plain completion: no chat template.")] = False,
+    image_dir: Annotated[Optional[Path], typer.Option("--image-dir", metavar="DIR", help="Where the lines' image files are: image_url parts may name file://PATH, PATH relative to DIR (nothing outside it is read).", rich_help_panel=_JOB)] = None,
     sampling: o.Sampling = o.SAMPLING,
     template_vars: o.TemplateVars = o.TEMPLATE,
     max_tokens: o.MaxTokensOpt = None,
@@ -87,7 +88,9 @@ def batch(
             raise UsageError("--output must not be the input file")
         if output is not None:
             batchio.check_output(output)
-        items = batchio.parse_input(_read_input(input), input_format.value, name=input)
+        if image_dir is not None and not image_dir.is_dir():
+            raise UsageError(f"--image-dir {image_dir} is not a directory")
+        items = batchio.parse_input(_read_input(input), input_format.value, name=input, image_dir=image_dir)
         batchjob.check_items(items, on_error.value)
         done = batchio.prepare_resume(output) if resume and output is not None else set()
         pending = [i for i in items if i.id is None or batchjob.id_key(i.id) not in done]

@@ -29,8 +29,11 @@ def pull(
         bool, typer.Option("--offline", help="Never download: only verify what is installed; also HF_HUB_OFFLINE=1.")
     ] = False,
     mmproj: Annotated[
-        Optional[str], typer.Option("--mmproj", metavar="FILE", help="The model's multimodal projector (images in), kept beside it: for a local model a local mmproj .gguf; for a Hub model a file in its repo, or 'auto' (the mmproj of the model's quantization, else F16).", show_default=False)
+        Optional[str], typer.Option("--mmproj", metavar="FILE", help="The model's multimodal projector (images in), kept beside it: for a local model a local mmproj .gguf; for a Hub model a file in its repo, 'auto' (the default where the repo has mmproj files: the one of the model's quantization, else F16/BF16/F32) or 'none'.", show_default=False)
     ] = None,
+    no_mmproj: Annotated[
+        bool, typer.Option("--no-mmproj", help="Pull a Hub model without its projector (text only); same as --mmproj none.")
+    ] = False,
 ) -> None:
     """Download a model (resuming, sha256-verified) or register a local GGUF file without copying it."""
     with handle_errors():
@@ -41,6 +44,11 @@ def pull(
 
         from localinfer.units import human_bytes
 
+        if no_mmproj and mmproj not in (None, "none"):
+            from localinfer.errors import UsageError
+
+            raise UsageError(f"--no-mmproj and --mmproj {mmproj} ask for opposite things: give one")
+        mmproj = "none" if no_mmproj else mmproj
         entry = pull_model(model, name=name, revision=revision, offline=offline, progress=make_progress(), mmproj=mmproj)
         size = f" ({human_bytes(entry['size'])})" if entry.get("size") else ""
         size += " with its projector (images in)" if entry.get("mmproj") else ""

@@ -89,13 +89,14 @@ def run(
             raise UsageError("--logprobs needs --json (they are the JSON's 'logprobs' list)")
         from localinfer.cli.backend import open_backend
         from localinfer.render.stats import warn
+        from localinfer.request.images import read_files
 
         load_opts = draft.apply(load_opts) if draft is not None else load_opts
         # checked before anything is loaded or sent; read no further than the context can hold
         bound = {"remote": True} if endpoint else {"n_ctx": load_opts.n_ctx, "keep_tail": on_overflow.value == "truncate"}
         text = _prompt_text(prompt_words, prompt, **bound)
         rec.prompt_text = text
-        pictures = _images(image, endpoint, keep_alive)  # read and checked before a model is loaded
+        pictures = read_files(image or [])  # read and checked before a model is loaded (or a server asked)
         say = (lambda msg: None) if quiet else warn
 
         def on_model(named: Any) -> None:
@@ -158,18 +159,6 @@ def _incomplete(answer: Any) -> bool:
     if answer.stats is not None:
         return answer.stats.document == "incomplete"
     return answer.finish_reason == "length"
-
-
-def _images(paths: list[str] | None, endpoint: Any, keep_alive: Any) -> list:
-    """--image's files, decoded; only for a model loaded here for now."""
-    if not paths:
-        return []
-    from localinfer.errors import UsageError
-    from localinfer.request.images import read_files
-
-    if endpoint is not None or keep_alive is not None:
-        raise UsageError("--image needs the model loaded by this command (not --endpoint or --keep-alive) for now")
-    return read_files(paths)
 
 
 def _prompt_text(prompt_words: list[str] | None, prompt: str | None, **stdin: Any) -> str:

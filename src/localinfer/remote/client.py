@@ -85,6 +85,7 @@ class StreamState:
         if isinstance(usage, dict):
             o.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
             o.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+            o.image_tokens = _int_or_none(usage.get("image_tokens"))  # our serve's: of prompt_tokens
             out_details = usage.get("completion_tokens_details")
             if isinstance(out_details, dict):
                 o.reasoning_tokens = _int_or_none(out_details.get("reasoning_tokens"))

@@ -256,3 +256,10 @@ def openai_message(m: dict[str, Any]) -> dict[str, Any]:
             PILImage.frombytes("RGB", (img.width, img.height), img.rgb).save(buf, "PNG")
             parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}})
     return {**{k: v for k, v in m.items() if k != "images"}, "content": parts}
+
+
+def wire_messages(messages: Any) -> list[dict[str, Any]]:
+    """A conversation as it crosses to a server (``--endpoint``, the resident server's private
+    socket): images as OpenAI's ``image_url`` parts (:func:`openai_message`: PNG data URIs, the same
+    pixels), every other message and key as given; serve reads them back with ``rules.message``."""
+    return [openai_message(dict(m)) for m in messages]

@@ -54,7 +54,9 @@ class ResidentBackend(RemoteBackend):
         if request.max_tokens is None and request.default_max_tokens is not None:
             body["max_tokens"] = request.default_max_tokens
         if "messages" in body:
-            body["messages"] = [dict(m) for m in request.messages]
+            from localinfer.request.images import wire_messages
+
+            body["messages"] = wire_messages(request.messages)  # images as data URIs, as any server takes them
         if request.tools or request.tool_choice is not None:
             body["tools"] = [t.to_openai() for t in request.tools]
             choice = request.tool_choice

@@ -222,7 +222,9 @@ class Resident:
 def _want(body: dict[str, Any], resolved: Any) -> Want:
     """What a load request needs, for the model it resolved to."""
     asked = body.get("ctx_per_seq")
-    return Want(key=os.fspath(resolved.path.resolve()), options=pool.load_fields(body["options"]),
+    # the projector too: a file loaded under a name with one does not answer its path (without), nor back
+    options = {**pool.load_fields(body["options"]), "mmproj": os.fspath(resolved.mmproj) if resolved.mmproj else None}
+    return Want(key=os.fspath(resolved.path.resolve()), options=options,
                 sequences=int(body.get("sequences", 1)), ctx_per_seq=int(asked or _default_ctx(resolved)))  # fmt: skip
 
 
@@ -266,7 +268,7 @@ def _load_model(resolved: Any, want: Want, *, default_ctx: bool, force: bool) ->
     from localinfer.batch import job as batchjob
     from localinfer.engine.types import LoadOptions
 
-    base = LoadOptions(**want.options)
+    base = LoadOptions(**{k: v for k, v in want.options.items() if k != "mmproj"})  # the projector: resolved's
     if want.sequences == 1 and default_ctx:
         options = base  # the pre-flight sizes the context exactly as a local run's
     else:

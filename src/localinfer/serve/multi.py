@@ -141,7 +141,8 @@ class Served:
         seconds = _keep_alive(keep_alive)
         found, resolved = await asyncio.to_thread(self.resolve, name)
         ctx = _num_ctx(num_ctx) or self.ctx_size or _default_ctx(resolved)
-        want = Want(key=str(resolved.path), options={}, sequences=self.config.parallel, ctx_per_seq=ctx)
+        mmproj = str(resolved.mmproj) if resolved.mmproj else None  # one file, another projector: reloaded
+        want = Want(key=str(resolved.path), options={"mmproj": mmproj}, sequences=self.config.parallel, ctx_per_seq=ctx)
         try:
             slot, _ = await self.router.acquire(want, found, lambda w: self._make(resolved, found, w), keep_alive=seconds)
         except Busy:

@@ -49,6 +49,7 @@ def prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any]
 def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any], envelope: Envelope) -> Prepared:
     from localinfer.engine.templates import TemplateRefusedError
     from localinfer.generate.run import build_prompt, reasoning_splitter, tool_plan
+    from localinfer.request.images import ImageError
 
     model, request, ids = loaded.model, envelope.request, envelope.prompt_ids
     if ids is not None:
@@ -66,6 +67,9 @@ def _prepare(loaded: LoadedModel, n_ctx_seq: int, template_kwargs: dict[str, Any
         cause = _overflow(loaded, n_ctx_seq, exc.prompt_tokens or 0, request.max_tokens)
         raise ApiError(400, f"{exc}; it must fit one sequence's context (--ctx-size)", code="context_length_exceeded",
                        cause=cause) from None  # fmt: skip
+    except ImageError as exc:  # an image to a model without a projector: not the template's doing
+        cause = UsageError(str(exc), hint=exc.hint)  # a type the resident client knows (localinfer.errors)
+        raise ApiError(400, str(exc), code="invalid_image", cause=cause) from None
     except (UsageError, TemplateRefusedError, rules.RuleError) as exc:
         raise ApiError(400, f"the chat template refused these messages: {exc}", code="template_error") from None
     return Prepared(envelope, tokens, stops, reasoning_splitter(loaded, req, tokens), tool_plan(loaded, req))

@@ -8,6 +8,7 @@ whenever the model resolves.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,46 +75,66 @@ def pick_projector(files: list[str], model_file: str) -> str | None:
     return found[0]
 
 
-def hub_projector(store: Store, *, repo: str, commit: str, listing: Any, model_file: str, choice: str,
-                  progress: ProgressSink, fetch: Any) -> dict[str, Any] | None:  # fmt: skip
-    """Fetch (verified, resuming) the projector ``choice`` names in a Hub repo - a file there, or
-    "auto": :func:`pick_projector` - and its manifest record; None for "auto" in a repo without one.
-    ``fetch``: store.pull's fetch of one verified blob."""
+SKIP = "none"  # `pull --mmproj none` / `--no-mmproj`: the model alone, text only
+
+
+@dataclass(frozen=True)
+class HubProjector:
+    """The projector a Hub pull fetches beside the model, known before any byte is downloaded."""
+
+    name: str
+    meta: Any  # hub.FileMeta
+    size: int | None
+    sha256: str
+
+
+def plan_hub_projector(repo: str, commit: str, listing: Any, model_file: str, choice: str | None,
+                       progress: ProgressSink) -> HubProjector | None:  # fmt: skip
+    """Which projector a Hub pull takes: ``choice`` None (the default) is "auto" in a repo that lists
+    mmproj files and nothing in one that lists none (a text model pulls as before); "auto":
+    :func:`pick_projector`; :data:`SKIP`: none; else a file in the repo. Checked (named, digest known)
+    before the model is downloaded, so a bad choice costs no transfer."""
     from localinfer.store.sources import hub
 
+    found = sorted(f for f in listing.files if f.rsplit("/", 1)[-1].lower().startswith("mmproj"))
+    if choice is None:
+        choice = "auto" if found else SKIP
+    if choice.lower() == SKIP:
+        return None
     name = pick_projector(list(listing.files), model_file) if choice == "auto" else choice
     if name is None:
         progress.note(f"{repo} holds no mmproj file: the model takes text only")
         return None
     if name not in listing.files:
-        found = [f for f in listing.files if f.lower().startswith("mmproj")]
         raise ModelNotFoundError(f"projector not found in {repo}: {name}",
-                                 hint=f"projectors there: {', '.join(sorted(found)) or 'none'}")  # fmt: skip
+                                 hint=f"projectors there: {', '.join(found) or 'none'}; --no-mmproj pulls the model alone")  # fmt: skip
     remote = listing.files[name]
     meta = hub.file_metadata(repo, commit, name)
     sha = remote.sha256 or hub.etag_sha256(meta.etag)
     if not sha:
         raise InvalidModelError(f"the Hub gives no sha256 for {repo}/{name}, so it cannot be verified; not downloading it")
-    blob, _info = fetch(store, repo=repo, filename=name, meta=meta, size=remote.size if remote.size is not None else meta.size,
-                              sha256=sha, progress=progress)  # fmt: skip
-    read_projector(blob, f"{repo}/{name}")
-    return {"filename": name, "sha256": sha, "size": blob.stat().st_size}
+    return HubProjector(name, meta, remote.size if remote.size is not None else meta.size, sha)
 
 
-def attach_hub_projector(store: Store, entry: dict[str, Any], files: list[dict[str, Any]], *, repo: str, commit: str,
-                         listing: Any, choice: str, progress: ProgressSink, fetch: Any) -> list[Path]:  # fmt: skip
-    """Record the repo's projector in ``entry`` (store.pull's Hub path); the blobs the entry now needs
-    too. A refused projector leaves nothing installed (the model's ``files`` collected)."""
-    from localinfer.errors import LocalInferError
+def attach_hub_projector(store: Store, entry: dict[str, Any], files: list[dict[str, Any]], *, repo: str,
+                         plan: HubProjector, progress: ProgressSink, fetch: Any) -> list[Path]:  # fmt: skip
+    """Fetch (verified, resuming) the projector ``plan`` names and record it in ``entry`` (store.pull's
+    Hub path); the blobs the entry now needs too. ``fetch``: store.pull's fetch of one verified blob.
+    Until it is recorded, nothing is installed. A transfer cut (or Ctrl-C) leaves the model's verified
+    blobs unlisted for the next pull to take again, and the projector's bytes in ``partial/`` to
+    resume (as a split model's shards); a refused projector takes the model's blobs no entry uses with
+    it (an installed entry, on a re-pull, keeps its own)."""
+    from localinfer.errors import LocalInferError, NetworkError
     from localinfer.store.blobs import gc_blobs
 
     try:
-        record = hub_projector(store, repo=repo, commit=commit, listing=listing, model_file=files[0]["filename"],
-                               choice=choice, progress=progress, fetch=fetch)  # fmt: skip
-    except LocalInferError:
-        gc_blobs(store, [rec["sha256"] for rec in files])
+        blob, _info = fetch(store, repo=repo, filename=plan.name, meta=plan.meta, size=plan.size, sha256=plan.sha256,
+                            progress=progress)  # fmt: skip
+        read_projector(blob, f"{repo}/{plan.name}")
+    except NetworkError:
         raise
-    if record is None:
-        return []
-    entry["mmproj"] = record
-    return [store.blob_path(record["sha256"])]
+    except LocalInferError:
+        gc_blobs(store, [rec["sha256"] for rec in files] + [plan.sha256])
+        raise
+    entry["mmproj"] = {"filename": plan.name, "sha256": plan.sha256, "size": blob.stat().st_size}
+    return [blob]

@@ -10,16 +10,16 @@ only then write the manifest entry.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from localinfer.errors import ChecksumError, InvalidModelError, LocalInferError, ModelNotFoundError, UsageError
 from localinfer.store.blobs import gc_blobs, link_split
-from localinfer.store.fsutil import file_lock, fsync_dir, human_size, open_in_store, sha256_file
+from localinfer.store.fsutil import file_lock, fsync_dir, human_size, sha256_file
+from localinfer.store.hfcache import reuse_hf_cache
 from localinfer.store.loadable import prove_install
 from localinfer.store.manifest import Store
-from localinfer.store.projector import local_record, read_projector
+from localinfer.store.projector import SKIP, attach_hub_projector, local_record, plan_hub_projector, read_projector
 from localinfer.store.preflight import check_disk, memory_check
 from localinfer.store.quants import choose_quant, gguf_groups
 from localinfer.store.names import (
@@ -38,6 +38,7 @@ from localinfer.store.install import (
     pinned_sha256,
     read_header,
     read_local_file,
+    verified_projector,
     verify_file,
 )
 from localinfer.store.types import NullProgress, ProgressSink
@@ -53,7 +54,8 @@ def pull_model(
     mmproj: str | None = None,
 ) -> dict[str, Any]:
     """Install ``spec`` (see :mod:`localinfer.store.names`) and return its manifest entry.
-    ``mmproj``: its projector (images in; store.projector): a local file, a file in the Hub repo or "auto".
+    ``mmproj``: its projector (images in; store.projector): a local file; for a Hub model a file in
+    the repo, "auto" or "none" (None: "auto" where the repo lists projectors; a local file: none).
 
     Re-pulling an installed model re-verifies it and repairs (re-downloads) corrupt files. Transfers,
     checks and notes go to ``progress`` (None: nowhere).
@@ -69,7 +71,7 @@ def pull_model(
     if parsed.kind == "path":
         if revision:
             raise UsageError("--revision applies to Hub models, not to a local file")
-        return register_local(parsed, name=name, progress=progress, mmproj=mmproj)
+        return register_local(parsed, name=name, progress=progress, mmproj=None if mmproj == SKIP else mmproj)
 
     from localinfer.store.registry import load_registry
 
@@ -100,7 +102,7 @@ def pull_model(
             chat_format=reg.chat_format,
             offline=offline,
             progress=progress,
-            mmproj=mmproj or reg.mmproj,
+            mmproj=mmproj if mmproj is not None else reg.mmproj,
         )
 
     if revision is not None:
@@ -212,6 +214,7 @@ def _pull_hub(
         if entry is not None:
             for path, rec in zip(store.file_paths(entry), entry["files"]):
                 verify_file(store, path, rec["sha256"], force=True, progress=progress, label=f"verifying {rec['filename']}")
+            verified_projector(store, entry, progress)  # part of the model
             return entry
         raise ModelNotFoundError(
             f"model {key!r} is not installed and offline mode is on (--offline or HF_HUB_OFFLINE)",
@@ -232,6 +235,7 @@ def _pull_hub(
                 hint=f"GGUF files there: {available}",
             )
     commit = listing.commit
+    projector = plan_hub_projector(repo, commit, listing, wanted[0], mmproj, progress)  # images in: part of the model
 
     # metadata of every file before any byte is downloaded
     plan: list[tuple[str, hub.FileMeta, int | None, str]] = []
@@ -254,9 +258,10 @@ def _pull_hub(
         plan.append((f, meta, size, expected))
 
     # pre-flight: disk and memory
-    total = sum(s or 0 for _f, _m, s, _e in plan)
+    sized = plan + ([(projector.name, projector.meta, projector.size, projector.sha256)] if projector else [])
+    total = sum(s or 0 for _f, _m, s, _e in sized)
     need = 0
-    for _f, _m, size, expected in plan:
+    for _f, _m, size, expected in sized:
         if store.blob_path(expected).is_file() or size is None:
             continue
         part = store.partial_path(expected)
@@ -294,11 +299,8 @@ def _pull_hub(
         )
         entry["header"]["parameter_count"] = sum(i.parameter_count or 0 for i in infos)
         required = [store.blob_path(rec["sha256"]) for rec in files] + [store.root / entry["load"]]
-        if mmproj is not None:  # images in: the repo's projector, fetched and verified like the model
-            from localinfer.store.projector import attach_hub_projector
-
-            required += attach_hub_projector(store, entry, files, repo=repo, commit=commit, listing=listing, choice=mmproj, progress=progress,
-                                             fetch=_fetch_blob)  # fmt: skip
+        if projector is not None:  # fetched and verified like the model, recorded in its entry
+            required += attach_hub_projector(store, entry, files, repo=repo, plan=projector, progress=progress, fetch=_fetch_blob)
         old = store.entry(key)
         if store.put(entry, require=required):
             break
@@ -337,7 +339,7 @@ def _fetch_blob(
             except ChecksumError:
                 progress.note(f"{filename}: the stored copy is corrupt; downloading it again")
                 blob.unlink(missing_ok=True)
-        reused = _reuse_hf_cache(store, repo=repo, filename=filename, size=size, sha256=sha256, progress=progress)
+        reused = reuse_hf_cache(store, repo=repo, filename=filename, size=size, sha256=sha256, progress=progress)
         if reused is not None:
             return reused
         part = store.partial_path(sha256)
@@ -360,41 +362,3 @@ def _fetch_blob(
         fsync_dir(blob.parent)
         store.record_digest(blob, sha256, synced=False)  # downloads are not fsync'ed (store/transfer.py)
         return blob, info
-
-
-def _copy_into_store(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` in the store, never writing through a link planted at ``dest``."""
-    with src.open("rb") as fin, os.fdopen(open_in_store(dest, os.O_WRONLY | os.O_TRUNC), "wb") as fout:
-        shutil.copyfileobj(fin, fout, 4 * 1024 * 1024)
-
-
-def _reuse_hf_cache(
-    store: Store, *, repo: str, filename: str, size: int | None, sha256: str, progress: ProgressSink
-) -> tuple[Path, Any] | None:
-    """Take a verified copy of the file from huggingface_hub's cache (hard link, else copy); None if absent."""
-    from localinfer.store.sources import hub
-
-    cached = hub.hf_cached_blob(repo, sha256, size)
-    if cached is None:
-        return None
-    tmp = store.partial_dir / f"sha256-{sha256}.hfcache"
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    tmp.unlink(missing_ok=True)
-    try:
-        try:
-            os.link(cached, tmp)
-        except OSError:
-            _copy_into_store(cached, tmp)
-        progress.note(f"{filename}: found in the Hugging Face cache ({cached}), verifying it")
-        verify_file(store, tmp, sha256, force=True, progress=progress, label=f"verifying {filename}")
-        info = read_header(tmp)
-    except (OSError, ChecksumError, InvalidModelError):
-        tmp.unlink(missing_ok=True)
-        progress.note(f"{filename}: the cached copy is not usable; downloading it")
-        return None
-    blob = store.blob_path(sha256)
-    blob.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, blob)
-    fsync_dir(blob.parent)
-    store.record_digest(blob, sha256)
-    return blob, info
