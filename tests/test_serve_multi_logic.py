@@ -151,3 +151,39 @@ def test_serving_several_models_takes_names_not_files():
 
     result = CliRunner().invoke(build_app(), ["serve", "-m", "./model.gguf", "-m", "smol", "--port", "0"])
     assert result.exit_code == 2 and "not a file" in result.output, result.output
+
+
+def test_a_load_and_a_second_decoding_model_take_their_share_of_the_cpus():
+    from localinfer.serve.cores import Cores
+
+    class Threads:
+        n_threads, n_threads_batch = 4, 4
+        calls: list[tuple[int, int]] = []
+
+        def set_threads(self, n: int, nb: int) -> None:
+            self.calls.append((n, nb))
+
+    cores, a, b = Cores(cpus=4), Threads(), Threads()
+    a.calls, b.calls = [], []
+    busy = {"a": True, "b": False}
+    keep_a, leave_a = cores.keeper(a, lambda: busy["a"])
+    keep_b, leave_b = cores.keeper(b, lambda: busy["b"])
+    keep_a()
+    assert a.calls == []  # alone, no load: every thread it was loaded with
+    with cores.loading():
+        keep_a()
+        keep_a()
+        assert a.calls == [(3, 3)]  # one CPU for the load, set once
+    keep_a()
+    assert a.calls[-1] == (4, 4)
+    busy["b"] = True
+    keep_a(), keep_b()
+    assert a.calls[-1] == (2, 2) and b.calls == [(2, 2)]  # two decoding: half the CPUs each
+    leave_b()
+    keep_a()
+    assert a.calls[-1] == (4, 4)  # b unloaded: a has them all again
+    one = Cores(cpus=1)
+    keep, _ = one.keeper(a, lambda: True)
+    with one.loading():
+        keep()
+    assert a.calls[-1] == (1, 1)  # never fewer than one

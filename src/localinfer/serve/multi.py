@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from localinfer.serve.cores import Cores
 from localinfer.serve.metrics import Gauges
 from localinfer.serve.protocol import ApiError
 from localinfer.serve.router import Busy, Router
@@ -37,12 +38,15 @@ class Model:
     name: str
     engine: Engine
     writer: Any = None  # record.UsageWriter, or None with --no-log
+    leave: Callable[[], None] | None = None  # its CPU share ends (serve.cores)
 
     @property
     def n_ctx_seq(self) -> int:
         return self.engine.n_ctx_seq
 
     def stop(self) -> None:
+        if self.leave is not None:
+            self.leave()
         self.engine.stop()
         if self.writer is not None:
             self.writer.close()
@@ -76,6 +80,7 @@ class Served:
         self.router = Router(stop=Model.stop, active=lambda m: m.engine.running + m.engine.queued > 0, max_models=max_models,
                              keep_alive=keep_alive, max_queue=config.max_queue, say=say)  # fmt: skip
         self.hub: Any = None
+        self.cores = Cores()  # a load's CPU, taken from the loaded models' threads while it runs
         self.counts: dict[str, dict[str, int]] = {}  # model -> figures that outlive its unloads
         self._resolved: dict[str, ResolvedModel] = {}
 
@@ -166,16 +171,22 @@ class Served:
 
     def _make(self, resolved: ResolvedModel, name: str, want: Any) -> Model:
         """Load a model and start its engine (on the router's thread), as `serve -m` does."""
+        from localinfer.batch import job as batchjob
         from localinfer.generate import run as generate
+
+        options = batchjob.batch_load_options(self.base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
+        t0 = time.perf_counter()
+        with self.cores.loading():
+            return self._started(resolved, name, want, generate.load(resolved, options, force=self.force), t0)
+
+    def _started(self, resolved: ResolvedModel, name: str, want: Any, loaded: Any, t0: float) -> Model:
+        """Check the template and start the model's engine (its threads kept by ``self.cores``)."""
         from localinfer.batch import job as batchjob
         from localinfer.serve.engine import Engine
         from localinfer.serve.record import UsageWriter
         from localinfer.usage.history import logging_enabled
 
         config = self.config
-        options = batchjob.batch_load_options(self.base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
-        t0 = time.perf_counter()
-        loaded = generate.load(resolved, options, force=self.force)
         try:
             batchjob.check_template(loaded)
         except BaseException:
@@ -194,12 +205,20 @@ class Served:
             if writer is not None:
                 writer.add(ticket, outcome)
 
-        engine = Engine(loaded, want.sequences, max_queue=config.max_queue, on_finish=finished, on_step=self.hub.flush,
+        engine: Engine | None = None
+        keep, leave = self.cores.keeper(loaded.model, lambda: engine is not None and engine.running > 0)
+        flush = self.hub.flush
+
+        def step() -> None:  # on the engine thread, before each decode
+            keep()
+            flush()
+
+        engine = Engine(loaded, want.sequences, max_queue=config.max_queue, on_finish=finished, on_step=step,
                         template_kwargs=config.chat_template_kwargs, embed_ctx=config.embedding_ctx,
                         on_embedded=writer.add_embedding if writer else None)  # fmt: skip
         engine.start()
         self.say(f"loaded {name} in {time.perf_counter() - t0:.1f} s: {want.sequences} sequences x {engine.n_ctx_seq} tokens")
-        return Model(name, engine, writer)
+        return Model(name, engine, writer, leave)
 
     async def run(self, preload: list[str], on_error: Callable[[BaseException], None]) -> None:
         """Load the -m models (kept loaded), then unload idle models as their keep-alive runs out."""
