@@ -187,3 +187,65 @@ def test_a_load_and_a_second_decoding_model_take_their_share_of_the_cpus():
     with one.loading():
         keep()
     assert a.calls[-1] == (1, 1)  # never fewer than one
+
+
+def test_two_names_of_one_file_share_one_load(monkeypatch, tmp_path):
+    real = tmp_path / "model.gguf"
+    real.write_bytes(b"GGUF")
+    (tmp_path / "link.gguf").symlink_to(real)
+    made: list[str] = []
+
+    def make(resolved: Any, name: str, want: Any) -> Any:
+        made.append(name)
+        return Model(name, Engine(pieces=(name,)))
+
+    s = served(monkeypatch, make)
+    files = {"smol": tmp_path / "link.gguf", "gemma": real}
+    import localinfer.store
+
+    monkeypatch.setattr(localinfer.store, "resolve_model", lambda name, **_: SimpleNamespace(
+        name=name, path=files[name], info=SimpleNamespace(context_length=2048)))  # fmt: skip
+    for name in ("gemma", "smol", "smol:latest"):
+        engine, found, scope = _engine_for(s, name)
+        assert found == name.removesuffix(":latest")
+    assert made == ["gemma"] and len(s.router.slots) == 1
+    assert set(s.loaded()) == {"gemma", "smol"} and list(s.loaded(aliases=False)) == ["gemma"]
+    assert [m["status"]["value"] for m in s.openai_models(0)["data"]] == ["loaded", "loaded"]
+
+
+def test_the_servable_names_are_read_again_only_when_the_manifest_changed(monkeypatch, tmp_path):
+    import os
+
+    import localinfer.store.manifest
+    from localinfer.serve import installed
+
+    manifest = tmp_path / "manifest.json"
+    reads: list[int] = []
+    entries: dict[str, Any] = {}
+
+    class Store:
+        manifest_path = manifest
+
+        def entries(self) -> dict[str, Any]:
+            reads.append(1)
+            return entries
+
+    def write(new: dict[str, Any]) -> None:  # as the store writes it: a new file renamed over the old
+        entries.clear()
+        entries.update(new)
+        (tmp_path / "new").write_text(json.dumps(new))
+        os.replace(tmp_path / "new", manifest)
+
+    monkeypatch.setattr(localinfer.store.manifest, "Store", Store)
+    monkeypatch.setattr(installed, "_default", lambda: {"default"})
+    names = installed.Installed()
+    write({"smol": {"sha": 1, "last_used": "x"}})
+    assert names.names() == ["default", "smol"] and names.names() == ["default", "smol"] and len(reads) == 1
+    names.resolved.update(smol="resolved smol", default="resolved default")
+    write({"smol": {"sha": 1, "last_used": "y"}, "gemma": {"sha": 2}})  # a pull while serving; smol used
+    assert names.names() == ["default", "gemma", "smol"] and len(reads) == 2
+    assert names.resolved == {"smol": "resolved smol", "default": "resolved default"}  # its use is no change
+    write({"smol": {"sha": 3}, "gemma": {"sha": 2}})  # smol pulled again: another file
+    assert names.names() == ["default", "gemma", "smol"] and names.resolved == {"default": "resolved default"}
+    write({"gemma": {"sha": 2}})  # smol removed
+    assert names.names() == ["default", "gemma"]

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from localinfer.serve.cores import Cores
+from localinfer.serve.installed import Installed
 from localinfer.serve.metrics import Gauges
 from localinfer.serve.protocol import ApiError
 from localinfer.serve.router import Busy, Router
@@ -82,31 +84,13 @@ class Served:
         self.hub: Any = None
         self.cores = Cores()  # a load's CPU, taken from the loaded models' threads while it runs
         self.counts: dict[str, dict[str, int]] = {}  # model -> figures that outlive its unloads
-        self._resolved: dict[str, ResolvedModel] = {}
+        self.installed = Installed()  # the servable names, and what each resolves to
 
     # -- names ---------------------------------------------------------------------------------------
     def servable(self) -> list[str]:
-        """The names a request may use: the installed models (and the registry default). Reads the manifest."""
-        from localinfer.errors import LocalInferError
-        from localinfer.store.manifest import Store
-        from localinfer.store.registry import load_registry
-
-        if self.only is not None:
-            return list(self.only)
-        try:
-            names = set(Store().entries())
-        except (OSError, LocalInferError):
-            names = set()
-        try:
-            from localinfer.store.sources.packages import is_installed
-
-            registry = load_registry()
-            package = registry.get(registry.default).package if registry.default in registry else None
-            if package and is_installed(package):
-                names.add(registry.default)
-        except LocalInferError:
-            pass
-        return sorted(names)
+        """The names a request may use: the installed models (and the registry default), read again
+        when the manifest changed (a `pull` while serving)."""
+        return list(self.only) if self.only is not None else self.installed.names()
 
     def resolve(self, name: str) -> tuple[str, ResolvedModel]:
         """The installed model ``name`` names (``name``, ``name:latest``), or a 404 naming the closest."""
@@ -123,13 +107,13 @@ class Served:
             closest = rank(name, names)[:1]
             hint = f" (the closest installed: {closest[0]})" if closest else " (no model is installed: `localinfer pull NAME`)"
             raise ApiError(404, f"model '{name}' not found{hint}", code="model_not_found", param="model")
-        known = self._resolved.get(found)
+        known = self.installed.resolved.get(found)
         if known is None:
             try:
                 known = resolve_model(found, offline=True, auto_pull=False)
             except LocalInferError as exc:
                 raise ApiError(404, f"model '{found}' cannot be served: {exc}", code="model_not_found", param="model") from None
-            self._resolved[found] = known
+            self.installed.resolved[found] = known
         return found, known
 
     # -- a request's model -------------------------------------------------------------------------------
@@ -146,7 +130,8 @@ class Served:
         seconds = _keep_alive(keep_alive)
         found, resolved = await asyncio.to_thread(self.resolve, name)
         ctx = _num_ctx(num_ctx) or self.ctx_size or _default_ctx(resolved)
-        want = Want(key=str(resolved.path), options={}, sequences=self.config.parallel, ctx_per_seq=ctx)
+        # keyed by the file itself: two names (links, copies in place) of one file share one load
+        want = Want(key=os.path.realpath(resolved.path), options={}, sequences=self.config.parallel, ctx_per_seq=ctx)
         try:
             slot, _ = await self.router.acquire(want, found, lambda w: self._make(resolved, found, w), keep_alive=seconds)
         except Busy:
@@ -247,8 +232,18 @@ class Served:
                 pass
 
     # -- listings and figures ----------------------------------------------------------------------------
-    def loaded(self) -> dict[str, Any]:
-        return {s.info.name: s for s in self.router.slots.values()}
+    def loaded(self, *, aliases: bool = True) -> dict[str, Any]:
+        """Each loaded model's slot under the name it was loaded for, and (``aliases``) under every
+        other name of its file (the listings say each is loaded; /api/ps and /metrics count it once)."""
+        slots = {s.info.name: s for s in self.router.slots.values()}
+        if not aliases:
+            return slots
+        by_key = {s.key: s for s in self.router.slots.values()}
+        for name, resolved in list(self.installed.resolved.items()):
+            slot = by_key.get(os.path.realpath(resolved.path))
+            if slot is not None:
+                slots.setdefault(name, slot)
+        return slots
 
     def openai_models(self, created: int) -> dict[str, Any]:
         from localinfer.serve import ollama_models as om
@@ -282,7 +277,7 @@ class Served:
 
         facts = {m.name: m for m in om.catalog(None, (), on_demand=True)}
         now, out = time.monotonic(), []
-        for name, slot in self.loaded().items():
+        for name, slot in self.loaded(aliases=False).items():
             engine = slot.held.engine
             entry = om.running(facts.get(name) or _facts(name, engine), engine.loaded, engine.n_ctx_seq)
             left = slot.info.unloads_in(now)
@@ -304,7 +299,7 @@ class Served:
     def metrics_text(self) -> str:
         """/metrics' figures by model (Prometheus labels), after the server's totals."""
         p = "localinfer_model_"
-        loaded = self.loaded()
+        loaded = self.loaded(aliases=False)
         lines: list[str] = []
         rows = [("loaded", "gauge", "1 while the model is loaded.", lambda n, s, c: int(s is not None)),
                 ("requests_running", "gauge", "Requests decoding now.", lambda n, s, c: s.held.engine.running if s else 0),
