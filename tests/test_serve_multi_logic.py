@@ -249,3 +249,32 @@ def test_the_servable_names_are_read_again_only_when_the_manifest_changed(monkey
     assert names.names() == ["default", "gemma", "smol"] and names.resolved == {"default": "resolved default"}
     write({"gemma": {"sha": 2}})  # smol removed
     assert names.names() == ["default", "gemma"]
+
+
+def test_the_per_model_figures_add_up_to_the_totals(monkeypatch):
+    s = served(monkeypatch)
+    engine, _, _ = _engine_for(s, "smol")
+
+    def outcome(prompt: int, completion: int) -> Any:
+        stats = SimpleNamespace(prompt_tokens=prompt, cached_tokens=0, completion_tokens=completion, draft_tokens=0,
+                                draft_accepted=0, draft_steps=0, decode_s=0.1)  # fmt: skip
+        return SimpleNamespace(stats=stats, finish_reason="stop", ttft_s=0.01, total_s=0.2)
+
+    s.metrics.loaded("gemma")
+    s.metrics.loaded("smol")
+    for model, prompt, completion in (("gemma", 5, 7), ("smol", 11, 13), ("smol", 2, 3)):
+        s.metrics.finished(outcome(prompt, completion), model)
+    figures = {}
+    for line in s.metrics.render(s.gauges(), s.metrics_text).splitlines():
+        if not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            figures[key] = float(value)
+
+    def by_model(metric: str) -> dict[str, float]:
+        return {k.split('"')[1]: v for k, v in figures.items() if k.startswith(f"localinfer_model_{metric}{{")}
+
+    assert by_model("prompt_tokens_total") == {"gemma": 5, "smol": 13}
+    assert sum(by_model("prompt_tokens_total").values()) == figures["localinfer_prompt_tokens_total"] == 18
+    assert sum(by_model("completion_tokens_total").values()) == figures["localinfer_completion_tokens_total"] == 23
+    assert sum(by_model("requests_finished_total").values()) == figures['localinfer_requests_finished_total{reason="stop"}'] == 3
+    assert by_model("loads_total") == {"gemma": 1, "smol": 1} and by_model("loaded") == {"gemma": 0, "smol": 1}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.serve.cores import Cores
 from localinfer.serve.installed import Installed
-from localinfer.serve.metrics import Gauges
+from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError
 from localinfer.serve.router import Busy, Router
 
@@ -78,12 +78,11 @@ class Served:
                  only: tuple[str, ...] | None = None, max_models: int | None = None, keep_alive: float = 300.0,
                  force: bool = False, say: Callable[[str], None] = lambda m: None, metrics: Any = None) -> None:  # fmt: skip
         self.config, self.base, self.ctx_size, self.only, self.force, self.say = config, base, ctx_size, only, force, say
-        self.metrics = metrics
+        self.metrics = metrics or Metrics()  # the server's, once it starts (its totals and ours are one count)
         self.router = Router(stop=Model.stop, active=lambda m: m.engine.running + m.engine.queued > 0, max_models=max_models,
                              keep_alive=keep_alive, max_queue=config.max_queue, say=say)  # fmt: skip
         self.hub: Any = None
         self.cores = Cores()  # a load's CPU, taken from the loaded models' threads while it runs
-        self.counts: dict[str, dict[str, int]] = {}  # model -> figures that outlive its unloads
         self.installed = Installed()  # the servable names, and what each resolves to
 
     # -- names ---------------------------------------------------------------------------------------
@@ -178,15 +177,10 @@ class Served:
             loaded.close()
             raise
         writer = UsageWriter(resolved, name, want.sequences, warn=self.say) if logging_enabled(config.no_log) else None
-        counts = self.counts.setdefault(name, {"prompt": 0, "completion": 0, "finished": 0, "loads": 0})
-        counts["loads"] += 1
+        self.metrics.loaded(name)
 
         def finished(ticket: Any, outcome: Any) -> None:
-            if self.metrics is not None:
-                self.metrics.finished(outcome)
-            counts["prompt"] += outcome.stats.prompt_tokens
-            counts["completion"] += outcome.stats.completion_tokens
-            counts["finished"] += 1
+            self.metrics.finished(outcome, name)
             if writer is not None:
                 writer.add(ticket, outcome)
 
@@ -296,8 +290,9 @@ class Served:
         return Gauges(sum(e.running for e in engines), sum(e.queued for e in engines) + self.router.waiting,
                       sum(e.cells_used for e in engines), sum(e.cells_total for e in engines), True)  # fmt: skip
 
-    def metrics_text(self) -> str:
-        """/metrics' figures by model (Prometheus labels), after the server's totals."""
+    def metrics_text(self, counts: dict[str, dict[str, int]]) -> str:
+        """/metrics' figures by model (Prometheus labels), after the server's totals: ``counts``,
+        ``Metrics``' per-model counters read with the totals (they add up to them)."""
         p = "localinfer_model_"
         loaded = self.loaded(aliases=False)
         lines: list[str] = []
@@ -308,10 +303,10 @@ class Served:
                 ("requests_finished_total", "counter", "Requests that left its engine.", lambda n, s, c: c.get("finished", 0)),
                 ("prompt_tokens_total", "counter", "Prompt tokens.", lambda n, s, c: c.get("prompt", 0)),
                 ("completion_tokens_total", "counter", "Tokens generated.", lambda n, s, c: c.get("completion", 0))]  # fmt: skip
-        names = sorted(set(self.counts) | set(loaded))
+        names = sorted(set(counts) | set(loaded))
         for metric, kind, text, value in rows:
             lines += [f"# HELP {p}{metric} {text}", f"# TYPE {p}{metric} {kind}"]
-            lines += [f'{p}{metric}{{model="{n}"}} {value(n, loaded.get(n), self.counts.get(n, {}))}' for n in names]
+            lines += [f'{p}{metric}{{model="{n}"}} {value(n, loaded.get(n), counts.get(n, {}))}' for n in names]
         return "\n".join(lines) + "\n"
 
 
