@@ -9,7 +9,8 @@ another thread held the GIL. While it ticks, a model loads through the path ``se
 is charged to where the loading thread stands when the ticker gets the GIL back (its innermost
 localinfer frame), which says which parts of a load are Python holding the GIL. Also: the loading
 thread's CPU time, the whole process's CPU time (more than the loader's: llama.cpp's own threads),
-and the most threads alive.
+and the most threads alive. Before each load the ticker runs as long with nothing loading: on a
+busy machine it wakes late for want of a CPU too, and that lateness is no GIL's.
 
     .venv/bin/python benchmarks/load_gil.py                 # gemma (the test package's), 3 loads
     .venv/bin/python benchmarks/load_gil.py --loads 5 -t 1
@@ -70,6 +71,74 @@ def _place(frame) -> str:
     return name(ours) if ours is inner or ours is None else f"{name(ours)} <- {name(inner)}"
 
 
+class CTime:
+    """The loading thread's CPU time inside llama.cpp's C functions (ctypes lets the GIL go around
+    each), less the Python log callbacks they call back (which take it again): the loader's CPU
+    time less this is the CPU time it held the GIL for - a count that no busy machine inflates."""
+
+    def __init__(self) -> None:
+        self.loader: int | None = None
+        self.c_cpu = self.callback_cpu = 0.0
+        self.calls = 0
+        self.by_name: collections.Counter[str] = collections.Counter()  # C function -> CPU time in it
+
+    def install(self) -> None:
+        import ctypes
+
+        from localinfer.engine import backend
+
+        module = backend.llama_cpp
+        for name in dir(module):
+            f = getattr(module, name)
+            if isinstance(f, ctypes._CFuncPtr):
+                setattr(module, name, self._timed(f, callback=False, name=name))
+        backend.LlamaLog._on_log = self._timed(backend.LlamaLog._on_log, callback=True, name="log callback")  # before the first load makes it
+
+    def _timed(self, f, *, callback: bool, name: str):
+        def timed(*args):
+            if threading.get_ident() != self.loader:
+                return f(*args)
+            t0 = time.thread_time()
+            try:
+                return f(*args)
+            finally:
+                spent = time.thread_time() - t0
+                self.by_name[name] += spent
+                if callback:
+                    self.callback_cpu += spent
+                else:
+                    self.c_cpu += spent
+                    self.calls += 1
+
+        return timed
+
+
+class Decoder(threading.Thread):
+    """A model decoding on its own thread (greedy, no end): when each token came, wall and CPU time."""
+
+    def __init__(self, model) -> None:
+        super().__init__(daemon=True)
+        self.model, self.done, self.marks = model, threading.Event(), []
+
+    def run(self) -> None:
+        from localinfer.engine.types import GenerationStats, SamplingOptions
+
+        while not self.done.is_set():
+            prompt = self.model.tokenize("Once upon a time, in a land far away,")
+            for _ in self.model.generate(prompt, SamplingOptions(temperature=0.0), GenerationStats(), max_tokens=3000, ignore_eos=True):
+                self.marks.append((time.perf_counter(), time.thread_time()))
+                if self.done.is_set():
+                    return
+
+    def rates(self, start: float, end: float) -> list[tuple[float, float]]:
+        """(wall, CPU) seconds per token before ``start`` and between ``start`` and ``end``."""
+        out = []
+        for lo, hi in ((0.0, start), (start, end)):
+            m = [x for x in self.marks if lo <= x[0] <= hi][1:]
+            out.append(((m[-1][0] - m[0][0]) / (len(m) - 1), (m[-1][1] - m[0][1]) / (len(m) - 1)))
+        return out
+
+
 def slack() -> float:
     """How late a 1 ms sleep wakes with nothing else running (the OS's timer slack)."""
     lates = []
@@ -86,6 +155,10 @@ def main() -> int:
     parser.add_argument("--threads", "-t", type=int, default=2)
     parser.add_argument("--model", default="gemma", choices=("gemma", "smol"))
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--beside", action="store_true",
+                        help="smol decodes (-t 1, on its own thread) while each load runs: its wall and CPU time per token, "
+                             "before the load and during it")  # fmt: skip
+    parser.add_argument("--no-repack", action="store_true", help="load without repacking the weights (--cpu-repack off)")
     args = parser.parse_args()
     import models
 
@@ -101,24 +174,51 @@ def main() -> int:
     from localinfer.serve.multi import Served
     from localinfer.serve.pool import Want
 
-    served = Served(ServeConfig(parallel=2, no_log=True), LoadOptions(n_threads=args.threads, n_threads_batch=args.threads))
+    served = Served(ServeConfig(parallel=2, no_log=True), LoadOptions(n_threads=args.threads, n_threads_batch=args.threads,
+                                                                       cpu_repack=False if args.no_repack else None))
     served.hub = type("Hub", (), {"flush": staticmethod(lambda: None)})()
     found, resolved = served.resolve(args.model)
     want = Want(key=str(resolved.path), options={}, sequences=2, ctx_per_seq=1024)
     proc = psutil.Process()
+    ctime = CTime()
+    ctime.install()
     print(f"load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); timer slack {slack() * 1e6:.0f} us; -t {args.threads}")
-    rows = []
+    rows, idle, decodes = [], [], []
+    beside = None
+    if args.beside:
+        from localinfer.generate import run as generate
+        from localinfer.store import resolve_model
+
+        subprocess.run([sys.executable, "-m", "localinfer", "pull", str(models.smollm2_path()), "--name", "smol"], check=True, capture_output=True)
+        beside = generate.load(resolve_model("smol", offline=True, auto_pull=False), LoadOptions(n_ctx=4096, n_threads=1, n_threads_batch=1)).model
     for i in range(args.loads + 1):  # the first load also imports and starts the backend: reported apart
+        if rows:  # the same ticker as long as the last load, nothing loading: the machine's own lateness
+            quiet = Ticker(slack())
+            quiet.start()
+            time.sleep(rows[-1][0])
+            quiet.done.set()
+            quiet.join()
+            idle.append(quiet.total)
         ticker = Ticker(slack())
         out: dict[str, float] = {}
         peak = [0]
 
+        ctime.c_cpu = ctime.callback_cpu = 0.0
+        if i == 1:
+            ctime.by_name.clear()
+
         def load() -> None:
+            ctime.loader = threading.get_ident()
             c0 = time.thread_time()
             out["model"] = served._make(resolved, found, want)
             out["thread_cpu"] = time.thread_time() - c0
 
         loader = threading.Thread(target=load)
+        decoder = Decoder(beside) if beside is not None and i > 0 else None
+        if decoder is not None:
+            decoder.start()
+            time.sleep(1.0)
+            t_start = time.perf_counter()
         ticker.start()
         cpu0, t0 = sum(proc.cpu_times()[:2]), time.perf_counter()
         loader.start()
@@ -129,21 +229,42 @@ def main() -> int:
         wall, cpu = time.perf_counter() - t0, sum(proc.cpu_times()[:2]) - cpu0
         ticker.done.set()
         ticker.join()
-        out["model"].stop()
-        rows.append((wall, out["thread_cpu"], cpu, ticker.total, ticker.longest, peak[0], ticker.where))
+        if decoder is not None:
+            t_end = time.perf_counter()
+            time.sleep(0.3)
+            decoder.done.set()
+            decoder.join()
+            decodes.append(decoder.rates(t_start, t_end))
+        python = out["thread_cpu"] - ctime.c_cpu + ctime.callback_cpu
         label = "first (imports)" if i == 0 else f"load {i}"
         print(f"{label:16} wall {wall:6.3f} s  loader CPU {out['thread_cpu']:6.3f} s  process CPU {cpu:6.3f} s  "
-              f"GIL held {ticker.total * 1e3:7.1f} ms ({ticker.total / wall:5.1%} of the load), longest {ticker.longest * 1e3:5.1f} ms, "
-              f"threads <= {peak[0]}")  # fmt: skip
+              f"Python (CPU) {python * 1e3:6.1f} ms, of it log callbacks {ctime.callback_cpu * 1e3:5.1f} ms; "
+              f"ticker: GIL held {ticker.total * 1e3:7.1f} ms ({ticker.total / wall:5.1%} of the load), longest {ticker.longest * 1e3:5.1f} ms, "
+              f"threads <= {peak[0]}" + (f"; idle as long: {idle[-1] * 1e3:.1f} ms late" if i else ""))  # fmt: skip
+        if decoder is not None:
+            b, d = decodes[-1]
+            print(f"  beside it, smol: per token before the load {b[0] * 1e3:5.1f} ms wall, {b[1] * 1e3:5.1f} ms CPU; "
+                  f"during {d[0] * 1e3:5.1f} ms wall, {d[1] * 1e3:5.1f} ms CPU (tok/s ratio {b[0] / d[0]:.2f}, CPU per token ratio {d[1] / b[1]:.2f})")  # fmt: skip
+        out["model"].stop()
+        rows.append((wall, out["thread_cpu"], cpu, ticker.total, ticker.longest, peak[0], ticker.where, python, ctime.callback_cpu))
     where: collections.Counter[str] = collections.Counter()
     for row in rows[1:]:
         where.update(row[6])
     n = max(1, len(rows) - 1)
     print(f"\nmedian of {n} loads: wall {statistics.median(r[0] for r in rows[1:]):.3f} s, "
-          f"GIL held {statistics.median(r[3] for r in rows[1:]) * 1e3:.1f} ms, longest {statistics.median(r[4] for r in rows[1:]) * 1e3:.1f} ms")  # fmt: skip
+          f"loader CPU {statistics.median(r[1] for r in rows[1:]):.3f} s, Python holding the GIL (CPU) "
+          f"{statistics.median(r[7] for r in rows[1:]) * 1e3:.1f} ms, "
+          f"GIL held {statistics.median(r[3] for r in rows[1:]) * 1e3:.1f} ms, longest {statistics.median(r[4] for r in rows[1:]) * 1e3:.1f} ms; "
+          f"idle as long {statistics.median(idle) * 1e3:.1f} ms late")  # fmt: skip
+    if decodes:
+        print(f"smol beside the loads: median tok/s during / before {statistics.median(b[0] / d[0] for b, d in decodes):.2f}, "
+              f"CPU per token during / before {statistics.median(d[1] / b[1] for b, d in decodes):.2f}")  # fmt: skip
     print("where the loader stood when a late tick got the GIL back (ms per load):")
     for place, late in where.most_common(args.top):
         print(f"  {late / n * 1e3:7.1f}  {place}")
+    print("the loader's CPU time in llama.cpp's C functions (ms per load, all loads but the first):")
+    for place, spent in ctime.by_name.most_common(4):
+        print(f"  {spent / n * 1e3:7.1f}  {place}")
     print("the first load (imports, the backend's start, first template compile):")
     for place, late in rows[0][6].most_common(args.top):
         print(f"  {late * 1e3:7.1f}  {place}")
