@@ -30,8 +30,8 @@ class Installed:
         stamp = file_identity(store.manifest_path)
         if stamp != self._stamp or stamp is None:  # no manifest yet: the default may be all there is
             entries = _entries(store)
-            for name in [n for n in self.resolved if _kept(entries.get(n)) != _kept(self._entries.get(n))]:
-                del self.resolved[name]
+            for name in [n for n in list(self.resolved) if _kept(entries.get(n)) != _kept(self._entries.get(n))]:
+                self.resolved.pop(name, None)  # resolve runs on worker threads: two may drop one name
             self._names, self._entries, self._stamp = sorted(set(entries) | _default()), entries, stamp
         return self._names
 
