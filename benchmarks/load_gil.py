@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -268,6 +269,7 @@ def main() -> int:
     print("the first load (imports, the backend's start, first template compile):")
     for place, late in rows[0][6].most_common(args.top):
         print(f"  {late * 1e3:7.1f}  {place}")
+    shutil.rmtree(home, ignore_errors=True)
     return 0
 
 
