@@ -185,3 +185,130 @@ def test_one_file_under_a_name_with_a_projector_and_one_without_is_reloaded_not_
 
     assert asyncio.run(main()) == ["vis", "vis", "plain", "vis"]
     assert made == [("vis", "/models/mmproj.gguf"), ("plain", None), ("vis", "/models/mmproj.gguf")]  # the second "vis": the loaded one
+
+
+def test_a_load_and_a_second_decoding_model_take_their_share_of_the_cpus():
+    from localinfer.serve.cores import Cores
+
+    class Threads:
+        n_threads, n_threads_batch = 4, 4
+        calls: list[tuple[int, int]] = []
+
+        def set_threads(self, n: int, nb: int) -> None:
+            self.calls.append((n, nb))
+
+    cores, a, b = Cores(cpus=4), Threads(), Threads()
+    a.calls, b.calls = [], []
+    busy = {"a": True, "b": False}
+    keep_a, leave_a = cores.keeper(a, lambda: busy["a"])
+    keep_b, leave_b = cores.keeper(b, lambda: busy["b"])
+    keep_a()
+    assert a.calls == []  # alone, no load: every thread it was loaded with
+    with cores.loading():
+        keep_a()
+        keep_a()
+        assert a.calls == [(3, 3)]  # one CPU for the load, set once
+    keep_a()
+    assert a.calls[-1] == (4, 4)
+    busy["b"] = True
+    keep_a(), keep_b()
+    assert a.calls[-1] == (2, 2) and b.calls == [(2, 2)]  # two decoding: half the CPUs each
+    leave_b()
+    keep_a()
+    assert a.calls[-1] == (4, 4)  # b unloaded: a has them all again
+    one = Cores(cpus=1)
+    keep, _ = one.keeper(a, lambda: True)
+    with one.loading():
+        keep()
+    assert a.calls[-1] == (1, 1)  # never fewer than one
+
+
+def test_two_names_of_one_file_share_one_load(monkeypatch, tmp_path):
+    real = tmp_path / "model.gguf"
+    real.write_bytes(b"GGUF")
+    (tmp_path / "link.gguf").symlink_to(real)
+    made: list[str] = []
+
+    def make(resolved: Any, name: str, want: Any) -> Any:
+        made.append(name)
+        return Model(name, Engine(pieces=(name,)))
+
+    s = served(monkeypatch, make)
+    files = {"smol": tmp_path / "link.gguf", "gemma": real}
+    import localinfer.store
+
+    monkeypatch.setattr(localinfer.store, "resolve_model", lambda name, **_: SimpleNamespace(
+        name=name, path=files[name], info=SimpleNamespace(context_length=2048), mmproj=None))  # fmt: skip
+    for name in ("gemma", "smol", "smol:latest"):
+        engine, found, scope = _engine_for(s, name)
+        assert found == name.removesuffix(":latest")
+    assert made == ["gemma"] and len(s.router.slots) == 1
+    assert set(s.loaded()) == {"gemma", "smol"} and list(s.loaded(aliases=False)) == ["gemma"]
+    assert [m["status"]["value"] for m in s.openai_models(0)["data"]] == ["loaded", "loaded"]
+
+
+def test_the_servable_names_are_read_again_only_when_the_manifest_changed(monkeypatch, tmp_path):
+    import os
+
+    import localinfer.store.manifest
+    from localinfer.serve import installed
+
+    manifest = tmp_path / "manifest.json"
+    reads: list[int] = []
+    entries: dict[str, Any] = {}
+
+    class Store:
+        manifest_path = manifest
+
+        def entries(self) -> dict[str, Any]:
+            reads.append(1)
+            return entries
+
+    def write(new: dict[str, Any]) -> None:  # as the store writes it: a new file renamed over the old
+        entries.clear()
+        entries.update(new)
+        (tmp_path / "new").write_text(json.dumps(new))
+        os.replace(tmp_path / "new", manifest)
+
+    monkeypatch.setattr(localinfer.store.manifest, "Store", Store)
+    monkeypatch.setattr(installed, "_default", lambda: {"default"})
+    names = installed.Installed()
+    write({"smol": {"sha": 1, "last_used": "x"}})
+    assert names.names() == ["default", "smol"] and names.names() == ["default", "smol"] and len(reads) == 1
+    names.resolved.update(smol="resolved smol", default="resolved default")
+    write({"smol": {"sha": 1, "last_used": "y"}, "gemma": {"sha": 2}})  # a pull while serving; smol used
+    assert names.names() == ["default", "gemma", "smol"] and len(reads) == 2
+    assert names.resolved == {"smol": "resolved smol", "default": "resolved default"}  # its use is no change
+    write({"smol": {"sha": 3}, "gemma": {"sha": 2}})  # smol pulled again: another file
+    assert names.names() == ["default", "gemma", "smol"] and names.resolved == {"default": "resolved default"}
+    write({"gemma": {"sha": 2}})  # smol removed
+    assert names.names() == ["default", "gemma"]
+
+
+def test_the_per_model_figures_add_up_to_the_totals(monkeypatch):
+    s = served(monkeypatch)
+    engine, _, _ = _engine_for(s, "smol")
+
+    def outcome(prompt: int, completion: int) -> Any:
+        stats = SimpleNamespace(prompt_tokens=prompt, cached_tokens=0, completion_tokens=completion, draft_tokens=0,
+                                draft_accepted=0, draft_steps=0, decode_s=0.1)  # fmt: skip
+        return SimpleNamespace(stats=stats, finish_reason="stop", ttft_s=0.01, total_s=0.2)
+
+    s.metrics.loaded("gemma")
+    s.metrics.loaded("smol")
+    for model, prompt, completion in (("gemma", 5, 7), ("smol", 11, 13), ("smol", 2, 3)):
+        s.metrics.finished(outcome(prompt, completion), model)
+    figures = {}
+    for line in s.metrics.render(s.gauges(), s.metrics_text).splitlines():
+        if not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            figures[key] = float(value)
+
+    def by_model(metric: str) -> dict[str, float]:
+        return {k.split('"')[1]: v for k, v in figures.items() if k.startswith(f"localinfer_model_{metric}{{")}
+
+    assert by_model("prompt_tokens_total") == {"gemma": 5, "smol": 13}
+    assert sum(by_model("prompt_tokens_total").values()) == figures["localinfer_prompt_tokens_total"] == 18
+    assert sum(by_model("completion_tokens_total").values()) == figures["localinfer_completion_tokens_total"] == 23
+    assert sum(by_model("requests_finished_total").values()) == figures['localinfer_requests_finished_total{reason="stop"}'] == 3
+    assert by_model("loads_total") == {"gemma": 1, "smol": 1} and by_model("loaded") == {"gemma": 0, "smol": 1}

@@ -183,6 +183,10 @@ class Model(Vocab):
         llama_cpp.llama_synchronize(self._ctx)
         return rc
 
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """Decode with these threads from the next decode on (``serve.cores``: a core for a load)."""
+        llama_cpp.llama_set_n_threads(self._ctx, n_threads, n_threads_batch)
+
     def sample(self, chain: Any, index: int) -> int:
         """Sample from the logits of batch row ``index`` (-1: the last row)."""
         return int(llama_cpp.llama_sampler_sample(chain, self._ctx, index))

@@ -172,7 +172,7 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = _state(request)
     _authorize(request, state)
-    text = state.metrics.render(state.gauges()) + (state.router.metrics_text() if state.router is not None else "")
+    text = state.metrics.render(state.gauges(), state.router.metrics_text if state.router is not None else None)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

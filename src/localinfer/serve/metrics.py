@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from localinfer.serve.engine import Outcome
@@ -62,6 +62,9 @@ class Metrics:
         self._answers: dict[tuple[str, int], int] = {}  # (endpoint, HTTP status) -> count
         self._tokens = {"prompt": 0, "prompt_cached": 0, "completion": 0, "draft": 0, "draft_accepted": 0, "drafts": 0}
         self._finished: dict[str, int] = {}  # finish reason -> count
+        # serve without -m: model -> its share of the totals above (and its loads), kept under the
+        # same lock so that a scrape sees per-model figures that add up to the totals
+        self._models: dict[str, dict[str, int]] = {}
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -72,10 +75,22 @@ class Metrics:
             key = (endpoint, status)
             self._answers[key] = self._answers.get(key, 0) + 1
 
-    def finished(self, outcome: Outcome) -> None:
-        """A request left the engine (engine thread)."""
+    def loaded(self, model: str) -> None:
+        with self._lock:
+            self._model(model)["loads"] += 1
+
+    def _model(self, model: str) -> dict[str, int]:
+        return self._models.setdefault(model, {"loads": 0, "finished": 0, "prompt": 0, "completion": 0})
+
+    def finished(self, outcome: Outcome, model: str | None = None) -> None:
+        """A request left the engine (engine thread); ``model``: the model that answered it."""
         s = outcome.stats
         with self._lock:
+            if model is not None:
+                counts = self._model(model)
+                counts["finished"] += 1
+                counts["prompt"] += s.prompt_tokens
+                counts["completion"] += s.completion_tokens
             self._tokens["prompt"] += s.prompt_tokens
             self._tokens["prompt_cached"] += s.cached_tokens
             self._tokens["completion"] += s.completion_tokens
@@ -90,9 +105,11 @@ class Metrics:
                 self.tpot.observe(s.decode_s / (s.completion_tokens - 1))
             self.e2e.observe(outcome.total_s)
 
-    def render(self, g: Gauges) -> str:
+    def render(self, g: Gauges, by_model: Callable[[dict[str, dict[str, int]]], str] | None = None) -> str:
+        """The figures; ``by_model`` renders the per-model counts, read in the same instant as the totals."""
         p = PREFIX
         with self._lock:
+            models = {name: dict(counts) for name, counts in self._models.items()}
             lines = [f"# HELP {p}requests_total HTTP answers by endpoint (chat, completions, models, health, metrics, other; connection: refused before a route) and status.",
                      f"# TYPE {p}requests_total counter"]  # fmt: skip
             for (endpoint, status), n in sorted(self._answers.items()):
@@ -118,7 +135,7 @@ class Metrics:
         lines += _gauge(f"{p}kv_cache_used_cells", "KV cache cells in use (running and kept for reuse).", g.kv_cells_used)
         lines += _gauge(f"{p}kv_cache_cells", "KV cache cells in all (sequences x context).", g.kv_cells)
         lines += _gauge(f"{p}ready", "1 once the model is loaded.", int(g.ready))
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + (by_model(models) if by_model is not None else "")
 
 
 def _counter(name: str, text: str, value: int) -> list[str]:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from localinfer.serve.metrics import Gauges
+from localinfer.serve.cores import Cores
+from localinfer.serve.installed import Installed
+from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError
 from localinfer.serve.router import Busy, Router
 
@@ -37,12 +40,15 @@ class Model:
     name: str
     engine: Engine
     writer: Any = None  # record.UsageWriter, or None with --no-log
+    leave: Callable[[], None] | None = None  # its CPU share ends (serve.cores)
 
     @property
     def n_ctx_seq(self) -> int:
         return self.engine.n_ctx_seq
 
     def stop(self) -> None:
+        if self.leave is not None:
+            self.leave()
         self.engine.stop()
         if self.writer is not None:
             self.writer.close()
@@ -72,36 +78,18 @@ class Served:
                  only: tuple[str, ...] | None = None, max_models: int | None = None, keep_alive: float = 300.0,
                  force: bool = False, say: Callable[[str], None] = lambda m: None, metrics: Any = None) -> None:  # fmt: skip
         self.config, self.base, self.ctx_size, self.only, self.force, self.say = config, base, ctx_size, only, force, say
-        self.metrics = metrics
+        self.metrics = metrics or Metrics()  # the server's, once it starts (its totals and ours are one count)
         self.router = Router(stop=Model.stop, active=lambda m: m.engine.running + m.engine.queued > 0, max_models=max_models,
                              keep_alive=keep_alive, max_queue=config.max_queue, say=say)  # fmt: skip
         self.hub: Any = None
-        self.counts: dict[str, dict[str, int]] = {}  # model -> figures that outlive its unloads
-        self._resolved: dict[str, ResolvedModel] = {}
+        self.cores = Cores()  # a load's CPU, taken from the loaded models' threads while it runs
+        self.installed = Installed()  # the servable names, and what each resolves to
 
     # -- names ---------------------------------------------------------------------------------------
     def servable(self) -> list[str]:
-        """The names a request may use: the installed models (and the registry default). Reads the manifest."""
-        from localinfer.errors import LocalInferError
-        from localinfer.store.manifest import Store
-        from localinfer.store.registry import load_registry
-
-        if self.only is not None:
-            return list(self.only)
-        try:
-            names = set(Store().entries())
-        except (OSError, LocalInferError):
-            names = set()
-        try:
-            from localinfer.store.sources.packages import is_installed
-
-            registry = load_registry()
-            package = registry.get(registry.default).package if registry.default in registry else None
-            if package and is_installed(package):
-                names.add(registry.default)
-        except LocalInferError:
-            pass
-        return sorted(names)
+        """The names a request may use: the installed models (and the registry default), read again
+        when the manifest changed (a `pull` while serving)."""
+        return list(self.only) if self.only is not None else self.installed.names()
 
     def resolve(self, name: str) -> tuple[str, ResolvedModel]:
         """The installed model ``name`` names (``name``, ``name:latest``), or a 404 naming the closest."""
@@ -118,13 +106,13 @@ class Served:
             closest = rank(name, names)[:1]
             hint = f" (the closest installed: {closest[0]})" if closest else " (no model is installed: `localinfer pull NAME`)"
             raise ApiError(404, f"model '{name}' not found{hint}", code="model_not_found", param="model")
-        known = self._resolved.get(found)
+        known = self.installed.resolved.get(found)
         if known is None:
             try:
                 known = resolve_model(found, offline=True, auto_pull=False)
             except LocalInferError as exc:
                 raise ApiError(404, f"model '{found}' cannot be served: {exc}", code="model_not_found", param="model") from None
-            self._resolved[found] = known
+            self.installed.resolved[found] = known
         return found, known
 
     # -- a request's model -------------------------------------------------------------------------------
@@ -142,7 +130,9 @@ class Served:
         found, resolved = await asyncio.to_thread(self.resolve, name)
         ctx = _num_ctx(num_ctx) or self.ctx_size or _default_ctx(resolved)
         mmproj = str(resolved.mmproj) if resolved.mmproj else None  # one file, another projector: reloaded
-        want = Want(key=str(resolved.path), options={"mmproj": mmproj}, sequences=self.config.parallel, ctx_per_seq=ctx)
+        # keyed by the file itself: two names (links, copies in place) of one file share one load
+        want = Want(key=os.path.realpath(resolved.path), options={"mmproj": mmproj}, sequences=self.config.parallel,
+                    ctx_per_seq=ctx)
         try:
             slot, _ = await self.router.acquire(want, found, lambda w: self._make(resolved, found, w), keep_alive=seconds)
         except Busy:
@@ -167,40 +157,49 @@ class Served:
 
     def _make(self, resolved: ResolvedModel, name: str, want: Any) -> Model:
         """Load a model and start its engine (on the router's thread), as `serve -m` does."""
+        from localinfer.batch import job as batchjob
         from localinfer.generate import run as generate
+
+        options = batchjob.batch_load_options(self.base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
+        t0 = time.perf_counter()
+        with self.cores.loading():
+            return self._started(resolved, name, want, generate.load(resolved, options, force=self.force), t0)
+
+    def _started(self, resolved: ResolvedModel, name: str, want: Any, loaded: Any, t0: float) -> Model:
+        """Check the template and start the model's engine (its threads kept by ``self.cores``)."""
         from localinfer.batch import job as batchjob
         from localinfer.serve.engine import Engine
         from localinfer.serve.record import UsageWriter
         from localinfer.usage.history import logging_enabled
 
         config = self.config
-        options = batchjob.batch_load_options(self.base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
-        t0 = time.perf_counter()
-        loaded = generate.load(resolved, options, force=self.force)
         try:
             batchjob.check_template(loaded)
         except BaseException:
             loaded.close()
             raise
         writer = UsageWriter(resolved, name, want.sequences, warn=self.say) if logging_enabled(config.no_log) else None
-        counts = self.counts.setdefault(name, {"prompt": 0, "completion": 0, "finished": 0, "loads": 0})
-        counts["loads"] += 1
+        self.metrics.loaded(name)
 
         def finished(ticket: Any, outcome: Any) -> None:
-            if self.metrics is not None:
-                self.metrics.finished(outcome)
-            counts["prompt"] += outcome.stats.prompt_tokens
-            counts["completion"] += outcome.stats.completion_tokens
-            counts["finished"] += 1
+            self.metrics.finished(outcome, name)
             if writer is not None:
                 writer.add(ticket, outcome)
 
-        engine = Engine(loaded, want.sequences, max_queue=config.max_queue, on_finish=finished, on_step=self.hub.flush,
+        engine: Engine | None = None
+        keep, leave = self.cores.keeper(loaded.model, lambda: engine is not None and engine.running > 0)
+        flush = self.hub.flush
+
+        def step() -> None:  # on the engine thread, before each decode
+            keep()
+            flush()
+
+        engine = Engine(loaded, want.sequences, max_queue=config.max_queue, on_finish=finished, on_step=step,
                         template_kwargs=config.chat_template_kwargs, embed_ctx=config.embedding_ctx,
                         on_embedded=writer.add_embedding if writer else None)  # fmt: skip
         engine.start()
         self.say(f"loaded {name} in {time.perf_counter() - t0:.1f} s: {want.sequences} sequences x {engine.n_ctx_seq} tokens")
-        return Model(name, engine, writer)
+        return Model(name, engine, writer, leave)
 
     async def run(self, preload: list[str], on_error: Callable[[BaseException], None]) -> None:
         """Load the -m models (kept loaded), then unload idle models as their keep-alive runs out."""
@@ -229,8 +228,18 @@ class Served:
                 pass
 
     # -- listings and figures ----------------------------------------------------------------------------
-    def loaded(self) -> dict[str, Any]:
-        return {s.info.name: s for s in self.router.slots.values()}
+    def loaded(self, *, aliases: bool = True) -> dict[str, Any]:
+        """Each loaded model's slot under the name it was loaded for, and (``aliases``) under every
+        other name of its file (the listings say each is loaded; /api/ps and /metrics count it once)."""
+        slots = {s.info.name: s for s in self.router.slots.values()}
+        if not aliases:
+            return slots
+        by_key = {s.key: s for s in self.router.slots.values()}
+        for name, resolved in list(self.installed.resolved.items()):
+            slot = by_key.get(os.path.realpath(resolved.path))
+            if slot is not None:
+                slots.setdefault(name, slot)
+        return slots
 
     def openai_models(self, created: int) -> dict[str, Any]:
         from localinfer.serve import ollama_models as om
@@ -264,7 +273,7 @@ class Served:
 
         facts = {m.name: m for m in om.catalog(None, (), on_demand=True)}
         now, out = time.monotonic(), []
-        for name, slot in self.loaded().items():
+        for name, slot in self.loaded(aliases=False).items():
             engine = slot.held.engine
             entry = om.running(facts.get(name) or _facts(name, engine), engine.loaded, engine.n_ctx_seq)
             left = slot.info.unloads_in(now)
@@ -283,10 +292,11 @@ class Served:
         return Gauges(sum(e.running for e in engines), sum(e.queued for e in engines) + self.router.waiting,
                       sum(e.cells_used for e in engines), sum(e.cells_total for e in engines), True)  # fmt: skip
 
-    def metrics_text(self) -> str:
-        """/metrics' figures by model (Prometheus labels), after the server's totals."""
+    def metrics_text(self, counts: dict[str, dict[str, int]]) -> str:
+        """/metrics' figures by model (Prometheus labels), after the server's totals: ``counts``,
+        ``Metrics``' per-model counters read with the totals (they add up to them)."""
         p = "localinfer_model_"
-        loaded = self.loaded()
+        loaded = self.loaded(aliases=False)
         lines: list[str] = []
         rows = [("loaded", "gauge", "1 while the model is loaded.", lambda n, s, c: int(s is not None)),
                 ("requests_running", "gauge", "Requests decoding now.", lambda n, s, c: s.held.engine.running if s else 0),
@@ -295,10 +305,10 @@ class Served:
                 ("requests_finished_total", "counter", "Requests that left its engine.", lambda n, s, c: c.get("finished", 0)),
                 ("prompt_tokens_total", "counter", "Prompt tokens.", lambda n, s, c: c.get("prompt", 0)),
                 ("completion_tokens_total", "counter", "Tokens generated.", lambda n, s, c: c.get("completion", 0))]  # fmt: skip
-        names = sorted(set(self.counts) | set(loaded))
+        names = sorted(set(counts) | set(loaded))
         for metric, kind, text, value in rows:
             lines += [f"# HELP {p}{metric} {text}", f"# TYPE {p}{metric} {kind}"]
-            lines += [f'{p}{metric}{{model="{n}"}} {value(n, loaded.get(n), self.counts.get(n, {}))}' for n in names]
+            lines += [f'{p}{metric}{{model="{n}"}} {value(n, loaded.get(n), counts.get(n, {}))}' for n in names]
         return "\n".join(lines) + "\n"
 
 
