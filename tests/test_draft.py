@@ -168,7 +168,8 @@ def test_acceptance_line():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("ngram", None, "smollm2"), "draft model"),
+        (("ngram", None, "smollm2"), "--draft and --draft-model are two ways to guess"),
+        ((None, None, " "), "--draft-model needs the name"),
         (("bogus", None, None), "--draft takes ngram"),
         (("ngram", 0, None), "--draft-max must be between 1"),
         (("ngram", d.MAX_DRAFT_LIMIT + 1, None), "--draft-max must be between 1"),
@@ -188,14 +189,18 @@ def test_good_draft_settings_pass():
 
 
 @pytest.mark.llama  # the CLI asks llama.cpp whether the build offloads before it refuses
-def test_cli_refuses_a_draft_model_and_a_lone_draft_max(tmp_path):
+def test_cli_refuses_a_draft_model_where_sequences_share_a_context_and_a_lone_draft_max(tmp_path):
     from typer.testing import CliRunner
 
     from localinfer.cli.main import build_app
 
     runner, app = CliRunner(), build_app()
-    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-model", "x", "hi"])
-    assert out.exit_code == 2 and "draft model (--draft-model) is not supported yet" in out.output
+    for command in (["serve"], ["batch", str(tmp_path / "in.jsonl")], ["bench"]):
+        out = runner.invoke(app, [*command, "-m", str(tmp_path / "none.gguf"), "--draft-model", "x"])
+        assert out.exit_code == 2, out.output
+        assert f"{command[0]} does not take --draft-model yet" in out.output and "--draft ngram" in out.output
+    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft", "ngram", "--draft-model", "x", "hi"])
+    assert out.exit_code == 2 and "give one of them" in out.output
     out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-max", "4", "hi"])
     assert out.exit_code == 2 and "--draft-max needs --draft ngram" in out.output
 
