@@ -217,3 +217,53 @@ def test_stats_lines_say_how_much_was_accepted():
     assert "· draft 74% accepted ·" in turn_line(drafted) and "draft" not in turn_line(plain)
     assert drafted.to_json()["timings"]["draft_accepted_tokens"] == 74
     assert plain.to_json()["timings"]["draft_tokens"] is None
+
+
+class _FakeDraftModel:
+    """A draft model's stand-in: guesses the next integers, each guess taking ``step`` seconds."""
+
+    def __init__(self, step: float = 0.0, n_ctx: int = 4096) -> None:
+        import types
+
+        self.model, self.step, self.synced, self.asked = types.SimpleNamespace(n_ctx=n_ctx), step, [], []
+
+    def sync(self, tokens, logits=False):
+        self.synced.append(len(tokens))
+
+    def guess(self, tokens, k):
+        import time
+
+        self.asked.append(k)
+        time.sleep(self.step * k)
+        return [tokens[-1] + i + 1 for i in range(k)]
+
+
+@pytest.mark.llama  # engine.draft_model loads libllama (its DraftModel); these use a stand-in
+def test_model_drafter_steps_plainly_first_then_counts_the_draft_models_time():
+    from localinfer.engine.draft_model import ModelDrafter
+
+    source = _FakeDraftModel(step=0.01)
+    drafter = ModelDrafter(source, [1, 2, 3], max_draft=8)
+    assert source.synced == [3]  # the prompt is read before the first token
+    drafter.extend([4])
+    assert drafter.propose() == []  # no plain step timed yet: nothing to compare a draft with
+    drafter.observe(1, 0.020)
+    drafter.extend([5])
+    assert drafter.propose() == [6, 7] and source.asked == [2]  # a short draft measures a drafted token
+    drafter.observe(3, 0.024)  # the target's batch: 4 ms over a plain step for 2 tokens...
+    drafter.feedback(2, 2)
+    assert drafter.costs.per_token >= (0.024 + 0.02 - 0.020) / 2 * 0.99  # ...plus the guesses' 2 x 10 ms
+    assert drafter.kind == "model"
+
+
+@pytest.mark.llama  # engine.draft_model loads libllama (its DraftModel); these use a stand-in
+def test_model_drafter_stops_where_guesses_cost_a_full_step_and_at_the_drafts_context():
+    from localinfer.engine.draft_model import ModelDrafter
+
+    drafter = ModelDrafter(_FakeDraftModel(), [1, 2, 3], max_draft=8, costs=cheap())
+    drafter.costs.per_token = 0.030  # each guessed token costs more than a plain step (20 ms)
+    drafter.extend([4])
+    assert drafter.propose() == []
+    small = ModelDrafter(_FakeDraftModel(n_ctx=6), [1, 2, 3], max_draft=8, costs=cheap())
+    small.extend([4])
+    assert small.propose(8) == [] and small.propose(1) == [5]  # 4 + 1 tokens fit in 6, 4 + 8 do not

@@ -258,7 +258,8 @@ def test_run_with_a_draft_model_reports_it(smollm2_path):
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
     t = answer["timings"]
-    assert t["draft_tokens"] > 0 and t["draft_accepted_tokens"] >= KEPT * t["draft_tokens"]
+    # the cost model drafts as long as drafting pays (a short draft at least, to measure it)
+    assert t["draft_tokens"] > 0 and 0 < t["draft_accepted_tokens"] <= t["draft_tokens"]
     assert "lighthouse" in answer["text"].lower() or "mara" in answer["text"].lower()
     missing = run_cli("run", "-m", str(smollm2_path), "--draft-model", "qwen2.5:0.5b", "--offline", "-n", "4", "--no-log", "hi")
     assert missing.returncode != 0 and "--draft-model qwen2.5:0.5b" in missing.stderr.decode()

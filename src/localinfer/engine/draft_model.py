@@ -123,7 +123,7 @@ class ModelDrafter(NgramDrafter):
         self.source = source
         self._spent = 0.0  # the draft model's time for the last proposal
         super().__init__(history, max_draft, costs)
-        if self.tokens:  # the draft model reads the prompt now, as the target did before the answer
+        if 0 < len(self.tokens) < source.model.n_ctx:  # the draft reads the prompt now, before the first token
             source.sync(self.tokens)
 
     def extend(self, tokens: Iterable[int]) -> None:
@@ -138,11 +138,11 @@ class ModelDrafter(NgramDrafter):
         """As NgramDrafter.propose, deciding the length before guessing: each guessed token costs a
         step of the draft model."""
         self._spent = 0.0
-        if self._pause:
+        if self._pause or self.costs.t1 is None:  # a plain step first: what a draft must beat
             return []
         k = self.size if limit is None else min(self.size, limit)
         k = self.worth(N_MIN, k) if k > 0 else 0
-        if k <= 0:
+        if k <= 0 or len(self.tokens) + k >= self.source.model.n_ctx:  # past the draft's context: no guess
             return []
         # catching up after a pause is not what a draft costs; reading the newest token is
         self.source.sync(self.tokens[:-1])
