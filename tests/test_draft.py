@@ -201,6 +201,8 @@ def test_cli_refuses_a_draft_model_where_sequences_share_a_context_and_a_lone_dr
         assert f"{command[0]} does not take --draft-model yet" in out.output and "--draft ngram" in out.output
     out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft", "ngram", "--draft-model", "x", "hi"])
     assert out.exit_code == 2 and "give one of them" in out.output
+    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-model", "x", "--keep-alive", "5m", "hi"])
+    assert out.exit_code == 2 and "--keep-alive does not take --draft-model" in out.output  # the resident server batches
     out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-max", "4", "hi"])
     assert out.exit_code == 2 and "--draft-max needs --draft ngram" in out.output
 
