@@ -263,9 +263,29 @@ def test_model_drafter_stops_where_guesses_cost_a_full_step_and_at_the_drafts_co
     from localinfer.engine.draft_model import ModelDrafter
 
     drafter = ModelDrafter(_FakeDraftModel(), [1, 2, 3], max_draft=8, costs=cheap())
+    assert drafter.propose() == []  # the answer's first step is plain
     drafter.costs.per_token = 0.030  # each guessed token costs more than a plain step (20 ms)
     drafter.extend([4])
     assert drafter.propose() == []
+    drafter.costs.per_token = 0.0001
+    assert drafter.propose() == [5, 6, 7, 8, 9, 10, 11, 12]
     small = ModelDrafter(_FakeDraftModel(n_ctx=6), [1, 2, 3], max_draft=8, costs=cheap())
     small.extend([4])
+    assert small.propose() == []  # plain
     assert small.propose(8) == [] and small.propose(1) == [5]  # 4 + 1 tokens fit in 6, 4 + 8 do not
+
+
+@pytest.mark.llama  # engine.draft_model loads libllama (its DraftModel); these use a stand-in
+def test_model_drafter_times_a_plain_step_again_now_and_then():
+    from localinfer.engine import draft_model as dm
+
+    drafter = dm.ModelDrafter(_FakeDraftModel(), [1, 2, 3], max_draft=4, costs=cheap())
+    steps = []
+    for _ in range(2 * dm.PLAIN_EVERY + 3):
+        draft = drafter.propose()
+        steps.append(bool(draft))
+        if draft:
+            drafter.feedback(len(draft), len(draft))
+        drafter.extend([drafter.tokens[-1] + 1, *draft])
+    # plain, PLAIN_EVERY drafts, plain, PLAIN_EVERY drafts, plain
+    assert [i for i, s in enumerate(steps) if not s] == [0, dm.PLAIN_EVERY + 1, 2 * (dm.PLAIN_EVERY + 1)]

@@ -25,6 +25,9 @@ from localinfer.engine.draft import DEFAULT_MAX_DRAFT, N_MIN, DraftCosts, NgramD
 
 VOCAB_SIZE_SLACK = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 CHECK_FROM = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID: the first ids are control tokens
+# A draft model guesses at every step, so a plain step (what a draft must beat) is timed on purpose:
+# the first of an answer, then one after every PLAIN_EVERY drafts (a loaded machine's speed changes)
+PLAIN_EVERY = 16
 _TYPES = {0: "none", 1: "SentencePiece", 2: "BPE", 3: "WordPiece", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
 
 
@@ -115,13 +118,14 @@ class ModelDrafter(NgramDrafter):
     """One sequence's drafter with a draft model as its source: NgramDrafter's interface, back-off
     and cost model (all guesses share one acceptance estimate, the match length N_MIN's)."""
 
-    __slots__ = ("source", "_spent")
+    __slots__ = ("source", "_spent", "_since_plain")
     kind = "model"
 
     def __init__(self, source: DraftModel, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT,
                  costs: DraftCosts | None = None) -> None:  # fmt: skip
         self.source = source
         self._spent = 0.0  # the draft model's time for the last proposal
+        self._since_plain = PLAIN_EVERY  # drafts since the last plain step: the first step is plain
         super().__init__(history, max_draft, costs)
         if 0 < len(self.tokens) < source.model.n_ctx:  # the draft reads the prompt now, before the first token
             source.sync(self.tokens)
@@ -138,7 +142,10 @@ class ModelDrafter(NgramDrafter):
         """As NgramDrafter.propose, deciding the length before guessing: each guessed token costs a
         step of the draft model."""
         self._spent = 0.0
-        if self._pause or self.costs.t1 is None:  # a plain step first: what a draft must beat
+        if self._pause:
+            return []
+        if self._since_plain >= PLAIN_EVERY or self.costs.t1 is None:
+            self._since_plain = 0
             return []
         k = self.size if limit is None else min(self.size, limit)
         k = self.worth(N_MIN, k) if k > 0 else 0
@@ -150,6 +157,7 @@ class ModelDrafter(NgramDrafter):
         draft = self.source.guess(self.tokens, k)
         self._spent = time.perf_counter() - t0
         self._last_n = N_MIN
+        self._since_plain += bool(draft)
         return draft
 
     def observe(self, n_tokens: int, seconds: float) -> None:
