@@ -71,7 +71,7 @@ def drafter_for(model: Any, history: Sequence[int], costs: DraftCosts | None = N
         costs = getattr(model, "draft_costs", None)
         if costs is None:  # kept on the model: the next answer starts with what this one measures
             costs = model.draft_costs = DraftCosts()
-    if model.draft_model is not None:  # a second model guesses (engine/draft_model.py)
+    if getattr(model, "draft_model", None) is not None:  # a second model guesses (engine/draft_model.py)
         from localinfer.engine.draft_model import ModelDrafter
 
         return ModelDrafter(model.draft_model, history, model.options.draft_max or DEFAULT_MAX_DRAFT, costs)
