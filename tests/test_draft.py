@@ -168,7 +168,8 @@ def test_acceptance_line():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("ngram", None, "smollm2"), "draft model"),
+        (("ngram", None, "smollm2"), "--draft and --draft-model are two ways to guess"),
+        ((None, None, " "), "--draft-model needs the name"),
         (("bogus", None, None), "--draft takes ngram"),
         (("ngram", 0, None), "--draft-max must be between 1"),
         (("ngram", d.MAX_DRAFT_LIMIT + 1, None), "--draft-max must be between 1"),
@@ -188,14 +189,20 @@ def test_good_draft_settings_pass():
 
 
 @pytest.mark.llama  # the CLI asks llama.cpp whether the build offloads before it refuses
-def test_cli_refuses_a_draft_model_and_a_lone_draft_max(tmp_path):
+def test_cli_refuses_a_draft_model_where_sequences_share_a_context_and_a_lone_draft_max(tmp_path):
     from typer.testing import CliRunner
 
     from localinfer.cli.main import build_app
 
     runner, app = CliRunner(), build_app()
-    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-model", "x", "hi"])
-    assert out.exit_code == 2 and "draft model (--draft-model) is not supported yet" in out.output
+    for command in (["serve"], ["batch", str(tmp_path / "in.jsonl")], ["bench"]):
+        out = runner.invoke(app, [*command, "-m", str(tmp_path / "none.gguf"), "--draft-model", "x"])
+        assert out.exit_code == 2, out.output
+        assert f"{command[0]} does not take --draft-model yet" in out.output and "--draft ngram" in out.output
+    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft", "ngram", "--draft-model", "x", "hi"])
+    assert out.exit_code == 2 and "give one of them" in out.output
+    out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-model", "x", "--keep-alive", "5m", "hi"])
+    assert out.exit_code == 2 and "--keep-alive does not take --draft-model" in out.output  # the resident server batches
     out = runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), "--draft-max", "4", "hi"])
     assert out.exit_code == 2 and "--draft-max needs --draft ngram" in out.output
 
@@ -212,3 +219,73 @@ def test_stats_lines_say_how_much_was_accepted():
     assert "· draft 74% accepted ·" in turn_line(drafted) and "draft" not in turn_line(plain)
     assert drafted.to_json()["timings"]["draft_accepted_tokens"] == 74
     assert plain.to_json()["timings"]["draft_tokens"] is None
+
+
+class _FakeDraftModel:
+    """A draft model's stand-in: guesses the next integers, each guess taking ``step`` seconds."""
+
+    def __init__(self, step: float = 0.0, n_ctx: int = 4096) -> None:
+        import types
+
+        self.model, self.step, self.synced, self.asked = types.SimpleNamespace(n_ctx=n_ctx), step, [], []
+
+    def sync(self, tokens, logits=False):
+        self.synced.append(len(tokens))
+
+    def guess(self, tokens, k):
+        import time
+
+        self.asked.append(k)
+        time.sleep(self.step * k)
+        return [tokens[-1] + i + 1 for i in range(k)]
+
+
+@pytest.mark.llama  # engine.draft_model loads libllama (its DraftModel); these use a stand-in
+def test_model_drafter_steps_plainly_first_then_counts_the_draft_models_time():
+    from localinfer.engine.draft_model import ModelDrafter
+
+    source = _FakeDraftModel(step=0.01)
+    drafter = ModelDrafter(source, [1, 2, 3], max_draft=8)
+    assert source.synced == [3]  # the prompt is read before the first token
+    drafter.extend([4])
+    assert drafter.propose() == []  # no plain step timed yet: nothing to compare a draft with
+    drafter.observe(1, 0.020)
+    drafter.extend([5])
+    assert drafter.propose() == [6, 7] and source.asked == [2]  # a short draft measures a drafted token
+    drafter.observe(3, 0.024)  # the target's batch: 4 ms over a plain step for 2 tokens...
+    drafter.feedback(2, 2)
+    assert drafter.costs.per_token >= (0.024 + 0.02 - 0.020) / 2 * 0.99  # ...plus the guesses' 2 x 10 ms
+    assert drafter.kind == "model"
+
+
+@pytest.mark.llama  # engine.draft_model loads libllama (its DraftModel); these use a stand-in
+def test_model_drafter_stops_where_guesses_cost_a_full_step_and_at_the_drafts_context():
+    from localinfer.engine.draft_model import ModelDrafter
+
+    drafter = ModelDrafter(_FakeDraftModel(), [1, 2, 3], max_draft=8, costs=cheap())
+    assert drafter.propose() == []  # the answer's first step is plain
+    drafter.costs.per_token = 0.030  # each guessed token costs more than a plain step (20 ms)
+    drafter.extend([4])
+    assert drafter.propose() == []
+    drafter.costs.per_token = 0.0001
+    assert drafter.propose() == [5, 6, 7, 8, 9, 10, 11, 12]
+    small = ModelDrafter(_FakeDraftModel(n_ctx=6), [1, 2, 3], max_draft=8, costs=cheap())
+    small.extend([4])
+    assert small.propose() == []  # plain
+    assert small.propose(8) == [] and small.propose(1) == [5]  # 4 + 1 tokens fit in 6, 4 + 8 do not
+
+
+@pytest.mark.llama  # engine.draft_model loads libllama (its DraftModel); these use a stand-in
+def test_model_drafter_times_a_plain_step_again_now_and_then():
+    from localinfer.engine import draft_model as dm
+
+    drafter = dm.ModelDrafter(_FakeDraftModel(), [1, 2, 3], max_draft=4, costs=cheap())
+    steps = []
+    for _ in range(2 * dm.PLAIN_EVERY + 3):
+        draft = drafter.propose()
+        steps.append(bool(draft))
+        if draft:
+            drafter.feedback(len(draft), len(draft))
+        drafter.extend([drafter.tokens[-1] + 1, *draft])
+    # plain, PLAIN_EVERY drafts, plain, PLAIN_EVERY drafts, plain
+    assert [i for i, s in enumerate(steps) if not s] == [0, dm.PLAIN_EVERY + 1, 2 * (dm.PLAIN_EVERY + 1)]

@@ -175,7 +175,8 @@ def load(
     """Resolve ``name`` as the CLI does (a registry name, an installed model or a .gguf path; None
     for the default), pulling it if needed, then pre-flight and load it. ``load_options``: fields
     of LoadOptions (``n_ctx=2048``, ``n_threads=4``, ``n_gpu_layers=-1``...; ``draft="ngram"``:
-    speculative decoding by n-gram lookup, ``draft_max=N`` tokens per guess). ``on_note``: receives
+    speculative decoding by n-gram lookup, ``draft_max=N`` tokens per guess; ``draft_model="NAME"``:
+    an installed small model of the same vocabulary guesses instead). ``on_note``: receives
     the pre-flight's notes (a context made smaller to fit...)."""
     from localinfer.store import resolve_model
 

@@ -78,6 +78,10 @@ def _resident(model: str | None, load_options: Callable[[ResolvedModel], LoadOpt
         options = load_options(None)  # type: ignore[arg-type]
     except AttributeError:  # the load is sized by the model (batch): resolved here first
         options = None
+    if options is not None and options.draft_model is not None:  # the resident server batches sequences
+        from localinfer.errors import UsageError
+
+        raise UsageError("--keep-alive does not take --draft-model yet: a draft model serves one sequence here", hint="leave out --keep-alive")
     if model:
         tell(ModelId(model))
     return open_resident(model, options, keep_alive=keep_alive.seconds, max_models=keep_alive.max_models, resolve=resolve,

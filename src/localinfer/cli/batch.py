@@ -73,6 +73,8 @@ def batch(
     """Run many requests through one model, several sequences at a time; one JSON result per line.
     --json-schema, --grammar or --format json constrain every answer; a line's response_format overrides them."""
     with handle_errors():
+        if draft is not None:  # one sequence at a time only, for now (generate.drafting)
+            draft.single_sequence("batch")
         from localinfer.batch import io as batchio
         from localinfer.batch import job as batchjob
         from localinfer.errors import UsageError

@@ -130,6 +130,8 @@ def bench(
             quiet=quiet, local_only=local_only,
         )  # fmt: skip
     with handle_errors():
+        if draft is not None:  # one sequence at a time only, for now (generate.drafting)
+            draft.single_sequence("bench")
         from localinfer.bench import method as core
         from localinfer.bench.sweep import run_bench
         from localinfer.usage import history

@@ -2,9 +2,10 @@
 option groups (common, load, sampling, cost, server, format...) that a command takes as one plain value
 for the core (how a group is attached: cli/groups.py)."""
 
+import dataclasses
 import enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Optional, TypeAlias
 
 import typer
 
@@ -346,7 +347,7 @@ _DRAFT = "Speculative decoding"
 def _draft(
     draft: Annotated[Optional[str], typer.Option("--draft", metavar="ngram", help="Guess the next tokens and have the model check them in one batch: ngram looks them up in the prompt and the answer so far (fast where the answer copies; the same text either way).", rich_help_panel=_DRAFT)] = None,
     draft_max: Annotated[Optional[int], typer.Option("--draft-max", metavar="N", help="Tokens guessed per step at most. [default: 8]", rich_help_panel=_DRAFT, show_default=False)] = None,
-    draft_model: Annotated[Optional[str], typer.Option("--draft-model", metavar="NAME", help="A small model with the same vocabulary as the guesser (not supported yet).", rich_help_panel=_DRAFT)] = None,
+    draft_model: Annotated[Optional[str], typer.Option("--draft-model", metavar="NAME", help="An installed small model with the target's vocabulary guesses the next tokens (run and chat; the same text either way).", rich_help_panel=_DRAFT)] = None,
 ) -> "Draft":
     from localinfer.engine.draft import check
 
@@ -354,24 +355,24 @@ def _draft(
     if draft_max is not None and kind is None and draft_model is None:
         raise UsageError("--draft-max needs --draft ngram")
     check(kind, draft_max, draft_model)
-    return Draft(kind, draft_max)
+    return Draft(kind, draft_max, draft_model.strip() if draft_model is not None else None)
 
 
-class Draft:
-    """What the draft group gives a command: --draft and --draft-max, checked."""
+class Draft(NamedTuple):
+    """What the draft group gives a command: --draft, --draft-max and --draft-model, checked."""
+    kind: "str | None"
+    max: "int | None"
+    model: "str | None" = None
 
-    __slots__ = ("kind", "max")
-
-    def __init__(self, kind: "str | None", max_draft: "int | None") -> None:
-        self.kind, self.max = kind, max_draft
+    def single_sequence(self, command: str) -> None:
+        if self.model is not None:  # several sequences share a context: run and chat only, for now
+            raise UsageError(f"{command} does not take --draft-model yet: a draft model serves one sequence (run, chat)", hint="use --draft ngram")  # fmt: skip
 
     def apply(self, load: "LoadOptions | None") -> "LoadOptions | None":
         """``load`` with these settings (None: with --endpoint, nothing is loaded here)."""
-        if load is None or self.kind is None:
+        if load is None or (self.kind is None and self.model is None):
             return load
-        import dataclasses
-
-        return dataclasses.replace(load, draft=self.kind, draft_max=self.max)
+        return dataclasses.replace(load, draft=self.kind, draft_max=self.max, draft_model=self.model)
 
 
 COMMON = OptionGroup(_common)  # -> Flags (the load group reads --verbose too)

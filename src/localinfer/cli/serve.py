@@ -48,6 +48,8 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings)."""
     with handle_errors():
+        if draft is not None:  # one sequence at a time only, for now (generate.drafting)
+            draft.single_sequence("serve")
         from localinfer.batch import job as batchjob
         from localinfer.render.stats import warn
         from localinfer.serve.config import ServeConfig

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-KINDS = ("ngram",)  # --draft values; a draft model (--draft-model) is designed for, not built
+KINDS = ("ngram",)  # --draft values; a draft model (--draft-model) is engine/draft_model.py
 DEFAULT_MAX_DRAFT = 8  # tokens per guess at most; not tuned yet: the loaded 2-core machine cannot tell
 MAX_DRAFT_LIMIT = 64
 N_MAX = 5  # longest n-gram looked up
@@ -216,11 +216,10 @@ def check(kind: str | None, max_draft: int | None, draft_model: str | None) -> N
     """Refuse a draft setting we cannot honour (UsageError naming it)."""
     from localinfer.errors import UsageError
 
-    if draft_model is not None:
-        raise UsageError(
-            "a draft model (--draft-model) is not supported yet",
-            hint="use --draft ngram (n-gram lookup in the prompt and the answer, no second model)",
-        )
+    if draft_model is not None and kind is not None:  # one source of guesses per load
+        raise UsageError("--draft and --draft-model are two ways to guess: give one of them")
+    if draft_model is not None and not str(draft_model).strip():
+        raise UsageError("--draft-model needs the name of an installed model")
     if kind is not None and kind not in KINDS:
         raise UsageError(f"--draft takes {', '.join(KINDS)}, not {kind!r}")
     if max_draft is not None and not 1 <= max_draft <= MAX_DRAFT_LIMIT:

@@ -74,9 +74,13 @@ class Model(Vocab):
         self._one = (llama_cpp.llama_token * 1)()
         self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
         self._tokens: list[int] = []  # what sequence 0 holds in the KV cache, in order
+        self.draft_model: Any = None  # engine.draft_model.DraftModel: guesses for speculative decoding
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
+        if getattr(self, "draft_model", None) is not None:
+            self.draft_model.close()
+            self.draft_model = None
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
@@ -308,7 +312,7 @@ class Model(Vocab):
             stats.extra["seed"] = seed
             lp = self.new_logprobs(logprobs) if logprobs is not None else None
             try:
-                if self.options.draft is not None:  # speculative decoding (engine/speculate.py)
+                if self.options.draft is not None or self.draft_model is not None:  # speculative decoding (engine/speculate.py)
                     from localinfer.engine.speculate import speculative_loop
 
                     yield from speculative_loop(self, chain, stats, t_start, max_tokens, stop, ignore_eos, lp, limiter, prompt)

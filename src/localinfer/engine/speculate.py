@@ -71,6 +71,10 @@ def drafter_for(model: Any, history: Sequence[int], costs: DraftCosts | None = N
         costs = getattr(model, "draft_costs", None)
         if costs is None:  # kept on the model: the next answer starts with what this one measures
             costs = model.draft_costs = DraftCosts()
+    if getattr(model, "draft_model", None) is not None:  # a second model guesses (engine/draft_model.py)
+        from localinfer.engine.draft_model import ModelDrafter
+
+        return ModelDrafter(model.draft_model, history, model.options.draft_max or DEFAULT_MAX_DRAFT, costs)
     return NgramDrafter(history, model.options.draft_max or DEFAULT_MAX_DRAFT, costs)
 
 
@@ -113,7 +117,7 @@ def speculative_loop(
     limit = max_tokens if max_tokens is not None else n_ctx + 1
     n_gen = 0
     t_first = 0.0
-    stats.draft = "ngram"
+    stats.draft = getattr(drafter, "kind", "ngram")
     if limit <= 0:
         stats.finish_reason = "length"
         return

@@ -40,7 +40,8 @@ class LoadOptions:
     # (generate.load, the bench), before it, with engine.rpc.add_servers; the engine's Model does not
     rpc_servers: tuple[str, ...] = ()
     # speculative decoding (engine/draft.py): "ngram" drafts by lookup in the prompt and the answer;
-    # draft_max: tokens per draft (None: the default); draft_model: designed for, refused for now
+    # draft_max: tokens per draft (None: the default); draft_model: the name of a second model that
+    # guesses (engine/draft_model.py; resolved and loaded by generate.drafting)
     draft: str | None = None
     draft_max: int | None = None
     draft_model: str | None = None

@@ -109,8 +109,15 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
         from localinfer.system.preflight import less_projector
 
         budget = less_projector(budget or memory_budget(), resolved.mmproj.stat().st_size)
+    draft = None
+    if options.draft_model is not None:  # a second model guesses: planned first, loaded after
+        from localinfer.generate.drafting import plan_draft
+
+        draft, budget = plan_draft(resolved, options, budget, force=force)
     plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
     model = Model(resolved.path, plan.apply(options))
+    if draft is not None:
+        draft.attach(model, resolved.name)  # closes the target where the draft cannot be loaded
     template: ChatTemplate | None = None
     gguf_template = model.chat_template
     if gguf_template:
