@@ -171,7 +171,7 @@ class BatchStep:
             now = clock()
             st = s.stats
             if s.prompt is not None:  # the prompt's last chunk was just evaluated
-                st.prefill_s = now - s.t_admit
+                st.prefill_s = now - s.t_admit - st.image_encode_s  # images' encoding apart (engine.batch_media)
                 self.stats.prompt_tokens += len(s.prompt) - st.cached_tokens
                 s.prompt = None
             if s.n_gen == 0 and st.first_token_s is None:

@@ -38,10 +38,6 @@ class Slot:
         self.matcher = StopMatcher(job.stop)
         self.pieces: list[str] = []
         self.stats = GenerationStats(prompt_tokens=len(self.prompt), cached_tokens=cached)
-        media = getattr(job.tokens, "evaluate_seq", None)  # engine.vision.MediaPrompt: its images decoded now
-        if media is not None:
-            self.stats.cached_tokens, self.pos, self.stats.image_encode_s = media(model, seq, cached)
-            self.off, self.stats.image_tokens = self.pos, job.tokens.image_tokens
         self.t_admit = now
         self.t_first = 0.0
         self.max_tokens = job.max_tokens
@@ -145,6 +141,17 @@ class SlotTable:
         else:
             self._forget(slot.seq)
         self.free.append(slot.seq)
+
+    def hold(self, seq: int, tokens: list[int]) -> None:
+        """A taken id whose job waits (its images encode: engine/batch_media.py) keeps ``tokens``
+        meanwhile: an idle id's filler goes after them."""
+        self.kept[seq] = tokens
+
+    def unhold(self, seq: int) -> int:
+        """The job of a held id runs (or ends): how many positions the id still holds."""
+        n = len(self.kept[seq])
+        self.kept[seq] = []
+        return n
 
     def filler_pos(self, seq: int) -> int:
         """Where an idle sequence's throwaway token goes: right after what it keeps."""

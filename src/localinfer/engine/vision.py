@@ -68,6 +68,7 @@ class Projector:
         self.load_s = time.perf_counter() - t0
         self.marker = (mt.mtmd_default_marker() or b"<__media__>").decode()
         self.mrope = bool(mt.mtmd_decode_use_mrope(ctx))
+        self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model._model))  # floats per image token
 
     def close(self) -> None:
         if self._ctx:
@@ -195,27 +196,37 @@ class MediaPrompt(list):
         stats.image_encode_s += self._run(model, 0, cached, len(self), text, image)
         return cached
 
-    def evaluate_seq(self, model: Model, seq: int, cached: int) -> tuple[int, int, float]:
-        """The batch engine's (a Slot's, as it is admitted): decode all but the last position into
-        sequence ``seq`` (which holds the first ``cached``), so that the slot evaluates the last text
-        token as any prompt's. Returns the positions kept from the cache, those now held, and the
-        images' encode time."""
+    def start_seq(self, model: Model, seq: int, cached: int) -> int:
+        """The batch engine's, as a slot is admitted: of the ``cached`` positions sequence ``seq``
+        holds, those kept (moved back to an image's start if it falls inside one: cells dropped)."""
         for start, n, chunk in self.pieces:
             if chunk is not None and start < cached < start + n:
                 cached = start if model.drop_tokens(seq, start) else 0
                 if not cached:
                     model.drop_sequence(seq)
+        return cached
+
+    def images_from(self, cached: int) -> list[Any]:
+        """The image chunks that a sequence holding the first ``cached`` positions still needs."""
+        return [chunk for start, n, chunk in self.pieces if chunk is not None and start + n > cached]
+
+    def decode_seq(self, model: Model, seq: int, cached: int, embds: Sequence[Any]) -> int:
+        """The batch engine's (engine thread), once ``images_from(cached)`` are encoded (``embds``, in
+        order: engine/vision_encode.py): decode all but the last position into sequence ``seq``, so
+        that the slot evaluates the last text token as any prompt's. Returns the positions now held."""
+        left = iter(embds)
 
         def text(tokens: list[int], pos: int) -> None:
             _decode_seq(model, seq, tokens, pos)
 
-        encode_s = self._run(model, seq, cached, len(self) - 1, text, lambda _s, _e: None)
-        return cached, len(self) - 1, encode_s
+        self._run(model, seq, cached, len(self) - 1, text, lambda _s, _e: None, lambda _p, _c: (next(left), 0.0))
+        return len(self) - 1
 
-    def _run(self, model: Model, seq: int, cached: int, upto: int, text: Any, image: Any) -> float:
+    def _run(self, model: Model, seq: int, cached: int, upto: int, text: Any, image: Any, encoded: Any = None) -> float:
         """Decode positions ``cached`` to ``upto``: text pieces through ``text(tokens, pos)``, images
-        encoded and decoded here (then ``image(start, end)``); the time spent encoding."""
-        mt, pr = self.projector.mt, self.projector
+        encoded (``encoded(chunk)``: their embeddings and seconds; else here) and decoded here (then
+        ``image(start, end)``); the time spent encoding."""
+        pr = self.projector
         encode_s = 0.0
         for start, n, chunk in self.pieces:
             end = min(start + n, upto)
@@ -224,20 +235,41 @@ class MediaPrompt(list):
             if chunk is None:
                 text(list(self[max(start, cached) : end]), max(start, cached))
                 continue
-            t0 = time.perf_counter()
-            if mt.mtmd_encode_chunk(pr._ctx, chunk) != 0:
-                raise GenerationError("libmtmd could not encode an image")
-            embd = mt.mtmd_get_output_embd(pr._ctx)
-            encode_s += time.perf_counter() - t0
-            new_past = llama_cpp.llama_pos(0)
-            rc = mt.mtmd_helper_decode_image_chunk(pr._ctx, model._ctx, chunk, embd, start, seq, model.n_batch,
-                                                   ctypes.byref(new_past), _no_callback(mt), None)  # fmt: skip
-            if rc != 0:
-                if seq == 0:
-                    model._decode_failed(rc)
-                raise GenerationError(f"decoding an image failed (code {rc})")
+            embd, spent = (encoded or encode)(pr, chunk)
+            encode_s += spent
+            decode_image(pr, model, chunk, embd, start, seq)
             image(start, start + n)
         return encode_s
+
+
+def encode(projector: Projector, chunk: Any) -> tuple[Any, float]:
+    """Encode an image chunk: libmtmd's output buffer (overwritten by the next encode), and the seconds."""
+    mt = projector.mt
+    t0 = time.perf_counter()
+    if mt.mtmd_encode_chunk(projector._ctx, chunk) != 0:
+        raise GenerationError("libmtmd could not encode an image")
+    return mt.mtmd_get_output_embd(projector._ctx), time.perf_counter() - t0
+
+
+def encode_copy(projector: Projector, chunk: Any) -> tuple[Any, float]:
+    """:func:`encode`, its embeddings copied out of libmtmd's buffer (an encode off the engine thread)."""
+    embd, spent = encode(projector, chunk)
+    n = int(projector.mt.mtmd_input_chunk_get_n_tokens(chunk)) * projector.n_embd
+    out = (ctypes.c_float * n)()
+    ctypes.memmove(out, embd, n * ctypes.sizeof(ctypes.c_float))
+    return out, spent
+
+
+def decode_image(projector: Projector, model: Model, chunk: Any, embd: Any, start: int, seq: int) -> None:
+    """Decode an encoded image's embeddings at positions ``start``... of sequence ``seq`` (libmtmd's helper)."""
+    mt = projector.mt
+    new_past = llama_cpp.llama_pos(0)
+    rc = mt.mtmd_helper_decode_image_chunk(projector._ctx, model._ctx, chunk, embd, start, seq, model.n_batch,
+                                           ctypes.byref(new_past), _no_callback(mt), None)  # fmt: skip
+    if rc != 0:
+        if seq == 0:
+            model._decode_failed(rc)
+        raise GenerationError(f"decoding an image failed (code {rc})")
 
 
 def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int) -> None:
