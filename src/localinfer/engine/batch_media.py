@@ -34,6 +34,8 @@ class MediaSlots:
         """Start encoding ``slot``'s images (its tokens are a MediaPrompt); an error to end it with, if any."""
         media = media_of(slot)
         cached = media.start_seq(self.model, slot.seq, slot.pos)
+        if media.shift:  # M-RoPE: drafts are dropped by position (batch_step._verified), which cells' indices are not
+            slot.drafter, slot.stats.draft = None, None
         slot.pos = slot.off = slot.stats.cached_tokens = cached
         slot.stats.image_tokens = media.image_tokens
         if self._encoder is None:
@@ -79,6 +81,7 @@ class MediaSlots:
     def _decode(self, slot: Slot, job: Encoding) -> str | None:
         try:
             slot.pos = slot.off = media_of(slot).decode_seq(self.model, slot.seq, job.start, job.embds)
+            slot.shift = media_of(slot).shift
         except Exception as exc:
             self.model.drop_sequence(slot.seq)  # part of it may be decoded
             slot.pos = slot.off = 0

@@ -21,14 +21,15 @@ class Slot:
     __slots__ = (
         "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
         "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos", "gen", "emit", "cancel", "logprobs",
-        "limiter", "drafter", "draft",
+        "limiter", "drafter", "draft", "shift",
     )
 
     def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0, model: Model | None = None) -> None:
         self.seq = seq
         self.job = job
         self.chain = chain
-        self.pos = cached  # next position to fill = tokens in this sequence's cache
+        self.pos = cached  # next cell to fill = tokens in this sequence's cache
+        self.shift = 0  # a cell's position minus its index (after M-RoPE images: engine.vision.MediaPrompt.shift)
         self.prompt: list[int] | None = list(job.tokens)  # None once the prompt is evaluated
         self.off = cached  # prompt tokens already in the cache or put in a batch
         self.idx = -1  # this step: batch index of the row to sample from, -1 = none

@@ -128,7 +128,9 @@ class MediaPrompt(list):
     def __init__(self, projector: Projector, chunks: Any, images: Sequence[Image]) -> None:
         mt = projector.mt
         self.projector, self._chunks = projector, chunks
-        self.pieces: list[tuple[int, int, Any]] = []  # (start, n positions, image chunk or None)
+        self.pieces: list[tuple[int, int, Any]] = []  # (start, n tokens, image chunk or None)
+        self.pos_at: list[int] = []  # each piece's first position: M-RoPE's image takes max(rows, columns), not its tokens
+        pos = 0
         tokens: list[int] = []
         n_vocab = projector.model.n_vocab
         self.image_tokens = 0
@@ -146,11 +148,15 @@ class MediaPrompt(list):
                                          f"{projector.model.path.name}'s vocabulary lacks (token id {bad})",
                                          hint="use the projector made for this model")  # fmt: skip
                     self.pieces.append((len(tokens), len(text), None))
+                    self.pos_at.append(pos)
+                    pos += len(text)
                     tokens.extend(text)
                 elif kind == CHUNK_IMAGE:
                     n_tok = int(mt.mtmd_input_chunk_get_n_tokens(chunk))
                     ident = (mt.mtmd_input_chunk_get_id(chunk) or b"").decode() or str(i)
                     self.pieces.append((len(tokens), n_tok, chunk))
+                    self.pos_at.append(pos)
+                    pos += int(mt.mtmd_input_chunk_get_n_pos(chunk))
                     tokens.extend([-2 - (hash((ident, len(tokens))) & 0x3FFFFFFF)] * n_tok)
                     self.image_tokens += n_tok
                 else:
@@ -162,6 +168,7 @@ class MediaPrompt(list):
             self._chunks = None
             raise UsageError("the prompt ends with an image: text must follow it (the answer starts after)")
         super().__init__(tokens)
+        self.shift = pos - len(tokens)  # a cell's position minus its index, after the last image (M-RoPE: < 0)
         self.history = [t for t in tokens if t >= 0]
 
     def close(self) -> None:
@@ -187,8 +194,12 @@ class MediaPrompt(list):
             model.reset()
             cached = 0
 
-        def text(tokens: list[int], _pos: int) -> None:
-            model._decode(tokens)
+        def text(tokens: list[int], pos: int) -> None:
+            if pos == len(model._tokens):
+                model._decode(tokens)
+            else:  # after an M-RoPE image: its positions, then generation goes on from the last one
+                _decode_seq(model, 0, tokens, pos, last_logits=True)
+                model._tokens.extend(tokens)
 
         def image(start: int, end: int) -> None:
             model._tokens.extend(self[start:end])
@@ -198,9 +209,10 @@ class MediaPrompt(list):
 
     def start_seq(self, model: Model, seq: int, cached: int) -> int:
         """The batch engine's, as a slot is admitted: of the ``cached`` positions sequence ``seq``
-        holds, those kept (moved back to an image's start if it falls inside one: cells dropped)."""
+        holds, those kept (moved back to an image's start if it falls inside one - or after one, with
+        M-RoPE's positions, which are not the cells' indices that dropping cells goes by)."""
         for start, n, chunk in self.pieces:
-            if chunk is not None and start < cached < start + n:
+            if chunk is not None and start < cached and (cached < start + n or self.shift):
                 cached = start if model.drop_tokens(seq, start) else 0
                 if not cached:
                     model.drop_sequence(seq)
@@ -228,16 +240,17 @@ class MediaPrompt(list):
         ``image(start, end)``); the time spent encoding."""
         pr = self.projector
         encode_s = 0.0
-        for start, n, chunk in self.pieces:
+        for (start, n, chunk), pos in zip(self.pieces, self.pos_at):
             end = min(start + n, upto)
             if end <= cached or start >= upto:
                 continue
             if chunk is None:
-                text(list(self[max(start, cached) : end]), max(start, cached))
+                first = max(start, cached)
+                text(list(self[first:end]), pos + first - start)
                 continue
             embd, spent = (encoded or encode)(pr, chunk)
             encode_s += spent
-            decode_image(pr, model, chunk, embd, start, seq)
+            decode_image(pr, model, chunk, embd, pos, seq)
             image(start, start + n)
         return encode_s
 
@@ -272,8 +285,9 @@ def decode_image(projector: Projector, model: Model, chunk: Any, embd: Any, star
         raise GenerationError(f"decoding an image failed (code {rc})")
 
 
-def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int) -> None:
-    """Evaluate ``tokens`` at positions ``pos``... of sequence ``seq`` (no logits), n_batch at a time."""
+def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int, last_logits: bool = False) -> None:
+    """Evaluate ``tokens`` at positions ``pos``... of sequence ``seq``, n_batch at a time (no logits
+    but, with ``last_logits``, the last token's)."""
     for off in range(0, len(tokens), model.n_batch):
         part = tokens[off : off + model.n_batch]
         batch = llama_cpp.llama_batch_init(len(part), 0, 1)
@@ -282,6 +296,8 @@ def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int) -> None:
                 batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos + off + i, 1, 0
                 batch.seq_id[i][0] = seq
             batch.n_tokens = len(part)
+            if last_logits and off + len(part) == len(tokens):
+                batch.logits[len(part) - 1] = 1
             rc = model.decode_batch(batch)
         finally:
             llama_cpp.llama_batch_free(batch)
