@@ -10,14 +10,13 @@ import threading
 import time
 
 import pytest
-from projector import image_tokens, png, write_projector
+from projector import image_tokens, png, qwen2vl_text_model, write_projector
 
 from localinfer.engine import vision
 from localinfer.engine.batch import BatchDecoder
 from localinfer.engine.types import SeqJob
 from localinfer.errors import GenerationError
 from localinfer.request import images
-from localinfer.request.images import ImageError
 from localinfer.request.request import build
 from localinfer.request.sampling import SamplingOptions
 
@@ -171,9 +170,76 @@ def test_an_image_that_fails_to_encode_fails_its_request_only(loaded, monkeypatc
     assert results["text"].error is None and results["text"].stats.completion_tokens == 12
 
 
-def test_an_m_rope_projector_is_refused_by_the_batch_engine_naming_why(loaded, monkeypatch):
-    monkeypatch.setattr(loaded.projector, "mrope", True)
-    req = build(messages=[images.message("user", "hi", [images.from_bytes(png(1), "1.png")])], sampling=GREEDY)
-    with pytest.raises(ImageError, match="M-RoPE"):
-        images.for_model(loaded, req, several=True)
-    assert images.for_model(loaded, req) != ()  # `run` takes them
+@pytest.fixture(scope="module")
+def qwen(smollm2_path, tmp_path_factory):
+    """SmolLM2 as a ``qwen2vl`` text model with a Qwen2-VL (M-RoPE) projector: an image of 3 x 3
+    merged patches is 9 tokens but 3 positions (libmtmd's ``max(rows, columns)``)."""
+    from localinfer.engine.types import LoadOptions
+    from localinfer.generate.run import load
+    from localinfer.store.resolve import resolve_model
+
+    tmp = tmp_path_factory.mktemp("qwen2vl")
+    text = qwen2vl_text_model(smollm2_path, tmp / "qwen2vl-test.gguf")
+    projector = write_projector(tmp / "mmproj-qwen2vl.gguf", kind="qwen2vl_merger", image_size=64, patch=8)
+    model = load(dataclasses.replace(resolve_model(str(text)), mmproj=projector), LoadOptions(n_ctx=2048, n_threads=2, n_seq_max=2))
+    assert model.projector.mrope
+    yield model
+    model.close()
+
+
+def test_m_rope_images_take_libmtmds_positions_in_run_and_in_the_batch_engine(qwen):
+    """Positions after an M-RoPE image are not token counts: the run path and the batch engine both
+    give each cell libmtmd's position (the KV cache shows it), and so answer alike."""
+    from localinfer.engine.backend import llama_cpp
+    from localinfer.generate.run import build_prompt, generate
+
+    def last_position(seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(qwen.model._mem, seq))
+
+    answers = {}
+    for seed in (1, 2):
+        req = build(messages=[images.message("user", "What is in this picture?", [images.from_bytes(png(seed), "p.png")])],
+                    sampling=GREEDY, max_tokens=8)  # fmt: skip
+        prompt = build_prompt(qwen, req, n_ctx=qwen.model.n_ctx_seq)[0]
+        assert prompt.image_tokens == 9 and prompt.shift == 3 - 9  # 3 positions for 9 tokens
+        qwen.model.reset()
+        alone = generate(qwen, req, lambda _t: None)
+        assert alone.stats.image_tokens == 9 and alone.stats.prompt_tokens == len(prompt)
+        # the cache's last position: the prompt's and every generated token but the last, shifted
+        assert last_position(0) == len(prompt) + alone.stats.completion_tokens - 2 + prompt.shift
+        seen: list[int] = []
+        job = SeqJob("image", prompt, GREEDY, 8, on_text=lambda _p: seen.append(last_position(1)))
+        with BatchDecoder(qwen.model, 2, keep_cache=True) as decoder:
+            results = {r.key: r for r in decoder.run([_streaming(qwen, Events(), 16), job])}
+        batched = results["image"]
+        assert batched.error is None and batched.stats.image_tokens == 9
+        assert seen[0] == len(prompt) - 1 + prompt.shift  # the prompt's last token, at libmtmd's position
+        assert batched.text == alone.text  # the same positions, the same answer
+        answers[seed] = alone.text
+    assert answers[1] != answers[2]  # the image steers it
+
+
+def test_the_batch_engine_reuses_an_m_rope_prompt_only_before_its_image(qwen):
+    """Dropping cells goes by position: a cached M-RoPE prompt is kept up to its image only."""
+    req = build(messages=[images.message("user", "What is in this picture?", [images.from_bytes(png(1), "p.png")])],
+                sampling=GREEDY, max_tokens=4)  # fmt: skip
+    from localinfer.generate.run import build_prompt
+
+    prompt = build_prompt(qwen, req, n_ctx=qwen.model.n_ctx_seq)[0]
+    first_image = next(start for start, _n, chunk in prompt.pieces if chunk is not None)
+    ended: list[str] = []
+
+    def one_after_another(*jobs: SeqJob):
+        for job in jobs:
+            yield job
+            while job.key not in ended:
+                yield None
+
+    with BatchDecoder(qwen.model, 2, keep_cache=True) as decoder:
+        results = []
+        for r in decoder.run(one_after_another(SeqJob("a", prompt, GREEDY, 4), SeqJob("b", prompt, GREEDY, 4))):
+            ended.append(r.key)
+            results.append(r)
+    a, b = results
+    assert b.stats.cached_tokens == first_image and b.stats.image_encode_s > 0
+    assert a.text == b.text
