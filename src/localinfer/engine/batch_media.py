@@ -38,13 +38,17 @@ class MediaSlots:
             slot.drafter, slot.stats.draft = None, None
         slot.pos = slot.off = slot.stats.cached_tokens = cached
         slot.stats.image_tokens = media.image_tokens
+        table.hold(slot.seq, media[:cached])
+        if not media.images_from(cached):  # its images are in the cache: nothing to wait for behind others' encodes
+            job = self.pending[slot] = Encoding(media, cached)
+            job.done = True
+            return None
         if self._encoder is None:
             self._encoder = ImageEncoder(self.limit)
         try:
             self.pending[slot] = self._encoder.submit(media, cached)
         except queue.Full:
             return "too many images are waiting to be encoded"
-        table.hold(slot.seq, media[:cached])
         return None
 
     def news(self, table: SlotTable) -> tuple[list[Slot], list[tuple[Slot, str | None]]]:
