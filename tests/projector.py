@@ -28,8 +28,9 @@ def write_projector(
     path: Path, *, out_width: int = SMOLLM2_WIDTH, seed: int = 41, image_size: int = IMAGE_SIZE, patch: int = PATCH,
     kind: str = "mlp",
 ) -> Path:
-    """``kind``: "mlp" (LLaVA's), or "idefics3" (SmolVLM's: its prompt needs marker tokens such as
-    ``<fake_token_around_image>`` in the text model's vocabulary, which SmolLM2's lacks)."""
+    """``kind``: "mlp" (LLaVA's), "idefics3" (SmolVLM's: its prompt needs marker tokens such as
+    ``<fake_token_around_image>`` in the text model's vocabulary, which SmolLM2's lacks), or
+    "qwen2vl_merger" (Qwen2-VL's: M-RoPE positions; for :func:`qwen2vl_text_model`)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -64,6 +65,9 @@ def write_projector(
         "v.pre_ln.weight": np.ones(N_EMBD, np.float32),
         "v.pre_ln.bias": np.zeros(N_EMBD, np.float32),
     }
+    if kind == "qwen2vl_merger":  # two patch convolutions (a frame pair), M-RoPE in place of position embeddings
+        tensors = {"v.patch_embd.weight": tensors["v.patch_embd.weight"],
+                   "v.patch_embd.weight.1": w(N_EMBD, 3, patch, patch, scale=1.0 / np.sqrt(3 * patch * patch))}  # fmt: skip
     for il in range(N_LAYER):
         b = f"v.blk.{il}"
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -80,6 +84,13 @@ def write_projector(
         tensors["mm.model.fc.weight"] = w(out_width, N_EMBD * 4)
         tensors["v.post_ln.weight"] = np.ones(N_EMBD, np.float32)
         tensors["v.post_ln.bias"] = np.zeros(N_EMBD, np.float32)
+    elif kind == "qwen2vl_merger":  # 2x2 patches merged, then two matrices
+        tensors["v.post_ln.weight"] = np.ones(N_EMBD, np.float32)
+        tensors["v.post_ln.bias"] = np.zeros(N_EMBD, np.float32)
+        tensors["mm.0.weight"] = w(N_EMBD * 4, N_EMBD * 4)
+        tensors["mm.0.bias"] = np.zeros(N_EMBD * 4, np.float32)
+        tensors["mm.2.weight"] = w(out_width, N_EMBD * 4)
+        tensors["mm.2.bias"] = np.zeros(out_width, np.float32)
     else:
         tensors["mm.0.weight"] = w(out_width, N_EMBD)
         tensors["mm.0.bias"] = np.zeros(out_width, np.float32)
@@ -93,6 +104,28 @@ def write_projector(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def qwen2vl_text_model(src: Path, dst: Path, sections: tuple[int, int, int, int] = (8, 12, 12, 0)) -> Path:
+    """SmolLM2's GGUF (``src``) as a ``qwen2vl`` text model: the same tensors and vocabulary, its keys
+    renamed and M-RoPE sections added (summing to half its 64-wide heads). Its rotary layout is not
+    the one it was trained with, so it talks nonsense - deterministic nonsense, which is what the
+    tests need of a model that takes Qwen2-VL's positions."""
+    import struct
+
+    from ggufmutate import T_ARRAY, T_INT32, read_layout, write_layout
+
+    layout = read_layout(src)
+    kvs = []
+    for key, vtype, raw in layout.kvs:
+        if key == b"general.architecture":
+            raw = struct.pack("<Q", 7) + b"qwen2vl"
+        elif key.startswith(b"llama."):
+            key = b"qwen2vl." + key[len(b"llama.") :]
+        kvs.append((key, vtype, raw))
+    kvs.append((b"qwen2vl.rope.dimension_sections", T_ARRAY, struct.pack("<IQ4i", T_INT32, 4, *sections)))
+    layout.kvs = kvs
+    return write_layout(layout, dst)
 
 
 def png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:

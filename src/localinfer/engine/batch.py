@@ -30,6 +30,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from localinfer.engine.backend import llama_cpp
+from localinfer.engine.batch_media import MediaSlots
 from localinfer.engine.batch_stats import BatchStats
 from localinfer.engine.batch_step import BatchStep
 from localinfer.engine.draft import DraftCosts
@@ -38,6 +39,7 @@ from localinfer.engine.sampling import constraint_of
 from localinfer.engine.slots import Slot, SlotTable
 from localinfer.engine.speculate import drafter_for
 from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
+from localinfer.engine.vision import MediaPrompt
 from localinfer.errors import GenerationError
 from localinfer.request.structured import FormatError
 
@@ -49,6 +51,7 @@ def _by_seq(slot: Slot) -> int:
 
 
 _END = object()  # the job source is exhausted
+MEDIA_WAIT_S = 0.005  # nothing steps but images encode: how long to wait for one before asking for jobs again
 
 
 class BatchDecoder(BatchStep):
@@ -88,8 +91,10 @@ class BatchDecoder(BatchStep):
         self.draft_costs = DraftCosts()  # what a step and a drafted token cost in this context
         self._masks: Any = None  # a constrain.MaskPrefetch (where it pays), made for the first constrained job
         self._masks_checked = False
+        self._media = MediaSlots(model, self.n_parallel)  # slots whose images are being encoded
 
     def close(self) -> None:
+        self._media.close()
         if self._masks is not None:
             self._masks.close()
             self._masks = None
@@ -114,8 +119,8 @@ class BatchDecoder(BatchStep):
     # -- figures other threads may read (a server's metrics) ------------------------------------
     @property
     def n_active(self) -> int:
-        """Sequences running now."""
-        return len(self._active)
+        """Sequences running now (those whose images are being encoded too)."""
+        return len(self._active) + len(self._media.pending)
 
     @property
     def cells_used(self) -> int:
@@ -148,7 +153,12 @@ class BatchDecoder(BatchStep):
                     slot.stats.finish_reason = "interrupted"
                     active.remove(slot)  # before the next batch is filled: its id may become a gap
                     yield self._retire(slot, time.perf_counter())
+                if self._media.pending:
+                    yield from self._media_news(active)
                 if not active:
+                    if self._media.pending:  # only images being encoded: wait for one (or a new job)
+                        self._media.wait(MEDIA_WAIT_S)
+                        continue
                     if exhausted:
                         return
                     continue
@@ -157,7 +167,7 @@ class BatchDecoder(BatchStep):
                     active.remove(slot)
                     yield self._retire(slot, t_end)
         finally:
-            for slot in active:
+            for slot in active + self._media.drop_all():
                 if slot.chain is not None:
                     model.free_sampler(slot.chain)
                     slot.chain = None
@@ -210,6 +220,11 @@ class BatchDecoder(BatchStep):
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed
             self.stats.cached_tokens += cached
+            if isinstance(job.tokens, MediaPrompt):  # its images encode off this thread; it joins when decoded
+                error = self._media.admit(slot, self._slots)
+                if error is not None:
+                    yield self._retire(slot, clock(), error)
+                continue
             active.append(slot)
             admitted = True
         if admitted:
@@ -217,15 +232,30 @@ class BatchDecoder(BatchStep):
             self.stats.max_active = max(self.stats.max_active, len(active))
         return exhausted
 
-    def _retire(self, s: Slot, t_end: float) -> SeqResult:
-        """Free a finished sequence's slot (the table keeps or drops its cells) and give its result."""
+    def _media_news(self, active: list[Slot]) -> Iterator[SeqResult]:
+        """Slots whose images are encoded join ``active`` (decoded into their sequences now); those
+        cancelled or failed meanwhile end."""
+        joined, ended = self._media.news(self._slots)
+        if joined:
+            active.extend(joined)
+            active.sort(key=_by_seq)
+            self.stats.max_active = max(self.stats.max_active, len(active))
+        for slot, error in ended:
+            yield self._retire(slot, time.perf_counter(), error)
+
+    def _retire(self, s: Slot, t_end: float, error: str | None = None) -> SeqResult:
+        """Free a finished sequence's slot (the table keeps or drops its cells) and give its result
+        (``error``: it failed before it ran)."""
         limiter = constraint_of(s.chain)
         if limiter is not None:
             s.stats.document = "complete" if limiter.complete else "incomplete"
         self.model.free_sampler(s.chain)
         s.chain = None
         self._slots.release(s)
-        return self._result(s, t_end)
+        result = self._result(s, t_end)
+        if error is not None:
+            result.error = error
+        return result
 
     def _refuse(self, job: SeqJob) -> str | None:
         n = len(job.tokens)

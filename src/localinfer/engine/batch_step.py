@@ -77,7 +77,7 @@ class BatchStep:
             expect = s.seq + 1
             if s.prompt is None:
                 tok[n] = s.last
-                pos[n] = s.pos
+                pos[n] = s.pos + s.shift
                 seq[n][0] = s.seq
                 out[n] = 1
                 s.idx = n
@@ -124,7 +124,7 @@ class BatchStep:
         assert s.prompt is not None
         end = n + k
         self._tok[n:end] = s.prompt[s.off : s.off + k]
-        self._pos[n:end] = range(s.pos, s.pos + k)
+        self._pos[n:end] = range(s.pos + s.shift, s.pos + s.shift + k)
         self._out[n:end] = bytes(k)
         sid, seq = s.seq, self._seq
         for i in range(n, end):
@@ -171,7 +171,7 @@ class BatchStep:
             now = clock()
             st = s.stats
             if s.prompt is not None:  # the prompt's last chunk was just evaluated
-                st.prefill_s = now - s.t_admit
+                st.prefill_s = now - s.t_admit - st.image_encode_s  # images' encoding apart (engine.batch_media)
                 self.stats.prompt_tokens += len(s.prompt) - st.cached_tokens
                 s.prompt = None
             if s.n_gen == 0 and st.first_token_s is None:

@@ -21,14 +21,15 @@ class Slot:
     __slots__ = (
         "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
         "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos", "gen", "emit", "cancel", "logprobs",
-        "limiter", "drafter", "draft",
+        "limiter", "drafter", "draft", "shift",
     )
 
     def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0, model: Model | None = None) -> None:
         self.seq = seq
         self.job = job
         self.chain = chain
-        self.pos = cached  # next position to fill = tokens in this sequence's cache
+        self.pos = cached  # next cell to fill = tokens in this sequence's cache
+        self.shift = 0  # a cell's position minus its index (after M-RoPE images: engine.vision.MediaPrompt.shift)
         self.prompt: list[int] | None = list(job.tokens)  # None once the prompt is evaluated
         self.off = cached  # prompt tokens already in the cache or put in a batch
         self.idx = -1  # this step: batch index of the row to sample from, -1 = none
@@ -38,10 +39,6 @@ class Slot:
         self.matcher = StopMatcher(job.stop)
         self.pieces: list[str] = []
         self.stats = GenerationStats(prompt_tokens=len(self.prompt), cached_tokens=cached)
-        media = getattr(job.tokens, "evaluate_seq", None)  # engine.vision.MediaPrompt: its images decoded now
-        if media is not None:
-            self.stats.cached_tokens, self.pos, self.stats.image_encode_s = media(model, seq, cached)
-            self.off, self.stats.image_tokens = self.pos, job.tokens.image_tokens
         self.t_admit = now
         self.t_first = 0.0
         self.max_tokens = job.max_tokens
@@ -145,6 +142,17 @@ class SlotTable:
         else:
             self._forget(slot.seq)
         self.free.append(slot.seq)
+
+    def hold(self, seq: int, tokens: list[int]) -> None:
+        """A taken id whose job waits (its images encode: engine/batch_media.py) keeps ``tokens``
+        meanwhile: an idle id's filler goes after them."""
+        self.kept[seq] = tokens
+
+    def unhold(self, seq: int) -> int:
+        """The job of a held id runs (or ends): how many positions the id still holds."""
+        n = len(self.kept[seq])
+        self.kept[seq] = []
+        return n
 
     def filler_pos(self, seq: int) -> int:
         """Where an idle sequence's throwaway token goes: right after what it keeps."""

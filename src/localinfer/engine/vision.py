@@ -68,6 +68,7 @@ class Projector:
         self.load_s = time.perf_counter() - t0
         self.marker = (mt.mtmd_default_marker() or b"<__media__>").decode()
         self.mrope = bool(mt.mtmd_decode_use_mrope(ctx))
+        self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model._model))  # floats per image token
 
     def close(self) -> None:
         if self._ctx:
@@ -127,7 +128,9 @@ class MediaPrompt(list):
     def __init__(self, projector: Projector, chunks: Any, images: Sequence[Image]) -> None:
         mt = projector.mt
         self.projector, self._chunks = projector, chunks
-        self.pieces: list[tuple[int, int, Any]] = []  # (start, n positions, image chunk or None)
+        self.pieces: list[tuple[int, int, Any]] = []  # (start, n tokens, image chunk or None)
+        self.pos_at: list[int] = []  # each piece's first position: M-RoPE's image takes max(rows, columns), not its tokens
+        pos = 0
         tokens: list[int] = []
         n_vocab = projector.model.n_vocab
         self.image_tokens = 0
@@ -145,11 +148,15 @@ class MediaPrompt(list):
                                          f"{projector.model.path.name}'s vocabulary lacks (token id {bad})",
                                          hint="use the projector made for this model")  # fmt: skip
                     self.pieces.append((len(tokens), len(text), None))
+                    self.pos_at.append(pos)
+                    pos += len(text)
                     tokens.extend(text)
                 elif kind == CHUNK_IMAGE:
                     n_tok = int(mt.mtmd_input_chunk_get_n_tokens(chunk))
                     ident = (mt.mtmd_input_chunk_get_id(chunk) or b"").decode() or str(i)
                     self.pieces.append((len(tokens), n_tok, chunk))
+                    self.pos_at.append(pos)
+                    pos += int(mt.mtmd_input_chunk_get_n_pos(chunk))
                     tokens.extend([-2 - (hash((ident, len(tokens))) & 0x3FFFFFFF)] * n_tok)
                     self.image_tokens += n_tok
                 else:
@@ -161,6 +168,7 @@ class MediaPrompt(list):
             self._chunks = None
             raise UsageError("the prompt ends with an image: text must follow it (the answer starts after)")
         super().__init__(tokens)
+        self.shift = pos - len(tokens)  # a cell's position minus its index, after the last image (M-RoPE: < 0)
         self.history = [t for t in tokens if t >= 0]
 
     def close(self) -> None:
@@ -186,8 +194,12 @@ class MediaPrompt(list):
             model.reset()
             cached = 0
 
-        def text(tokens: list[int], _pos: int) -> None:
-            model._decode(tokens)
+        def text(tokens: list[int], pos: int) -> None:
+            if pos == len(model._tokens):
+                model._decode(tokens)
+            else:  # after an M-RoPE image: its positions, then generation goes on from the last one
+                _decode_seq(model, 0, tokens, pos, last_logits=True)
+                model._tokens.extend(tokens)
 
         def image(start: int, end: int) -> None:
             model._tokens.extend(self[start:end])
@@ -195,53 +207,87 @@ class MediaPrompt(list):
         stats.image_encode_s += self._run(model, 0, cached, len(self), text, image)
         return cached
 
-    def evaluate_seq(self, model: Model, seq: int, cached: int) -> tuple[int, int, float]:
-        """The batch engine's (a Slot's, as it is admitted): decode all but the last position into
-        sequence ``seq`` (which holds the first ``cached``), so that the slot evaluates the last text
-        token as any prompt's. Returns the positions kept from the cache, those now held, and the
-        images' encode time."""
+    def start_seq(self, model: Model, seq: int, cached: int) -> int:
+        """The batch engine's, as a slot is admitted: of the ``cached`` positions sequence ``seq``
+        holds, those kept (moved back to an image's start if it falls inside one - or after one, with
+        M-RoPE's positions, which are not the cells' indices that dropping cells goes by)."""
         for start, n, chunk in self.pieces:
-            if chunk is not None and start < cached < start + n:
+            if chunk is not None and start < cached and (cached < start + n or self.shift):
                 cached = start if model.drop_tokens(seq, start) else 0
                 if not cached:
                     model.drop_sequence(seq)
+        return cached
+
+    def images_from(self, cached: int) -> list[Any]:
+        """The image chunks that a sequence holding the first ``cached`` positions still needs."""
+        return [chunk for start, n, chunk in self.pieces if chunk is not None and start + n > cached]
+
+    def decode_seq(self, model: Model, seq: int, cached: int, embds: Sequence[Any]) -> int:
+        """The batch engine's (engine thread), once ``images_from(cached)`` are encoded (``embds``, in
+        order: engine/vision_encode.py): decode all but the last position into sequence ``seq``, so
+        that the slot evaluates the last text token as any prompt's. Returns the positions now held."""
+        left = iter(embds)
 
         def text(tokens: list[int], pos: int) -> None:
             _decode_seq(model, seq, tokens, pos)
 
-        encode_s = self._run(model, seq, cached, len(self) - 1, text, lambda _s, _e: None)
-        return cached, len(self) - 1, encode_s
+        self._run(model, seq, cached, len(self) - 1, text, lambda _s, _e: None, lambda _p, _c: (next(left), 0.0))
+        return len(self) - 1
 
-    def _run(self, model: Model, seq: int, cached: int, upto: int, text: Any, image: Any) -> float:
+    def _run(self, model: Model, seq: int, cached: int, upto: int, text: Any, image: Any, encoded: Any = None) -> float:
         """Decode positions ``cached`` to ``upto``: text pieces through ``text(tokens, pos)``, images
-        encoded and decoded here (then ``image(start, end)``); the time spent encoding."""
-        mt, pr = self.projector.mt, self.projector
+        encoded (``encoded(chunk)``: their embeddings and seconds; else here) and decoded here (then
+        ``image(start, end)``); the time spent encoding."""
+        pr = self.projector
         encode_s = 0.0
-        for start, n, chunk in self.pieces:
+        for (start, n, chunk), pos in zip(self.pieces, self.pos_at):
             end = min(start + n, upto)
             if end <= cached or start >= upto:
                 continue
             if chunk is None:
-                text(list(self[max(start, cached) : end]), max(start, cached))
+                first = max(start, cached)
+                text(list(self[first:end]), pos + first - start)
                 continue
-            t0 = time.perf_counter()
-            if mt.mtmd_encode_chunk(pr._ctx, chunk) != 0:
-                raise GenerationError("libmtmd could not encode an image")
-            embd = mt.mtmd_get_output_embd(pr._ctx)
-            encode_s += time.perf_counter() - t0
-            new_past = llama_cpp.llama_pos(0)
-            rc = mt.mtmd_helper_decode_image_chunk(pr._ctx, model._ctx, chunk, embd, start, seq, model.n_batch,
-                                                   ctypes.byref(new_past), _no_callback(mt), None)  # fmt: skip
-            if rc != 0:
-                if seq == 0:
-                    model._decode_failed(rc)
-                raise GenerationError(f"decoding an image failed (code {rc})")
+            embd, spent = (encoded or encode)(pr, chunk)
+            encode_s += spent
+            decode_image(pr, model, chunk, embd, pos, seq)
             image(start, start + n)
         return encode_s
 
 
-def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int) -> None:
-    """Evaluate ``tokens`` at positions ``pos``... of sequence ``seq`` (no logits), n_batch at a time."""
+def encode(projector: Projector, chunk: Any) -> tuple[Any, float]:
+    """Encode an image chunk: libmtmd's output buffer (overwritten by the next encode), and the seconds."""
+    mt = projector.mt
+    t0 = time.perf_counter()
+    if mt.mtmd_encode_chunk(projector._ctx, chunk) != 0:
+        raise GenerationError("libmtmd could not encode an image")
+    return mt.mtmd_get_output_embd(projector._ctx), time.perf_counter() - t0
+
+
+def encode_copy(projector: Projector, chunk: Any) -> tuple[Any, float]:
+    """:func:`encode`, its embeddings copied out of libmtmd's buffer (an encode off the engine thread)."""
+    embd, spent = encode(projector, chunk)
+    n = int(projector.mt.mtmd_input_chunk_get_n_tokens(chunk)) * projector.n_embd
+    out = (ctypes.c_float * n)()
+    ctypes.memmove(out, embd, n * ctypes.sizeof(ctypes.c_float))
+    return out, spent
+
+
+def decode_image(projector: Projector, model: Model, chunk: Any, embd: Any, start: int, seq: int) -> None:
+    """Decode an encoded image's embeddings at positions ``start``... of sequence ``seq`` (libmtmd's helper)."""
+    mt = projector.mt
+    new_past = llama_cpp.llama_pos(0)
+    rc = mt.mtmd_helper_decode_image_chunk(projector._ctx, model._ctx, chunk, embd, start, seq, model.n_batch,
+                                           ctypes.byref(new_past), _no_callback(mt), None)  # fmt: skip
+    if rc != 0:
+        if seq == 0:
+            model._decode_failed(rc)
+        raise GenerationError(f"decoding an image failed (code {rc})")
+
+
+def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int, last_logits: bool = False) -> None:
+    """Evaluate ``tokens`` at positions ``pos``... of sequence ``seq``, n_batch at a time (no logits
+    but, with ``last_logits``, the last token's)."""
     for off in range(0, len(tokens), model.n_batch):
         part = tokens[off : off + model.n_batch]
         batch = llama_cpp.llama_batch_init(len(part), 0, 1)
@@ -250,6 +296,8 @@ def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int) -> None:
                 batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos + off + i, 1, 0
                 batch.seq_id[i][0] = seq
             batch.n_tokens = len(part)
+            if last_logits and off + len(part) == len(tokens):
+                batch.logits[len(part) - 1] = 1
             rc = model.decode_batch(batch)
         finally:
             llama_cpp.llama_batch_free(batch)

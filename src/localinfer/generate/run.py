@@ -186,7 +186,7 @@ def build_prompt(loaded: LoadedModel, request: Request, *, n_ctx: int | None = N
     tools = tool_plan(loaded, request)
     from localinfer.request.images import for_model
 
-    images = for_model(loaded, request, several=n_ctx is not None)
+    images = for_model(loaded, request)
 
     def render(text_override: str | None) -> tuple[list[int], tuple[str, ...]]:
         if request.raw_text is not None:

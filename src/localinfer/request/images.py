@@ -182,17 +182,14 @@ def read_files(paths: list[str]) -> list[Image]:
     return [from_file(p) for p in paths]
 
 
-def for_model(loaded: Any, request: Any, several: bool = False) -> tuple[Image, ...]:
-    """A core Request's images, refused where the model (a generate.LoadedModel) takes none;
-    ``several``: for the batch engine, whose positions are token counts (not M-RoPE's)."""
+def for_model(loaded: Any, request: Any) -> tuple[Image, ...]:
+    """A core Request's images, refused where the model (a generate.LoadedModel) takes none."""
     if request.raw_text is not None or not any("images" in m for m in request.messages):
         return ()
     images = gather(request.messages)
     if images and loaded.projector is None:
         raise ImageError(f"model {loaded.name} takes no images (it has no projector)",
                          hint="pull it with its projector: localinfer pull MODEL --mmproj FILE")  # fmt: skip
-    if images and several and loaded.projector is not None and loaded.projector.mrope:
-        raise ImageError(f"images to {loaded.name} (M-RoPE positions) are taken by `run` only, not yet by serve or batch")
     return images
 
 
