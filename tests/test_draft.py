@@ -144,6 +144,35 @@ def test_until_a_drafted_token_is_timed_drafts_are_short():
     assert len(drafter.propose()) > d.EXPLORE_DRAFT  # cheap here: longer drafts pay
 
 
+def test_one_delayed_first_draft_does_not_stop_drafting():
+    # the first verified draft ran while another process had the core (10 plain steps' time):
+    # drafting goes on with short drafts until TRUST_AFTER were timed, and the least time counts
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    drafter.observe(1, 0.010)
+    drafter.observe(1 + d.EXPLORE_DRAFT, 0.100)
+    assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
+    for _ in range(d.TRUST_AFTER - 1):
+        drafter.observe(1 + d.EXPLORE_DRAFT, 0.0105)
+    assert drafter.costs.cost(d.EXPLORE_DRAFT) == pytest.approx(0.0005)
+    assert len(drafter.propose()) > d.EXPLORE_DRAFT
+
+
+def test_a_timed_draft_size_is_priced_by_its_own_time():
+    # 2 drafted tokens cost little, 8 cost as much as 8 steps (a kernel that changes with the rows):
+    # the model prices each size by what it measured, and 2 is what pays
+    costs = d.DraftCosts()
+    for _ in range(5):
+        costs.observe(1, 0.010)
+        costs.observe(3, 0.011)
+        costs.observe(9, 0.090)
+    assert costs.cost(2) == pytest.approx(0.001) and costs.cost(8) == pytest.approx(0.080)
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs)
+    for _ in range(10):
+        drafter._last_n = 5
+        drafter.feedback(8, 8)
+    assert drafter.worth(5, 8) == 2
+
+
 def test_a_batch_step_costs_each_sequence_its_share():
     # four sequences decode in 40 ms (10 ms a token); a step that also verified 4 drafted tokens took
     # 48 ms: 2 ms a drafted token - the shares a single sequence's drafter would compare too

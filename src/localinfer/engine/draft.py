@@ -35,6 +35,7 @@ PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.6, 2.0, 0.9
 GAIN_MARGIN = 1.05  # a draft must promise this much over a plain step (the lookup's cost, the noise)
 # a machine's load changes: after this many plain steps a short draft (EXPLORE_DRAFT) measures again
 EXPLORE_EVERY, EXPLORE_DRAFT = 128, 2
+TRUST_AFTER = 3  # drafted steps timed before the cost model may say that no draft pays
 
 
 class NgramDrafter:
@@ -99,10 +100,12 @@ class NgramDrafter:
     def worth(self, n: int, available: int) -> int:
         """How many of ``available`` drafted tokens to verify after a match of ``n``: the k that
         maximises expected tokens per second (0: none pays). Until a drafted token's cost is known,
-        EXPLORE_DRAFT tokens: a short draft measures it without risking a long batch that does not pay."""
+        EXPLORE_DRAFT tokens: a short draft measures it without risking a long batch that does not pay;
+        and until TRUST_AFTER drafts were timed, a verdict of "none pays" is not trusted either (one
+        step that another process delayed would otherwise stop drafting for EXPLORE_EVERY steps)."""
         costs = self.costs
-        t1, c = costs.t1, costs.per_token
-        if t1 is None or c is None:
+        t1 = costs.t1
+        if t1 is None or costs.per_token is None:
             return min(available, EXPLORE_DRAFT)
         a = self.rate(n)
         best_k, best = 0, GAIN_MARGIN / t1
@@ -110,10 +113,10 @@ class NgramDrafter:
         for k in range(1, available + 1):
             term *= a
             expected += term
-            speed = expected / (t1 + c * k)
+            speed = expected / (t1 + costs.cost(k))
             if speed > best:
                 best_k, best = k, speed
-        if best_k == 0 and costs.plain >= EXPLORE_EVERY:
+        if best_k == 0 and (costs.timed < TRUST_AFTER or costs.plain >= EXPLORE_EVERY):
             costs.plain = 0  # one short draft measures again; the next EXPLORE_EVERY plain steps do not
             return min(available, EXPLORE_DRAFT)
         return best_k
@@ -175,20 +178,26 @@ class NgramDrafter:
 
 class DraftCosts:
     """What a decode costs in one context, learnt from its steps (moving averages): ``t1`` the time
-    of a plain step per sequence's token, ``per_token`` what each drafted token adds to a step.
+    of a plain step per sequence's token, ``per_token`` what each drafted token adds to a step, and
+    ``extra`` what a step's k drafted tokens added, per k (``cost``): a batch's cost is not linear
+    in its rows (a kernel takes rows four at a time: on Gemma Q4_K_M 3 rows cost 1.35 steps, 5 rows
+    2.3), so a size once timed is priced by its own time, the others from the nearest timed sizes.
 
     One per context, shared by its sequences' drafters (and kept by a Model across answers: the
     second answer starts with what the first measured). In a batch of several sequences a plain
     step gives each of them a token, so ``observe`` takes its time over ``n_seqs``: a drafted token
     then pays where it brings more than the batch's own tokens per second (aggregate throughput).
+    The first TRUST_AFTER drafted steps keep their least time (a delayed step is only dearer).
     """
 
-    __slots__ = ("t1", "per_token", "plain")
+    __slots__ = ("t1", "per_token", "plain", "extra", "timed")
 
     def __init__(self) -> None:
         self.t1: float | None = None
         self.per_token: float | None = None
         self.plain = 0  # plain steps since a draft was last verified
+        self.extra: dict[int, float] = {}  # drafted tokens in a step -> seconds they added to it
+        self.timed = 0  # drafted steps timed
 
     def observe(self, n_tokens: int, seconds: float, n_seqs: int = 1) -> None:
         """A decode of ``n_tokens`` rows, ``n_seqs`` of them the sequences' next tokens and the rest
@@ -199,8 +208,32 @@ class DraftCosts:
             self.t1 = _low(self.t1, seconds / max(1, n_seqs))
             return
         self.plain = 0
-        if self.t1 is not None:
-            self.per_token = _low(self.per_token, max(0.0, seconds - self.t1 * n_seqs) / drafted)
+        if self.t1 is None:
+            return
+        added = max(0.0, seconds - self.t1 * n_seqs)
+        self.timed += 1
+        had = self.extra.get(drafted)
+        if self.timed <= TRUST_AFTER:
+            self.extra[drafted] = added if had is None else min(had, added)
+            self.per_token = added / drafted if self.per_token is None else min(self.per_token, added / drafted)
+        else:
+            self.extra[drafted] = _low(had, added)
+            self.per_token = _low(self.per_token, added / drafted)
+
+    def cost(self, k: int) -> float:
+        """What ``k`` drafted tokens add to a step: its own time where that size was timed, else
+        interpolated between the nearest timed sizes, or scaled from the nearest one."""
+        extra = self.extra
+        got = extra.get(k)
+        if got is not None:
+            return got
+        lo = max((j for j in extra if j < k), default=0)
+        hi = min((j for j in extra if j > k), default=0)
+        if lo and hi:
+            return extra[lo] + (extra[hi] - extra[lo]) * (k - lo) / (hi - lo)
+        if lo or hi:
+            return extra[lo or hi] * k / (lo or hi)
+        return k * (self.per_token or 0.0)
 
 
 def _low(average: float | None, sample: float) -> float:
