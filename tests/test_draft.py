@@ -123,7 +123,12 @@ def test_low_acceptance_asks_for_short_drafts_or_none():
         drafter.feedback(4, 0)
     assert drafter.rate(2) < 0.15
     assert drafter.worth(2, 8) == 0
-    assert drafter.rate(5) == pytest.approx(d.PRIOR_RATE)  # other match lengths keep their own estimate
+    # untried match lengths start from the sequence's rate (low here), and learn their own
+    assert drafter.rate(5) < 0.2
+    for _ in range(5):
+        drafter._last_n = 5
+        drafter.feedback(4, 4)
+    assert drafter.rate(5) > 0.7 and drafter.rate(2) < drafter.rate(5) / 2
 
 
 def test_after_many_plain_steps_a_short_draft_measures_again():
@@ -180,6 +185,29 @@ def test_a_batch_step_costs_each_sequence_its_share():
     costs.observe(4, 0.040, n_seqs=4)
     costs.observe(8, 0.048, n_seqs=4)
     assert costs.t1 == pytest.approx(0.010) and costs.per_token == pytest.approx(0.002)
+
+
+def test_a_minimum_draft_raises_short_drafts_or_drafts_none():
+    # llama-server's speculative.n_min: the cost model's 2 tokens become 4; a 3-token match, none
+    costs = cheap()
+    costs.extra[1] = 0.0001
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs, min_draft=4)
+    drafter.size = 1
+    assert drafter.propose() == [2, 3, 4, 5]
+    assert drafter.propose(limit=3) == []
+    assert NgramDrafter([5, 7, 8, 9, 7, 8], max_draft=8, costs=cheap(), min_draft=4).propose() == []  # [9, 7, 8]
+
+
+def test_serve_takes_llama_servers_draft_fields():
+    from localinfer.serve.protocol import ApiError, parse_request
+
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert (parse_request(body, "chat").draft_max, parse_request(body, "chat").draft_min) == (None, 0)
+    got = parse_request({**body, "speculative.n_max": 0, "speculative.n_min": 3}, "chat")
+    assert (got.draft_max, got.draft_min) == (0, 3)
+    for bad in (-1, d.MAX_DRAFT_LIMIT + 1, 2.5, "4", True):
+        with pytest.raises(ApiError, match="speculative.n_max"):
+            parse_request({**body, "speculative.n_max": bad}, "chat")
 
 
 def test_stop_ends_drafting_for_good():
