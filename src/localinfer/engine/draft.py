@@ -29,7 +29,8 @@ N_MAX = 5  # longest n-gram looked up
 N_MIN = 2  # shortest: a single token matches too often to be worth a batch
 MISSES_TO_PAUSE = 2
 FIRST_PAUSE = 8  # tokens without drafting after the first run of misses
-MAX_PAUSE = 128
+MAX_PAUSE = 32  # a safety net (the rates already stop guesses that miss): a longer pause can sit
+# through the start of a quote that follows a preamble (was 128: half of a 160-token RAG answer)
 # acceptance per match length: a prior of PRIOR_RATE over PRIOR_WEIGHT tries, then counts that
 # fade by DECAY at each draft (what the answer does now matters more than what it did)
 PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.6, 2.0, 0.9
