@@ -14,6 +14,7 @@ benchmarks/results/draft-YYYY-MM-DD.txt (--out FILE; --out - for stdout).
 
     .venv/bin/python benchmarks/draft_vs_plain.py                    # SmolLM2 135M, -t 2, -n 200, 3 rounds
     .venv/bin/python benchmarks/draft_vs_plain.py -n 16 --rounds 1  # a quick proof that it runs
+    .venv/bin/python benchmarks/draft_vs_plain.py --raw --model gemma-3-270m-q4_k_m.gguf  # a base model
 """
 
 from __future__ import annotations
