@@ -14,6 +14,7 @@ benchmarks/results/draft-YYYY-MM-DD.txt (--out FILE; --out - for stdout).
 
     .venv/bin/python benchmarks/draft_vs_plain.py                    # SmolLM2 135M, -t 2, -n 200, 3 rounds
     .venv/bin/python benchmarks/draft_vs_plain.py -n 16 --rounds 1  # a quick proof that it runs
+    .venv/bin/python benchmarks/draft_vs_plain.py --raw --model gemma-3-270m-q4_k_m.gguf  # a base model
 """
 
 from __future__ import annotations
@@ -42,8 +43,17 @@ Celsius, and it has survived exposure to the vacuum of outer space for ten days.
 archaeologists opened the jars, because its low water content keeps bacteria from growing."""
 
 
-def tasks() -> dict[str, str]:
+def tasks(raw: bool = False) -> dict[str, str]:
+    """The chat tasks, or with ``raw`` the same as plain completions for a base model (no chat
+    template: Gemma-3-270M base), worded so that the likely continuation copies."""
     module = (ROOT / "src" / "localinfer" / "engine" / "stopping.py").read_text()
+    if raw:
+        return {
+            "copy-module": f"Here is a file:\n```python\n{module}```\n\nThe same file, unchanged:\n```python\n",
+            "rag-quote": f"{PASSAGES}\n\nQuestion: how long did the honey stay edible?\n"
+            "Answer, quoting the passage word for word: [3]",
+            "free": "Once upon a time, a robot who wanted to learn to paint",
+        }
     return {
         "copy-module": f"Write this module again, unchanged:\n\n```python\n{module}```",
         "rag-quote": f"{PASSAGES}\n\nQuote, word for word, the passage that says how long the honey stayed edible.",
@@ -60,9 +70,9 @@ def default_model() -> str:
     return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def run_once(model: str, prompt: str, *, draft: bool, n: int, threads: int, draft_max: int | None) -> dict:
+def run_once(model: str, prompt: str, *, draft: bool, n: int, threads: int, draft_max: int | None, raw: bool = False) -> dict:
     cmd = [sys.executable, "-m", "localinfer", "run", "-m", model, "--json", "--no-log", "--temp", "0",
-           "-n", str(n), "-t", str(threads), "-c", "2048"]  # fmt: skip
+           "-n", str(n), "-t", str(threads), "-c", "2048"] + (["--raw"] if raw else [])  # fmt: skip
     if draft:
         cmd += ["--draft", "ngram"] + (["--draft-max", str(draft_max)] if draft_max else [])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -108,7 +118,7 @@ def batch_cost(model: str, threads: int, sizes: tuple[int, ...] = (1, 2, 5, 9), 
     return out
 
 
-def tie_check(model: str, threads: int, n: int) -> list[str]:
+def tie_check(model: str, threads: int, n: int, raw: bool = False) -> list[str]:
     """How far verification's batch rows round apart from one-token steps: every task greedy, plain
     and with every match drafted (the cost model off), top-5 log probabilities; the largest
     difference of a kept token's log probability, and where the answers part, the plain run's gap
@@ -122,15 +132,18 @@ def tie_check(model: str, threads: int, n: int) -> list[str]:
     d.NgramDrafter.worth = lambda self, k, available: available  # type: ignore[method-assign]
     d.MISSES_TO_PAUSE = 10**9
     out = []
-    for name, text in tasks().items():
+    for name, text in tasks(raw).items():
         runs = []
         for draft in (None, "ngram"):
             m = Model(model, LoadOptions(n_ctx=2048, n_threads=threads, draft=draft))
-            t = ChatTemplate(source="gguf", template=m.chat_template, bos_text=m.bos_text, eos_text=m.eos_text)
-            p = t.render([{"role": "user", "content": text}])
+            if raw:
+                prompt = m.tokenize(text, add_special=True)
+            else:
+                t = ChatTemplate(source="gguf", template=m.chat_template, bos_text=m.bos_text, eos_text=m.eos_text)
+                p = t.render([{"role": "user", "content": text}])
+                prompt = m.tokenize(p.text, add_special=p.add_special, parse_special=True)
             st = GenerationStats()
-            list(m.generate(m.tokenize(p.text, add_special=p.add_special, parse_special=True), SamplingOptions(temperature=0), st,
-                            max_tokens=n, logprobs=5))  # fmt: skip
+            list(m.generate(prompt, SamplingOptions(temperature=0), st, max_tokens=n, logprobs=5))
             runs.append(st)
             m.close()
         a, b = runs
@@ -155,18 +168,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--draft-max", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--raw", action="store_true", help="plain-completion tasks for a base model (no chat template)")
     ap.add_argument("--batch-cost", action="store_true", help="also measure what a verification batch costs here")
     ap.add_argument("--ties", action="store_true", help="only compare greedy tokens, plain vs always drafting (prints)")
     args = ap.parse_args()
     if args.ties:
-        print("\n".join(tie_check(args.model or default_model(), args.threads, args.n)))
+        print("\n".join(tie_check(args.model or default_model(), args.threads, args.n, args.raw)))
         return
     model = args.model or default_model()
-    jobs = tasks()
+    jobs = tasks(args.raw)
     load0 = os.getloadavg()
     t0 = dt.datetime.now(dt.timezone.utc)
     lines = [f"# draft_vs_plain {t0:%Y-%m-%d %H:%M} UTC: {Path(model).name}, -t {args.threads}, -n {args.n}, "
-             f"{args.rounds} rounds, --draft-max {args.draft_max or 'default'}; loadavg at start {load0[0]:.2f} "
+             f"{args.rounds} rounds{', --raw' if args.raw else ''}, --draft-max {args.draft_max or 'default'}; loadavg at start {load0[0]:.2f} "
              f"on {os.cpu_count()} CPUs"]  # fmt: skip
     ratios: dict[str, list[float]] = {k: [] for k in jobs}
     rates: dict[str, dict[str, list[float]]] = {k: {"plain": [], "draft": []} for k in jobs}
@@ -177,7 +191,8 @@ def main() -> None:
             order = (False, True) if r % 2 == 0 else (True, False)
             got = {}
             for draft in order:
-                got[draft] = run_once(model, jobs[name], draft=draft, n=args.n, threads=args.threads, draft_max=args.draft_max)
+                got[draft] = run_once(model, jobs[name], draft=draft, n=args.n, threads=args.threads, draft_max=args.draft_max,
+                                     raw=args.raw)
             plain, spec = got[False], got[True]
             p, s = plain["timings"]["decode_tokens_per_s"], spec["timings"]["decode_tokens_per_s"]
             rates[name]["plain"].append(p)

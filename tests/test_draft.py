@@ -123,7 +123,12 @@ def test_low_acceptance_asks_for_short_drafts_or_none():
         drafter.feedback(4, 0)
     assert drafter.rate(2) < 0.15
     assert drafter.worth(2, 8) == 0
-    assert drafter.rate(5) == pytest.approx(d.PRIOR_RATE)  # other match lengths keep their own estimate
+    # untried match lengths start from the sequence's rate (low here), and learn their own
+    assert drafter.rate(5) < 0.2
+    for _ in range(5):
+        drafter._last_n = 5
+        drafter.feedback(4, 4)
+    assert drafter.rate(5) > 0.7 and drafter.rate(2) < drafter.rate(5) / 2
 
 
 def test_after_many_plain_steps_a_short_draft_measures_again():
@@ -144,6 +149,35 @@ def test_until_a_drafted_token_is_timed_drafts_are_short():
     assert len(drafter.propose()) > d.EXPLORE_DRAFT  # cheap here: longer drafts pay
 
 
+def test_one_delayed_first_draft_does_not_stop_drafting():
+    # the first verified draft ran while another process had the core (10 plain steps' time):
+    # drafting goes on with short drafts until TRUST_AFTER were timed, and the least time counts
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
+    drafter.observe(1, 0.010)
+    drafter.observe(1 + d.EXPLORE_DRAFT, 0.100)
+    assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
+    for _ in range(d.TRUST_AFTER - 1):
+        drafter.observe(1 + d.EXPLORE_DRAFT, 0.0105)
+    assert drafter.costs.cost(d.EXPLORE_DRAFT) == pytest.approx(0.0005)
+    assert len(drafter.propose()) > d.EXPLORE_DRAFT
+
+
+def test_a_timed_draft_size_is_priced_by_its_own_time():
+    # 2 drafted tokens cost little, 8 cost as much as 8 steps (a kernel that changes with the rows):
+    # the model prices each size by what it measured, and 2 is what pays
+    costs = d.DraftCosts()
+    for _ in range(5):
+        costs.observe(1, 0.010)
+        costs.observe(3, 0.011)
+        costs.observe(9, 0.090)
+    assert costs.cost(2) == pytest.approx(0.001) and costs.cost(8) == pytest.approx(0.080)
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs)
+    for _ in range(10):
+        drafter._last_n = 5
+        drafter.feedback(8, 8)
+    assert drafter.worth(5, 8) == 2
+
+
 def test_a_batch_step_costs_each_sequence_its_share():
     # four sequences decode in 40 ms (10 ms a token); a step that also verified 4 drafted tokens took
     # 48 ms: 2 ms a drafted token - the shares a single sequence's drafter would compare too
@@ -151,6 +185,29 @@ def test_a_batch_step_costs_each_sequence_its_share():
     costs.observe(4, 0.040, n_seqs=4)
     costs.observe(8, 0.048, n_seqs=4)
     assert costs.t1 == pytest.approx(0.010) and costs.per_token == pytest.approx(0.002)
+
+
+def test_a_minimum_draft_raises_short_drafts_or_drafts_none():
+    # llama-server's speculative.n_min: the cost model's 2 tokens become 4; a 3-token match, none
+    costs = cheap()
+    costs.extra[1] = 0.0001
+    drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs, min_draft=4)
+    drafter.size = 1
+    assert drafter.propose() == [2, 3, 4, 5]
+    assert drafter.propose(limit=3) == []
+    assert NgramDrafter([5, 7, 8, 9, 7, 8], max_draft=8, costs=cheap(), min_draft=4).propose() == []  # [9, 7, 8]
+
+
+def test_serve_takes_llama_servers_draft_fields():
+    from localinfer.serve.protocol import ApiError, parse_request
+
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert (parse_request(body, "chat").draft_max, parse_request(body, "chat").draft_min) == (None, 0)
+    got = parse_request({**body, "speculative.n_max": 0, "speculative.n_min": 3}, "chat")
+    assert (got.draft_max, got.draft_min) == (0, 3)
+    for bad in (-1, d.MAX_DRAFT_LIMIT + 1, 2.5, "4", True):
+        with pytest.raises(ApiError, match="speculative.n_max"):
+            parse_request({**body, "speculative.n_max": bad}, "chat")
 
 
 def test_stop_ends_drafting_for_good():
@@ -236,7 +293,9 @@ class _FakeDraftModel:
         import time
 
         self.asked.append(k)
-        time.sleep(self.step * k)
+        end = time.process_time() + self.step * k  # CPU time, as a draft model's guessing costs it
+        while time.process_time() < end:
+            pass
         return [tokens[-1] + i + 1 for i in range(k)]
 
 
@@ -265,6 +324,7 @@ def test_model_drafter_stops_where_guesses_cost_a_full_step_and_at_the_drafts_co
     drafter = ModelDrafter(_FakeDraftModel(), [1, 2, 3], max_draft=8, costs=cheap())
     assert drafter.propose() == []  # the answer's first step is plain
     drafter.costs.per_token = 0.030  # each guessed token costs more than a plain step (20 ms)
+    drafter.costs.timed = d.TRUST_AFTER  # a measured verdict, not a first guess
     drafter.extend([4])
     assert drafter.propose() == []
     drafter.costs.per_token = 0.0001

@@ -163,3 +163,16 @@ def test_serve_with_draft_reports_its_drafts(smollm2_path, tmp_path):
         assert m["localinfer_spec_decode_num_draft_tokens_total"] == t["draft_n"]
         assert m["localinfer_spec_decode_num_accepted_tokens_total"] == t["draft_n_accepted"]
         assert m["localinfer_spec_decode_num_drafts_total"] >= 1
+        # per request, llama-server's fields: n_max 0 drafts nothing, n_max 2 at most 2 tokens a step
+        status, off = s.json("POST", "/v1/chat/completions", {**body, "speculative.n_max": 0})
+        assert status == 200 and "draft_n" not in off["timings"]
+        assert off["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+        spec = [k for k in m if "spec_decode" in k]
+        assert [s.metrics()[k] for k in spec] == [m[k] for k in spec]  # nothing drafted
+        status, short = s.json("POST", "/v1/chat/completions", {**body, "speculative.n_max": 2, "speculative.n_min": 2})
+        assert status == 200 and short["timings"]["draft_n"] > 0, short
+        after = s.metrics()
+        drafts = after["localinfer_spec_decode_num_drafts_total"] - m["localinfer_spec_decode_num_drafts_total"]
+        assert short["timings"]["draft_n"] == 2 * drafts  # every draft exactly n_min = n_max tokens
+        status, bad = s.json("POST", "/v1/chat/completions", {**body, "speculative.n_max": -1})
+        assert status == 400 and "speculative.n_max" in json.dumps(bad)

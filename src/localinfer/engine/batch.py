@@ -37,7 +37,7 @@ from localinfer.engine.draft import DraftCosts
 from localinfer.engine.model import Model
 from localinfer.engine.sampling import constraint_of
 from localinfer.engine.slots import Slot, SlotTable
-from localinfer.engine.speculate import drafter_for
+from localinfer.engine.speculate import drafter_for, offloaded
 from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
 from localinfer.engine.vision import MediaPrompt
 from localinfer.errors import GenerationError
@@ -88,7 +88,7 @@ class BatchDecoder(BatchStep):
         self._active: list[Slot] = []  # running sequences, in sequence id order
         self._slots = SlotTable(model, self.n_parallel, keep_cache)
         self.drafting = False  # a job drafts (speculative decoding, engine/batch_draft.py)
-        self.draft_costs = DraftCosts()  # what a step and a drafted token cost in this context
+        self.draft_costs = DraftCosts(offloaded(model))  # what a step and a drafted token cost in this context
         self._masks: Any = None  # a constrain.MaskPrefetch (where it pays), made for the first constrained job
         self._masks_checked = False
         self._media = MediaSlots(model, self.n_parallel)  # slots whose images are being encoded
@@ -212,8 +212,8 @@ class BatchDecoder(BatchStep):
                     from localinfer.engine.constrain import mask_prefetch
 
                     self._masks, self._masks_checked = mask_prefetch(self.model, self.n_parallel), True
-            if job.draft or (job.draft is None and self.model.options.draft is not None):
-                slot.drafter = drafter_for(self.model, job.tokens, self.draft_costs)
+            if job.draft_max != 0 and (job.draft or (job.draft is None and self.model.options.draft is not None)):
+                slot.drafter = drafter_for(self.model, job.tokens, self.draft_costs, job.draft_max, job.draft_min)
                 if slot.drafter is not None:
                     self.drafting = True
                     slot.stats.draft = "ngram"

@@ -100,12 +100,12 @@ class BatchStep:
         masks = self._masks  # the constrained sequences' next masks: computed during the decode
         if masks is not None:
             masks.start([s.limiter for s in active if s.idx >= 0 and s.limiter is not None])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), self.draft_costs.clock()
         rc = self.model.decode_batch(self._batch)
         spent = time.perf_counter() - t0
         self.stats.llama_decode_s += spent
         if self.drafting and not prefilling:  # what a step, and a drafted token, cost now
-            self.draft_costs.observe(n_next + n_drafted, spent, n_seqs=n_next)
+            self.draft_costs.observe(n_next + n_drafted, self.draft_costs.clock() - c0, n_seqs=n_next)
         if masks is not None:
             masks.wait()
         for sid in self._fillers:

@@ -19,7 +19,8 @@ decoded almost entirely one token at a time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 KINDS = ("ngram",)  # --draft values; a draft model (--draft-model) is engine/draft_model.py
 DEFAULT_MAX_DRAFT = 8  # tokens per guess at most; not tuned yet: the loaded 2-core machine cannot tell
@@ -28,13 +29,16 @@ N_MAX = 5  # longest n-gram looked up
 N_MIN = 2  # shortest: a single token matches too often to be worth a batch
 MISSES_TO_PAUSE = 2
 FIRST_PAUSE = 8  # tokens without drafting after the first run of misses
-MAX_PAUSE = 128
+MAX_PAUSE = 32  # a safety net (the rates already stop guesses that miss): a longer pause can sit
+# through the start of a quote that follows a preamble (was 128: half of a 160-token RAG answer)
 # acceptance per match length: a prior of PRIOR_RATE over PRIOR_WEIGHT tries, then counts that
 # fade by DECAY at each draft (what the answer does now matters more than what it did)
 PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.6, 2.0, 0.9
 GAIN_MARGIN = 1.05  # a draft must promise this much over a plain step (the lookup's cost, the noise)
 # a machine's load changes: after this many plain steps a short draft (EXPLORE_DRAFT) measures again
-EXPLORE_EVERY, EXPLORE_DRAFT = 128, 2
+EXPLORE_EVERY, EXPLORE_DRAFT = 64, 2
+TRUST_AFTER = 3  # drafted steps timed before the cost model may say that no draft pays
+CARRY_WEIGHT = 4.0  # tries of the context's recent acceptance a new sequence starts with
 
 
 class NgramDrafter:
@@ -51,11 +55,15 @@ class NgramDrafter:
     """
 
     __slots__ = ("tokens", "max_draft", "size", "_index", "_misses", "_pause", "_next_pause", "drafted",
-                 "accepted", "drafts", "costs", "_kept", "_tried", "_last_n")  # fmt: skip
+                 "accepted", "drafts", "costs", "_kept", "_tried", "_last_n", "min_draft")  # fmt: skip
 
-    def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT, costs: DraftCosts | None = None) -> None:
+    def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT, costs: DraftCosts | None = None,
+                 min_draft: int = 0) -> None:  # fmt: skip
         self.tokens: list[int] = []
         self.max_draft = max(1, int(max_draft))
+        # a draft is this long at least, or none (llama-server's speculative.n_min): where the cost
+        # model wants fewer tokens they are raised to it, where the lookup has fewer there is none
+        self.min_draft = min(self.max_draft, max(0, int(min_draft)))
         self.size = self.max_draft  # the next draft's length at most (back-off shrinks it)
         self._index: dict[tuple[int, ...], int] = {}
         self._misses = 0  # drafts in a row of which nothing was accepted
@@ -65,8 +73,9 @@ class NgramDrafter:
         self.accepted = 0  # of those, accepted by the model
         self.drafts = 0  # drafts verified
         self.costs = costs if costs is not None else DraftCosts()  # shared by the sequences of one context
-        self._kept = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)  # by match length: tokens kept
-        self._tried = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)  # ... and kept + rejected
+        # by match length: tokens kept, and kept + rejected; starting from what the context's last
+        # drafts did (a new answer that drafts as the last one did need not relearn it from the prior)
+        self._kept, self._tried = self.costs.carried()
         self._last_n = N_MIN
         self.extend(history)
 
@@ -93,16 +102,21 @@ class NgramDrafter:
         return 0, []
 
     def rate(self, n: int) -> float:
-        """The estimated chance that a drafted token is kept, after a match of ``n`` tokens."""
-        return (self._kept[n] + PRIOR_RATE * PRIOR_WEIGHT) / (self._tried[n] + PRIOR_WEIGHT)
+        """The estimated chance that a drafted token is kept, after a match of ``n`` tokens: its own
+        counts over a prior of the sequence's rate at every match length (itself over PRIOR_RATE),
+        so that the first kept drafts raise every length's estimate, not only their own."""
+        pooled = (sum(self._kept.values()) + PRIOR_RATE * PRIOR_WEIGHT) / (sum(self._tried.values()) + PRIOR_WEIGHT)
+        return (self._kept[n] + pooled * PRIOR_WEIGHT) / (self._tried[n] + PRIOR_WEIGHT)
 
     def worth(self, n: int, available: int) -> int:
         """How many of ``available`` drafted tokens to verify after a match of ``n``: the k that
         maximises expected tokens per second (0: none pays). Until a drafted token's cost is known,
-        EXPLORE_DRAFT tokens: a short draft measures it without risking a long batch that does not pay."""
+        EXPLORE_DRAFT tokens: a short draft measures it without risking a long batch that does not pay;
+        and until TRUST_AFTER drafts were timed, a verdict of "none pays" is not trusted either (one
+        step that another process delayed would otherwise stop drafting for EXPLORE_EVERY steps)."""
         costs = self.costs
-        t1, c = costs.t1, costs.per_token
-        if t1 is None or c is None:
+        t1 = costs.t1
+        if t1 is None or costs.per_token is None:
             return min(available, EXPLORE_DRAFT)
         a = self.rate(n)
         best_k, best = 0, GAIN_MARGIN / t1
@@ -110,29 +124,32 @@ class NgramDrafter:
         for k in range(1, available + 1):
             term *= a
             expected += term
-            speed = expected / (t1 + c * k)
+            speed = expected / (t1 + costs.cost(k))
             if speed > best:
                 best_k, best = k, speed
-        if best_k == 0 and costs.plain >= EXPLORE_EVERY:
+        if best_k == 0 and (costs.timed < TRUST_AFTER or costs.plain >= EXPLORE_EVERY):
             costs.plain = 0  # one short draft measures again; the next EXPLORE_EVERY plain steps do not
             return min(available, EXPLORE_DRAFT)
         return best_k
 
     def propose(self, limit: int | None = None) -> list[int]:
         """The next draft (empty: decode one token as usual): none while paused, else at most
-        ``size`` tokens, at most ``limit`` (what the context or the answer's limit leaves), and only
-        as many as pay (``worth``)."""
+        ``size`` tokens (``min_draft`` at least), at most ``limit`` (what the context or the answer's
+        limit leaves), and only as many as pay (``worth``)."""
         if self._pause:
             return []
-        k = self.size if limit is None else min(self.size, limit)
+        k = max(self.size, self.min_draft)
+        k = k if limit is None else min(k, limit)
         if k <= 0:
             return []
         n, draft = self.lookup(k)
-        if draft:
-            draft = draft[: self.worth(n, len(draft))]
-        if draft:
-            self._last_n = n
-        return draft
+        if not draft or len(draft) < self.min_draft:
+            return []
+        want = self.worth(n, len(draft))
+        if want <= 0:
+            return []
+        self._last_n = n
+        return draft[: max(want, self.min_draft)]
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         """A decode of ``n_tokens`` (1: a plain step; more: the token and its draft) took ``seconds``."""
@@ -150,6 +167,7 @@ class NgramDrafter:
             self._tried[m] *= DECAY
         self._kept[n] += accepted
         self._tried[n] += accepted + (accepted < drafted)
+        self.costs.learn(n, accepted, accepted + (accepted < drafted))
         if accepted >= drafted:
             self.size = min(self.max_draft, 2 * self.size)
         else:
@@ -175,20 +193,53 @@ class NgramDrafter:
 
 class DraftCosts:
     """What a decode costs in one context, learnt from its steps (moving averages): ``t1`` the time
-    of a plain step per sequence's token, ``per_token`` what each drafted token adds to a step.
+    of a plain step per sequence's token, ``per_token`` what each drafted token adds to a step, and
+    ``extra`` what a step's k drafted tokens added, per k (``cost``): a batch's cost is not linear
+    in its rows (a kernel takes rows four at a time: on Gemma Q4_K_M 3 rows cost 1.35 steps, 5 rows
+    2.3), so a size once timed is priced by its own time, the others from the nearest timed sizes.
 
     One per context, shared by its sequences' drafters (and kept by a Model across answers: the
     second answer starts with what the first measured). In a batch of several sequences a plain
     step gives each of them a token, so ``observe`` takes its time over ``n_seqs``: a drafted token
     then pays where it brings more than the batch's own tokens per second (aggregate throughput).
+    The first TRUST_AFTER drafted steps keep their least time (a delayed step is only dearer).
+
+    Steps are timed with ``clock``: the process's CPU time where the model runs on the CPU (on a
+    shared machine a step's wall time is mostly how long other processes held the cores, and that
+    drowned the difference between a batch and one token: costs learnt at load 7 said no draft
+    pays), the wall clock where layers are offloaded (the CPU then only waits for the device).
     """
 
-    __slots__ = ("t1", "per_token", "plain")
+    __slots__ = ("t1", "per_token", "plain", "extra", "timed", "clock", "kept", "tried")
 
-    def __init__(self) -> None:
+    def __init__(self, offloaded: bool = False) -> None:
+        self.clock: Callable[[], float] = time.perf_counter if offloaded else time.process_time
         self.t1: float | None = None
         self.per_token: float | None = None
         self.plain = 0  # plain steps since a draft was last verified
+        self.extra: dict[int, float] = {}  # drafted tokens in a step -> seconds they added to it
+        self.timed = 0  # drafted steps timed
+        # acceptance by match length over the context's recent drafts (all its sequences): a new
+        # drafter's starting counts (``carried``)
+        self.kept = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)
+        self.tried = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)
+
+    def carried(self) -> tuple[dict[int, float], dict[int, float]]:
+        """A new sequence's starting counts: the recent ones, weighing CARRY_WEIGHT tries at most
+        per match length (its own drafts soon outweigh them)."""
+        kept, tried = {}, {}
+        for n, t in self.tried.items():
+            scale = min(1.0, CARRY_WEIGHT / t) if t > 0 else 0.0
+            kept[n], tried[n] = self.kept[n] * scale, t * scale
+        return kept, tried
+
+    def learn(self, n: int, kept: float, tried: float) -> None:
+        """A sequence's draft after a match of ``n`` kept ``kept`` of ``tried`` (as its drafter counts)."""
+        for m in self.kept:
+            self.kept[m] *= DECAY
+            self.tried[m] *= DECAY
+        self.kept[n] += kept
+        self.tried[n] += tried
 
     def observe(self, n_tokens: int, seconds: float, n_seqs: int = 1) -> None:
         """A decode of ``n_tokens`` rows, ``n_seqs`` of them the sequences' next tokens and the rest
@@ -199,8 +250,32 @@ class DraftCosts:
             self.t1 = _low(self.t1, seconds / max(1, n_seqs))
             return
         self.plain = 0
-        if self.t1 is not None:
-            self.per_token = _low(self.per_token, max(0.0, seconds - self.t1 * n_seqs) / drafted)
+        if self.t1 is None:
+            return
+        added = max(0.0, seconds - self.t1 * n_seqs)
+        self.timed += 1
+        had = self.extra.get(drafted)
+        if self.timed <= TRUST_AFTER:
+            self.extra[drafted] = added if had is None else min(had, added)
+            self.per_token = added / drafted if self.per_token is None else min(self.per_token, added / drafted)
+        else:
+            self.extra[drafted] = _low(had, added)
+            self.per_token = _low(self.per_token, added / drafted)
+
+    def cost(self, k: int) -> float:
+        """What ``k`` drafted tokens add to a step: its own time where that size was timed, else
+        interpolated between the nearest timed sizes, or scaled from the nearest one."""
+        extra = self.extra
+        got = extra.get(k)
+        if got is not None:
+            return got
+        lo = max((j for j in extra if j < k), default=0)
+        hi = min((j for j in extra if j > k), default=0)
+        if lo and hi:
+            return extra[lo] + (extra[hi] - extra[lo]) * (k - lo) / (hi - lo)
+        if lo or hi:
+            return extra[lo or hi] * k / (lo or hi)
+        return k * (self.per_token or 0.0)
 
 
 def _low(average: float | None, sample: float) -> float:

@@ -60,22 +60,31 @@ class _VerifyBatch:
         llama_cpp.llama_batch_free(self.batch)
 
 
-def drafter_for(model: Any, history: Sequence[int], costs: DraftCosts | None = None) -> NgramDrafter | None:
-    """A drafter holding ``history`` for the load's draft settings, timing its steps into ``costs``
-    (None: the model's own, kept across answers); None where rejected tokens could not leave the
-    cache (recurrent and hybrid models keep a state, not per-token cells)."""
+def drafter_for(model: Any, history: Sequence[int], costs: DraftCosts | None = None, max_draft: int | None = None,
+                min_draft: int = 0) -> NgramDrafter | None:  # fmt: skip
+    """A drafter holding ``history`` for the load's draft settings (or a request's ``max_draft`` and
+    ``min_draft``), timing its steps into ``costs`` (None: the model's own, kept across answers);
+    None where rejected tokens could not leave the cache (recurrent and hybrid models keep a state,
+    not per-token cells)."""
     raw = model._model
     if llama_cpp.llama_model_is_recurrent(raw) or llama_cpp.llama_model_is_hybrid(raw):
         return None
     if costs is None:
         costs = getattr(model, "draft_costs", None)
         if costs is None:  # kept on the model: the next answer starts with what this one measures
-            costs = model.draft_costs = DraftCosts()
+            costs = model.draft_costs = DraftCosts(offloaded(model))
+    max_draft = max_draft or model.options.draft_max or DEFAULT_MAX_DRAFT
     if getattr(model, "draft_model", None) is not None:  # a second model guesses (engine/draft_model.py)
         from localinfer.engine.draft_model import ModelDrafter
 
-        return ModelDrafter(model.draft_model, history, model.options.draft_max or DEFAULT_MAX_DRAFT, costs)
-    return NgramDrafter(history, model.options.draft_max or DEFAULT_MAX_DRAFT, costs)
+        return ModelDrafter(model.draft_model, history, max_draft, costs)
+    return NgramDrafter(history, max_draft, costs, min_draft)
+
+
+def offloaded(model: Any) -> bool:
+    """Whether the model's layers run on a device (DraftCosts then times steps by the wall clock)."""
+    layers = getattr(getattr(model, "options", None), "n_gpu_layers", 0)  # the fakes carry no options
+    return bool(layers) and bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def cut_at_constraint(limiter: ConstraintSampler | None, draft: list[int]) -> list[int]:
@@ -112,7 +121,7 @@ def speculative_loop(
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     held = False
     matcher = StopMatcher(stop)
-    clock = time.perf_counter
+    clock, cost_clock = time.perf_counter, drafter.costs.clock
     n_ctx = model.n_ctx
     limit = max_tokens if max_tokens is not None else n_ctx + 1
     n_gen = 0
@@ -164,16 +173,15 @@ def speculative_loop(
             # drafted tokens past the answer's limit or the context would never be used
             room = min(limit - n_gen - 1, n_ctx - len(cached) - 1)
             draft = cut_at_constraint(limiter, drafter.propose(room)) if room > 0 else []
-            t_call = clock()
+            t_call, c_call = clock(), cost_clock()
             if draft:
                 rc = decode(ctx, verify.fill([token, *draft], len(cached)))
             else:
                 one[0] = token
                 rc = decode(ctx, single)
             sync(ctx)
-            spent = clock() - t_call
-            stats.decode_calls_s += spent
-            drafter.observe(len(draft) + 1, spent)
+            stats.decode_calls_s += clock() - t_call
+            drafter.observe(len(draft) + 1, cost_clock() - c_call)
             if rc != 0:
                 model._decode_failed(rc)
             cached.append(token)

@@ -147,6 +147,9 @@ class SeqJob:
     # with logprobs, instead of on_text: each piece of text with the entries of the tokens it holds
     on_logprobs: Callable[[str, list[dict[str, Any]]], None] | None = None
     draft: bool | None = None  # speculative decoding: None as the model was loaded (--draft), or on/off
+    # this job's draft sizes (serve's speculative.n_max / n_min): None as loaded; a max of 0 drafts nothing
+    draft_max: int | None = None
+    draft_min: int = 0
 
 
 @dataclass

@@ -141,7 +141,7 @@ class Engine:
             next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
             r.ignore_eos, on_text=feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
             cache_prompt=prepared.envelope.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
-            on_logprobs=on_logprobs,
+            on_logprobs=on_logprobs, draft_max=prepared.envelope.draft_max, draft_min=prepared.envelope.draft_min,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end, finish, live, on_steps)
         self._queue.put(ticket)

@@ -62,6 +62,9 @@ class Envelope:
     format_field: str | None = None  # where the format is asked (response_format.json_schema.schema | json_schema | grammar...)
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's field)
     prompt_ids: tuple[int, ...] | None = None  # a completion's prompt given as token ids (``request.raw_text`` is "")
+    # llama-server's speculative.n_max / n_min under serve --draft: (None, 0) as the server drafts; n_max 0: not at all
+    draft_max: int | None = None
+    draft_min: int = 0
 
     def __post_init__(self) -> None:
         # every wire's parser builds this: the tools-and-format rule holds on all of them alike
@@ -81,7 +84,8 @@ class Envelope:
 
 def envelope(*, model: str | None = None, stream: bool = False, include_usage: bool = False, format_field: str | None = None,
              cache_prompt: bool = True, messages: tuple[dict[str, Any], ...] | None = None,
-             prompt: str | tuple[int, ...] | None = None, **fields: Any) -> Envelope:  # fmt: skip
+             prompt: str | tuple[int, ...] | None = None, draft_max: int | None = None, draft_min: int = 0,
+             **fields: Any) -> Envelope:  # fmt: skip
     """A chat (``messages``) or a plain completion (``prompt``: text, or token ids) as the core Request,
     ``fields`` its other fields, with the wire's own around it: every parser's last step."""
     ids = prompt if isinstance(prompt, tuple) else None
@@ -89,7 +93,7 @@ def envelope(*, model: str | None = None, stream: bool = False, include_usage: b
         request = Request(messages=messages, **fields)
     else:
         request = Request(raw_text="" if ids is not None else prompt, **fields)
-    return Envelope(request, model, stream, include_usage, format_field, cache_prompt, ids)
+    return Envelope(request, model, stream, include_usage, format_field, cache_prompt, ids, draft_max, draft_min)
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.request.rules) ------------
@@ -132,6 +136,15 @@ def _stream_options(name: str, v: Any) -> bool:
 def _n_predict(name: str, v: Any) -> int | None:
     """llama-server's max_tokens, where -1 means no limit."""
     return None if v == -1 and _is_int(v) else rules.check("max_tokens", v, name=name)
+
+
+def _draft_size(name: str, v: Any) -> int:
+    """speculative.n_max / n_min: tokens drafted per step, 0 to engine.draft's MAX_DRAFT_LIMIT."""
+    from localinfer.engine.draft import MAX_DRAFT_LIMIT
+
+    if not _is_int(v) or not 0 <= v <= MAX_DRAFT_LIMIT:
+        raise rules.RuleError(name, f"must be an integer from 0 to {MAX_DRAFT_LIMIT}, not {rules.shown(v)}", "invalid_value")
+    return v
 
 
 def _is_int(v: Any) -> bool:
@@ -177,6 +190,8 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
+    "speculative.n_max": _draft_size,  # llama-server's (flat, dotted names): serve --draft's sizes per request
+    "speculative.n_min": _draft_size,
     "chat_template_kwargs": rules.chat_template_kwargs,
     "reasoning_format": rules.reasoning_format,
     **_IGNORED,
@@ -252,6 +267,8 @@ def _parse_request(body: dict[str, Any], kind: str) -> Envelope:
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
+        draft_max=v.get("speculative.n_max"),
+        draft_min=v.get("speculative.n_min", 0),
         response_format=fmt,
         format_field=format_rules.format_param(*formats[0]) if formats else None,
         chat_template_kwargs=v.get("chat_template_kwargs"),
