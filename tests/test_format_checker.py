@@ -55,7 +55,7 @@ def test_small_formats_stay_in_thread_and_a_dead_helper_is_replaced(helper):
 
 def test_a_format_that_stops_the_helper_is_refused(helper, monkeypatch):
     structured.from_grammar(_wide(600))
-    monkeypatch.setattr(checker, "_read", lambda stream: (checker._proc.kill(), checker._proc.wait(), b"")[-1])
+    monkeypatch.setattr(checker, "read_message", lambda stream: (checker._proc.kill(), checker._proc.wait(), b"")[-1])
     with pytest.raises(structured.FormatError, match="the grammar could not be checked"):
         structured.from_grammar(_wide(602))
     assert checker._proc is None

@@ -43,11 +43,10 @@ def wanted(text: str) -> bool:
     return _enabled and len(text) >= OFFLOAD_CHARS
 
 
-def check(kind: str, text: str) -> str:
-    """``kind`` "schema": check the schema (its compact JSON ``text``), "" if fine; "grammar": the
-    GBNF ``text``'s Lark conversion. FormatError as the in-thread checks raise it."""
-    from localinfer.request.structured import FormatError
-
+def check(kind: str, text: str) -> tuple[str, str | None]:
+    """``kind`` "schema": check the schema (its compact JSON ``text``); "grammar": convert the GBNF
+    ``text`` to Lark. (result, None), or ("", the FormatError's message) as the in-thread checks
+    would raise it (request/structured.py raises it)."""
     message = json.dumps({"kind": kind, "text": text}).encode("ascii")  # ASCII: lone surrogates travel too
     with _lock:
         proc = _helper()
@@ -55,14 +54,14 @@ def check(kind: str, text: str) -> str:
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(len(message).to_bytes(4, "big") + message)
             proc.stdin.flush()
-            reply = json.loads(_read(proc.stdout))
+            reply = json.loads(read_message(proc.stdout))
         except (OSError, ValueError):
             stop()
-            raise FormatError(f"the {'JSON schema' if kind == 'schema' else 'grammar'} could not be checked "
-                              "(its checker stopped on it)") from None  # fmt: skip
+            what = "JSON schema" if kind == "schema" else "grammar"
+            return "", f"the {what} could not be checked (its checker stopped on it)"
     if "error" in reply:
-        raise FormatError(reply["error"])
-    return str(reply["ok"])
+        return "", str(reply["error"])
+    return str(reply["ok"]), None
 
 
 def stop() -> None:
@@ -80,12 +79,12 @@ def _helper() -> subprocess.Popen[bytes]:
         package_root = str(Path(__file__).resolve().parents[2])  # the child imports this very localinfer
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
         isolate = ["-P"] if sys.version_info >= (3, 11) else []  # no cwd on sys.path (and run in "/")
-        _proc = subprocess.Popen([sys.executable, *isolate, "-m", "localinfer.request.checker"], stdin=subprocess.PIPE,
+        _proc = subprocess.Popen([sys.executable, *isolate, "-m", "localinfer.request.checkworker"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=os.sep)  # fmt: skip
     return _proc
 
 
-def _read(stream: object) -> bytes:
+def read_message(stream: object) -> bytes:
     read = stream.read  # type: ignore[attr-defined]
     head = read(4)
     if len(head) < 4:
@@ -94,32 +93,3 @@ def _read(stream: object) -> bytes:
     if len(body) < int.from_bytes(head, "big"):
         raise ValueError("the helper ended")
     return body
-
-
-def _answer(kind: str, text: str) -> dict[str, str]:
-    from localinfer.request.structured import FormatError, check_schema, gbnf_to_lark
-
-    try:
-        if kind == "schema":
-            check_schema(json.loads(text))
-            return {"ok": ""}
-        return {"ok": gbnf_to_lark(text)}
-    except FormatError as exc:
-        return {"error": str(exc)}
-
-
-def main() -> None:
-    """The helper: one request after another on stdin, each answer on stdout (length-prefixed JSON)."""
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    while True:
-        try:
-            request = json.loads(_read(inp))
-        except ValueError:
-            return
-        answer = json.dumps(_answer(request["kind"], request["text"])).encode("ascii")
-        out.write(len(answer).to_bytes(4, "big") + answer)
-        out.flush()
-
-
-if __name__ == "__main__":
-    main()

@@ -107,7 +107,9 @@ def from_schema(schema: Mapping[str, Any] | str, *, name: str | None = None, str
     if _offloaded(text):  # serve: in a helper process, off the GIL its event loop needs
         from localinfer.request.checker import check
 
-        check("schema", text)
+        _, error = check("schema", text)
+        if error is not None:
+            raise FormatError(error)
     else:
         check_schema(schema)
     return Format("json_schema", text, name=name, strict=bool(strict))
@@ -128,7 +130,10 @@ def from_grammar(text: str) -> Format:
     if _offloaded(text):  # as a schema's checks (from_schema)
         from localinfer.request.checker import check
 
-        return Format("grammar", text, lark=check("grammar", text))
+        lark, error = check("grammar", text)
+        if error is not None:
+            raise FormatError(error)
+        return Format("grammar", text, lark=lark)
     return Format("grammar", text, lark=gbnf_to_lark(text))
 
 
