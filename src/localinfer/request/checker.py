@@ -11,7 +11,8 @@ they share nothing with the server: the worker thread waits on a pipe, without t
 :func:`enable` turns it on (serve does); then ``structured`` sends a schema or grammar longer than
 :data:`OFFLOAD_CHARS` here and small ones are still checked in-thread (a millisecond). One helper
 process, started on first use, checks one format at a time; one that dies on a format (that
-format's fault) answers a FormatError and the next format starts a new one.
+format's fault) answers a FormatError and the next format starts a new one. The helper's side is
+request/checkworker.py (it reads its messages with :func:`read_message`).
 """
 
 from __future__ import annotations
