@@ -58,11 +58,14 @@ def test_caps_refuse_by_name_before_any_work():
 def test_health_answers_while_hostile_schemas_and_grammars_are_checked(smollm2_path, tmp_path):
     """The issue's floor: /health answers within 1 s while hostile formats are checked (before, a
     probe waited for the whole check: minutes for the wide classes; the deep grammar and '$ref' chain
-    killed the server). The checks are Python in a worker thread, sharing the GIL with the loop: on a
-    quiet machine a probe waits a few hand-offs of 5 ms; on two cores shared with other test runs
-    (load 20+), the OS preempting a thread that holds the GIL stretches a hand-off to ~0.5 s (a
-    probe's slowest here was 1.7 s, printed with pytest -s). So the bound asserted is 3 s, room for
-    such a machine, and still far from what it catches: the loop held for the length of a check."""
+    killed the server). The checks ran in worker threads sharing the GIL with the loop: with two being
+    checked, the loop waited up to 0.6 s a probe at load 8 on two cores and 1.7 s at load 20, where
+    the same load from other processes cost it 50 ms (benchmarks/health_under_checks.py). Now large
+    formats are checked in a helper process (request/checker.py), and the bound holds beyond what
+    the machine's load alone costs a probe here, measured first on the idle server: robust on a
+    loaded machine, and still far from what it catches. A small constrained request goes first: the
+    model's first constraint builds llguidance's tokenizer, one native call that holds the GIL (0.3 to
+    1 s loaded), once per model, whatever the format."""
     bodies = {
         "wide classes, within the caps": ({"json_schema": {"type": "string", "pattern": WIDE * 12000}}, 200),
         "wide classes, past the caps": ({"json_schema": {"type": "object", "properties": {
@@ -84,6 +87,13 @@ def test_health_answers_while_hostile_schemas_and_grammars_are_checked(smollm2_p
 
     try:
         _wait_ready(proc, port)
+        post("warm", {"json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}}})
+        baseline = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            assert get(port)[0] == 200
+            baseline.append(time.perf_counter() - t0)
+            time.sleep(0.02)
         threads = [threading.Thread(target=post, args=(n, f), daemon=True) for n, (f, _) in bodies.items()]
         for t in threads:
             t.start()
@@ -98,7 +108,8 @@ def test_health_answers_while_hostile_schemas_and_grammars_are_checked(smollm2_p
     finally:
         proc.kill()
         proc.wait(60)
-    print(f"\n/health under hostile formats: {len(latencies)} probes, slowest (ms) {[round(t * 1e3) for t in sorted(latencies)[-5:]]}")
+    print(f"\n/health idle: slowest (ms) {[round(t * 1e3) for t in sorted(baseline)[-3:]]}; under hostile formats: "
+          f"{len(latencies)} probes, slowest (ms) {[round(t * 1e3) for t in sorted(latencies)[-5:]]}")  # fmt: skip
     for name, (_, status) in bodies.items():
         assert answers[name][0] == status, (name, answers[name])
     past = answers["wide classes, past the caps"][1]["error"]
@@ -106,4 +117,5 @@ def test_health_answers_while_hostile_schemas_and_grammars_are_checked(smollm2_p
     assert "at most 4096" in answers["past the rule cap"][1]["error"]["message"]
     assert "levels deep" in answers["rules nested 4,000 deep"][1]["error"]["message"]
     assert proc.returncode == -9  # killed here, not dead of a request
-    assert max(latencies) < 3.0, sorted(latencies)[-5:]
+    assert answers["warm"][0] == 200
+    assert max(latencies) < 1.0 + max(baseline), (sorted(baseline)[-3:], sorted(latencies)[-5:])

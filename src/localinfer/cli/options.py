@@ -242,13 +242,15 @@ def _response_format(
 ) -> "Format | None":
     """One of the five, checked now (a bad schema is exit 2 before anything loads); a schema or
     grammar we cannot enforce is named by its option, as Typer names a bad value."""
-    from localinfer.request.structured import FormatError
-
     given = [f for f, v in (("--json-schema", json_schema), ("--json-schema-file", json_schema_file),
                             ("--grammar", grammar), ("--grammar-file", grammar_file),
                             ("--format", response_format)) if v is not None]  # fmt: skip
     if len(given) > 1:
         raise UsageError(f"give one of {', '.join(given)}, not several")
+    if not given:  # free text: the schema checks (request.structured) are not imported
+        return None
+    from localinfer.request.structured import FormatError
+
     try:
         return _format_of(json_schema, json_schema_file, grammar, grammar_file, response_format)
     except FormatError as exc:
@@ -296,6 +298,8 @@ MaxModelsOpt = Annotated[Optional[int], typer.Option("--max-models", envvar="LOC
 
 
 def _keep_alive(keep_alive: KeepAliveOpt = None, max_models: MaxModelsOpt = None, *, endpoint: Any = None) -> "KeepAlive | None":
+    if keep_alive is None:  # off (the usual run): nothing of the resident server's is imported
+        return None
     from localinfer.resident.place import KeepAlive
     from localinfer.units import parse_keep_alive
 
@@ -349,6 +353,8 @@ def _draft(
     draft_max: Annotated[Optional[int], typer.Option("--draft-max", metavar="N", help="Tokens guessed per step at most. [default: 8]", rich_help_panel=_DRAFT, show_default=False)] = None,
     draft_model: Annotated[Optional[str], typer.Option("--draft-model", metavar="NAME", help="An installed small model with the target's vocabulary guesses the next tokens (run and chat; the same text either way).", rich_help_panel=_DRAFT)] = None,
 ) -> "Draft":
+    if draft is None and draft_max is None and draft_model is None:  # no drafting: engine.draft is not needed
+        return Draft(None, None)
     from localinfer.engine.draft import check
 
     kind = draft.strip().lower() if draft is not None else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +104,14 @@ def from_schema(schema: Mapping[str, Any] | str, *, name: str | None = None, str
     text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SCHEMA_BYTES:
         raise FormatError(f"the JSON schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB")
-    check_schema(schema)
+    if _offloaded(text):  # serve: in a helper process, off the GIL its event loop needs
+        from localinfer.request.checker import check
+
+        _, error = check("schema", text)
+        if error is not None:
+            raise FormatError(error)
+    else:
+        check_schema(schema)
     return Format("json_schema", text, name=name, strict=bool(strict))
 
 
@@ -119,7 +127,20 @@ def from_grammar(text: str) -> Format:
     rules = len(re.findall(r"::=", text))  # an upper bound (a literal may hold one): refused before parsing
     if rules > MAX_GRAMMAR_RULES:
         raise FormatError(f"the grammar has {rules} rules; at most {MAX_GRAMMAR_RULES} are taken")
+    if _offloaded(text):  # as a schema's checks (from_schema)
+        from localinfer.request.checker import check
+
+        lark, error = check("grammar", text)
+        if error is not None:
+            raise FormatError(error)
+        return Format("grammar", text, lark=lark)
     return Format("grammar", text, lark=gbnf_to_lark(text))
+
+
+def _offloaded(text: str) -> bool:
+    """Whether a format this long is checked in request/checker.py's helper process (serve turns it on)."""
+    checker = sys.modules.get("localinfer.request.checker")  # imported only where it was enabled
+    return checker is not None and checker.wanted(text)
 
 
 def gbnf_to_lark(text: str) -> str:

@@ -64,8 +64,11 @@ class ServerState:
 
 
 def create_app(state: ServerState) -> Starlette:
+    from localinfer.request import checker
     from localinfer.serve import ollama
     from localinfer.serve.multi import Leases
+
+    checker.enable()  # large schemas and grammars are checked in a helper process, off the loop's GIL
 
     routes = [
         Route("/health", health, methods=["GET"]),
