@@ -58,7 +58,8 @@ def ours(model_path: str, threads: int, parallel: int, ctx_per_seq: int, npp: in
     from localinfer.batch import job as batchjob
     from localinfer.generate import run as generate
     from localinfer.engine.batch import BatchStats
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.store import resolve_model
 
     resolved = resolve_model(model_path)

@@ -45,7 +45,8 @@ def main() -> int:
     from localinfer.generate import run as generate
     from localinfer.chat.settings import ChatSettings
     from localinfer.chat.conversation import Conversation
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.store import resolve_model
 
     resolved = resolve_model(args.model, offline=True)

@@ -57,7 +57,8 @@ def _timed(cls: type, name: str, bucket: list[float]) -> None:
 
 def run_once(model, decoder, prompts, formats, n_tokens, constrained: bool, probes: dict) -> dict:  # type: ignore[no-untyped-def]
     from localinfer.engine.batch import BatchDecoder
-    from localinfer.engine.types import SamplingOptions, SeqJob
+    from localinfer.engine.types import SeqJob
+    from localinfer.request.sampling import SamplingOptions
 
     greedy = SamplingOptions(temperature=0.0)
     jobs = [SeqJob(i, toks, greedy, n_tokens, (), False, constraint=fmt if constrained else None)

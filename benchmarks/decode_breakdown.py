@@ -47,7 +47,8 @@ def main() -> int:
 
     from localinfer.engine.backend import cpu_repack_enabled, llama_cpp
     from localinfer.engine.model import Model
-    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+    from localinfer.engine.types import GenerationStats, LoadOptions
+    from localinfer.request.sampling import SamplingOptions
 
     repack = cpu_repack_enabled(None)
     bench_args = ["-d", str(args.d)]

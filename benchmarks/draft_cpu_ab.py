@@ -40,7 +40,8 @@ def main() -> None:
 
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+    from localinfer.engine.types import GenerationStats, LoadOptions
+    from localinfer.request.sampling import SamplingOptions
 
     path = args.model or default_model()
     ms = {d: Model(path, LoadOptions(n_ctx=2048, n_threads=args.threads, draft=d)) for d in (None, "ngram")}

@@ -73,7 +73,8 @@ def main() -> None:
 
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+    from localinfer.engine.types import GenerationStats, LoadOptions
+    from localinfer.request.sampling import SamplingOptions
 
     path = args.model or default_model()
     m = Model(path, LoadOptions(n_ctx=2048, n_threads=args.threads))

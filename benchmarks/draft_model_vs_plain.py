@@ -39,7 +39,8 @@ MODES = ("plain", "model", "forced")
 def main() -> None:
     from localinfer.engine import draft as d
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+    from localinfer.engine.types import GenerationStats, LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.generate.run import load
     from localinfer.store import resolve_model
 

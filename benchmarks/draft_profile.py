@@ -37,7 +37,8 @@ def main() -> None:
     from localinfer.engine.draft import NgramDrafter
     from localinfer.engine.model import Model
     from localinfer.engine.speculate import _VerifyBatch
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
 
     sizes = [int(x) for x in args.sizes.split(",")]
     m = Model(args.model or default_model(), LoadOptions(n_ctx=2048, n_threads=args.threads))

@@ -62,7 +62,8 @@ def engine(args: argparse.Namespace) -> list[str]:
     from localinfer.generate import run as generate
     from localinfer.batch import job as batchjob
     from localinfer.engine.batch import BatchDecoder, SeqJob
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.store import resolve_model
 
     opts = batchjob.batch_load_options(LoadOptions(n_threads=args.threads), parallel=4, ctx_per_seq=1024)

@@ -127,7 +127,8 @@ def tie_check(model: str, threads: int, n: int, raw: bool = False) -> list[str]:
     from localinfer.engine import draft as d
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+    from localinfer.engine.types import GenerationStats, LoadOptions
+    from localinfer.request.sampling import SamplingOptions
 
     d.NgramDrafter.worth = lambda self, k, available: available  # type: ignore[method-assign]
     d.MISSES_TO_PAUSE = 10**9

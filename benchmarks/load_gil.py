@@ -122,7 +122,8 @@ class Decoder(threading.Thread):
         self.model, self.done, self.marks = model, threading.Event(), []
 
     def run(self) -> None:
-        from localinfer.engine.types import GenerationStats, SamplingOptions
+        from localinfer.engine.types import GenerationStats
+        from localinfer.request.sampling import SamplingOptions
 
         while not self.done.is_set():
             prompt = self.model.tokenize("Once upon a time, in a land far away,")

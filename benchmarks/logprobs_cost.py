@@ -65,7 +65,8 @@ OVERHEAD: dict[int | None, list[float]] = {}  # the engine's µs per token outsi
 
 
 def engine_rate(model, prompt: list[int], top: int | None, n: int) -> float:
-    from localinfer.engine.types import GenerationStats, SamplingOptions
+    from localinfer.engine.types import GenerationStats
+    from localinfer.request.sampling import SamplingOptions
 
     model.reset()
     stats = GenerationStats()

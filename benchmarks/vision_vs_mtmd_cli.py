@@ -56,7 +56,8 @@ def main() -> int:
     from projector import write_projector
 
     from localinfer.request import images
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.generate.run import generate, load
     from localinfer.request.request import build
     from localinfer.store.resolve import resolve_model

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions, Step
+from localinfer.engine.types import GenerationStats, LoadOptions, Step
+from localinfer.request.sampling import SamplingOptions
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
 

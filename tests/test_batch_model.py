@@ -17,7 +17,8 @@ from localinfer.batch import job as batchjob
 
 from localinfer.generate import run as generate
 from localinfer.batch.io import BatchRequest, InputError
-from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.engine.types import LoadOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.store import resolve_model
 
 pytestmark = pytest.mark.slow

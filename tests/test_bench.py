@@ -15,7 +15,8 @@ from conftest import run_cli
 from localinfer.bench import method as bench
 from localinfer.usage import history
 from localinfer.cli.bench import _ints
-from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+from localinfer.engine.types import GenerationStats, LoadOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import UsageError
 
 ANSI = re.compile(rb"\x1b\[")

@@ -15,7 +15,8 @@ from localinfer.chat.settings import ChatSettings
 from localinfer.chat.session import block_open, split_command, unwrap_block
 from localinfer.chat.conversation import Conversation
 from localinfer.chat.files import parse_messages
-from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.engine.types import LoadOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import ContextOverflowError, UsageError
 
 GREEDY = SamplingOptions(temperature=0.0)

@@ -26,7 +26,8 @@ from conftest import run_cli
 
 from localinfer.engine import draft as d
 from localinfer.engine.backend import llama_cpp
-from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+from localinfer.engine.types import GenerationStats, LoadOptions
+from localinfer.request.sampling import SamplingOptions
 
 TIE = 0.15  # nats between the plain run's top two: a near-tie the kernels may round apart
 SAME_LOGPROB = 0.15  # the same token's log probability, from a batch row or a one-token step

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import run_python
 
-from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+from localinfer.engine.types import GenerationStats, LoadOptions
+from localinfer.request.sampling import SamplingOptions
 
 pytestmark = pytest.mark.slow
 

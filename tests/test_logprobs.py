@@ -179,7 +179,8 @@ def _prompt(model) -> list[int]:
 
 
 def _greedy(model, top: int | None, **kw):
-    from localinfer.engine.types import GenerationStats, SamplingOptions
+    from localinfer.engine.types import GenerationStats
+    from localinfer.request.sampling import SamplingOptions
 
     model.reset()
     stats = GenerationStats()

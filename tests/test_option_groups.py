@@ -128,7 +128,8 @@ def test_the_command_body_gets_one_ready_value_for_each_group(monkeypatch):
             "--no-cpu-repack", "--rpc", "10.0.0.2:50052", "--temp", "0", "--top-k", "5", "--seed", "9", "--verbose"]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
 
     assert seen["load"] == LoadOptions(
         n_ctx=512, n_threads=3, n_gpu_layers=7, flash_attn="on", cache_type_k="q8_0", use_mmap=False, use_mlock=True,

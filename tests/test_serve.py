@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("starlette")
 
 from localinfer.engine.slots import common_prefix
-from localinfer.engine.types import GenerationStats, SamplingOptions
+from localinfer.engine.types import GenerationStats
+from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.app import ServerState, create_app
 from localinfer.serve.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig

@@ -10,7 +10,8 @@ import jsonschema
 import pytest
 from structured_corpus import CORPUS
 
-from localinfer.engine.types import GenerationStats, SamplingOptions
+from localinfer.engine.types import GenerationStats
+from localinfer.request.sampling import SamplingOptions
 from localinfer.request.structured import FormatError, from_grammar, from_schema
 
 pytestmark = pytest.mark.slow

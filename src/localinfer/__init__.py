@@ -20,7 +20,8 @@ codecache.install()  # before any of our dataclasses is created: their methods' 
 
 if TYPE_CHECKING:
     from localinfer.api import Chunk, Model, Response, Stats, load
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.errors import LocalInferError
 
 _LAZY = {

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.answer.answer import Answer
 from localinfer.backends.local import LocalBackend
-from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.engine.types import LoadOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:

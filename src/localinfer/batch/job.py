@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.answer.answer import BatchResult
 from localinfer.batch.io import BatchRequest, InputError, OutputOrder, id_key, parse_input  # noqa: F401 - re-exported API
-from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.engine.types import LoadOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:

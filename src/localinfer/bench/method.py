@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from localinfer.bench.facts import Progress, Setup
-from localinfer.engine.types import GenerationStats, SamplingOptions
+from localinfer.engine.types import GenerationStats
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_number as _r
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.bench.facts import Progress, Setup
 from localinfer.bench.method import BENCH_SAMPLING, BenchTest, bos_token, mean_sd, now, random_tokens, repeated
-from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.engine.types import LoadOptions
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_ms as _ms
 from localinfer.units import json_number as _r

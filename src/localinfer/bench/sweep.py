@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from localinfer.bench.facts import ModelFacts, Progress, build_version, loaded_model
 from localinfer.bench.method import BENCH_SAMPLING, BenchResult, BenchTest, context_for, now, run_test
 from localinfer.bench.parallel import level_loads, serve_tests
-from localinfer.engine.types import LoadOptions, SamplingOptions
+from localinfer.engine.types import LoadOptions
+from localinfer.request.sampling import SamplingOptions
 
 if TYPE_CHECKING:
     from localinfer.engine.model import Model

@@ -2,20 +2,21 @@
 option groups (common, load, sampling, cost, server, format...) that a command takes as one plain value
 for the core (how a group is attached: cli/groups.py)."""
 
-import dataclasses
 import enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Optional, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeAlias
 
 import typer
 
 from localinfer.request import rules
 from localinfer.cli.groups import OptionGroup, grouped  # noqa: F401 - what commands decorate with
+from localinfer.cli.draft_options import DRAFT, Draft  # noqa: F401 - the draft group, its own module
 from localinfer.request import defaults as DEFAULTS  # sampling defaults, read in signatures
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
-    from localinfer.engine.types import LoadOptions, SamplingOptions
+    from localinfer.engine.types import LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.remote.connection import Endpoint
     from localinfer.request.structured import Format
     from localinfer.resident.place import KeepAlive
@@ -345,42 +346,6 @@ def _template(
     return out or None
 
 
-_DRAFT = "Speculative decoding"
-
-
-def _draft(
-    draft: Annotated[Optional[str], typer.Option("--draft", metavar="ngram", help="Guess the next tokens and have the model check them in one batch: ngram looks them up in the prompt and the answer so far (fast where the answer copies; the same text either way).", rich_help_panel=_DRAFT)] = None,
-    draft_max: Annotated[Optional[int], typer.Option("--draft-max", metavar="N", help="Tokens guessed per step at most. [default: 8]", rich_help_panel=_DRAFT, show_default=False)] = None,
-    draft_model: Annotated[Optional[str], typer.Option("--draft-model", metavar="NAME", help="An installed small model with the target's vocabulary guesses the next tokens (run and chat; the same text either way).", rich_help_panel=_DRAFT)] = None,
-) -> "Draft":
-    if draft is None and draft_max is None and draft_model is None:  # no drafting: engine.draft is not needed
-        return Draft(None, None)
-    from localinfer.engine.draft import check
-
-    kind = draft.strip().lower() if draft is not None else None
-    if draft_max is not None and kind is None and draft_model is None:
-        raise UsageError("--draft-max needs --draft ngram")
-    check(kind, draft_max, draft_model)
-    return Draft(kind, draft_max, draft_model.strip() if draft_model is not None else None)
-
-
-class Draft(NamedTuple):
-    """What the draft group gives a command: --draft, --draft-max and --draft-model, checked."""
-    kind: "str | None"
-    max: "int | None"
-    model: "str | None" = None
-
-    def single_sequence(self, command: str) -> None:
-        if self.model is not None:  # several sequences share a context: run and chat only, for now
-            raise UsageError(f"{command} does not take --draft-model yet: a draft model serves one sequence (run, chat)", hint="use --draft ngram")  # fmt: skip
-
-    def apply(self, load: "LoadOptions | None") -> "LoadOptions | None":
-        """``load`` with these settings (None: with --endpoint, nothing is loaded here)."""
-        if load is None or (self.kind is None and self.model is None):
-            return load
-        return dataclasses.replace(load, draft=self.kind, draft_max=self.max, draft_model=self.model)
-
-
 COMMON = OptionGroup(_common)  # -> Flags (the load group reads --verbose too)
 LOAD = OptionGroup(_load, local_only=True)  # -> LoadOptions (None with --endpoint)
 SAMPLING = OptionGroup(_sampling)  # -> SamplingOptions
@@ -390,7 +355,6 @@ FORMAT = OptionGroup(_response_format)  # -> structured.Format (None: free text)
 KEEP_ALIVE = OptionGroup(_keep_alive)  # -> resident.place.KeepAlive (None: off, or with --endpoint)
 TEMPLATE = OptionGroup(_template)  # -> the chat template's variables (None: none given)
 LOGPROBS = OptionGroup(_logprobs)  # -> the top N of Request.logprobs (None: off); run --json and batch
-DRAFT = OptionGroup(_draft, local_only=True)  # -> Draft (None with --endpoint): speculative decoding
 
 # What a command body receives for each group, to annotate it with (strings: nothing is imported
 # until a group's value is built).

@@ -24,7 +24,8 @@ from localinfer.engine.params import context_params, model_params
 from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.vocab import Vocab
-from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, SamplingOptions, Step
+from localinfer.engine.types import DEFAULT_CTX_CEILING, GenerationStats, LoadOptions, Step
+from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import GenerationError, ResourceError
 
 if TYPE_CHECKING:

@@ -194,7 +194,8 @@ def _child(path: str) -> int:
     except (ImportError, ValueError, OSError):
         pass
     from localinfer.engine.model import Model
-    from localinfer.engine.types import GenerationStats, LoadOptions, SamplingOptions
+    from localinfer.engine.types import GenerationStats, LoadOptions
+    from localinfer.request.sampling import SamplingOptions
     from localinfer.errors import LocalInferError
 
     options = LoadOptions(n_ctx=PROBE_CTX, n_threads=1, n_threads_batch=1, n_gpu_layers=0, use_mmap=True, verbose=True)

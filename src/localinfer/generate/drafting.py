@@ -4,7 +4,7 @@ the store, a .gguf file: never a download); planned in the pre-flight before the
 budget it leaves less; loaded with the target's threads and context once the target is, and
 refused with one line where its vocabulary is not the target's (engine.draft_model.vocab_mismatch).
 
-Single-sequence only for now: run, chat and the API. serve and batch refuse it (cli.options.Draft).
+Single-sequence only for now: run, chat and the API. serve and batch refuse it (cli.draft_options.Draft).
 """
 
 from __future__ import annotations
