@@ -36,11 +36,13 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setattr(codecache, "_used", set())
     monkeypatch.setattr(codecache, "_loaded", True)
     monkeypatch.setattr(codecache, "_added", True)  # no atexit write from a test
+    monkeypatch.setattr(dataclasses, "exec", dataclasses.__dict__.get("exec"), raising=False)  # undone after
+    codecache.install()  # as cli.main does before building the app
     return codecache
 
 
 def test_our_classes_are_compiled_once_and_behave_as_dataclasses(cache, monkeypatch):
-    assert getattr(dataclasses, "exec", None) is codecache._exec  # installed by `import localinfer`
+    assert getattr(dataclasses, "exec", None) is codecache._exec
     Point = _module("localinfer.test_codecache_a", monkeypatch).Point
     assert len(cache._codes) == 6  # __init__, __repr__, __eq__, __setattr__, __delattr__, __hash__
     p = Point(1)

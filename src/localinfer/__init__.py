@@ -14,10 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from localinfer import codecache  # noqa: E402
-
-codecache.install()  # before any of our dataclasses is created: their methods' code, compiled once
-
 if TYPE_CHECKING:
     from localinfer.api import Chunk, Model, Response, Stats, load
     from localinfer.engine.types import LoadOptions

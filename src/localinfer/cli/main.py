@@ -167,6 +167,11 @@ def main() -> None:
             status = hand_over(sys.argv)
             if status is not None:
                 raise SystemExit(status)
+        # before any of our dataclasses is created: their methods' code, compiled once (not at
+        # package import: a handed-over run above and a library user's process stay untouched)
+        from localinfer import codecache
+
+        codecache.install()
         # `localinfer run` builds only its own command: building every one costs ~10 ms of its way
         # to the first token.
         only = "run" if sys.argv[1:2] == ["run"] else None
