@@ -249,10 +249,13 @@ class _Handler(BaseHTTPRequestHandler):
         if repo.info_raw is not None:
             body, headers = repo.info_raw
             self.send_response(200)
-            for k, v in {"Content-Type": "application/json", "Content-Length": str(len(body)), **headers}.items():
+            # a client that refuses the body midway resets the connection, so this one is not kept
+            # alive, and says so (a close without "Connection: close" races the client's next request)
+            for k, v in {"Content-Type": "application/json", "Content-Length": str(len(body)), "Connection": "close",
+                         **headers}.items():  # fmt: skip
                 self.send_header(k, v)
             self.end_headers()
-            self.close_connection = True  # a client that refuses the body midway resets the connection
+            self.close_connection = True
             try:
                 self.wfile.write(body)
             except (BrokenPipeError, ConnectionResetError):
