@@ -36,10 +36,9 @@ def main() -> None:
     ap.add_argument("--tasks", default="copy-module,rag-quote,free")
     ap.add_argument("--raw", action="store_true", help="plain-completion tasks (a base model: no chat template)")
     args = ap.parse_args()
-    from draft_vs_plain import default_model, tasks
+    from draft_vs_plain import default_model, prompt_tokens, tasks
 
     from localinfer.engine.model import Model
-    from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
 
@@ -51,12 +50,7 @@ def main() -> None:
     for task in args.tasks.split(","):
         text = tasks(args.raw)[task]
         m0 = ms[None]
-        if args.raw:
-            prompt = m0.tokenize(text, add_special=True)
-        else:
-            t = ChatTemplate(source="gguf", template=m0.chat_template, bos_text=m0.bos_text, eos_text=m0.eos_text)
-            p = t.render([{"role": "user", "content": text}])
-            prompt = m0.tokenize(p.text, add_special=p.add_special, parse_special=True)
+        prompt = prompt_tokens(m0, text, args.raw)
         for m in ms.values():  # the prompt into each context's cache: the rounds time the decode alone
             list(m.generate(prompt, greedy, GenerationStats(), max_tokens=1))
         cpu: dict = {None: [], "ngram": []}

@@ -69,10 +69,9 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("-t", "--threads", type=int, default=1)
     args = ap.parse_args()
-    from draft_vs_plain import default_model, tasks
+    from draft_vs_plain import default_model, prompt_tokens, tasks
 
     from localinfer.engine.model import Model
-    from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
 
@@ -83,12 +82,7 @@ def main() -> None:
                "first": dict(n_max=5, n_min=2, how="first")}  # fmt: skip
     print(f"# {Path(path).name}, -n {args.n}, guesses of {args.k} at most{' --raw' if args.raw else ''}")
     for task, text in tasks(args.raw).items():
-        if args.raw:
-            prompt = m.tokenize(text, add_special=True)
-        else:
-            t = ChatTemplate(source="gguf", template=m.chat_template, bos_text=m.bos_text, eos_text=m.eos_text)
-            p = t.render([{"role": "user", "content": text}])
-            prompt = m.tokenize(p.text, add_special=p.add_special, parse_special=True)
+        prompt = prompt_tokens(m, text, args.raw)
         answer = [s.token for s in m.generate(prompt, SamplingOptions(temperature=0), GenerationStats(), max_tokens=args.n)
                   if s.token is not None]  # fmt: skip
         for name, how in lookups.items():

@@ -37,11 +37,8 @@ NATIVE = Path(os.environ.get("LLAMA_BIN", "/work/main/benchmarks/.build/bin"))
 
 
 def _prompts(model, free: bool) -> dict[str, list[int]]:
-    from draft_vs_plain import PASSAGES, tasks
+    from draft_vs_plain import PASSAGES, prompt_tokens, tasks
 
-    from localinfer.engine.templates import ChatTemplate
-
-    t = ChatTemplate(source="gguf", template=model.chat_template, bos_text=model.bos_text, eos_text=model.eos_text)
     texts = {"copy-module": tasks()["copy-module"], "rag-quote": tasks()["rag-quote"],
              "rag-2": f"{PASSAGES}\n\nQuote, word for word, the passage about the warship.",
              "rag-3": f"{PASSAGES}\n\nQuote, word for word, the passage about the tardigrade."}  # fmt: skip
@@ -49,11 +46,7 @@ def _prompts(model, free: bool) -> dict[str, list[int]]:
         texts = {"free-robot": "Write a short story about a robot who learns to paint.",
                  "free-sea": "Write a poem about the sea at night.", "free-city": "Describe a city in the year 3000.",
                  "free-cook": "Explain how to bake bread to a child."}  # fmt: skip
-    out = {}
-    for k, text in texts.items():
-        p = t.render([{"role": "user", "content": text}])
-        out[k] = model.tokenize(p.text, add_special=p.add_special, parse_special=True)
-    return out
+    return {k: prompt_tokens(model, text) for k, text in texts.items()}
 
 
 def engine(args: argparse.Namespace) -> list[str]:

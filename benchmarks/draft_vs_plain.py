@@ -61,6 +61,18 @@ def tasks(raw: bool = False) -> dict[str, str]:
     }
 
 
+def prompt_tokens(model, text: str, raw: bool = False) -> list[int]:
+    """``text`` as a loaded engine Model's prompt: plain completion (``raw``: a base model) or one user
+    turn through the model's own chat template."""
+    if raw:
+        return model.tokenize(text, add_special=True)
+    from localinfer.engine.templates import ChatTemplate
+
+    t = ChatTemplate(source="gguf", template=model.chat_template, bos_text=model.bos_text, eos_text=model.eos_text)
+    p = t.render([{"role": "user", "content": text}])
+    return model.tokenize(p.text, add_special=p.add_special, parse_special=True)
+
+
 def default_model() -> str:
     import importlib.util
 

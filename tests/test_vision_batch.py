@@ -109,6 +109,15 @@ def test_a_text_stream_keeps_decoding_while_an_image_is_encoded(loaded, monkeypa
     assert text.error is None and text.stats.completion_tokens == 40 and text.stats.finish_reason == "length"
 
 
+def one_after_another(ended: list[str], *jobs: SeqJob):
+    """The decoder's job source: each job once the one before it has ended (``ended``: the keys the
+    caller saw end), None while waiting."""
+    for job in jobs:
+        yield job
+        while job.key not in ended:
+            yield None
+
+
 def test_the_answer_to_an_image_and_the_cache_across_it_are_kept(loaded):
     """Encoded off the engine thread, an image answers the same each time; the same prompt again is
     taken from the slot's cache (its placeholders come from the image's hash): nothing to encode."""
@@ -116,16 +125,10 @@ def test_the_answer_to_an_image_and_the_cache_across_it_are_kept(loaded):
     other = SeqJob("c", _tokens(loaded, "What is in this picture?", png(2)), GREEDY, 8)
     ended: list[str] = []
 
-    def one_after_another(*jobs: SeqJob):
-        for job in jobs:
-            yield job
-            while job.key not in ended:
-                yield None
-
     with BatchDecoder(loaded.model, 2, keep_cache=True) as decoder:
         first = next(iter(decoder.run([job])))
         results = []
-        for r in decoder.run(one_after_another(job, dataclasses.replace(job, key="b"), other)):
+        for r in decoder.run(one_after_another(ended, job, dataclasses.replace(job, key="b"), other)):
             ended.append(r.key)
             results.append(r)
     a, b, c = results
@@ -229,15 +232,9 @@ def test_the_batch_engine_reuses_an_m_rope_prompt_only_before_its_image(qwen):
     first_image = next(start for start, _n, chunk in prompt.pieces if chunk is not None)
     ended: list[str] = []
 
-    def one_after_another(*jobs: SeqJob):
-        for job in jobs:
-            yield job
-            while job.key not in ended:
-                yield None
-
     with BatchDecoder(qwen.model, 2, keep_cache=True) as decoder:
         results = []
-        for r in decoder.run(one_after_another(SeqJob("a", prompt, GREEDY, 4), SeqJob("b", prompt, GREEDY, 4))):
+        for r in decoder.run(one_after_another(ended, SeqJob("a", prompt, GREEDY, 4), SeqJob("b", prompt, GREEDY, 4))):
             ended.append(r.key)
             results.append(r)
     a, b = results
