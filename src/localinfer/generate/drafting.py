@@ -70,7 +70,7 @@ def plan_draft(target: ResolvedModel, options: LoadOptions, budget: MemoryBudget
     target is planned in what is left. Its context is the target's (the default one where none was
     asked), at most what the draft was trained on: past it, the draft just stops guessing."""
     from localinfer.system.hardware import memory_budget
-    from localinfer.system.preflight import plan_load
+    from localinfer.system.preflight import less, plan_load
 
     assert options.draft_model is not None
     resolved = resolve_draft(options.draft_model)
@@ -83,8 +83,6 @@ def plan_draft(target: ResolvedModel, options: LoadOptions, budget: MemoryBudget
     rest = budget
     if plan.estimate is not None:
         e = plan.estimate
-        vram = budget.vram_free - e.gpu_bytes if budget.vram_free is not None else None
-        note = f"the draft model {resolved.name} takes about {e.total >> 20} MiB of it"
-        rest = dataclasses.replace(budget, ram_available=max(0, budget.ram_available - e.cpu_bytes),
-                                   vram_free=max(0, vram) if vram is not None else None, notes=(*budget.notes, note))  # fmt: skip
+        rest = less(budget, f"the draft model {resolved.name} takes about {e.total >> 20} MiB of it", ram=e.cpu_bytes,
+                    vram=e.gpu_bytes)  # fmt: skip
     return DraftPlan(resolved, plan, plan.apply(own)), rest

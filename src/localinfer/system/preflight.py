@@ -245,5 +245,13 @@ def less_projector(budget: MemoryBudget, nbytes: int) -> MemoryBudget:
     """``budget`` less what a multimodal projector of ``nbytes`` takes (its weights, and its compute
     buffer: half as much again, at least 64 MiB), on the CPU where libmtmd keeps it without offload."""
     need = nbytes + max(64 << 20, nbytes // 2)
-    note = f"the projector (images in) takes about {human(need)} of it"
-    return dataclasses.replace(budget, ram_available=max(0, budget.ram_available - need), notes=(*budget.notes, note))
+    return less(budget, f"the projector (images in) takes about {human(need)} of it", ram=need)
+
+
+def less(budget: MemoryBudget, note: str, *, ram: int, vram: int = 0) -> MemoryBudget:
+    """``budget`` less what something loaded beside the model takes (``note`` says what, for the
+    pre-flight's message): ``ram`` bytes of memory, ``vram`` of the GPU's."""
+    changes = {"ram_available": max(0, budget.ram_available - ram)}
+    if vram and budget.vram_free is not None:
+        changes["vram_free"] = max(0, budget.vram_free - vram)
+    return dataclasses.replace(budget, notes=(*budget.notes, note), **changes)
