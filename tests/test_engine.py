@@ -128,6 +128,34 @@ def test_sandboxed_template_refuses_to_escape(tmp_path):
         ChatTemplate(source="gguf", template=evil2).render([{"role": "user", "content": "hi"}])
 
 
+def test_compiled_template_is_kept_and_a_damaged_copy_is_compiled_again(isolated_home, monkeypatch):
+    import jinja2
+
+    from localinfer.engine import templates
+
+    tpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+    msgs = [{"role": "user", "content": "hi"}]
+    templates._compile.cache_clear()
+    first = templates.ChatTemplate(source="gguf", template=tpl).render(msgs).text
+    kept = list((isolated_home / "cache" / "templates").iterdir())
+    assert first == "<user>hi<a>" and len(kept) == 1
+    # A new process (the per-process cache cleared) takes the kept code: jinja2 compiles nothing.
+    templates._compile.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(jinja2.Environment, "compile", lambda *a, **k: pytest.fail("compiled again"))
+        assert templates.ChatTemplate(source="gguf", template=tpl).render(msgs).text == first
+    # A damaged copy is compiled again (and replaced), never an error; the sandbox still holds.
+    kept[0].write_bytes(b"j2 not a cache file")
+    templates._compile.cache_clear()
+    assert templates.ChatTemplate(source="gguf", template=tpl).render(msgs).text == first
+    assert kept[0].read_bytes().startswith(jinja2.bccache.bc_magic)
+    evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    for _ in range(2):  # compiled, then from the kept code
+        templates._compile.cache_clear()
+        with pytest.raises(templates.TemplateRefusedError, match="refused by the sandbox"):
+            templates.ChatTemplate(source="gguf", template=evil).render(msgs)
+
+
 def test_registry_chat_format_renders_without_a_gguf_template():
     from localinfer.engine.templates import ChatTemplate
 
