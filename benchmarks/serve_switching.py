@@ -8,7 +8,7 @@
 
 Two installed models (SmolLM2 135M as ``smol``, Gemma-3 270M base as ``gemma``; the test packages'
 files, registered in a temporary home). Each round: gemma cold (unloaded with Ollama's
-``keep_alive: 0``), then warm 3 times; then smol streams a long answer alone, and again while gemma
+``keep_alive: 0``), then warm 5 times (their median); then smol streams a long answer alone, and again while gemma
 loads (unloaded first): smol's tokens/s inside gemma's load window vs alone. Ratios are medians over
 rounds. The report (load average before and after) goes to
 benchmarks/results/serve-switching-YYYY-MM-DD.txt (--out FILE; --out - for stdout).
@@ -124,7 +124,7 @@ def main() -> int:
             mark = len(s.lines)
             cold, _ = s.stream("gemma", f"Round {r}. The capital of France is", 8)
             load = s.load_s("gemma", mark)
-            warm = statistics.median(s.stream("gemma", f"Round {r}. The capital of France is", 8)[0] for _ in range(3))
+            warm = statistics.median(s.stream("gemma", f"Round {r}. The capital of France is", 8)[0] for _ in range(5))
             cold_rows.append((cold, load, warm, cold / (load + 1.2 * warm)))
             _, alone = s.stream("smol", f"Round {r}. A long story:", 160)
             s.unload("gemma")
@@ -149,9 +149,10 @@ def main() -> int:
              f"{args.rounds} round(s); load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
              f"({os.cpu_count()} CPUs)", "",
              "cold TTFT vs load + 1.2 x warm TTFT (gemma; floor: ratio <= 1.0)",
-             "  cold_s   load_s   warm_s   cold/(load+1.2warm)"]  # fmt: skip
-    lines += [f"  {c:6.2f}   {lo:6.2f}   {w:6.2f}   {x:.2f}" for c, lo, w, x in cold_rows]
-    lines += [f"  median ratio {statistics.median(x for *_, x in cold_rows):.2f}", "",
+             "  cold_s   load_s   warm_s   cold/(load+1.2warm)   cold-load-warm (ms)"]  # fmt: skip
+    lines += [f"  {c:6.3f}   {lo:6.3f}   {w:6.3f}   {x:19.3f}   {1e3 * (c - lo - w):19.1f}" for c, lo, w, x in cold_rows]
+    lines += [f"  median ratio {statistics.median(x for *_, x in cold_rows):.3f}; median cold-load-warm "
+              f"{1e3 * statistics.median(c - lo - w for c, lo, w, _ in cold_rows):.1f} ms (the load as the server logs it, in 10 ms steps)", "",
               "smol tok/s while gemma loads vs alone (floor: ratio >= 0.9)",
               "  gemma_load_s   alone_tok_s   during_tok_s   ratio"]  # fmt: skip
     lines += [f"  {lo:12.2f}   {a:11.2f}   {d:12.2f}   {x:.2f}" for lo, a, d, x in ratio_rows]

@@ -198,7 +198,7 @@ class Served:
                         template_kwargs=config.chat_template_kwargs, embed_ctx=config.embedding_ctx,
                         on_embedded=writer.add_embedding if writer else None)  # fmt: skip
         engine.start()
-        self.say(f"loaded {name} in {time.perf_counter() - t0:.1f} s: {want.sequences} sequences x {engine.n_ctx_seq} tokens")
+        self.say(f"loaded {name} in {time.perf_counter() - t0:.2f} s: {want.sequences} sequences x {engine.n_ctx_seq} tokens")
         return Model(name, engine, writer, leave)
 
     async def run(self, preload: list[str], on_error: Callable[[BaseException], None]) -> None:
