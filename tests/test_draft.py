@@ -131,6 +131,25 @@ def test_low_acceptance_asks_for_short_drafts_or_none():
     assert drafter.rate(5) > 0.7 and drafter.rate(2) < drafter.rate(5) / 2
 
 
+def test_plain_steps_that_would_have_copied_bring_drafting_back():
+    # a drafted token costs 0.6 of a step: only a guess kept ~70% of the time pays
+    drafter = NgramDrafter(list(range(100)) + [0, 1, 2], max_draft=8)
+    _timed(drafter, 0.010, 0.006)
+    for _ in range(20):  # the last guesses all missed (where an answer stopped copying)
+        drafter._last_n = 3
+        drafter.feedback(4, 0)
+    drafter.extend([200] * (2 * d.MAX_PAUSE))  # past any pause, nothing to copy
+    drafter.extend([0, 1, 2])  # the answer copies again: plain steps give the guessed tokens
+    drafted_after = None
+    for step, token in enumerate(range(3, 60)):
+        if drafter.propose():
+            drafted_after = step
+            break
+        drafter.extend([token])
+    assert drafted_after is not None and drafted_after <= 12
+    assert drafter.drafted == 80  # the free tries verified nothing
+
+
 def test_after_many_plain_steps_a_short_draft_measures_again():
     drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
     _timed(drafter, 0.010, 0.009)
@@ -213,7 +232,9 @@ def test_serve_takes_llama_servers_draft_fields():
 def test_stop_ends_drafting_for_good():
     drafter = NgramDrafter([1, 2, 3, 1, 2], max_draft=4)
     drafter.stop()
-    drafter.extend([3, 1, 2] * 100)
+    for _ in range(100):  # the guesses a plain step scores come true, and still nothing is drafted
+        assert drafter.propose() == []
+        drafter.extend([3, 1, 2])
     assert drafter.propose() == []
 
 

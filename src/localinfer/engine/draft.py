@@ -14,7 +14,9 @@ from the decode times and the acceptance so far). Back-off on top: a draft fully
 the next one's cap (up to ``max_draft``); a partly accepted one sets it to what was accepted plus
 one; after MISSES_TO_PAUSE drafts in a row of which nothing was kept, drafting pauses for a number
 of tokens that doubles with each pause (up to MAX_PAUSE), so an answer with nothing to copy is
-decoded almost entirely one token at a time.
+decoded almost entirely one token at a time. A step that drafts nothing still looks its guess up
+and scores it against the token the model chose (a free try): where the answer starts copying again
+after a stretch that did not, the acceptance estimate sees it at once, not after EXPLORE_EVERY steps.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class NgramDrafter:
     """
 
     __slots__ = ("tokens", "max_draft", "size", "_index", "_misses", "_pause", "_next_pause", "drafted",
-                 "accepted", "drafts", "costs", "_kept", "_tried", "_last_n", "min_draft")  # fmt: skip
+                 "accepted", "drafts", "costs", "_kept", "_tried", "_last_n", "min_draft", "_shadow", "_stopped")  # fmt: skip
 
     def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT, costs: DraftCosts | None = None,
                  min_draft: int = 0) -> None:  # fmt: skip
@@ -77,12 +79,20 @@ class NgramDrafter:
         # drafts did (a new answer that drafts as the last one did need not relearn it from the prior)
         self._kept, self._tried = self.costs.carried()
         self._last_n = N_MIN
+        self._shadow: tuple[int, int] | None = None  # (match length, guess) of a step that drafted nothing
+        self._stopped = False
         self.extend(history)
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append tokens; each n-gram whose next token is now known points to it."""
         seq, index = self.tokens, self._index
         for tok in tokens:
+            if self._shadow is not None:  # the guess a plain step did not draft, against the model's token
+                n, guess = self._shadow
+                self._shadow = None
+                self._count(n, float(tok == guess), 1.0)
+                if tok == guess and not self._stopped:
+                    self._pause = 0  # the answer copies again
             seq.append(tok)
             end = len(seq) - 1  # the new token's position: what follows the n-grams ending before it
             for n in range(N_MIN, min(N_MAX, end) + 1):
@@ -136,8 +146,6 @@ class NgramDrafter:
         """The next draft (empty: decode one token as usual): none while paused, else at most
         ``size`` tokens (``min_draft`` at least), at most ``limit`` (what the context or the answer's
         limit leaves), and only as many as pay (``worth``)."""
-        if self._pause:
-            return []
         k = max(self.size, self.min_draft)
         k = k if limit is None else min(k, limit)
         if k <= 0:
@@ -145,8 +153,9 @@ class NgramDrafter:
         n, draft = self.lookup(k)
         if not draft or len(draft) < self.min_draft:
             return []
-        want = self.worth(n, len(draft))
+        want = 0 if self._pause else self.worth(n, len(draft))
         if want <= 0:
+            self._shadow = (n, draft[0])  # scored by the next extend: a try that costs no batch row
             return []
         self._last_n = n
         return draft[: max(want, self.min_draft)]
@@ -161,13 +170,7 @@ class NgramDrafter:
         self.drafts += 1
         self.drafted += drafted
         self.accepted += accepted
-        n = self._last_n
-        for m in self._kept:
-            self._kept[m] *= DECAY
-            self._tried[m] *= DECAY
-        self._kept[n] += accepted
-        self._tried[n] += accepted + (accepted < drafted)
-        self.costs.learn(n, accepted, accepted + (accepted < drafted))
+        self._count(self._last_n, accepted, accepted + (accepted < drafted))
         if accepted >= drafted:
             self.size = min(self.max_draft, 2 * self.size)
         else:
@@ -182,9 +185,15 @@ class NgramDrafter:
             self._pause = self._next_pause
             self._next_pause = min(MAX_PAUSE, 2 * self._next_pause)
 
+    def _count(self, n: int, kept: float, tried: float) -> None:
+        """A draft (or a free try) after a match of ``n`` kept ``kept`` of ``tried`` tokens."""
+        _faded_add(self._kept, self._tried, n, kept, tried)
+        self.costs.learn(n, kept, tried)
+
     def stop(self) -> None:
         """No more drafts for this sequence (its cache cannot take back rejected tokens)."""
         self._pause = 1 << 62
+        self._stopped = True
 
     @property
     def paused(self) -> bool:
@@ -235,11 +244,7 @@ class DraftCosts:
 
     def learn(self, n: int, kept: float, tried: float) -> None:
         """A sequence's draft after a match of ``n`` kept ``kept`` of ``tried`` (as its drafter counts)."""
-        for m in self.kept:
-            self.kept[m] *= DECAY
-            self.tried[m] *= DECAY
-        self.kept[n] += kept
-        self.tried[n] += tried
+        _faded_add(self.kept, self.tried, n, kept, tried)
 
     def observe(self, n_tokens: int, seconds: float, n_seqs: int = 1) -> None:
         """A decode of ``n_tokens`` rows, ``n_seqs`` of them the sequences' next tokens and the rest
@@ -276,6 +281,15 @@ class DraftCosts:
         if lo or hi:
             return extra[lo or hi] * k / (lo or hi)
         return k * (self.per_token or 0.0)
+
+
+def _faded_add(kept: dict[int, float], tried: dict[int, float], n: int, k: float, t: float) -> None:
+    """Counts by match length: every one fades by DECAY, then match length ``n`` adds ``k`` of ``t``."""
+    for m in kept:
+        kept[m] *= DECAY
+        tried[m] *= DECAY
+    kept[n] += k
+    tried[n] += t
 
 
 def _low(average: float | None, sample: float) -> float:
