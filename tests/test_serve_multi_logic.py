@@ -5,6 +5,7 @@ and 507, and a request's model picks the engine that answers it and holds it for
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -124,6 +125,19 @@ def test_a_request_s_model_picks_its_engine_on_every_wire_and_is_released(monkey
     status, _, data = call(state, "POST", "/v1/messages", {"messages": HI, "model": "/tmp/x.gguf", "max_tokens": 4})
     assert status == 404 and json.loads(data)["type"] == "error"  # Anthropic's shape
     assert call(state, "GET", "/health")[0] == 200
+
+
+def test_ollama_s_load_duration_is_the_load_a_request_waited_for(monkeypatch):
+    def make(resolved: Any, name: str, want: Any) -> Model:
+        time.sleep(0.3)
+        return Model(name, Engine(pieces=(name,)))
+
+    state = ServerState(ServeConfig(), (), router=served(monkeypatch, make))
+    body = {"prompt": "x", "model": "gemma", "stream": False}
+    cold = json.loads(call(state, "POST", "/api/generate", body)[2])
+    warm = json.loads(call(state, "POST", "/api/generate", body)[2])
+    assert cold["load_duration"] >= 0.3e9 and cold["total_duration"] >= cold["load_duration"]
+    assert 0 <= warm["load_duration"] < 0.25e9  # no load to wait for: a lookup (slow only on a loaded machine)
 
 
 def test_a_full_engine_and_a_full_wait_are_503(monkeypatch):

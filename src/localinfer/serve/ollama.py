@@ -207,13 +207,16 @@ async def _answer(ask: Ask, kind: str) -> Response:
     ``app.AnswerResponse`` in Ollama's objects (``ollama_wire.OllamaAnswer``)."""
     state, body = ask.state, await ask.body()
     name = model_field(body)
+    t0 = time.perf_counter()
     engine = await pick(ask, name, body)
+    # Ollama's load_duration: the load this request started or waited for (one model: always loaded)
+    load_s = time.perf_counter() - t0 if state.router is not None else 0.0
     template = engine.loaded.template
     if kind == "chat":  # a format's or tool's schema checks: off the loop, as every route's
         asked = await run_in_threadpool(wire.parse_chat, body, name)
     else:
         asked = await run_in_threadpool(lambda: wire.parse_generate(body, name, templated=template is not None))
-    writer = wire.OllamaAnswer(kind, name)
+    writer = wire.OllamaAnswer(kind, name, load_s)
     if asked.request is None:  # nothing to generate: Ollama's "load the model" (it is loaded)
         return JSONResponse(writer.loaded())
     if asked.think and "thinking" not in om.capabilities(template.template if template else None, None):

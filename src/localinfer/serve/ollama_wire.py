@@ -225,12 +225,13 @@ def line(obj: Any) -> bytes:
     return (dumps(obj) + "\n").encode()
 
 
-def counters(outcome: Outcome) -> dict[str, Any]:
+def counters(outcome: Outcome, load_s: float = 0.0) -> dict[str, Any]:
     """Ollama's counters, from the figures /metrics and usage report (``localinfer.engine.types``):
-    the whole request, nothing loaded for it, the prompt (all its tokens; its duration: evaluating the
-    ones not cached), and the answer's tokens over the time from the first to the last."""
+    the whole request with the time it waited for its model (``load_s``: the load it started or
+    waited for, near 0 for a loaded model, as Ollama's), the prompt (all its tokens; its duration:
+    evaluating the ones not cached), and the answer's tokens over the time from the first to the last."""
     s = outcome.stats
-    return {"total_duration": ns(outcome.total_s), "load_duration": 0, "prompt_eval_count": s.prompt_tokens,
+    return {"total_duration": ns(outcome.total_s + load_s), "load_duration": ns(load_s), "prompt_eval_count": s.prompt_tokens,
             "prompt_eval_duration": ns(s.prefill_s), "eval_count": s.completion_tokens, "eval_duration": ns(s.decode_s)}  # fmt: skip
 
 
@@ -252,8 +253,8 @@ class OllamaAnswer:
 
     stream_headers = NDJSON_HEADERS
 
-    def __init__(self, kind: str, model: str) -> None:
-        self.kind, self.model = kind, model
+    def __init__(self, kind: str, model: str, load_s: float = 0.0) -> None:
+        self.kind, self.model, self.load_s = kind, model, load_s
         self.first = {"model": model, "created_at": now()}  # every object's first keys
         self._spliced: tuple[bytes, bytes] | None = None
 
@@ -304,13 +305,13 @@ class OllamaAnswer:
         """The calls (whole), then the last object: ``done``, why, and the counters."""
         calls = tool_calls(outcome.tool_calls)
         out = line(self._obj("", False, calls=calls)) if calls and self.kind == "chat" else b""
-        return out + line({**self._obj("", True), "done_reason": outcome.finish_reason, **counters(outcome)})
+        return out + line({**self._obj("", True), "done_reason": outcome.finish_reason, **counters(outcome, self.load_s)})
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
         obj = self._obj(outcome.text, True, outcome.reasoning, tool_calls(outcome.tool_calls))
         if outcome.stats.logprobs is not None:
             obj["logprobs"] = outcome.stats.logprobs
-        return {**obj, "done_reason": outcome.finish_reason, **counters(outcome)}
+        return {**obj, "done_reason": outcome.finish_reason, **counters(outcome, self.load_s)}
 
     def loaded(self, reason: str = "load") -> dict[str, Any]:
         """The answer to a request with nothing to generate (the model is loaded: it always is here)."""
