@@ -2,8 +2,9 @@
 """Speculative decoding's gain: decode tok/s of ``run --draft ngram`` over plain ``run`` (issue 39).
 Floors: >= 1.3 x plain on the copy-heavy tasks, >= 0.95 x on free writing.
 
-Three chat tasks, greedy, each run as the user would (``localinfer run --json``, a process each):
+Four chat tasks, greedy, each run as the user would (``localinfer run --json``, a process each):
 - ``copy-module``: "write this module again, unchanged" with a ~330-token module as the prompt;
+- ``copy-text``: "copy this text exactly" with three short passages (what SmolLM2-135M does copy);
 - ``rag-quote``: three passages, "quote the passage that says ...";
 - ``free``: a story, nothing to copy.
 Each round runs every task with and without drafting, in an order that rotates (the machine is
@@ -32,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-FLOORS = {"copy-module": 1.3, "rag-quote": 1.3, "free": 0.95}
+FLOORS = {"copy-module": 1.3, "copy-text": 1.3, "rag-quote": 1.3, "free": 0.95}
 
 PASSAGES = """\
 [1] The Vasa was a Swedish warship that sank on her maiden voyage in 1628, about 1,300 metres into
@@ -50,12 +51,15 @@ def tasks(raw: bool = False) -> dict[str, str]:
     if raw:
         return {
             "copy-module": f"Here is a file:\n```python\n{module}```\n\nThe same file, unchanged:\n```python\n",
+            "copy-text": f"Here is a text:\n\n{PASSAGES}\n\nThe same text, copied exactly:\n\n",
             "rag-quote": f"{PASSAGES}\n\nQuestion: how long did the honey stay edible?\n"
             "Answer, quoting the passage word for word: [3]",
             "free": "Once upon a time, a robot who wanted to learn to paint",
         }
     return {
         "copy-module": f"Write this module again, unchanged:\n\n```python\n{module}```",
+        # what a 135M model does copy (it describes the module instead of writing it again)
+        "copy-text": f"Copy this text exactly:\n\n{PASSAGES}",
         "rag-quote": f"{PASSAGES}\n\nQuote, word for word, the passage that says how long the honey stayed edible.",
         "free": "Write a short story about a robot who learns to paint.",
     }
