@@ -127,12 +127,11 @@ class Served:
             recent = max(self.router.slots.values(), key=lambda s: s.info.last_used, default=None)
             name = recent.info.name if recent is not None else self._default()
         seconds = _keep_alive(keep_alive)
-        found, resolved = await asyncio.to_thread(self.resolve, name)
+        # keyed by the file itself: two names (links, copies in place) of one file share one load
+        found, resolved, key = await asyncio.to_thread(self._located, name)
         ctx = _num_ctx(num_ctx) or self.ctx_size or _default_ctx(resolved)
         mmproj = str(resolved.mmproj) if resolved.mmproj else None  # one file, another projector: reloaded
-        # keyed by the file itself: two names (links, copies in place) of one file share one load
-        want = Want(key=os.path.realpath(resolved.path), options={"mmproj": mmproj}, sequences=self.config.parallel,
-                    ctx_per_seq=ctx)
+        want = Want(key=key, options={"mmproj": mmproj}, sequences=self.config.parallel, ctx_per_seq=ctx)
         try:
             slot, _ = await self.router.acquire(want, found, lambda w: self._make(resolved, found, w), keep_alive=seconds)
         except Busy:
@@ -149,6 +148,11 @@ class Served:
         else:
             self.router.release(slot)
         return slot.held.engine, found
+
+    def _located(self, name: str) -> tuple[str, ResolvedModel, str]:
+        """:meth:`resolve`, and the real path of the file (a load's key): file system calls, off the loop."""
+        found, resolved = self.resolve(name)
+        return found, resolved, os.path.realpath(resolved.path)
 
     def _default(self) -> str:
         from localinfer.store.registry import load_registry
