@@ -50,7 +50,7 @@ def _file_url(part: Any) -> str | None:
 
 def read_image(where: str, url: str, image_dir: Path | None) -> Any:
     """The image ``url`` (``file://PATH``, PATH relative to ``image_dir``) names, decoded."""
-    from localinfer.request.images import MAX_IMAGE_BYTES, ImageError, from_bytes
+    from localinfer.request.images import ImageError, from_bytes, read_bounded
 
     name = url[len(SCHEME) :]
     if image_dir is None:
@@ -63,15 +63,6 @@ def read_image(where: str, url: str, image_dir: Path | None) -> Any:
     if path != root and root not in path.parents:
         raise RuleError(where, f"{name} is outside --image-dir {image_dir}: only files under it are read")
     try:
-        size = path.stat().st_size
-        if not path.is_file():
-            raise RuleError(where, f"{name} is not a file")
-        if size > MAX_IMAGE_BYTES:
-            raise RuleError(where, f"image {name} is {size} bytes, more than the {MAX_IMAGE_BYTES} allowed")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RuleError(where, f"cannot read {name}: {exc.strerror or exc}") from None
-    try:
-        return from_bytes(data, name)
+        return from_bytes(read_bounded(path, name), name)
     except ImageError as exc:
         raise RuleError(where, str(exc)) from None

@@ -93,17 +93,21 @@ def from_file(path: str | Path) -> Image:
         raise ImageError("--image - : images are not read from stdin; give a file")
     if "://" in text:
         raise ImageError(f"--image {text}: URLs are not fetched; download the image and give the file")
-    p = Path(text).expanduser()
+    return from_bytes(read_bounded(Path(text).expanduser(), f"image {text}"), text)
+
+
+def read_bounded(path: Path, label: str) -> bytes:
+    """The bytes of the image file ``path`` (a regular file of at most MAX_IMAGE_BYTES); ImageError
+    naming it as ``label`` otherwise."""
     try:
-        size = p.stat().st_size
-        if not p.is_file():
-            raise ImageError(f"image {text} is not a file")
+        size = path.stat().st_size
+        if not path.is_file():
+            raise ImageError(f"{label} is not a file")
         if size > MAX_IMAGE_BYTES:
-            raise ImageError(f"image {text} is {size} bytes, more than the {MAX_IMAGE_BYTES} allowed")
-        data = p.read_bytes()
+            raise ImageError(f"{label} is {size} bytes, more than the {MAX_IMAGE_BYTES} allowed")
+        return path.read_bytes()
     except OSError as exc:
-        raise ImageError(f"cannot read image {text}: {exc.strerror or exc}") from None
-    return from_bytes(data, text)
+        raise ImageError(f"cannot read {label}: {exc.strerror or exc}") from None
 
 
 def from_base64(data: Any, name: str) -> Image:
