@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +112,8 @@ def probe_file(path: str | os.PathLike[str], *, timeout: float | None = None) ->
     isolate = ["-P"] if sys.version_info >= (3, 11) else []  # no cwd on sys.path: nothing shadows us
     cmd = [sys.executable, *isolate, "-m", "localinfer.engine.probe", os.path.abspath(path)]  # run in "/" (3.10: no -P)
     t0 = time.perf_counter()
+    import tempfile
+
     with tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env, timeout=timeout,

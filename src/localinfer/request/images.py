@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import io
 import warnings
 from dataclasses import dataclass, field
@@ -71,6 +70,8 @@ def from_bytes(data: bytes, name: str) -> Image:
         raise ImageError(f"image {name} is too large to decode (a decompression bomb?)") from None
     except Exception as exc:  # Pillow's errors are many (UnidentifiedImageError, OSError, SyntaxError...)
         raise ImageError(f"{name} is not an image we can read (PNG, JPEG, WebP, GIF or BMP): {_first_line(exc)}") from None
+    import hashlib  # not at import: OpenSSL's load is a start-up cost of every run
+
     return Image(name, w, h, pixels, hashlib.sha256(data).hexdigest())
 
 

@@ -7,14 +7,13 @@ never through a link someone planted there: that would write outside the store.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from localinfer.units import human_bytes as human_size  # noqa: F401 - re-exported for the CLI
 
@@ -25,6 +24,9 @@ try:
     fcntl = _fcntl
 except ImportError:  # Windows
     fcntl = None
+
+if TYPE_CHECKING:  # hashlib and tempfile are imported where used: a run that writes or hashes nothing
+    import hashlib  # loads neither OpenSSL nor tempfile's random (a few ms of every start)
 
 HASH_BLOCK = 4 * 1024 * 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows: an lstat check stands in for it
@@ -72,6 +74,8 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_json(path: Path, data: object, *, sort_keys: bool = True) -> None:
     """Write JSON to ``path`` so readers see the old or the new content, never a mix: tmp + fsync + replace.
     ``sort_keys=False``: objects keep their keys' order (it may carry meaning)."""
+    import tempfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
@@ -98,6 +102,8 @@ def read_json(path: Path, default: object) -> object:
 
 def sha256_file(path: Path, progress: Callable[[int], None] | None = None, *, limit: int | None = None) -> str:
     """sha256 of a file (or of its first ``limit`` bytes), reading in large blocks."""
+    import hashlib
+
     digest = hashlib.sha256()
     remaining = limit
     with path.open("rb", buffering=0) as fh:
@@ -119,6 +125,8 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None, *, li
 def hash_prefix(fd: int, nbytes: int) -> "hashlib._Hash":
     """A sha256 object already fed with the first ``nbytes`` of the open file ``fd`` (to resume hashing a
     partial file); read through the descriptor, not the path, which could be swapped for a link meanwhile."""
+    import hashlib
+
     digest = hashlib.sha256()
     remaining = nbytes
     os.lseek(fd, 0, os.SEEK_SET)

@@ -11,7 +11,6 @@ A verdict holds for one llama-cpp-python version. ``LOCALINFER_PROBE=0`` turns t
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,7 +109,12 @@ def ensure_in_place(store: Store, path: Path, info: GGUFInfo, progress: Progress
         return store.cached_digest(path)
     shards = _shards(path, info)
     digests = [_digest(store, p, progress) for p in shards]
-    key = digests[0] if len(digests) == 1 else hashlib.sha256(" ".join(digests).encode()).hexdigest()
+    if len(digests) == 1:
+        key = digests[0]
+    else:
+        import hashlib
+
+        key = hashlib.sha256(" ".join(digests).encode()).hexdigest()
     from localinfer.engine.probe import engine_version, probe_file
 
     engine = engine_version()

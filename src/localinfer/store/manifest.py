@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import os
 import re
@@ -163,6 +162,8 @@ class Store:
         """A copy of the manifest, named by its content (one copy however often it is read); None if impossible."""
         try:
             raw = self.manifest_path.read_bytes()
+            import hashlib
+
             backup = self.root / f"manifest.unreadable-{hashlib.sha256(raw).hexdigest()[:12]}.json"
             fd = os.open(str(backup), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # O_EXCL: no link followed
         except FileExistsError:

@@ -6,7 +6,6 @@ dependencies): :func:`importlib.util.find_spec` tells where the package lives.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -71,6 +70,8 @@ def assemble_into(package: str, dest: Path, expected_sha256: str | None, progres
     except Exception as exc:  # a broken package is a broken model source
         raise InvalidModelError(f"cannot import {package} to assemble its model: {exc}") from exc
     dest.parent.mkdir(parents=True, exist_ok=True)
+    import hashlib  # not at import: a run that hashes nothing does not load OpenSSL
+
     digest = hashlib.sha256()
     chunk_paths = getattr(mod, "chunk_paths", None)
     try:
