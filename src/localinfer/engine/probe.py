@@ -111,9 +111,9 @@ def probe_file(path: str | os.PathLike[str], *, timeout: float | None = None) ->
     env.pop("LOCALINFER_DEBUG", None)
     isolate = ["-P"] if sys.version_info >= (3, 11) else []  # no cwd on sys.path: nothing shadows us
     cmd = [sys.executable, *isolate, "-m", "localinfer.engine.probe", os.path.abspath(path)]  # run in "/" (3.10: no -P)
-    t0 = time.perf_counter()
-    import tempfile
+    import tempfile  # here, not at import: a run whose file is proven starts no child
 
+    t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env, timeout=timeout,
