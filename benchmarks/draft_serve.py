@@ -2,8 +2,9 @@
 """Speculative decoding where sequences share a batch (issue 39): serve's engine with and without
 ``--draft ngram``, and one request against llama-server's n-gram ``--spec-type``s.
 
-``engine``: 4 sequences at once in one BatchDecoder (serve's engine, in process), copy-heavy chat
-prompts (and, with ``--free``, free-writing ones), greedy; rounds alternate plain and drafted runs
+``engine``: 4 sequences at once in one BatchDecoder (serve's engine, in process), each side loaded as
+``serve -np 4`` and ``serve -np 4 --draft ngram`` load it, copy-heavy
+chat prompts (and, with ``--free``, free-writing ones), greedy; rounds alternate plain and drafted runs
 so the load of a shared machine weighs on both; per run the aggregate decode tok/s (decode-only
 steps, BatchStats.decode_tps), the wall time and the process's CPU time; the texts compared.
 Floor: aggregate >= 1.1 x without drafting on the copy-heavy prompts.
@@ -59,23 +60,29 @@ def engine(args: argparse.Namespace) -> list[str]:
     from localinfer.request.sampling import SamplingOptions
     from localinfer.store import resolve_model
 
-    opts = batchjob.batch_load_options(LoadOptions(n_threads=args.threads), parallel=4, ctx_per_seq=1024)
-    loaded = generate.load(resolve_model(args.model or default_model()), opts)
-    model = loaded.model
-    prompts = _prompts(model, args.free)
+    # as `serve -np 4` and `serve -np 4 --draft ngram` load it
+    loads = {draft: generate.load(resolve_model(args.model or default_model()), batchjob.batch_load_options(
+        LoadOptions(n_threads=args.threads, draft="ngram" if draft else None), parallel=4, ctx_per_seq=1024))
+        for draft in (False, True)}  # fmt: skip
+    prompts = _prompts(loads[False].model, args.free)
     greedy = SamplingOptions(temperature=0)
-    lines = [f"# engine, 4 sequences ({', '.join(prompts)}), -t {args.threads}, -n {args.n}; uptime: {_uptime()}"]
+    lines = [f"# engine, 4 sequences ({', '.join(prompts)}), {args.requests} request(s) per client, -t {args.threads}, "
+             f"-n {args.n}; uptime: {_uptime()}"]  # fmt: skip
     ratios, cpu_ratios, texts = [], [], {}
     for r in range(args.rounds):
         got = {}
         for draft in (False, True) if r % 2 == 0 else (True, False):
-            jobs = [SeqJob(k, p, greedy, max_tokens=args.n, draft=draft) for k, p in prompts.items()]
+            # each client sends its next request as soon as its last one is answered (--requests of them)
+            jobs = [SeqJob(f"{k}#{i}", p, greedy, max_tokens=args.n) for i in range(args.requests) for k, p in prompts.items()]
             t, c = time.perf_counter(), time.process_time()
-            with BatchDecoder(model, 4, keep_cache=True) as dec:
+            with BatchDecoder(loads[draft].model, 4, keep_cache=True) as dec:
                 res = {x.key: x for x in dec.run(jobs)}
             wall, cpu = time.perf_counter() - t, time.process_time() - c
             tokens = sum(x.stats.completion_tokens for x in res.values())
-            got[draft] = (dec.stats.decode_tps or 0.0, wall, cpu, tokens, dec.stats)
+            # aggregate tok/s: decode-only steps (llama-batched-bench's S_TG); with --requests > 1 the
+            # answers' tokens over the whole run's wall time (new requests' prefill shares steps)
+            tps = dec.stats.decode_tps or 0.0 if args.requests == 1 else tokens / wall
+            got[draft] = (tps, wall, cpu, tokens, dec.stats)
             texts.setdefault(draft, []).append({k: x.text for k, x in res.items()})
         (p, pw, pc, pt, _), (s, sw, sc, st, stats) = got[False], got[True]
         ratios.append(s / p)
@@ -88,7 +95,8 @@ def engine(args: argparse.Namespace) -> list[str]:
     same = all(a == b for a, b in zip(texts[False], texts[True]))
     lines.append(f"median ratio {statistics.median(ratios):.3f} (decode tok/s), {statistics.median(cpu_ratios):.3f} "
                  f"(tokens per CPU second); texts {'the same' if same else 'DIFFER'}; uptime: {_uptime()}")  # fmt: skip
-    loaded.close()
+    for loaded in loads.values():
+        loaded.close()
     return lines
 
 
@@ -162,6 +170,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--free", action="store_true", help="engine: free-writing prompts instead of copy-heavy ones")
+    ap.add_argument("--requests", type=int, default=1, help="engine: requests per client, each sent when the last is answered")
     ap.add_argument("--task", default="rag-quote", help="native: the draft_vs_plain task to send")
     args = ap.parse_args()
     lines = engine(args) if args.what == "engine" else native(args)

@@ -13,7 +13,19 @@ from localinfer.errors import UsageError
 def cheap() -> d.DraftCosts:
     """The costs of a machine where a drafted token adds little to a step: every draft pays."""
     costs = d.DraftCosts()
-    costs.t1, costs.per_token = 0.020, 0.0001
+    costs.observe(1, 0.020)
+    for rows in (2, d.MAX_DRAFT_LIMIT + 1):
+        for _ in range(d.TRUST_AFTER):
+            costs.observe(rows, 0.020 + 0.0001 * (rows - 1))
+    return costs
+
+
+def _priced(per_row: float) -> d.DraftCosts:
+    """Costs measured (TRUST_AFTER drafted steps) where a plain step takes 20 ms and a row ``per_row``."""
+    costs = d.DraftCosts()
+    costs.observe(1, 0.020)
+    for _ in range(d.TRUST_AFTER):
+        costs.observe(d.MAX_DRAFT_LIMIT + 1, 0.020 + d.MAX_DRAFT_LIMIT * per_row)
     return costs
 
 
@@ -161,9 +173,11 @@ def test_after_many_plain_steps_a_short_draft_measures_again():
 
 def test_until_a_drafted_token_is_timed_drafts_are_short():
     # the first drafts measure what a drafted token costs: a long one could cost k plain steps
+    # and before that, one plain step measures what the drafted rows would add to
     drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
-    assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
+    assert drafter.propose() == []
     drafter.observe(1, 0.010)
+    assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
     drafter.observe(1 + d.EXPLORE_DRAFT, 0.0105)
     assert len(drafter.propose()) > d.EXPLORE_DRAFT  # cheap here: longer drafts pay
 
@@ -177,7 +191,7 @@ def test_one_delayed_first_draft_does_not_stop_drafting():
     assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
     for _ in range(d.TRUST_AFTER - 1):
         drafter.observe(1 + d.EXPLORE_DRAFT, 0.0105)
-    assert drafter.costs.cost(d.EXPLORE_DRAFT) == pytest.approx(0.0005)
+    assert drafter.costs.step(1 + d.EXPLORE_DRAFT) - drafter.costs.step(1) == pytest.approx(0.0005)
     assert len(drafter.propose()) > d.EXPLORE_DRAFT
 
 
@@ -189,7 +203,7 @@ def test_a_timed_draft_size_is_priced_by_its_own_time():
         costs.observe(1, 0.010)
         costs.observe(3, 0.011)
         costs.observe(9, 0.090)
-    assert costs.cost(2) == pytest.approx(0.001) and costs.cost(8) == pytest.approx(0.080)
+    assert costs.step(3) == pytest.approx(0.011) and costs.step(9) == pytest.approx(0.090)
     drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs)
     for _ in range(10):
         drafter._last_n = 5
@@ -197,19 +211,41 @@ def test_a_timed_draft_size_is_priced_by_its_own_time():
     assert drafter.worth(5, 8) == 2
 
 
-def test_a_batch_step_costs_each_sequence_its_share():
-    # four sequences decode in 40 ms (10 ms a token); a step that also verified 4 drafted tokens took
-    # 48 ms: 2 ms a drafted token - the shares a single sequence's drafter would compare too
+def test_a_step_is_priced_by_its_rows():
+    # four sequences decode in 40 ms; a step that also verified 4 drafted tokens took 48 ms: 2 ms a
+    # drafted row; sizes not timed are interpolated, or extended by that
     costs = d.DraftCosts()
     costs.observe(4, 0.040, n_seqs=4)
     costs.observe(8, 0.048, n_seqs=4)
-    assert costs.t1 == pytest.approx(0.010) and costs.per_token == pytest.approx(0.002)
+    assert costs.step(4) == pytest.approx(0.040) and costs.step(8) == pytest.approx(0.048)
+    assert costs.per_row == pytest.approx(0.002)
+    assert costs.step(6) == pytest.approx(0.044) and costs.step(10) == pytest.approx(0.052)
+
+
+def _four(rate: float, rate2: float | None = None) -> list[int]:
+    """choose for four sequences, each offering 8 tokens, at the costs measured on a 2-core EPYC
+    (SmolLM2 Q4_1, 2 threads, every sequence drafting alike, CPU ms: benchmarks/results/draft-rows-2026-12-04.txt)."""
+    costs = d.DraftCosts()
+    for rows, ms in ((4, 64.3), (8, 100.3), (12, 143.1), (16, 189.9)):
+        for _ in range(d.TRUST_AFTER):
+            costs.observe(rows, ms / 1000, n_seqs=4)
+    rates = [rate, rate, rate, rate if rate2 is None else rate2]
+    return costs.choose(4, [(a, 8) for a in rates])
+
+
+def test_a_batch_drafts_where_its_tokens_per_second_rise():
+    # a drafted row next to four sequences' tokens costs what a fifth row costs (4.5-5.8 ms here), not
+    # what a row alone does (11 ms): guesses kept 95% of the time pay, a few tokens each
+    assert 4 <= min(_four(0.95)) and max(_four(0.95)) < 8  # the last rows of a guess are not worth it
+    assert _four(0.6) == [0, 0, 0, 0]
+    # the rows go to the likeliest guesses first: a sequence whose guesses miss gets none
+    wants = _four(0.95, 0.2)
+    assert wants[3] == 0 and min(wants[:3]) >= 2
 
 
 def test_a_minimum_draft_raises_short_drafts_or_drafts_none():
     # llama-server's speculative.n_min: the cost model's 2 tokens become 4; a 3-token match, none
     costs = cheap()
-    costs.extra[1] = 0.0001
     drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs, min_draft=4)
     drafter.size = 1
     assert drafter.propose() == [2, 3, 4, 5]
@@ -334,7 +370,7 @@ def test_model_drafter_steps_plainly_first_then_counts_the_draft_models_time():
     assert drafter.propose() == [6, 7] and source.asked == [2]  # a short draft measures a drafted token
     drafter.observe(3, 0.024)  # the target's batch: 4 ms over a plain step for 2 tokens...
     drafter.feedback(2, 2)
-    assert drafter.costs.per_token >= (0.024 + 0.02 - 0.020) / 2 * 0.99  # ...plus the guesses' 2 x 10 ms
+    assert drafter.costs.per_row >= (0.024 + 0.02 - 0.020) / 2 * 0.99  # ...plus the guesses' 2 x 10 ms
     assert drafter.kind == "model"
 
 
@@ -344,11 +380,10 @@ def test_model_drafter_stops_where_guesses_cost_a_full_step_and_at_the_drafts_co
 
     drafter = ModelDrafter(_FakeDraftModel(), [1, 2, 3], max_draft=8, costs=cheap())
     assert drafter.propose() == []  # the answer's first step is plain
-    drafter.costs.per_token = 0.030  # each guessed token costs more than a plain step (20 ms)
-    drafter.costs.timed = d.TRUST_AFTER  # a measured verdict, not a first guess
+    drafter.costs = _priced(0.030)  # each guessed token costs more than a plain step (20 ms)
     drafter.extend([4])
     assert drafter.propose() == []
-    drafter.costs.per_token = 0.0001
+    drafter.costs = _priced(0.0001)
     assert drafter.propose() == [5, 6, 7, 8, 9, 10, 11, 12]
     small = ModelDrafter(_FakeDraftModel(n_ctx=6), [1, 2, 3], max_draft=8, costs=cheap())
     small.extend([4])
@@ -370,3 +405,32 @@ def test_model_drafter_times_a_plain_step_again_now_and_then():
         drafter.extend([drafter.tokens[-1] + 1, *draft])
     # plain, PLAIN_EVERY drafts, plain, PLAIN_EVERY drafts, plain
     assert [i for i, s in enumerate(steps) if not s] == [0, dm.PLAIN_EVERY + 1, 2 * (dm.PLAIN_EVERY + 1)]
+
+
+@pytest.mark.llama  # engine.batch_draft imports engine.speculate, which loads libllama
+def test_a_batch_plan_gives_its_rows_to_the_likeliest_guesses_within_the_room():
+    import types
+
+    from localinfer.engine.batch_draft import plan
+
+    costs = d.DraftCosts()  # four rows (four sequences' tokens) 40 ms; each row more 2 ms
+    costs.observe(4, 0.040, n_seqs=4)
+    for _ in range(d.TRUST_AFTER):
+        costs.observe(4 + 32, 0.040 + 32 * 0.002, n_seqs=4)
+
+    def slot(rate: float, prompt=None):
+        drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs)
+        drafter._kept, drafter._tried = dict.fromkeys(range(2, 6), 100 * rate), dict.fromkeys(range(2, 6), 100.0)
+        return types.SimpleNamespace(prompt=prompt, drafter=drafter, pos=50, max_tokens=None, n_gen=0, limiter=None, draft=[])
+
+    copying, missing, other, starting, likely = slot(0.95), slot(0.05), slot(0.95), slot(0.95, prompt=[1, 2]), slot(0.8)
+    active = [copying, missing, other, starting, likely]
+    # a row pays while its chance of being kept beats the batch's tokens per 2 ms (about 0.5 here):
+    # 0.95^8 = 0.66 does, 0.8^4 = 0.41 does not; a prefilling sequence has no row to spare
+    assert plan(active, room=64, n_ctx_seq=1024) == 19
+    assert copying.draft == other.draft == list(range(2, 10)) and likely.draft == [2, 3, 4]
+    assert missing.draft == [] and starting.draft == []
+    assert plan(active, room=10, n_ctx_seq=1024) <= 10  # what the batch has room for
+    assert sum(len(s.draft) for s in active) <= 10
+    assert plan(active, room=64, n_ctx_seq=52) == 0  # the sequences' context is full
+

@@ -59,6 +59,7 @@ def batch_model(smollm2_path):
 @pytest.fixture(autouse=True)
 def always_draft(monkeypatch):
     monkeypatch.setattr(d.NgramDrafter, "worth", lambda self, n, available: available)
+    monkeypatch.setattr(d.DraftCosts, "choose", lambda self, n_seqs, offers: [k for _, k in offers])  # a batch's
     monkeypatch.setattr(d, "MISSES_TO_PAUSE", 10**9)
 
 

@@ -119,3 +119,17 @@ def test_the_engine_names_an_option_llama_cpp_refuses(smollm2_path):
     # the pre-flight catches this first; the engine's own diagnosis is the backstop for direct users
     with pytest.raises(UsageError, match="quantized V cache requires flash_attn"):
         Model(smollm2_path, LoadOptions(n_ctx=256, cache_type_v="q8_0", flash_attn="off"))
+
+
+@pytest.mark.parametrize("key", ["smollm2", "gemma"])
+def test_estimate_of_a_context_for_four_sequences(smollm2_path, gemma_path, key):
+    # serve -np 4: a KV stream per sequence, each padded on its own
+    path = smollm2_path if key == "smollm2" else gemma_path
+    report, model = _load(path, n_ctx=4 * 1000, n_seq_max=4)
+    real_n_ctx, n_ctx_seq = model.n_ctx, model.n_ctx_seq
+    model.close()
+    e = estimate(ModelShape.from_gguf(read_gguf(path)), n_ctx=4 * 1000, n_seq_max=4)
+    assert e.n_ctx == real_n_ctx and n_ctx_seq == real_n_ctx // 4
+    assert _within(e.kv, report.total("KV")), (e.kv, report.total("KV"))
+    assert _within(e.compute, report.total("compute")), (e.compute, report.total("compute"))
+    assert _within(e.total, report.total()), (e.total, report.total())

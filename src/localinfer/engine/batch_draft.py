@@ -6,9 +6,9 @@ every row asking for logits (engine/batch_step.py fills them). After the decode 
 chain samples row after row while the sampled token is the drafted one - as the single-sequence
 path does (engine/speculate.py): greedy gives the plain decode's tokens, sampling follows the
 model's distribution, a constraint advances only on kept tokens and a drafted token it forbids ends
-the draft before the batch. Acceptance is each sequence's own (its NgramDrafter); what a step and
-a drafted token cost is the decoder's (one DraftCosts, a plain step's time shared by its
-sequences), so a sequence drafts where its guesses raise the whole batch's tokens per second.
+the draft before the batch. Acceptance is each sequence's own (its NgramDrafter); what a step
+costs by its rows is the decoder's (one DraftCosts), and the step's drafted rows go to the
+guesses likeliest kept, as many as raise the whole batch's expected tokens per second.
 The cells of rejected tokens, and of anything after the token that ends an answer, are dropped.
 """
 
@@ -25,21 +25,38 @@ if TYPE_CHECKING:
 
 def plan(active: list[Slot], room: int, n_ctx_seq: int) -> int:
     """Set each generating, drafting sequence's ``draft`` for this step (the others' stays empty),
-    ``room`` batch rows at most in all; the number of drafted tokens."""
-    total = 0
+    ``room`` batch rows at most in all; the number of drafted tokens. The sequences offer their
+    guesses and the step's rows go to the likeliest kept, as many as raise the batch's expected
+    tokens per second (DraftCosts.choose, for the step's sequences together)."""
+    offers: list[tuple[Slot, int, list[int]]] = []
+    n_seqs = 0
     for s in active:
+        if s.prompt is not None:
+            continue
+        n_seqs += 1
         drafter = s.drafter
-        if drafter is None or s.prompt is not None:
+        if drafter is None:
             continue
         s.draft = []
         # tokens past the answer's limit or the sequence's context would never be used
         limit = n_ctx_seq - s.pos - 2
         if s.max_tokens is not None:
             limit = min(limit, s.max_tokens - s.n_gen - 1)
-        limit = min(limit, room - total)
+        limit = min(limit, room)
         if limit <= 0:
             continue
-        draft = cut_at_constraint(s.limiter, drafter.propose(limit))
+        n, guess = drafter.offer(limit)
+        if guess:
+            offers.append((s, n, guess))
+    if not offers:
+        return 0
+    costs = offers[0][0].drafter.costs  # one per context, shared by its drafters
+    wants = costs.choose(n_seqs, [(s.drafter.rate(n), len(guess)) for s, n, guess in offers])
+    total = 0
+    for (s, n, guess), want in zip(offers, wants):
+        cap = room - total
+        want = min(want, cap) if s.drafter.min_draft <= cap else 0
+        draft = cut_at_constraint(s.limiter, s.drafter.take(n, guess, want))
         s.draft = draft
         total += len(draft)
     return total

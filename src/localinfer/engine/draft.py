@@ -21,6 +21,7 @@ after a stretch that did not, the acceptance estimate sees it at once, not after
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterable
 
@@ -45,15 +46,15 @@ CARRY_WEIGHT = 4.0  # tries of the context's recent acceptance a new sequence st
 
 class NgramDrafter:
     """One sequence's drafter: ``extend`` with every token the sequence gets (the prompt first),
-    ``propose`` before a step, ``observe`` each decode's time, ``feedback`` with what the
-    verification accepted.
+    ``propose`` before a step (a batch: ``offer``, then ``take`` what DraftCosts.choose gives it),
+    ``observe`` each decode's time, ``feedback`` with what the verification accepted.
 
     Whether a draft pays depends on the machine: a batch of k+1 tokens costs little more than one
     where decode is memory-bound (a quiet CPU, a GPU), nearly k+1 times one where it is compute-bound
-    (a loaded CPU). So the drafter learns both sides - the time of a plain step and of each drafted
-    token (``observe``), and the chance that a drafted token is kept after a match of n tokens
-    (``feedback``) - and drafts the k tokens that maximise expected tokens per second,
-    (1 + a + a^2 + ... + a^k) / (t1 + c*k), or nothing where no k beats a plain step.
+    (a loaded CPU). So the drafter learns both sides - the time of a step by its rows (``observe``)
+    and the chance a that a drafted token is kept after a match of n tokens (``feedback``) - and
+    drafts the k tokens that maximise expected tokens per second, (1 + a + a^2 + ... + a^k) /
+    step(1 + k), or nothing where no k beats a plain step.
     """
 
     __slots__ = ("tokens", "max_draft", "size", "_index", "_misses", "_pause", "_next_pause", "drafted",
@@ -119,43 +120,40 @@ class NgramDrafter:
         return (self._kept[n] + pooled * PRIOR_WEIGHT) / (self._tried[n] + PRIOR_WEIGHT)
 
     def worth(self, n: int, available: int) -> int:
-        """How many of ``available`` drafted tokens to verify after a match of ``n``: the k that
-        maximises expected tokens per second (0: none pays). Until a drafted token's cost is known,
-        EXPLORE_DRAFT tokens: a short draft measures it without risking a long batch that does not pay;
-        and until TRUST_AFTER drafts were timed, a verdict of "none pays" is not trusted either (one
-        step that another process delayed would otherwise stop drafting for EXPLORE_EVERY steps)."""
-        costs = self.costs
-        t1 = costs.t1
-        if t1 is None or costs.per_token is None:
-            return min(available, EXPLORE_DRAFT)
-        a = self.rate(n)
-        best_k, best = 0, GAIN_MARGIN / t1
-        expected, term = 1.0, 1.0
-        for k in range(1, available + 1):
-            term *= a
-            expected += term
-            speed = expected / (t1 + costs.cost(k))
-            if speed > best:
-                best_k, best = k, speed
-        if best_k == 0 and (costs.timed < TRUST_AFTER or costs.plain >= EXPLORE_EVERY):
-            costs.plain = 0  # one short draft measures again; the next EXPLORE_EVERY plain steps do not
-            return min(available, EXPLORE_DRAFT)
-        return best_k
+        """How many of ``available`` drafted tokens to verify after a match of ``n`` when this
+        sequence decodes alone: the k that maximises expected tokens per second (0: none pays;
+        DraftCosts.choose). A batch asks for all its sequences at once (engine/batch_draft.py)."""
+        return self.costs.choose(1, [(self.rate(n), available)])[0]
 
     def propose(self, limit: int | None = None) -> list[int]:
         """The next draft (empty: decode one token as usual): none while paused, else at most
         ``size`` tokens (``min_draft`` at least), at most ``limit`` (what the context or the answer's
         limit leaves), and only as many as pay (``worth``)."""
+        n, draft = self.offer(limit)
+        return self.take(n, draft, self.worth(n, len(draft)) if draft else 0)
+
+    def offer(self, limit: int | None = None) -> tuple[int, list[int]]:
+        """The guess this sequence could draft now - (match length, tokens), (0, []) for none - before
+        the cost model says how much of it pays: none while paused (its first token still a free try)."""
         k = max(self.size, self.min_draft)
         k = k if limit is None else min(k, limit)
         if k <= 0:
-            return []
+            return 0, []
         n, draft = self.lookup(k)
         if not draft or len(draft) < self.min_draft:
+            return 0, []
+        if self._pause:
+            self._shadow = (n, draft[0])
+            return 0, []
+        return n, draft
+
+    def take(self, n: int, draft: list[int], want: int) -> list[int]:
+        """The first ``want`` tokens of an offered draft (``min_draft`` at least); where none, its
+        first token is scored by the next extend instead: a try that costs no batch row."""
+        if not draft:
             return []
-        want = 0 if self._pause else self.worth(n, len(draft))
         if want <= 0:
-            self._shadow = (n, draft[0])  # scored by the next extend: a try that costs no batch row
+            self._shadow = (n, draft[0])
             return []
         self._last_n = n
         return draft[: max(want, self.min_draft)]
@@ -201,17 +199,22 @@ class NgramDrafter:
 
 
 class DraftCosts:
-    """What a decode costs in one context, learnt from its steps (moving averages): ``t1`` the time
-    of a plain step per sequence's token, ``per_token`` what each drafted token adds to a step, and
-    ``extra`` what a step's k drafted tokens added, per k (``cost``): a batch's cost is not linear
-    in its rows (a kernel takes rows four at a time: on Gemma Q4_K_M 3 rows cost 1.35 steps, 5 rows
-    2.3), so a size once timed is priced by its own time, the others from the nearest timed sizes.
+    """What a decode step costs in one context, by its rows (``step``): learnt from the steps it
+    times (moving averages), whether the rows are the sequences' next tokens or drafted ones. A
+    batch's cost is not linear in its rows (a kernel takes rows four at a time: on Gemma Q4_K_M 3
+    rows cost 1.35 steps, 5 rows 2.3; on SmolLM2 Q4_1 at 2 threads the second row costs 0.67 of the
+    first and each row after the fourth 0.4), so a size once timed is priced by its own time, the
+    others from the nearest timed sizes.
+
+    ``choose`` gives a step's drafted rows to the guesses most likely kept, as many as raise the
+    step's expected tokens per second: for s sequences (one, or a batch's) that is (s + the kept
+    drafted tokens expected) / step(s + rows). Pricing the step by its rows - not a sequence's
+    share of it - is what makes a batch right: a drafted row next to four sequences' tokens costs
+    what the fifth row costs, not what a row alone would.
 
     One per context, shared by its sequences' drafters (and kept by a Model across answers: the
-    second answer starts with what the first measured). In a batch of several sequences a plain
-    step gives each of them a token, so ``observe`` takes its time over ``n_seqs``: a drafted token
-    then pays where it brings more than the batch's own tokens per second (aggregate throughput).
-    The first TRUST_AFTER drafted steps keep their least time (a delayed step is only dearer).
+    second answer starts with what the first measured). The first TRUST_AFTER drafted steps keep
+    their least time (a delayed step is only dearer).
 
     Steps are timed with ``clock``: the process's CPU time where the model runs on the CPU (on a
     shared machine a step's wall time is mostly how long other processes held the cores, and that
@@ -219,14 +222,14 @@ class DraftCosts:
     pays), the wall clock where layers are offloaded (the CPU then only waits for the device).
     """
 
-    __slots__ = ("t1", "per_token", "plain", "extra", "timed", "clock", "kept", "tried")
+    __slots__ = ("rows", "_sizes", "per_row", "plain", "timed", "clock", "kept", "tried")
 
     def __init__(self, offloaded: bool = False) -> None:
         self.clock: Callable[[], float] = time.perf_counter if offloaded else time.process_time
-        self.t1: float | None = None
-        self.per_token: float | None = None
+        self.rows: dict[int, float] = {}  # a decode's rows -> its seconds
+        self._sizes: list[int] = []  # rows' keys, sorted (step looks its neighbours up by bisection)
+        self.per_row: float | None = None  # what a drafted row adds to a step (where no size says)
         self.plain = 0  # plain steps since a draft was last verified
-        self.extra: dict[int, float] = {}  # drafted tokens in a step -> seconds they added to it
         self.timed = 0  # drafted steps timed
         # acceptance by match length over the context's recent drafts (all its sequences): a new
         # drafter's starting counts (``carried``)
@@ -250,37 +253,81 @@ class DraftCosts:
         """A decode of ``n_tokens`` rows, ``n_seqs`` of them the sequences' next tokens and the rest
         drafted, took ``seconds``."""
         drafted = n_tokens - n_seqs
+        rows, had = self.rows, self.rows.get(n_tokens)
+        if had is None:
+            bisect.insort(self._sizes, n_tokens)
         if drafted <= 0:
             self.plain += 1
-            self.t1 = _low(self.t1, seconds / max(1, n_seqs))
+            rows[n_tokens] = _low(had, seconds)
             return
         self.plain = 0
-        if self.t1 is None:
-            return
-        added = max(0.0, seconds - self.t1 * n_seqs)
         self.timed += 1
-        had = self.extra.get(drafted)
-        if self.timed <= TRUST_AFTER:
-            self.extra[drafted] = added if had is None else min(had, added)
-            self.per_token = added / drafted if self.per_token is None else min(self.per_token, added / drafted)
-        else:
-            self.extra[drafted] = _low(had, added)
-            self.per_token = _low(self.per_token, added / drafted)
+        early = self.timed <= TRUST_AFTER
+        rows[n_tokens] = seconds if had is None else min(had, seconds) if early else _low(had, seconds)
+        base = rows.get(n_seqs)
+        if base is not None:
+            added = max(0.0, seconds - base) / drafted
+            keep = self.per_row is None or (early and added < self.per_row)
+            self.per_row = added if keep else self.per_row if early else _low(self.per_row, added)
 
-    def cost(self, k: int) -> float:
-        """What ``k`` drafted tokens add to a step: its own time where that size was timed, else
-        interpolated between the nearest timed sizes, or scaled from the nearest one."""
-        extra = self.extra
-        got = extra.get(k)
+    def step(self, n: int) -> float | None:
+        """What a decode of ``n`` rows costs: its own time where that size was timed, else
+        interpolated between the nearest timed sizes, or extended from the nearest one (None: no
+        step timed yet)."""
+        rows = self.rows
+        got = rows.get(n)
         if got is not None:
             return got
-        lo = max((j for j in extra if j < k), default=0)
-        hi = min((j for j in extra if j > k), default=0)
+        sizes = self._sizes
+        at = bisect.bisect_left(sizes, n)
+        lo = sizes[at - 1] if at else 0
+        hi = sizes[at] if at < len(sizes) else 0
         if lo and hi:
-            return extra[lo] + (extra[hi] - extra[lo]) * (k - lo) / (hi - lo)
-        if lo or hi:
-            return extra[lo or hi] * k / (lo or hi)
-        return k * (self.per_token or 0.0)
+            return rows[lo] + (rows[hi] - rows[lo]) * (n - lo) / (hi - lo)
+        if lo:
+            per_row = self.per_row if self.per_row is not None else rows[lo] / lo
+            return rows[lo] + per_row * (n - lo)
+        if hi:
+            return rows[hi] * n / hi
+        return None
+
+    def choose(self, n_seqs: int, offers: list[tuple[float, int]]) -> list[int]:
+        """How many tokens of each offered draft to verify in a step of ``n_seqs`` sequences, an
+        offer being (the chance each of its tokens is kept, its tokens): the drafted rows that
+        maximise the step's expected tokens per second, the likeliest first (a draft's j-th token
+        is kept with chance a^j), or none where no number beats a plain step by GAIN_MARGIN. Until a
+        drafted step was timed, EXPLORE_DRAFT tokens of the likeliest offer (a short draft measures
+        what a drafted row costs without risking a long batch that does not pay); until TRUST_AFTER
+        were, a verdict of "none pays" is not trusted either (one step that another process delayed
+        would otherwise stop drafting for EXPLORE_EVERY steps), nor after EXPLORE_EVERY plain steps."""
+        counts = [0] * len(offers)
+        if not offers:
+            return counts
+        if not any(j <= n_seqs for j in self.rows):
+            return counts  # a plain step first: what drafted rows would add to
+        plain = self.step(n_seqs) or 0.0
+        if self.timed == 0 or plain <= 0.0:
+            return self._explore(offers, counts)
+        chances = sorted(((a**j, i) for i, (a, k) in enumerate(offers) for j in range(1, k + 1)), reverse=True)
+        best_m, best = 0, GAIN_MARGIN * n_seqs / plain
+        expected = float(n_seqs)
+        for m, (chance, _) in enumerate(chances, 1):
+            expected += chance
+            cost = self.step(n_seqs + m)
+            if cost and expected / cost > best:
+                best_m, best = m, expected / cost
+        if best_m == 0 and (self.timed < TRUST_AFTER or self.plain >= EXPLORE_EVERY):
+            self.plain = 0  # one short draft measures again; the next EXPLORE_EVERY plain steps do not
+            return self._explore(offers, counts)
+        for _, i in chances[:best_m]:
+            counts[i] += 1
+        return counts
+
+    @staticmethod
+    def _explore(offers: list[tuple[float, int]], counts: list[int]) -> list[int]:
+        i = max(range(len(offers)), key=lambda j: offers[j][0])
+        counts[i] = min(offers[i][1], EXPLORE_DRAFT)
+        return counts
 
 
 def _faded_add(kept: dict[int, float], tried: dict[int, float], n: int, k: float, t: float) -> None:

@@ -143,7 +143,7 @@ class ModelDrafter(NgramDrafter):
         self._spent = 0.0
         if self._pause:
             return []
-        if self._since_plain >= PLAIN_EVERY or self.costs.t1 is None:
+        if self._since_plain >= PLAIN_EVERY or not self.costs.rows:
             self._since_plain = 0
             return []
         k = self.size if limit is None else min(self.size, limit)
