@@ -10,16 +10,6 @@ from localinfer.engine.types import LoadOptions
 from localinfer.errors import UsageError
 
 
-def cheap() -> d.DraftCosts:
-    """The costs of a machine where a drafted token adds little to a step: every draft pays."""
-    costs = d.DraftCosts()
-    costs.observe(1, 0.020)
-    for rows in (2, d.MAX_DRAFT_LIMIT + 1):
-        for _ in range(d.TRUST_AFTER):
-            costs.observe(rows, 0.020 + 0.0001 * (rows - 1))
-    return costs
-
-
 def _priced(per_row: float) -> d.DraftCosts:
     """Costs measured (TRUST_AFTER drafted steps) where a plain step takes 20 ms and a row ``per_row``."""
     costs = d.DraftCosts()
@@ -27,6 +17,11 @@ def _priced(per_row: float) -> d.DraftCosts:
     for _ in range(d.TRUST_AFTER):
         costs.observe(d.MAX_DRAFT_LIMIT + 1, 0.020 + d.MAX_DRAFT_LIMIT * per_row)
     return costs
+
+
+def cheap() -> d.DraftCosts:
+    """The costs of a machine where a drafted token adds little to a step: every draft pays."""
+    return _priced(0.0001)
 
 
 def test_lookup_proposes_what_followed_the_longest_match():

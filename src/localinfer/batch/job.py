@@ -181,7 +181,7 @@ def batch_load_options(base: LoadOptions, *, parallel: int, ctx_per_seq: int) ->
     """One context for ``parallel`` sequences of ``ctx_per_seq`` tokens each. The KV cache is not
     unified: a stream per sequence gives each the logits it would have alone (a unified pool, even
     where it would decode drafts of uneven lengths in one pass, moved concurrent sequences' logits by
-    up to 0.7: benchmarks/results/draft-rows-2026-12-04.txt)."""
+    up to 1.09, by what the other sequences held: benchmarks/results/draft-rows-2026-12-04.txt)."""
     if parallel < 1:
         raise UsageError("--parallel must be at least 1")
     return dataclasses.replace(

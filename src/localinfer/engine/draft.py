@@ -303,7 +303,7 @@ class DraftCosts:
         counts = [0] * len(offers)
         if not offers:
             return counts
-        if not any(j <= n_seqs for j in self.rows):
+        if not self._sizes or self._sizes[0] > n_seqs:
             return counts  # a plain step first: what drafted rows would add to
         plain = self.step(n_seqs) or 0.0
         if self.timed == 0 or plain <= 0.0:
