@@ -33,6 +33,10 @@ SHAPES = {
     "each drafts 1": (1, 1, 1, 1),
     "each drafts 2": (2, 2, 2, 2),
     "each drafts 3": (3, 3, 3, 3),
+    "each drafts 4": (4, 4, 4, 4),
+    # padded to 4 rows more each (throwaway rows, no logits): one pass (engine/batch_draft.py)
+    "one drafts 4, padded": (4, 0, 0, 0, "pad"),
+    "4, 2, 1, 0, padded": (4, 2, 1, 0, "pad"),
 }
 DEPTH = 300
 
@@ -82,7 +86,13 @@ class Context:
     def step(self, extra: tuple[int, ...]) -> tuple[float, float]:
         """One step with ``extra`` drafted rows per sequence: (wall, CPU) seconds; the rows then dropped."""
         llama, m, toks = self.llama, self.model, self.toks
-        self._fill([(s, DEPTH, toks[DEPTH : DEPTH + 1 + e], 1) for s, e in enumerate(extra)])
+        drafts = [e for e in extra if isinstance(e, int)]
+        width = max(drafts) if "pad" in extra else 0
+        entries = []
+        for s, e in enumerate(drafts):
+            entries.append((s, DEPTH, toks[DEPTH : DEPTH + 1 + e], 1))
+            entries.append((s, DEPTH + 1 + e, toks[DEPTH + 1 + e : DEPTH + 1 + max(e, width)], 0))
+        self._fill(entries)
         c, t = time.process_time(), time.perf_counter()
         assert llama.llama_decode(m._ctx, self.batch) == 0
         llama.llama_synchronize(m._ctx)
@@ -136,10 +146,12 @@ def main() -> None:
           f"depth {DEPTH}, {Path(args.model).name if args.model else 'SmolLM2-135M Q4_1'}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
     got, apart = measure(args.threads, args.trials, args.model)
     base = got[False]["4 x 1 (plain)"][0]
-    print(f"{'step':16s} rows  {'streams wall (cpu)':>26s}  {'unified wall (cpu)':>26s}   (x: streams' plain step)")
+    print(f"{'step':20s} rows  {'streams wall (cpu)':>26s}  {'unified wall (cpu)':>26s}   (x: streams' plain step)")
     for name, extra in SHAPES.items():
         cells = [f"{w * 1000:6.2f} ms x{w / base:.2f} ({c * 1000:6.1f})" for w, c in (got[u][name] for u in (False, True))]
-        print(f"{name:16s} {4 + sum(extra):4d}  {cells[0]:>26s}  {cells[1]:>26s}")
+        drafts = [e for e in extra if isinstance(e, int)]
+        n_rows = 4 * (1 + max(drafts)) if "pad" in extra else 4 + sum(drafts)
+        print(f"{name:20s} {n_rows:4d}  {cells[0]:>26s}  {cells[1]:>26s}")
     print("streams vs unified pool, the same plain step:", *apart, sep="\n  ")
     print(f"# load after {os.getloadavg()[0]:.2f}")
 

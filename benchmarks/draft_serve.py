@@ -93,6 +93,11 @@ def engine(args: argparse.Namespace) -> list[str]:
                      f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
         print(lines[-1], file=sys.stderr)
     same = all(a == b for a, b in zip(texts[False], texts[True]))
+    for r, (a, b) in enumerate(zip(texts[False], texts[True])):
+        for k in a:
+            if a[k] != b[k]:  # where (a greedy tie that batch shapes round apart, or not: diag with logprobs)
+                at = next((i for i, (x, y) in enumerate(zip(a[k], b[k])) if x != y), min(len(a[k]), len(b[k])))
+                lines.append(f"round {r + 1}: {k} differs at character {at}: {a[k][at:at + 30]!r} vs {b[k][at:at + 30]!r}")
     lines.append(f"median ratio {statistics.median(ratios):.3f} (decode tok/s), {statistics.median(cpu_ratios):.3f} "
                  f"(tokens per CPU second); texts {'the same' if same else 'DIFFER'}; uptime: {_uptime()}")  # fmt: skip
     for loaded in loads.values():

@@ -225,7 +225,7 @@ def _four(rate: float, rate2: float | None = None) -> list[int]:
         for _ in range(d.TRUST_AFTER):
             costs.observe(rows, ms / 1000, n_seqs=4)
     rates = [rate, rate, rate, rate if rate2 is None else rate2]
-    return costs.choose(4, [(a, 8) for a in rates])
+    return costs.choose(4, [(a, 8) for a in rates]).counts
 
 
 def test_a_batch_drafts_where_its_tokens_per_second_rise():
@@ -403,29 +403,56 @@ def test_model_drafter_times_a_plain_step_again_now_and_then():
 
 
 @pytest.mark.llama  # engine.batch_draft imports engine.speculate, which loads libllama
-def test_a_batch_plan_gives_its_rows_to_the_likeliest_guesses_within_the_room():
+def test_a_batch_plan_gives_every_id_of_its_block_as_many_rows():
     import types
 
     from localinfer.engine.batch_draft import plan
 
-    costs = d.DraftCosts()  # four rows (four sequences' tokens) 40 ms; each row more 2 ms
-    costs.observe(4, 0.040, n_seqs=4)
+    costs = d.DraftCosts()  # five rows (five ids' tokens) 40 ms; each row more 1 ms
+    costs.observe(5, 0.040, n_seqs=5)
     for _ in range(d.TRUST_AFTER):
-        costs.observe(4 + 32, 0.040 + 32 * 0.002, n_seqs=4)
+        costs.observe(5 + 40, 0.040 + 40 * 0.001, n_seqs=5)
 
-    def slot(rate: float, prompt=None):
-        drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8, costs=costs)
+    def slot(seq: int, rate: float, history=None, prompt=None):
+        drafter = NgramDrafter(history or list(range(40)) + [0, 1], max_draft=8, costs=costs)
         drafter._kept, drafter._tried = dict.fromkeys(range(2, 6), 100 * rate), dict.fromkeys(range(2, 6), 100.0)
-        return types.SimpleNamespace(prompt=prompt, drafter=drafter, pos=50, max_tokens=None, n_gen=0, limiter=None, draft=[])
+        return types.SimpleNamespace(seq=seq, shift=0, prompt=prompt, drafter=drafter, pos=50, max_tokens=None, n_gen=0,
+                                     limiter=None, draft=[], pad=0)  # fmt: skip
 
-    copying, missing, other, starting, likely = slot(0.95), slot(0.05), slot(0.95), slot(0.95, prompt=[1, 2]), slot(0.8)
-    active = [copying, missing, other, starting, likely]
-    # a row pays while its chance of being kept beats the batch's tokens per 2 ms (about 0.5 here):
-    # 0.95^8 = 0.66 does, 0.8^4 = 0.41 does not; a prefilling sequence has no row to spare
-    assert plan(active, room=64, n_ctx_seq=1024) == 19
-    assert copying.draft == other.draft == list(range(2, 10)) and likely.draft == [2, 3, 4]
-    assert missing.draft == [] and starting.draft == []
-    assert plan(active, room=10, n_ctx_seq=1024) <= 10  # what the batch has room for
-    assert sum(len(s.draft) for s in active) <= 10
-    assert plan(active, room=64, n_ctx_seq=52) == 0  # the sequences' context is full
+    def rows(s) -> int:
+        return len(s.draft) + s.pad
 
+    # ids 0, 1, 3, 4 decode (id 1's guess has 3 tokens), id 2 is idle: llama.cpp decodes the step in
+    # one pass only where every id has as many rows, so the short draft and the idle id are padded
+    copying, short, other, likely = slot(0, 0.95), slot(1, 0.95, [1, 2, 9, 1, 2]), slot(3, 0.95), slot(4, 0.8)
+    active = [copying, short, other, likely]
+    total, layout = plan(active, room=64, n_ctx_seq=1024, filler_pos=lambda seq: 0)
+    assert (layout.lo, layout.hi) == (0, 4) and layout.width >= 4
+    assert short.draft == [9, 1, 2] and copying.draft == other.draft == list(range(2, 2 + layout.width))
+    assert {rows(s) for s in active} == {layout.width} and short.pad == layout.width - 3
+    assert total == 5 * layout.width  # the idle id's filler row gets as many more
+    # no pass for a block wider than the batch's room; a prefilling id cannot be padded, so a block
+    # stays on one side of it
+    total, layout = plan(active, room=10, n_ctx_seq=1024, filler_pos=lambda seq: 0)
+    assert total <= 10 and layout.width <= 2
+    starting = slot(2, 0.95, prompt=[1, 2])
+    active = [copying, short, starting, other, likely]
+    total, layout = plan(active, room=64, n_ctx_seq=1024, filler_pos=lambda seq: 0)
+    assert starting.draft == [] and starting.pad == 0 and not layout.lo <= 2 <= layout.hi
+    assert {rows(s) for s in active if layout.lo <= s.seq <= layout.hi} == {layout.width}
+    assert all(rows(s) == 0 for s in active if not layout.lo <= s.seq <= layout.hi)
+    assert plan(active, room=64, n_ctx_seq=52, filler_pos=lambda seq: 0)[0] == 0  # the sequences' context is full
+
+
+def test_a_layout_pays_for_its_passes():
+    # four ids at the costs measured here: one pass of 4 rows 64 ms; where one sequence's guesses
+    # are kept and three have none, a pass of its own (4 + 4 rows: 2 passes, 128 ms) beats padding
+    # every id to its width (20 rows, 190+ ms); where three copy, padding the fourth wins
+    costs = d.DraftCosts()
+    for n_rows, ms in ((4, 64.3), (8, 100.3), (12, 143.1), (16, 189.9)):
+        for _ in range(d.TRUST_AFTER):
+            costs.observe(n_rows, ms / 1000, n_seqs=4)
+    one = costs.choose(4, [(0.99, 8)], at=[1], caps=[100] * 4)
+    assert (one.lo, one.hi) == (1, 1) and one.counts[0] == one.width >= 4
+    three = costs.choose(4, [(0.95, 8)] * 3, at=[0, 1, 3], caps=[100] * 4)
+    assert (three.lo, three.hi) == (0, 3)

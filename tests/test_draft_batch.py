@@ -59,8 +59,21 @@ def batch_model(smollm2_path):
 @pytest.fixture(autouse=True)
 def always_draft(monkeypatch):
     monkeypatch.setattr(d.NgramDrafter, "worth", lambda self, n, available: available)
-    monkeypatch.setattr(d.DraftCosts, "choose", lambda self, n_seqs, offers: [k for _, k in offers])  # a batch's
+    monkeypatch.setattr(d.DraftCosts, "choose", _whole)  # a batch's
     monkeypatch.setattr(d, "MISSES_TO_PAUSE", 10**9)
+
+
+def _whole(self, n_seqs, offers, at=None, caps=None, room=None):
+    """Every offer whole: every id padded to the longest where all can take it (one pass, throwaway
+    rows after the shorter drafts), else each offer as far as the batch has room (several passes)."""
+    width = max(k for _, k in offers)
+    if caps is not None and min(caps) >= width and len(caps) * width <= room:
+        return d.Layout([k for _, k in offers], width, 0, len(caps) - 1)
+    counts, left = [], room if room is not None else 1 << 30
+    for _, k in offers:
+        counts.append(min(k, left))
+        left -= counts[-1]
+    return d.Layout(counts, 0, 0, -1)
 
 
 def _run(model, jobs, check_cells=False):
@@ -117,6 +130,7 @@ def test_batched_greedy_answers_are_the_plain_decodes(batch_model):
     copy = drafted["copy"].stats
     assert "lighthouse keeper" in drafted["copy"].text and copy.draft_accepted >= copy.draft_tokens // 2
     assert stats.draft_tokens == sum(r.stats.draft_tokens for r in drafted.values())
+    assert stats.filler_tokens > plain_stats.filler_tokens  # shorter drafts padded to the step's width
     assert stats.draft_accepted == sum(r.stats.draft_accepted for r in drafted.values())
 
 

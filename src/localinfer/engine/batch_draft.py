@@ -7,9 +7,11 @@ chain samples row after row while the sampled token is the drafted one - as the 
 path does (engine/speculate.py): greedy gives the plain decode's tokens, sampling follows the
 model's distribution, a constraint advances only on kept tokens and a drafted token it forbids ends
 the draft before the batch. Acceptance is each sequence's own (its NgramDrafter); what a step
-costs by its rows is the decoder's (one DraftCosts), and the step's drafted rows go to the
-guesses likeliest kept, as many as raise the whole batch's expected tokens per second.
-The cells of rejected tokens, and of anything after the token that ends an answer, are dropped.
+costs by its rows is the decoder's (one DraftCosts), which lays the step out: a width and a block
+of consecutive ids that each get that many rows more, so that llama.cpp decodes it in one pass
+(or two: a plain one and the block's), as raises the whole batch's expected tokens per second.
+The cells of rejected tokens, of anything after the token that ends an answer, and of the rows
+that pad a shorter draft to the width are dropped.
 """
 
 from __future__ import annotations
@@ -17,23 +19,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from localinfer.engine.draft import Layout
 from localinfer.engine.speculate import cut_at_constraint
 
 if TYPE_CHECKING:
     from localinfer.engine.slots import Slot
 
 
-def plan(active: list[Slot], room: int, n_ctx_seq: int) -> int:
-    """Set each generating, drafting sequence's ``draft`` for this step (the others' stays empty),
-    ``room`` batch rows at most in all; the number of drafted tokens. The sequences offer their
-    guesses and the step's rows go to the likeliest kept, as many as raise the batch's expected
-    tokens per second (DraftCosts.choose, for the step's sequences together)."""
+def plan(active: list[Slot], room: int, n_ctx_seq: int, filler_pos: Callable[[int], int] | None) -> tuple[int, Layout]:
+    """Set each generating sequence's ``draft`` and ``pad`` for this step (the others' stay empty),
+    ``room`` batch rows at most in all: the rows added (idle ids' included) and the layout. The
+    drafting sequences offer their guesses and DraftCosts.choose picks the width and the block of
+    ids that raise the batch's expected tokens per second; each id in the block gets that many rows
+    more - its drafted tokens, then throwaway rows to the width (``pad``; an idle id's filler too),
+    so that llama.cpp decodes the step in one pass. ``filler_pos`` (None: idle ids get no filler)
+    is where an idle id's filler goes."""
+    first = active[0].seq
+    caps = [n_ctx_seq - 1 - filler_pos(first + i) if filler_pos is not None else -1 for i in range(active[-1].seq - first + 1)]
     offers: list[tuple[Slot, int, list[int]]] = []
     n_seqs = 0
     for s in active:
+        s.pad = 0
         if s.prompt is not None:
+            caps[s.seq - first] = -1
             continue
         n_seqs += 1
+        # a throwaway row needs a cell too; M-RoPE cells are not dropped by position (batch_media)
+        caps[s.seq - first] = -1 if s.shift else n_ctx_seq - 1 - s.pos
         drafter = s.drafter
         if drafter is None:
             continue
@@ -49,17 +61,31 @@ def plan(active: list[Slot], room: int, n_ctx_seq: int) -> int:
         if guess:
             offers.append((s, n, guess))
     if not offers:
-        return 0
+        return 0, NO_LAYOUT
     costs = offers[0][0].drafter.costs  # one per context, shared by its drafters
-    wants = costs.choose(n_seqs, [(s.drafter.rate(n), len(guess)) for s, n, guess in offers])
+    at = [s.seq - first for s, _, _ in offers]
+    layout = costs.choose(n_seqs, [(s.drafter.rate(n), len(guess)) for s, n, guess in offers], at, caps, room)
+    spare = room - layout.width * (layout.hi - layout.lo + 1)
+    for (s, n, guess), want in zip(offers, layout.counts):
+        extra = max(0, s.drafter.min_draft - want) if want > 0 else 0  # raised to the minimum draft
+        if extra > spare:
+            want = 0
+        spare -= extra if want else 0
+        s.draft = cut_at_constraint(s.limiter, s.drafter.take(n, guess, want))
+    width, lo, hi = layout.width, first + layout.lo, first + layout.hi
+    if width <= 0:
+        return sum(len(s.draft) for s in active), NO_LAYOUT
     total = 0
-    for (s, n, guess), want in zip(offers, wants):
-        cap = room - total
-        want = min(want, cap) if s.drafter.min_draft <= cap else 0
-        draft = cut_at_constraint(s.limiter, s.drafter.take(n, guess, want))
-        s.draft = draft
-        total += len(draft)
-    return total
+    for s in active:
+        if s.prompt is None and lo <= s.seq <= hi:
+            s.pad = max(0, min(width, caps[s.seq - first]) - len(s.draft))
+        total += len(s.draft) + s.pad
+    if filler_pos is not None:  # the idle ids in the block: a filler row and ``width`` more
+        total += width * (hi - lo + 1 - sum(1 for s in active if lo <= s.seq <= hi))
+    return total, Layout(layout.counts, width, lo, hi)
+
+
+NO_LAYOUT = Layout([], 0, 0, -1)
 
 
 def verify(s: Slot, sample: Callable[[object, int], int]) -> tuple[list[tuple[int, int]], int]:

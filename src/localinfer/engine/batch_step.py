@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine.batch_draft import plan, verify
+from localinfer.engine.batch_draft import NO_LAYOUT, plan, verify
 from localinfer.engine.logprobs import trim
 from localinfer.engine.types import SeqResult
 from localinfer.errors import GenerationError, ResourceError
@@ -35,6 +35,7 @@ class BatchStep:
     _out: Any
     _seq: list[Any]
     _fillers: list[int]
+    _pads: list[tuple[int, int, int]]
     _filler: int
     _slots: SlotTable
     _masks: Any
@@ -48,8 +49,10 @@ class BatchStep:
         ids (``split_equal(..., sequential=true)``), and each ubatch reads all the weights once. So
         each sequence's tokens sit together, in id order, and an idle sequence between two busy
         ones gets a throwaway token (after what it keeps, no logits, removed right after): one
-        ubatch for all the next tokens, instead of one per run of consecutive ids. Next tokens get
-        room first; prompt chunks share what is left of ``n_batch``.
+        ubatch for all the next tokens, instead of one per run of consecutive ids. A ubatch also
+        takes as many rows of each id, so where sequences draft, the ids of the drafting block all
+        get the same number of rows (batch_draft.plan: throwaway rows after a shorter draft). Next
+        tokens get room first; prompt chunks share what is left of ``n_batch``.
         """
         tok, pos, out, seq = self._tok, self._pos, self._out, self._seq
         n_next = 0
@@ -57,22 +60,28 @@ class BatchStep:
             if s.prompt is None:
                 n_next += 1
         prefilling = n_next < len(active)
+        fill = self.fill_gaps
+        n_ids = active[-1].seq - active[0].seq + 1 if fill else len(active)  # rows in a plain pass
         fillers = self._fillers
         fillers.clear()
-        room = self.capacity - n_next - (active[-1].seq - active[0].seq + 1 - len(active))
-        n_drafted = plan(active, room, self.n_ctx_seq) if self.drafting else 0
+        room = self.capacity - n_next - (n_ids - len(active))
+        n_drafted, layout = plan(active, room, self.n_ctx_seq, self._slots.filler_pos if fill else None) if self.drafting else (0, NO_LAYOUT)
         room -= n_drafted
         n = 0
         expect = active[0].seq
-        fill = self.fill_gaps
+        pads = self._pads
+        pads.clear()
         for s in active:
             while fill and expect < s.seq:
-                tok[n] = self._filler
-                pos[n] = self._slots.filler_pos(expect)
-                seq[n][0] = expect
-                out[n] = 0
+                k = 1 + layout.width if layout.lo <= expect <= layout.hi else 1  # as many rows as its neighbours
+                at = self._slots.filler_pos(expect)
+                tok[n : n + k] = [self._filler] * k
+                pos[n : n + k] = range(at, at + k)
+                out[n : n + k] = bytes(k)
+                for i in range(n, n + k):
+                    seq[i][0] = expect
                 fillers.append(expect)
-                n += 1
+                n += k
                 expect += 1
             expect = s.seq + 1
             if s.prompt is None:
@@ -85,6 +94,8 @@ class BatchStep:
                 n += 1
                 if s.draft:  # verified in the same decode: a row (with logits) for each drafted token
                     n = self._put_draft(s, n)
+                if s.pad:
+                    n = self._put_pad(s, n)
                 continue
             s.idx = -1
             if room > 0:
@@ -93,7 +104,8 @@ class BatchStep:
                 room -= k
         if prefilling and n_next:
             self.stats.mixed_steps += 1
-        self.stats.filler_tokens += len(fillers)
+        self.stats.filler_tokens += len(fillers) + layout.width * sum(1 for f in fillers if layout.lo <= f <= layout.hi)
+        self.stats.filler_tokens += sum(p for _, _, p in pads)
         self._batch.n_tokens = n
         if self.before_decode is not None:
             self.before_decode()
@@ -104,12 +116,16 @@ class BatchStep:
         rc = self.model.decode_batch(self._batch)
         spent = time.perf_counter() - t0
         self.stats.llama_decode_s += spent
-        if self.drafting and not prefilling:  # what a step, and a drafted token, cost now
-            self.draft_costs.observe(n_next + n_drafted, self.draft_costs.clock() - c0, n_seqs=n_next)
+        if self.drafting and not prefilling:  # what a step, and a drafted row, cost now
+            one_pass = layout.width == 0 or layout.hi - layout.lo + 1 == n_ids
+            self.draft_costs.observe(n, self.draft_costs.clock() - c0, n_seqs=n_ids, one_pass=one_pass)
         if masks is not None:
             masks.wait()
         for sid in self._fillers:
             self._slots.drop_filler(sid)
+        for sid, at, _ in pads:
+            if not self.model.drop_tokens(sid, at):
+                raise GenerationError("the KV cache could not drop a step's throwaway rows")
         if rc != 0:
             if rc == 1:
                 raise ResourceError(
@@ -147,6 +163,20 @@ class BatchStep:
         for i in range(n, end):
             seq[i][0] = sid
         s.pos += k
+        return end
+
+    def _put_pad(self, s: Slot, n: int) -> int:
+        """Put ``s``'s throwaway rows at batch row ``n`` on, after its token and draft (no logits;
+        their cells are dropped after the decode); the next free row."""
+        k, at = s.pad, s.pos
+        end = n + k
+        self._tok[n:end] = [self._filler] * k
+        self._pos[n:end] = range(at, at + k)
+        self._out[n:end] = bytes(k)
+        sid, seq = s.seq, self._seq
+        for i in range(n, end):
+            seq[i][0] = sid
+        self._pads.append((sid, at, k))
         return end
 
     def _sample(self, active: list[Slot]) -> tuple[list[Slot], int]:

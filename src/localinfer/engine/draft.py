@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 KINDS = ("ngram",)  # --draft values; a draft model (--draft-model) is engine/draft_model.py
 DEFAULT_MAX_DRAFT = 8  # tokens per guess at most; not tuned yet: the loaded 2-core machine cannot tell
@@ -42,6 +43,7 @@ GAIN_MARGIN = 1.05  # a draft must promise this much over a plain step (the look
 EXPLORE_EVERY, EXPLORE_DRAFT = 64, 2
 TRUST_AFTER = 3  # drafted steps timed before the cost model may say that no draft pays
 CARRY_WEIGHT = 4.0  # tries of the context's recent acceptance a new sequence starts with
+BLOCK_OFFERS = 8  # a batch with more offers than this weighs one two-pass block, not every one
 
 
 class NgramDrafter:
@@ -123,7 +125,7 @@ class NgramDrafter:
         """How many of ``available`` drafted tokens to verify after a match of ``n`` when this
         sequence decodes alone: the k that maximises expected tokens per second (0: none pays;
         DraftCosts.choose). A batch asks for all its sequences at once (engine/batch_draft.py)."""
-        return self.costs.choose(1, [(self.rate(n), available)])[0]
+        return self.costs.choose(1, [(self.rate(n), available)]).counts[0]
 
     def propose(self, limit: int | None = None) -> list[int]:
         """The next draft (empty: decode one token as usual): none while paused, else at most
@@ -206,11 +208,10 @@ class DraftCosts:
     first and each row after the fourth 0.4), so a size once timed is priced by its own time, the
     others from the nearest timed sizes.
 
-    ``choose`` gives a step's drafted rows to the guesses most likely kept, as many as raise the
-    step's expected tokens per second: for s sequences (one, or a batch's) that is (s + the kept
-    drafted tokens expected) / step(s + rows). Pricing the step by its rows - not a sequence's
-    share of it - is what makes a batch right: a drafted row next to four sequences' tokens costs
-    what the fifth row costs, not what a row alone would.
+    ``choose`` lays a step out to raise its expected tokens per second: for s sequences (one, or a
+    batch's) (s + the kept drafted tokens expected) / the step's cost, priced by the rows of each
+    pass llama.cpp will make of it - not a sequence's share of a step: a drafted row next to four
+    sequences' tokens costs what the fifth row costs, not what a row alone would.
 
     One per context, shared by its sequences' drafters (and kept by a Model across answers: the
     second answer starts with what the first measured). The first TRUST_AFTER drafted steps keep
@@ -249,10 +250,14 @@ class DraftCosts:
         """A sequence's draft after a match of ``n`` kept ``kept`` of ``tried`` (as its drafter counts)."""
         _faded_add(self.kept, self.tried, n, kept, tried)
 
-    def observe(self, n_tokens: int, seconds: float, n_seqs: int = 1) -> None:
+    def observe(self, n_tokens: int, seconds: float, n_seqs: int = 1, one_pass: bool = True) -> None:
         """A decode of ``n_tokens`` rows, ``n_seqs`` of them the sequences' next tokens and the rest
-        drafted, took ``seconds``."""
+        drafted, took ``seconds`` (not ``one_pass``: a drafted step of two passes, not one size: it
+        only counts as a draft verified)."""
         drafted = n_tokens - n_seqs
+        if not one_pass:
+            self.plain = 0
+            return
         rows, had = self.rows, self.rows.get(n_tokens)
         if had is None:
             bisect.insort(self._sizes, n_tokens)
@@ -291,43 +296,98 @@ class DraftCosts:
             return rows[hi] * n / hi
         return None
 
-    def choose(self, n_seqs: int, offers: list[tuple[float, int]]) -> list[int]:
-        """How many tokens of each offered draft to verify in a step of ``n_seqs`` sequences, an
-        offer being (the chance each of its tokens is kept, its tokens): the drafted rows that
-        maximise the step's expected tokens per second, the likeliest first (a draft's j-th token
-        is kept with chance a^j), or none where no number beats a plain step by GAIN_MARGIN. Until a
-        drafted step was timed, EXPLORE_DRAFT tokens of the likeliest offer (a short draft measures
-        what a drafted row costs without risking a long batch that does not pay); until TRUST_AFTER
-        were, a verdict of "none pays" is not trusted either (one step that another process delayed
-        would otherwise stop drafting for EXPLORE_EVERY steps), nor after EXPLORE_EVERY plain steps."""
-        counts = [0] * len(offers)
+    def choose(self, n_seqs: int, offers: list[tuple[float, int]], at: list[int] | None = None,
+               caps: list[int] | None = None, room: int | None = None) -> Layout:  # fmt: skip
+        """The step's layout: how many tokens of each offered draft to verify in a step of ``n_seqs``
+        sequences, an offer being (the chance each of its tokens is kept, its tokens) - the one that
+        maximises the step's expected tokens per second (a draft's j-th token is kept with chance
+        a^j), or none where none beats a plain step by GAIN_MARGIN.
+
+        A batch's ids are ``caps``' positions (the sequences', and idle ones' between them), ``at``
+        the offers' ids, ``caps[i]`` the rows id i can add (-1: none, it is prefilling); without
+        them each offer is its own id. Over KV streams llama.cpp decodes a batch in one pass only
+        where every id has as many rows as the others (engine/batch_step.py), else in one pass per
+        run of ids with rows left, each reading all the weights. So a layout is a width w and a
+        block of consecutive ids that each get w more rows: its drafts, throwaway rows (``Layout``
+        pads) after a shorter one. A block of every id is one pass, priced step(ids * (1 + w)); a
+        smaller one a plain pass and one of its own, step(ids) + step(block * w).
+
+        Until a drafted step was timed, EXPLORE_DRAFT tokens (a short draft measures what a drafted
+        row costs without risking a long batch that does not pay); until TRUST_AFTER were, a verdict
+        of "none pays" is not trusted either (one step that another process delayed would otherwise
+        stop drafting for EXPLORE_EVERY steps), nor after EXPLORE_EVERY plain steps."""
+        n = len(offers)
+        none = Layout([0] * n, 0, 0, -1)
         if not offers:
-            return counts
-        if not self._sizes or self._sizes[0] > n_seqs:
-            return counts  # a plain step first: what drafted rows would add to
-        plain = self.step(n_seqs) or 0.0
+            return none
+        if at is None or caps is None:
+            at, caps = list(range(n)), [k for _, k in offers]
+        n_ids = len(caps)
+        room = n_ids * MAX_DRAFT_LIMIT if room is None else room
+        if not self._sizes or self._sizes[0] > n_ids:
+            return none  # a plain step first: what drafted rows would add to
+        plain = self.step(n_ids) or 0.0
         if self.timed == 0 or plain <= 0.0:
-            return self._explore(offers, counts)
-        chances = sorted(((a**j, i) for i, (a, k) in enumerate(offers) for j in range(1, k + 1)), reverse=True)
-        best_m, best = 0, GAIN_MARGIN * n_seqs / plain
-        expected = float(n_seqs)
-        for m, (chance, _) in enumerate(chances, 1):
-            expected += chance
-            cost = self.step(n_seqs + m)
-            if cost and expected / cost > best:
-                best_m, best = m, expected / cost
-        if best_m == 0 and (self.timed < TRUST_AFTER or self.plain >= EXPLORE_EVERY):
-            self.plain = 0  # one short draft measures again; the next EXPLORE_EVERY plain steps do not
-            return self._explore(offers, counts)
-        for _, i in chances[:best_m]:
-            counts[i] += 1
-        return counts
+            return self._explore(offers, at, caps, room)
+        order = sorted(range(n), key=at.__getitem__)
+        # two-pass blocks: from an offering id to an offering id; past BLOCK_OFFERS offers (a wide
+        # batch) only the one spanning them all, which keeps a step's choice cheap
+        spans = [(x, y) for x in range(n) for y in range(x, n)] if n <= BLOCK_OFFERS else [(0, n - 1)]
+        blocks = []
+        for x, y in spans:
+            lo, hi = at[order[x]], at[order[y]]
+            if hi - lo + 1 < n_ids:  # the whole range is the one-pass layout
+                blocks.append((lo, hi, order[x : y + 1], min(caps[lo : hi + 1])))
+        whole = min(caps)  # the rows every id can add (one pass)
+        best, pick = GAIN_MARGIN * n_seqs / plain, none
+        gain, chance = [0.0] * n, [1.0] * n
+        for w in range(1, max(k for _, k in offers) + 1):
+            for i, (a, k) in enumerate(offers):
+                if w <= k:
+                    chance[i] *= a
+                    gain[i] += chance[i]
+            if w <= whole and n_ids * w <= room:
+                cost = self.step(n_ids * (1 + w))
+                if cost and (n_seqs + sum(gain)) / cost > best:
+                    best, pick = (n_seqs + sum(gain)) / cost, (w, 0, n_ids - 1)
+            for lo, hi, members, low in blocks:
+                if low < w or (hi - lo + 1) * w > room:
+                    continue
+                got = n_seqs + sum(gain[i] for i in members)
+                cost = plain + (self.step((hi - lo + 1) * w) or 0.0)
+                if got / cost > best:
+                    best, pick = got / cost, (w, lo, hi)
+        if pick is none:
+            if self.timed < TRUST_AFTER or self.plain >= EXPLORE_EVERY:
+                self.plain = 0  # one short draft measures again; the next EXPLORE_EVERY plain steps do not
+                return self._explore(offers, at, caps, room)
+            return none
+        return _layout(offers, at, *pick)
 
     @staticmethod
-    def _explore(offers: list[tuple[float, int]], counts: list[int]) -> list[int]:
+    def _explore(offers: list[tuple[float, int]], at: list[int], caps: list[int], room: int) -> Layout:
+        """EXPLORE_DRAFT rows for every id where each can take them (one pass: the step gets timed),
+        else for the likeliest offer alone."""
+        w = EXPLORE_DRAFT
+        if min(caps) >= w and len(caps) * w <= room:
+            return _layout(offers, at, w, 0, len(caps) - 1)
         i = max(range(len(offers)), key=lambda j: offers[j][0])
-        counts[i] = min(offers[i][1], EXPLORE_DRAFT)
-        return counts
+        w = min(EXPLORE_DRAFT, offers[i][1], caps[at[i]], room)
+        return _layout(offers, at, w, at[i], at[i]) if w > 0 else Layout([0] * len(offers), 0, 0, -1)
+
+
+class Layout(NamedTuple):
+    """A step's drafting (DraftCosts.choose): ``counts[i]`` tokens of offer i verified; the ids
+    ``lo``..``hi`` each get ``width`` rows more (drafts, then throwaway rows), the others none."""
+
+    counts: list[int]
+    width: int
+    lo: int
+    hi: int
+
+
+def _layout(offers: list[tuple[float, int]], at: list[int], width: int, lo: int, hi: int) -> Layout:
+    return Layout([min(width, k) if lo <= at[i] <= hi else 0 for i, (_, k) in enumerate(offers)], width, lo, hi)
 
 
 def _faded_add(kept: dict[int, float], tried: dict[int, float], n: int, k: float, t: float) -> None:

@@ -21,7 +21,7 @@ class Slot:
     __slots__ = (
         "seq", "job", "chain", "pos", "prompt", "off", "idx", "last", "n_gen", "decoder", "matcher",
         "pieces", "stats", "t_admit", "t_first", "max_tokens", "ignore_eos", "gen", "emit", "cancel", "logprobs",
-        "limiter", "drafter", "draft", "shift",
+        "limiter", "drafter", "draft", "pad", "shift",
     )
 
     def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0, model: Model | None = None) -> None:
@@ -50,6 +50,7 @@ class Slot:
         self.limiter: Any = None  # its constraint (engine.constrain.ConstraintSampler), in the chain
         self.drafter: Any = None  # an engine.draft.NgramDrafter where this sequence drafts (batch_draft.py)
         self.draft: list[int] = []  # this step's drafted tokens, in the batch after ``last``
+        self.pad = 0  # this step's throwaway rows after them (batch_draft.plan), dropped after the decode
         if job.logprobs is not None:
             assert model is not None, "a job asking for logprobs needs the model"
             self._track_logprobs(model, job)
