@@ -37,17 +37,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 NATIVE = Path(os.environ.get("LLAMA_BIN", "/work/main/benchmarks/.build/bin"))
 
 
-def _prompts(model, free: bool) -> dict[str, list[int]]:
+def _prompts(model, free: bool, raw: bool = False) -> dict[str, list[int]]:
     from draft_vs_plain import PASSAGES, prompt_tokens, tasks
 
-    texts = {"copy-module": tasks()["copy-module"], "rag-quote": tasks()["rag-quote"],
+    texts = {"copy-module": tasks(raw)["copy-module"], "rag-quote": tasks(raw)["rag-quote"],
              "rag-2": f"{PASSAGES}\n\nQuote, word for word, the passage about the warship.",
              "rag-3": f"{PASSAGES}\n\nQuote, word for word, the passage about the tardigrade."}  # fmt: skip
+    if raw:  # a base model: plain completions worded to copy (draft_vs_plain.tasks)
+        texts["rag-2"] = f"{PASSAGES}\n\nThe passage about the warship, quoted word for word:\n\n"
+        texts["rag-3"] = f"{PASSAGES}\n\nThe passage about the tardigrade, quoted word for word:\n\n"
     if free:
         texts = {"free-robot": "Write a short story about a robot who learns to paint.",
                  "free-sea": "Write a poem about the sea at night.", "free-city": "Describe a city in the year 3000.",
                  "free-cook": "Explain how to bake bread to a child."}  # fmt: skip
-    return {k: prompt_tokens(model, text) for k, text in texts.items()}
+    return {k: prompt_tokens(model, text, raw) for k, text in texts.items()}
 
 
 def engine(args: argparse.Namespace) -> list[str]:
@@ -64,7 +67,7 @@ def engine(args: argparse.Namespace) -> list[str]:
     loads = {draft: generate.load(resolve_model(args.model or default_model()), batchjob.batch_load_options(
         LoadOptions(n_threads=args.threads, draft="ngram" if draft else None), parallel=4, ctx_per_seq=1024))
         for draft in (False, True)}  # fmt: skip
-    prompts = _prompts(loads[False].model, args.free)
+    prompts = _prompts(loads[False].model, args.free, args.raw)
     greedy = SamplingOptions(temperature=0)
     lines = [f"# engine, 4 sequences ({', '.join(prompts)}), {args.requests} request(s) per client, -t {args.threads}, "
              f"-n {args.n}; uptime: {_uptime()}"]  # fmt: skip
@@ -175,6 +178,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--free", action="store_true", help="engine: free-writing prompts instead of copy-heavy ones")
+    ap.add_argument("--raw", action="store_true", help="engine: plain completions, for a base model (Gemma-3-270M)")
     ap.add_argument("--requests", type=int, default=1, help="engine: requests per client, each sent when the last is answered")
     ap.add_argument("--task", default="rag-quote", help="native: the draft_vs_plain task to send")
     args = ap.parse_args()
