@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localinfer.engine import draft as d
+from localinfer.engine import draft_costs as dc
 from localinfer.engine.draft import NgramDrafter, acceptance, check
 from localinfer.engine.types import LoadOptions
 from localinfer.errors import UsageError
@@ -14,7 +15,7 @@ def _priced(per_row: float) -> d.DraftCosts:
     """Costs measured (TRUST_AFTER drafted steps) where a plain step takes 20 ms and a row ``per_row``."""
     costs = d.DraftCosts()
     costs.observe(1, 0.020)
-    for _ in range(d.TRUST_AFTER):
+    for _ in range(dc.TRUST_AFTER):
         costs.observe(d.MAX_DRAFT_LIMIT + 1, 0.020 + d.MAX_DRAFT_LIMIT * per_row)
     return costs
 
@@ -161,9 +162,9 @@ def test_after_many_plain_steps_a_short_draft_measures_again():
     drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
     _timed(drafter, 0.010, 0.009)
     assert drafter.worth(2, 8) == 0
-    for _ in range(d.EXPLORE_EVERY):
+    for _ in range(dc.EXPLORE_EVERY):
         drafter.observe(1, 0.010)
-    assert drafter.worth(2, 8) == d.EXPLORE_DRAFT
+    assert drafter.worth(2, 8) == dc.EXPLORE_DRAFT
 
 
 def test_until_a_drafted_token_is_timed_drafts_are_short():
@@ -172,9 +173,9 @@ def test_until_a_drafted_token_is_timed_drafts_are_short():
     drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
     assert drafter.propose() == []
     drafter.observe(1, 0.010)
-    assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
-    drafter.observe(1 + d.EXPLORE_DRAFT, 0.0105)
-    assert len(drafter.propose()) > d.EXPLORE_DRAFT  # cheap here: longer drafts pay
+    assert drafter.propose() == [2, 3][: dc.EXPLORE_DRAFT]
+    drafter.observe(1 + dc.EXPLORE_DRAFT, 0.0105)
+    assert len(drafter.propose()) > dc.EXPLORE_DRAFT  # cheap here: longer drafts pay
 
 
 def test_one_delayed_first_draft_does_not_stop_drafting():
@@ -182,12 +183,12 @@ def test_one_delayed_first_draft_does_not_stop_drafting():
     # drafting goes on with short drafts until TRUST_AFTER were timed, and the least time counts
     drafter = NgramDrafter(list(range(40)) + [0, 1], max_draft=8)
     drafter.observe(1, 0.010)
-    drafter.observe(1 + d.EXPLORE_DRAFT, 0.100)
-    assert drafter.propose() == [2, 3][: d.EXPLORE_DRAFT]
-    for _ in range(d.TRUST_AFTER - 1):
-        drafter.observe(1 + d.EXPLORE_DRAFT, 0.0105)
-    assert drafter.costs.step(1 + d.EXPLORE_DRAFT) - drafter.costs.step(1) == pytest.approx(0.0005)
-    assert len(drafter.propose()) > d.EXPLORE_DRAFT
+    drafter.observe(1 + dc.EXPLORE_DRAFT, 0.100)
+    assert drafter.propose() == [2, 3][: dc.EXPLORE_DRAFT]
+    for _ in range(dc.TRUST_AFTER - 1):
+        drafter.observe(1 + dc.EXPLORE_DRAFT, 0.0105)
+    assert drafter.costs.step(1 + dc.EXPLORE_DRAFT) - drafter.costs.step(1) == pytest.approx(0.0005)
+    assert len(drafter.propose()) > dc.EXPLORE_DRAFT
 
 
 def test_a_timed_draft_size_is_priced_by_its_own_time():
@@ -222,7 +223,7 @@ def _four(rate: float, rate2: float | None = None) -> list[int]:
     (SmolLM2 Q4_1, 2 threads, every sequence drafting alike, CPU ms: benchmarks/results/draft-rows-2026-12-04.txt)."""
     costs = d.DraftCosts()
     for rows, ms in ((4, 64.3), (8, 100.3), (12, 143.1), (16, 189.9)):
-        for _ in range(d.TRUST_AFTER):
+        for _ in range(dc.TRUST_AFTER):
             costs.observe(rows, ms / 1000, n_seqs=4)
     rates = [rate, rate, rate, rate if rate2 is None else rate2]
     return costs.choose(4, [(a, 8) for a in rates]).counts
@@ -410,7 +411,7 @@ def test_a_batch_plan_gives_every_id_of_its_block_as_many_rows():
 
     costs = d.DraftCosts()  # five rows (five ids' tokens) 40 ms; each row more 1 ms
     costs.observe(5, 0.040, n_seqs=5)
-    for _ in range(d.TRUST_AFTER):
+    for _ in range(dc.TRUST_AFTER):
         costs.observe(5 + 40, 0.040 + 40 * 0.001, n_seqs=5)
 
     def slot(seq: int, rate: float, history=None, prompt=None):
@@ -450,7 +451,7 @@ def test_a_layout_pays_for_its_passes():
     # every id to its width (20 rows, 190+ ms); where three copy, padding the fourth wins
     costs = d.DraftCosts()
     for n_rows, ms in ((4, 64.3), (8, 100.3), (12, 143.1), (16, 189.9)):
-        for _ in range(d.TRUST_AFTER):
+        for _ in range(dc.TRUST_AFTER):
             costs.observe(n_rows, ms / 1000, n_seqs=4)
     one = costs.choose(4, [(0.99, 8)], at=[1], caps=[100] * 4)
     assert (one.lo, one.hi) == (1, 1) and one.counts[0] == one.width >= 4

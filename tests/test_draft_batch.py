@@ -16,6 +16,7 @@ import json
 import pytest
 
 from localinfer.engine import draft as d
+from localinfer.engine import draft_costs as dc
 from localinfer.engine.backend import llama_cpp
 from localinfer.request.sampling import SamplingOptions
 
@@ -68,12 +69,12 @@ def _whole(self, n_seqs, offers, at=None, caps=None, room=None):
     rows after the shorter drafts), else each offer as far as the batch has room (several passes)."""
     width = max(k for _, k in offers)
     if caps is not None and min(caps) >= width and len(caps) * width <= room:
-        return d.Layout([k for _, k in offers], width, 0, len(caps) - 1)
+        return dc.Layout([k for _, k in offers], width, 0, len(caps) - 1)
     counts, left = [], room if room is not None else 1 << 30
     for _, k in offers:
         counts.append(min(k, left))
         left -= counts[-1]
-    return d.Layout(counts, 0, 0, -1)
+    return dc.Layout(counts, 0, 0, -1)
 
 
 def _run(model, jobs, check_cells=False):

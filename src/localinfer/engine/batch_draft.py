@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from localinfer.engine.draft import Layout
+from localinfer.engine.draft_costs import Layout
 from localinfer.engine.speculate import cut_at_constraint
 
 if TYPE_CHECKING:
