@@ -81,7 +81,7 @@ class BatchDecoder(BatchStep):
         # One 1-element seq_id array per batch row (allocated by llama_batch_init).
         self._seq = [(llama_cpp.llama_seq_id * 1).from_address(ctypes.addressof(b.seq_id[i].contents)) for i in range(cap)]
         self._fillers: list[int] = []  # idle sequence ids given a throwaway token this step
-        self._pads: list[tuple[int, int, int]] = []  # (id, position, rows): a step's throwaway rows after a draft
+        self._pads: list[tuple[int, int]] = []  # (id, position): where a step's throwaway rows after a draft start
         self.fill_gaps = True  # False: leave idle sequences out (one ubatch per run of busy ids)
         self.before_decode: Callable[[], None] | None = None  # called just before each llama_decode
         bos = model.bos_token

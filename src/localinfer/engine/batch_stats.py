@@ -16,7 +16,7 @@ class BatchStats:
     steps: int = 0
     decode_only_steps: int = 0
     mixed_steps: int = 0  # steps carrying prompt tokens and other sequences' next tokens together
-    filler_tokens: int = 0  # throwaway tokens given to idle sequences between busy ones
+    filler_tokens: int = 0  # throwaway rows: idle sequences' between busy ones, and a draft's padding
     decode_only_s: float = 0.0
     decode_only_tokens: int = 0  # tokens sampled at the end of decode-only steps
     llama_decode_s: float = 0.0  # inside llama_decode, all steps

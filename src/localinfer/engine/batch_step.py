@@ -35,7 +35,7 @@ class BatchStep:
     _out: Any
     _seq: list[Any]
     _fillers: list[int]
-    _pads: list[tuple[int, int, int]]
+    _pads: list[tuple[int, int]]
     _filler: int
     _slots: SlotTable
     _masks: Any
@@ -74,14 +74,8 @@ class BatchStep:
         for s in active:
             while fill and expect < s.seq:
                 k = 1 + layout.width if layout.lo <= expect <= layout.hi else 1  # as many rows as its neighbours
-                at = self._slots.filler_pos(expect)
-                tok[n : n + k] = [self._filler] * k
-                pos[n : n + k] = range(at, at + k)
-                out[n : n + k] = bytes(k)
-                for i in range(n, n + k):
-                    seq[i][0] = expect
+                n = self._put_throwaway(n, expect, self._slots.filler_pos(expect), k)
                 fillers.append(expect)
-                n += k
                 expect += 1
             expect = s.seq + 1
             if s.prompt is None:
@@ -94,8 +88,9 @@ class BatchStep:
                 n += 1
                 if s.draft:  # verified in the same decode: a row (with logits) for each drafted token
                     n = self._put_draft(s, n)
-                if s.pad:
-                    n = self._put_pad(s, n)
+                if s.pad:  # to the block's width: rows the decode drops right after
+                    pads.append((s.seq, s.pos))
+                    n = self._put_throwaway(n, s.seq, s.pos, s.pad)
                 continue
             s.idx = -1
             if room > 0:
@@ -104,8 +99,6 @@ class BatchStep:
                 room -= k
         if prefilling and n_next:
             self.stats.mixed_steps += 1
-        self.stats.filler_tokens += len(fillers) + layout.width * sum(1 for f in fillers if layout.lo <= f <= layout.hi)
-        self.stats.filler_tokens += sum(p for _, _, p in pads)
         self._batch.n_tokens = n
         if self.before_decode is not None:
             self.before_decode()
@@ -123,7 +116,7 @@ class BatchStep:
             masks.wait()
         for sid in self._fillers:
             self._slots.drop_filler(sid)
-        for sid, at, _ in pads:
+        for sid, at in pads:
             if not self.model.drop_tokens(sid, at):
                 raise GenerationError("the KV cache could not drop a step's throwaway rows")
         if rc != 0:
@@ -165,18 +158,18 @@ class BatchStep:
         s.pos += k
         return end
 
-    def _put_pad(self, s: Slot, n: int) -> int:
-        """Put ``s``'s throwaway rows at batch row ``n`` on, after its token and draft (no logits;
-        their cells are dropped after the decode); the next free row."""
-        k, at = s.pad, s.pos
+    def _put_throwaway(self, n: int, sid: int, at: int, k: int) -> int:
+        """Put ``k`` throwaway rows of sequence ``sid`` at batch row ``n`` on, at positions ``at`` on
+        (an idle id's filler, a draft's padding: no logits, their cells dropped after the decode);
+        the next free row."""
         end = n + k
         self._tok[n:end] = [self._filler] * k
         self._pos[n:end] = range(at, at + k)
         self._out[n:end] = bytes(k)
-        sid, seq = s.seq, self._seq
+        seq = self._seq
         for i in range(n, end):
             seq[i][0] = sid
-        self._pads.append((sid, at, k))
+        self.stats.filler_tokens += k
         return end
 
     def _sample(self, active: list[Slot]) -> tuple[list[Slot], int]:
