@@ -23,13 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from localinfer.engine.draft_costs import DraftCosts, faded_add
+from localinfer.engine.draft_costs import N_MAX, N_MIN, DraftCosts, faded_add
 
 KINDS = ("ngram",)  # --draft values; a draft model (--draft-model) is engine/draft_model.py
 DEFAULT_MAX_DRAFT = 8  # tokens per guess at most; not tuned yet: the loaded 2-core machine cannot tell
 MAX_DRAFT_LIMIT = 64
-N_MAX = 5  # longest n-gram looked up
-N_MIN = 2  # shortest: a single token matches too often to be worth a batch
 MISSES_TO_PAUSE = 2
 FIRST_PAUSE = 8  # tokens without drafting after the first run of misses
 MAX_PAUSE = 32  # a safety net (the rates already stop guesses that miss): a longer pause can sit

@@ -15,6 +15,9 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+# the lookup's match lengths (engine/draft.py), by which acceptance is counted here too
+N_MAX = 5  # longest n-gram looked up
+N_MIN = 2  # shortest: a single token matches too often to be worth a batch
 DECAY = 0.9  # acceptance counts fade by this at each draft (what the answer does now matters more)
 GAIN_MARGIN = 1.05  # a draft must promise this much over a plain step (the lookup's cost, the noise)
 # a machine's load changes: after this many plain steps a short draft (EXPLORE_DRAFT) measures again
@@ -58,8 +61,6 @@ class DraftCosts:
         self.timed = 0  # drafted steps timed
         # acceptance by match length over the context's recent drafts (all its sequences): a new
         # drafter's starting counts (``carried``)
-        from localinfer.engine.draft import N_MAX, N_MIN  # the match lengths the lookup counts (it imports this module)
-
         self.kept = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)
         self.tried = dict.fromkeys(range(N_MIN, N_MAX + 1), 0.0)
 
