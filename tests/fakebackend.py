@@ -34,6 +34,7 @@ class Script:
     can_chat: bool = True
     reasoning: Any = None  # reasoning.Markers: the answers' pieces are split as a reasoning model's
     opened: bool = False  # the prompt opened the thinking (DeepSeek-R1-Distill's)
+    loads: list[dict] = field(default_factory=list)  # backends.load's keywords, one dict per load
 
     def enqueue(self, pieces: list[str]) -> None:
         self.answers.append(pieces)
@@ -115,7 +116,8 @@ def fake_backend(monkeypatch: pytest.MonkeyPatch) -> Script:
 
     script = Script()
 
-    def load(resolved: Any, options: Any, **_kw: Any) -> FakeBackend:
+    def load(resolved: Any, options: Any, **kw: Any) -> FakeBackend:
+        script.loads.append(kw)
         return FakeBackend(script, resolved.name)
 
     monkeypatch.setattr(backends, "load", load)

@@ -28,11 +28,13 @@ def open_backend(
     pool: int = 1,
     retries: int = 4,
     keep_alive: KeepAlive | None = None,
+    chat: bool = True,
 ) -> Backend:
     """The backend for the command's flags. ``load_options``: the load flags, given the model (only
     called for a model loaded here). ``on_model``: told which model the request goes to as soon as
     that is known, so that a failure later is recorded against it. ``keep_alive``: the model is
-    loaded (or found) in this user's resident server, which answers; where none can run, here."""
+    loaded (or found) in this user's resident server, which answers; where none can run, here.
+    ``chat``: False where only plain completions will be asked (`run --raw`, `embed`)."""
     from localinfer import backends
     from localinfer.usage.recorder import ModelId
 
@@ -61,7 +63,8 @@ def open_backend(
                                 chat_only=chat_only, tell=tell)  # fmt: skip
         if backend is None:
             resolved = resolve()
-            backend = backends.load(resolved, load_options(resolved), force=force, on_note=on_note, chat_only=chat_only)
+            backend = backends.load(resolved, load_options(resolved), force=force, on_note=on_note, chat_only=chat_only,
+                                    chat=chat)  # fmt: skip
     tell(backend)
     return backend
 

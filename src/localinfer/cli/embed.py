@@ -67,7 +67,7 @@ def embed(
             batchio.check_output(output)
         items = embedding.parse_lines(_read(input), input_format.value)
         backend = open_backend(endpoint=endpoint, model=model, offline=flags.offline, force=flags.force, on_note=say,
-                               load_options=lambda _resolved: dataclasses.replace(base, n_ctx=GENERATION_CTX))  # fmt: skip
+                               load_options=lambda _resolved: dataclasses.replace(base, n_ctx=GENERATION_CTX), chat=False)  # fmt: skip
         t0 = time.perf_counter()
         summary, status = embedding.EmbedSummary(inputs=len(items)), 1
         try:
