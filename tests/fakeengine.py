@@ -40,8 +40,10 @@ class FakeModel:
 
     script: Script
 
-    def __init__(self, path: object, options: LoadOptions = LoadOptions()) -> None:
+    def __init__(self, path: object, options: LoadOptions = LoadOptions(), *, meanwhile: object = None) -> None:
         self.script.loads.append(options)
+        if meanwhile is not None:  # the real one runs it beside the load
+            meanwhile()  # type: ignore[operator]
         self.n_ctx = options.n_ctx or 4096
         self.n_ctx_train = 8192
         self.n_ctx_seq = self.n_ctx

@@ -1,8 +1,12 @@
 """The one loader (generate.run.load) compiles the chat template while llama.cpp loads the model:
-the jinja2 import and compile are no longer paid after the load, on the way to the first token."""
+the jinja2 import and compile are no longer paid after the load, on the way to the first token.
+And Ctrl-C during a load stops it (it was dropped inside llama.cpp's log callback)."""
 
 from __future__ import annotations
 
+import collections
+import signal
+import sys
 import threading
 import time
 
@@ -55,15 +59,15 @@ def _load(path, watch, **kw):
     return load(resolved, OPTIONS, **kw)
 
 
-def test_the_template_compiles_on_the_callers_thread_during_the_load(smollm2_path, watch):
+def test_the_template_compiles_on_a_helper_thread_during_the_load(smollm2_path, watch):
     from localinfer.engine import templates
 
     loaded = _load(smollm2_path, watch)
     try:
         here = threading.current_thread()
-        assert watch["load_thread"] is not here  # llama.cpp loads on a thread of its own
+        assert watch["load_thread"] is here  # llama.cpp's allocations stay in this thread's arena
         (thread, at), = watch["compiles"]
-        assert thread is here and watch["load_start"] <= at <= watch["load_end"]
+        assert thread is not here and watch["load_start"] <= at <= watch["load_end"]
         misses = templates._compile.cache_info().misses
         prompt = loaded.template.render([{"role": "user", "content": "hi"}])
         assert "<|im_start|>user\nhi<|im_end|>" in prompt.text
@@ -72,19 +76,17 @@ def test_the_template_compiles_on_the_callers_thread_during_the_load(smollm2_pat
         loaded.close()
 
 
-def test_plain_completion_and_a_single_core_load_on_the_callers_thread(smollm2_path, watch, monkeypatch):
+def test_plain_completion_and_a_single_core_prepare_nothing_during_the_load(smollm2_path, watch, monkeypatch):
     from localinfer.generate import run as generate
 
-    loaded = _load(smollm2_path, watch, chat=False)  # run --raw: no template to prepare
-    loaded.close()
-    assert watch["load_thread"] is threading.current_thread() and watch["compiles"] == []
-    monkeypatch.setattr(generate, "_spare_cores", lambda: 0)  # nothing to overlap with: no thread
-    loaded = _load(smollm2_path, watch)
-    loaded.close()
-    assert watch["load_thread"] is threading.current_thread() and watch["compiles"] == []
+    _load(smollm2_path, watch, chat=False).close()  # run --raw: no template to prepare
+    assert watch["compiles"] == []
+    monkeypatch.setattr(generate, "_spare_cores", lambda: 0)  # nothing to overlap with
+    _load(smollm2_path, watch).close()
+    assert watch["compiles"] == []
 
 
-def test_a_failed_load_is_raised_here_and_an_interrupt_waits_for_the_load(smollm2_path, watch, monkeypatch):
+def test_a_failed_load_is_raised_and_a_failed_preparation_is_not(smollm2_path, watch, monkeypatch):
     from localinfer.engine import model as engine_model
     from localinfer.engine import templates
     from localinfer.errors import InvalidModelError
@@ -97,14 +99,55 @@ def test_a_failed_load_is_raised_here_and_an_interrupt_waits_for_the_load(smollm
         with pytest.raises(InvalidModelError, match="not a model"):
             _load(smollm2_path, watch)
 
-    def interrupted(template):
-        raise KeyboardInterrupt
+    def fails(template):
+        raise RuntimeError("the helper's own error")
 
-    monkeypatch.setattr(templates, "compile_template", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        _load(smollm2_path, watch)
-    assert watch["load_end"] >= watch["load_start"]  # the load ran to its end before the interrupt went on
-    assert not [t for t in threading.enumerate() if t.name == "localinfer-load"]
+    monkeypatch.setattr(templates, "compile_template", fails)
+    _load(smollm2_path, watch).close()  # the render meets any real error again, in its own words
+
+
+class _InterruptAt(collections.deque):
+    """llama.cpp's log lines, with a Ctrl-C (a real SIGINT) as line ``at`` comes in: mid-load."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(maxlen=400)
+        self.at, self.count = at, 0
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        self.count += 1
+        if self.count == self.at:
+            signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("at", [50, 600, 1500])  # SmolLM2's load logs ~1,100 lines, its context ~1,100 more
+def test_ctrl_c_during_a_load_stops_it_and_is_raised(smollm2_path, monkeypatch, at):
+    # A signal's handler runs on the main thread at its next bytecode: during a load, inside the
+    # log callback, where ctypes printed the KeyboardInterrupt as ignored and the load went on.
+    from localinfer.engine import backend
+    from localinfer.engine.model import Model
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    log = backend.ensure_backend(False)
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    monkeypatch.setattr(log, "lines", _InterruptAt(at))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the command (xdist may differ)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Model(smollm2_path, OPTIONS)
+        lines = "".join(log.lines)
+        assert ignored == [] and log.lines.count >= at
+        if at < 1000:  # in the model's load: it stops at its first tensor, no context is made
+            assert "cancelled model load" in lines and "llama_context" not in lines
+        else:  # in the context's creation, which cannot be stopped: raised once it is made (and freed)
+            assert "sched_reserve" in lines
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with Model(smollm2_path, OPTIONS) as model:  # nothing was left half-done
+        assert model.n_ctx >= 256
 
 
 @pytest.mark.llama  # the file's first use proves it in a child process

@@ -11,14 +11,18 @@ import collections
 import contextlib
 import ctypes
 import os
+import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from localinfer.engine.bindings import bindings, note_use
 
 llama_cpp = bindings()
 
 LOG_WARN, LOG_ERROR = 3, 4  # ggml_log_level
+T = TypeVar("T")
 
 
 class LlamaLog:
@@ -90,6 +94,56 @@ def reclaim_log() -> None:
     """Make our callback llama.cpp's log again, if the backend is started (see LlamaLog.install)."""
     if _log is not None:
         _log.install()
+
+
+def interruptible(call: Callable[[], T], *, cancel: threading.Event | None = None, free: Callable[[T], Any] | None = None,
+                  meanwhile: Callable[[], None] | None = None) -> T:  # fmt: skip
+    """``call()``, llama.cpp work that logs as it goes (a model's load, a context's creation), made
+    safe to interrupt; ``meanwhile()``, Python work for later, runs beside it on a helper thread.
+
+    Python runs a signal's handler on the main thread at its next bytecode, and during a load that
+    is inside our log callback (thousands of lines), where ctypes prints the KeyboardInterrupt as
+    an ignored exception and drops it: the load, and the command, went on. So while ``call()`` runs
+    on the main thread, Ctrl-C only sets ``cancel`` (a model's load checks it between tensors) and
+    is raised once the call is back, what it made given to ``free``. The call stays on this thread:
+    on another, llama.cpp's many small allocations would go to a new malloc arena, grown a page
+    range at a time (~1,200 more mprotect calls for SmolLM2, ~8 ms). ``meanwhile``'s own errors
+    are ignored: it prepares what is done again later for real."""
+    helper = None
+    if meanwhile is not None:
+        helper = threading.Thread(target=_quietly, args=(meanwhile,), name="localinfer-meanwhile", daemon=True)
+        helper.start()
+    interrupted: list[int] = []
+    swap = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if swap:
+        cancel = cancel or threading.Event()
+
+        def on_sigint(signum: int, _frame: Any) -> None:
+            interrupted.append(signum)
+            cancel.set()
+
+        signal.signal(signal.SIGINT, on_sigint)
+    try:
+        value = call()
+    finally:
+        try:
+            if helper is not None:
+                helper.join()
+        finally:
+            if swap:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+    if interrupted:
+        if value and free is not None:
+            free(value)
+        raise KeyboardInterrupt
+    return value
+
+
+def _quietly(work: Callable[[], None]) -> None:
+    try:
+        work()
+    except Exception:
+        pass
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localinfer.engine.backend import llama_cpp, stdout_to_stderr
+from localinfer.engine.backend import interruptible, llama_cpp, stdout_to_stderr
 from localinfer.engine.model import Model
 from localinfer.engine.params import context_params
 from localinfer.errors import ContextOverflowError, GenerationError, ModelLoadError, UsageError
@@ -102,7 +102,7 @@ class Embedder:
         cparams.pooling_type = POOLINGS[self.pooling]
         handle = model._model  # engine-internal: the llama_model both contexts share
         with stdout_to_stderr():
-            ctx = llama_cpp.llama_init_from_model(handle, cparams)
+            ctx = interruptible(lambda: llama_cpp.llama_init_from_model(handle, cparams), free=llama_cpp.llama_free)
         if not ctx:
             raise ModelLoadError(f"llama.cpp could not create an embedding context of {n} tokens", hint="try a smaller context")
         self._ctx = ctx

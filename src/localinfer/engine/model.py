@@ -12,12 +12,13 @@ import codecs
 import ctypes
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from localinfer.engine.backend import ensure_backend, llama_cpp, stdout_to_stderr
+from localinfer.engine.backend import ensure_backend, interruptible, llama_cpp, stdout_to_stderr
 from localinfer.engine.load_errors import diagnose_load_failure
 from localinfer.engine.logprobs import Logprobs
 from localinfer.engine.params import context_params, model_params
@@ -35,15 +36,25 @@ if TYPE_CHECKING:
 class Model(Vocab):
     """A loaded GGUF model with one context (``n_seq_max`` sequences share it)."""
 
-    def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions()) -> None:
+    def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions(), *,
+                 meanwhile: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """Load ``path`` and create its context; Ctrl-C stops the load between tensors (llama.cpp's
+        progress callback, backend.interruptible). ``meanwhile``: Python work done on a helper thread
+        while the model loads (llama.cpp releases the GIL)."""
         self.path = Path(path)
         self.options = options
         self._model = self._ctx = None
         log = ensure_backend(options.verbose)
         log_start = log.seq
         t0 = time.perf_counter()
+        cancel = threading.Event()
+        mparams = model_params(options)
+        # replaces llama.cpp's own, which logs a dot per percent
+        mparams.progress_callback = progress = llama_cpp.llama_progress_callback(lambda _done, _data: not cancel.is_set())
         with stdout_to_stderr():
-            model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), model_params(options))
+            model = interruptible(lambda: llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams),
+                                  cancel=cancel, free=llama_cpp.llama_model_free, meanwhile=meanwhile)  # fmt: skip
+        del progress  # kept alive through the load
         if not model:
             raise diagnose_load_failure(log, self.path, "load", log_start)
         self._model = model
@@ -51,8 +62,12 @@ class Model(Vocab):
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
         n_ctx = options.n_ctx or min(self.n_ctx_train or DEFAULT_CTX_CEILING, DEFAULT_CTX_CEILING)
         cparams = context_params(options, n_ctx)
-        with stdout_to_stderr():
-            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        try:
+            with stdout_to_stderr():
+                ctx = interruptible(lambda: llama_cpp.llama_init_from_model(model, cparams), free=llama_cpp.llama_free)
+        except BaseException:
+            self.close()
+            raise
         if not ctx:
             err = diagnose_load_failure(log, self.path, "create a context for", log_start)
             self.close()

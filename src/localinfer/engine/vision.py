@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localinfer.engine.backend import ensure_backend, llama_cpp, stdout_to_stderr
+from localinfer.engine.backend import ensure_backend, interruptible, llama_cpp, stdout_to_stderr
 from localinfer.engine.bindings import mtmd_bindings
 from localinfer.errors import GenerationError, ModelLoadError, UsageError
 
@@ -58,7 +58,7 @@ class Projector:
         params.n_threads = n_threads or model.n_threads_batch
         t0 = time.perf_counter()
         with stdout_to_stderr():
-            ctx = mt.mtmd_init_from_file(str(self.path).encode("utf-8"), model._model, params)
+            ctx = interruptible(lambda: mt.mtmd_init_from_file(str(self.path).encode("utf-8"), model._model, params), free=mt.mtmd_free)
         if not ctx:
             raise _load_error(self.path, model, [t for _, t in log.since(start)] + list(log.lines)[-20:])
         self._ctx = ctx

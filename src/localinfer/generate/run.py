@@ -84,7 +84,7 @@ def load(
     ResourceError when the memory estimate exceeds what is available, unless ``force``.
 
     ``chat``: prompts will go through the chat template (False: plain completions only, `run --raw`),
-    so it is compiled while the model loads (see :func:`_while_loading`).
+    so it is compiled while the model loads. Ctrl-C stops the load (engine.backend.interruptible).
     """
     from localinfer.store import touch
 
@@ -121,9 +121,12 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
         draft, budget = plan_draft(resolved, options, budget, force=force)
     plan = plan_load(resolved.info, options, budget=budget, name=resolved.name, force=force)
     load_options = plan.apply(options)
-    source = resolved.info.chat_template if chat else None  # the text llama.cpp will give (read by the store)
-    warm = (lambda: prepare_template(source)) if source else None
-    model = _while_loading(lambda: Model(resolved.path, load_options), warm)
+    # While llama.cpp loads (releasing the GIL), a helper thread compiles the chat template the first
+    # answer renders: jinja2's import and the cached code, ~20 ms on a 2-core EPYC, beside the load
+    # instead of after it. Not without a core to spare, nor for plain completions: the load's log
+    # lines would only wait for the GIL (~6-9 ms).
+    source = resolved.info.chat_template if chat and _spare_cores() >= 1 else None  # as the store read it
+    model = Model(resolved.path, load_options, meanwhile=(lambda: prepare_template(source)) if source else None)
     if draft is not None:
         draft.attach(model, resolved.name)  # closes the target where the draft cannot be loaded
     template: ChatTemplate | None = None
@@ -147,36 +150,6 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
             model.close()
             raise
     return loaded
-
-
-def _while_loading(load: Callable[[], Model], meanwhile: Callable[[], None] | None) -> Model:
-    """``load()`` on a thread of its own while this one runs ``meanwhile``, Python work the first
-    answer needs anyway (the chat template's jinja2 import and compile: ~20 ms on a 2-core EPYC):
-    llama.cpp's load releases the GIL, so that work is hidden behind it instead of following it.
-    Only with a core to spare; an interrupt waits for the load, as a load on this thread would."""
-    if meanwhile is None or _spare_cores() < 1:
-        return load()
-    import threading
-
-    done: list = []
-
-    def work() -> None:
-        try:
-            done.append(load())
-        except BaseException as exc:  # raised again on this thread
-            done.append(exc)
-
-    worker = threading.Thread(target=work, name="localinfer-load")
-    worker.start()
-    try:
-        meanwhile()
-    except Exception:  # met again where the work is done for real (a broken template: at its render)
-        pass
-    finally:
-        worker.join()
-    if isinstance(done[0], BaseException):
-        raise done[0]
-    return done[0]
 
 
 def _spare_cores() -> int:
