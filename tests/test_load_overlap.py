@@ -25,7 +25,7 @@ def watch(monkeypatch, isolated_home):
     """Where and when the model loads and the template compiles; a spare core whatever this machine has."""
     from localinfer.engine import model as engine_model
     from localinfer.engine import templates
-    from localinfer.generate import run as generate
+    from localinfer.system import hardware
 
     seen: dict = {"compiles": []}
     real_init, real_compile = engine_model.Model.__init__, templates.compile_template
@@ -43,7 +43,7 @@ def watch(monkeypatch, isolated_home):
 
     monkeypatch.setattr(engine_model.Model, "__init__", init)
     monkeypatch.setattr(templates, "compile_template", compile_template)
-    monkeypatch.setattr(generate, "_spare_cores", lambda: 1)
+    monkeypatch.setattr(hardware, "available_cpus", lambda: 2)
     templates._compile.cache_clear()
     return seen
 
@@ -77,11 +77,11 @@ def test_the_template_compiles_on_a_helper_thread_during_the_load(smollm2_path, 
 
 
 def test_plain_completion_and_a_single_core_prepare_nothing_during_the_load(smollm2_path, watch, monkeypatch):
-    from localinfer.generate import run as generate
+    from localinfer.system import hardware
 
     _load(smollm2_path, watch, chat=False).close()  # run --raw: no template to prepare
     assert watch["compiles"] == []
-    monkeypatch.setattr(generate, "_spare_cores", lambda: 0)  # nothing to overlap with
+    monkeypatch.setattr(hardware, "available_cpus", lambda: 1)  # nothing to overlap with
     _load(smollm2_path, watch).close()
     assert watch["compiles"] == []
 

@@ -103,6 +103,7 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
     from localinfer.engine.model import Model
     from localinfer.engine.templates import ChatTemplate, prepare_template
     from localinfer.system.estimate import parse_buffer_report
+    from localinfer.system.hardware import available_cpus
     from localinfer.system.preflight import plan_load
 
     if options.rpc_servers:  # the one registration: the pre-flight plans with the remote devices' memory
@@ -125,7 +126,7 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
     # answer renders: jinja2's import and the cached code, ~20 ms on a 2-core EPYC, beside the load
     # instead of after it. Not without a core to spare, nor for plain completions: the load's log
     # lines would only wait for the GIL (~6-9 ms).
-    source = resolved.info.chat_template if chat and _spare_cores() >= 1 else None  # as the store read it
+    source = resolved.info.chat_template if chat and available_cpus() > 1 else None  # as the store read it
     model = Model(resolved.path, load_options, meanwhile=(lambda: prepare_template(source)) if source else None)
     if draft is not None:
         draft.attach(model, resolved.name)  # closes the target where the draft cannot be loaded
@@ -150,15 +151,6 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
             model.close()
             raise
     return loaded
-
-
-def _spare_cores() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0)) - 1
-    except (AttributeError, OSError):  # not Linux
-        return (os.cpu_count() or 1) - 1
 
 
 def _window(n_ctx: int, asked: int | None) -> str:

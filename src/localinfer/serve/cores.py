@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from localinfer.system.hardware import available_cpus
+
 LOAD_THREADS = 1  # the CPUs a load keeps busy
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity, else the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class Cores:

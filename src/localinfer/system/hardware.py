@@ -103,6 +103,14 @@ def cpu_cores() -> tuple[int | None, int | None]:
     return psutil.cpu_count(logical=False), psutil.cpu_count(logical=True)
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def parse_system_info(text: str) -> dict[str, dict[str, str]]:
     """llama.cpp's ``llama_print_system_info()`` -> {section: {feature: value}}.
 
