@@ -184,15 +184,6 @@ def compile_template(template: str) -> Any:
         ) from None
 
 
-def prepare_template(template: str) -> None:
-    """Compile ``template`` ahead of its first render (while the model loads); silent, since a
-    template that does not compile is refused where it is rendered."""
-    try:
-        compile_template(template)
-    except LocalInferError:
-        pass
-
-
 def render_template(template: str, messages: list[dict[str, Any]], **variables: Any) -> str:
     """``template`` rendered with ``messages`` and ``variables``, within the bounds above."""
     import jinja2

@@ -101,7 +101,7 @@ def load(
 def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget: MemoryBudget | None,
           chat: bool = True) -> LoadedModel:
     from localinfer.engine.model import Model
-    from localinfer.engine.templates import ChatTemplate, prepare_template
+    from localinfer.engine.templates import ChatTemplate, compile_template
     from localinfer.system.estimate import parse_buffer_report
     from localinfer.system.hardware import available_cpus
     from localinfer.system.preflight import plan_load
@@ -124,10 +124,10 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
     load_options = plan.apply(options)
     # While llama.cpp loads (releasing the GIL), a helper thread compiles the chat template the first
     # answer renders: jinja2's import and the cached code, ~20 ms on a 2-core EPYC, beside the load
-    # instead of after it. Not without a core to spare, nor for plain completions: the load's log
-    # lines would only wait for the GIL (~6-9 ms).
+    # instead of after it (a template that does not compile is refused at its render). Not without
+    # a core to spare, nor for plain completions: the load's log lines would only wait for the GIL.
     source = resolved.info.chat_template if chat and available_cpus() > 1 else None  # as the store read it
-    model = Model(resolved.path, load_options, meanwhile=(lambda: prepare_template(source)) if source else None)
+    model = Model(resolved.path, load_options, meanwhile=(lambda: compile_template(source)) if source else None)
     if draft is not None:
         draft.attach(model, resolved.name)  # closes the target where the draft cannot be loaded
     template: ChatTemplate | None = None
