@@ -56,7 +56,7 @@ def _prompt(loaded, n_tokens: int, salt: int) -> str:
 
 def ours(model_path: str, threads: int, parallel: int, ctx_per_seq: int, npp: int, ntg: int, temperature: float) -> dict:
     from localinfer.batch import job as batchjob
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.engine.batch import BatchStats
     from localinfer.engine.types import LoadOptions
     from localinfer.request.sampling import SamplingOptions
@@ -64,7 +64,7 @@ def ours(model_path: str, threads: int, parallel: int, ctx_per_seq: int, npp: in
 
     resolved = resolve_model(model_path)
     base = LoadOptions(n_threads=threads, cpu_repack=False)
-    loaded = generate.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
+    loaded = loading.load(resolved, batchjob.batch_load_options(base, parallel=parallel, ctx_per_seq=ctx_per_seq))
     try:
         items = [
             batchjob.BatchRequest(id=i, line=i + 1, prompt=_prompt(loaded, npp, i), max_tokens=ntg, ignore_eos=True)

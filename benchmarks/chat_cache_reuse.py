@@ -42,7 +42,7 @@ def main() -> int:
     if not os.environ.get("LOCALINFER_HOME"):  # do not touch the user's store for a benchmark
         os.environ["LOCALINFER_HOME"] = tempfile.mkdtemp(prefix="localinfer-bench-")
 
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.chat.settings import ChatSettings
     from localinfer.chat.conversation import Conversation
     from localinfer.engine.types import LoadOptions
@@ -50,7 +50,7 @@ def main() -> int:
     from localinfer.store import resolve_model
 
     resolved = resolve_model(args.model, offline=True)
-    loaded = generate.load(resolved, LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads))
+    loaded = loading.load(resolved, LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads))
     settings = ChatSettings(sampling=SamplingOptions(temperature=0.0), max_tokens=args.answer_tokens)
     conv = Conversation(loaded, system="You are a helpful assistant.", settings=settings)
     model = conv.model

@@ -41,7 +41,7 @@ def main() -> None:
     from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
-    from localinfer.generate.run import load
+    from localinfer.generate.loading import load
     from localinfer.store import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -56,7 +56,7 @@ def _prompts(model, free: bool, raw: bool = False) -> dict[str, list[int]]:
 def engine(args: argparse.Namespace) -> list[str]:
     from draft_vs_plain import default_model
 
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.batch import job as batchjob
     from localinfer.engine.batch import BatchDecoder, SeqJob
     from localinfer.engine.types import LoadOptions
@@ -64,7 +64,7 @@ def engine(args: argparse.Namespace) -> list[str]:
     from localinfer.store import resolve_model
 
     # as `serve -np 4` and `serve -np 4 --draft ngram` load it
-    loads = {draft: generate.load(resolve_model(args.model or default_model()), batchjob.batch_load_options(
+    loads = {draft: loading.load(resolve_model(args.model or default_model()), batchjob.batch_load_options(
         LoadOptions(n_threads=args.threads, draft="ngram" if draft else None), parallel=4, ctx_per_seq=1024))
         for draft in (False, True)}  # fmt: skip
     prompts = _prompts(loads[False].model, args.free, args.raw)

@@ -188,11 +188,11 @@ def main() -> int:
     rows, idle, decodes = [], [], []
     beside = None
     if args.beside:
-        from localinfer.generate import run as generate
+        from localinfer.generate import loading
         from localinfer.store import resolve_model
 
         subprocess.run([sys.executable, "-m", "localinfer", "pull", str(models.smollm2_path()), "--name", "smol"], check=True, capture_output=True)
-        beside = generate.load(resolve_model("smol", offline=True, auto_pull=False), LoadOptions(n_ctx=4096, n_threads=1, n_threads_batch=1)).model
+        beside = loading.load(resolve_model("smol", offline=True, auto_pull=False), LoadOptions(n_ctx=4096, n_threads=1, n_threads_batch=1)).model
     for i in range(args.loads + 1):  # the first load also imports and starts the backend: reported apart
         if rows:  # the same ticker as long as the last load, nothing loading: the machine's own lateness
             quiet = Ticker(slack())

@@ -58,7 +58,8 @@ def main() -> int:
     from localinfer.request import images
     from localinfer.engine.types import LoadOptions
     from localinfer.request.sampling import SamplingOptions
-    from localinfer.generate.run import generate, load
+    from localinfer.generate.loading import load
+    from localinfer.generate.run import generate
     from localinfer.request.request import build
     from localinfer.store.resolve import resolve_model
     import dataclasses

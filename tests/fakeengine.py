@@ -1,6 +1,6 @@
 """A scripted stand-in for the engine's Model, for CLI tests that are not about a model's output
 (simonw/llm's MockModel): tokens are words, the answer and its timings are what the test enqueued,
-and nothing is loaded. ``fake_engine`` puts it where ``generate.load`` finds the Model.
+and nothing is loaded. ``fake_engine`` puts it where ``generate.loading.load`` finds the Model.
 
     def test_x(fake_engine):
         fake_engine.enqueue(["Hello", " world"])

@@ -219,7 +219,7 @@ def test_plain_progress_is_periodic_and_quiet_at_the_end():
 
 def test_a_template_the_sandbox_refuses_fails_the_job_up_front(tmp_path):
     from localinfer.engine.templates import ChatTemplate, TemplateRefusedError
-    from localinfer.generate.run import LoadedModel
+    from localinfer.generate.loading import LoadedModel
 
     marker = tmp_path / "pwned"
     evil = "{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) + "').read() }}"

@@ -15,7 +15,7 @@ from conftest import run_cli
 
 from localinfer.batch import job as batchjob
 
-from localinfer.generate import run as generate
+from localinfer.generate import loading
 from localinfer.batch.io import BatchRequest, InputError
 from localinfer.engine.types import LoadOptions
 from localinfer.request.sampling import SamplingOptions
@@ -36,7 +36,7 @@ PROMPTS = [
 
 def _load(path, parallel, ctx=512):
     resolved = resolve_model(str(path))
-    return generate.load(resolved, batchjob.batch_load_options(LoadOptions(n_threads=1), parallel=parallel, ctx_per_seq=ctx))
+    return loading.load(resolved, batchjob.batch_load_options(LoadOptions(n_threads=1), parallel=parallel, ctx_per_seq=ctx))
 
 
 def _records(stdout: bytes) -> list[dict]:

@@ -107,11 +107,11 @@ def test_parse_messages_accepts_openai_shapes_and_rejects_others():
 
 
 def _conv(smollm2_path, *, n_ctx=1024, system=None, sampling=GREEDY, max_tokens=24, notes=None):
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.store import resolve_model
 
     resolved = resolve_model(str(smollm2_path))
-    loaded = generate.load(resolved, LoadOptions(n_ctx=n_ctx, n_threads=1))
+    loaded = loading.load(resolved, LoadOptions(n_ctx=n_ctx, n_threads=1))
     notify = notes.append if notes is not None else None
     return Conversation(
         loaded, system=system, settings=ChatSettings(sampling=sampling, max_tokens=max_tokens), notify=notify
@@ -429,13 +429,13 @@ def _raised(fn, *args) -> BaseException | None:
 
 @pytest.mark.slow
 def test_switch_model_keeps_the_conversation_and_refuses_a_model_without_template(smollm2_path, gemma_path):
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.store import resolve_model
 
     conv = _conv(smollm2_path, max_tokens=8)
     try:
         conv.ask("Hi", lambda _t: None)
-        gemma = generate.load(resolve_model(str(gemma_path)), LoadOptions(n_ctx=512, n_threads=1))
+        gemma = loading.load(resolve_model(str(gemma_path)), LoadOptions(n_ctx=512, n_threads=1))
         try:
             assert gemma.template is None
             with pytest.raises(UsageError, match="run --raw"):
@@ -445,7 +445,7 @@ def test_switch_model_keeps_the_conversation_and_refuses_a_model_without_templat
         finally:
             gemma.close()
         assert conv.n_ctx == 1024
-        other = generate.load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=512, n_threads=1))
+        other = loading.load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=512, n_threads=1))
         conv.switch_model(other, load_s=0.25)
         assert conv.n_ctx == 512 and len(conv.history) == 2
         r = conv.ask("Again", lambda _t: None)
@@ -497,11 +497,11 @@ def test_a_model_without_template_chats_with_the_registry_chat_format(gemma_path
     """models.toml's chat_format stands in for a missing GGUF template (gemma's own turn format)."""
     from dataclasses import replace
 
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.store import resolve_model
 
     resolved = replace(resolve_model(str(gemma_path)), chat_format="gemma")
-    loaded = generate.load(resolved, LoadOptions(n_ctx=512, n_threads=1))
+    loaded = loading.load(resolved, LoadOptions(n_ctx=512, n_threads=1))
     conv = Conversation(loaded, settings=ChatSettings(sampling=GREEDY, max_tokens=6))
     try:
         assert loaded.template is not None and loaded.template.source == "registry:gemma"

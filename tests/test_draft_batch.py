@@ -38,14 +38,14 @@ TEXTS = {
 
 @pytest.fixture(scope="module")
 def batch_model(smollm2_path):
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.batch import job as batchjob
     from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.types import LoadOptions
     from localinfer.store import resolve_model
 
     options = batchjob.batch_load_options(LoadOptions(n_threads=1), parallel=3, ctx_per_seq=512)
-    loaded = generate.load(resolve_model(str(smollm2_path)), options)
+    loaded = loading.load(resolve_model(str(smollm2_path)), options)
     m = loaded.model
     template = ChatTemplate(source="gguf", template=m.chat_template, bos_text=m.bos_text, eos_text=m.eos_text)
 

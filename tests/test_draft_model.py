@@ -192,7 +192,7 @@ KEPT = 0.75
 
 @pytest.fixture(scope="module")
 def by_model(smollm2_path):
-    from localinfer.generate.run import load
+    from localinfer.generate.loading import load
     from localinfer.store import resolve_model
 
     loaded = load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=2048, n_threads=1, draft_model=str(smollm2_path), draft_max=6))
@@ -226,7 +226,7 @@ def test_draft_model_sampling_is_reproduced_by_a_seed(by_model, models):
 
 def test_a_draft_model_of_another_vocabulary_is_refused_in_one_line(smollm2_path, gemma_path):
     from localinfer.errors import UsageError
-    from localinfer.generate.run import load
+    from localinfer.generate.loading import load
     from localinfer.store import resolve_model
 
     with pytest.raises(UsageError) as e:

@@ -1,4 +1,4 @@
-"""The one loader (generate.run.load) compiles the chat template while llama.cpp loads the model:
+"""The one loader (generate.loading.load) compiles the chat template while llama.cpp loads the model:
 the jinja2 import and compile are no longer paid after the load, on the way to the first token.
 And Ctrl-C during a load stops it (it was dropped inside llama.cpp's log callback)."""
 
@@ -50,7 +50,7 @@ def watch(monkeypatch, isolated_home):
 
 def _load(path, watch, **kw):
     from localinfer.engine import templates
-    from localinfer.generate.run import load
+    from localinfer.generate.loading import load
     from localinfer.store import resolve_model
 
     resolved = resolve_model(str(path), offline=True)  # a path's first use checks its template: not counted

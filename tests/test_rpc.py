@@ -117,13 +117,13 @@ def test_the_cli_validates_rpc_and_names_the_build_flag(smollm2_path):
 
 @pytest.mark.slow
 def test_a_load_registers_its_rpc_servers_once(smollm2_path, monkeypatch):
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.engine.types import LoadOptions
     from localinfer.store import resolve_model
 
     calls: list[tuple[str, ...]] = []
     monkeypatch.setattr(rpc, "add_servers", lambda endpoints: calls.append(tuple(endpoints)) or [])
-    loaded = generate.load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=256, rpc_servers=("10.0.0.2:50052",)))
+    loaded = loading.load(resolve_model(str(smollm2_path)), LoadOptions(n_ctx=256, rpc_servers=("10.0.0.2:50052",)))
     try:
         assert calls == [("10.0.0.2:50052",)]  # before the pre-flight, which plans with their memory; not again
     finally:

@@ -411,12 +411,12 @@ def test_greedy_output_equals_run(server, smollm2_path):
 
 # -- the engine underneath: prefix reuse and cancellation ------------------------------------------------------
 def _loaded(path: Path, parallel: int, ctx: int) -> Any:
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.batch import job as batchjob
     from localinfer.engine.types import LoadOptions
     from localinfer.store import resolve_model
 
-    return generate.load(resolve_model(str(path)), batchjob.batch_load_options(LoadOptions(n_threads=2), parallel=parallel, ctx_per_seq=ctx))
+    return loading.load(resolve_model(str(path)), batchjob.batch_load_options(LoadOptions(n_threads=2), parallel=parallel, ctx_per_seq=ctx))
 
 
 def test_a_reused_prefix_gives_the_answer_a_fresh_cache_gives(smollm2_path):

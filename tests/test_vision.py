@@ -83,7 +83,7 @@ def test_the_memory_preflight_counts_the_projector():
 @pytest.fixture(scope="module")
 def vision(smollm2_path, projector_file):
     from localinfer.engine.types import LoadOptions
-    from localinfer.generate.run import load
+    from localinfer.generate.loading import load
     from localinfer.store.resolve import resolve_model
 
     resolved = dataclasses.replace(resolve_model(str(smollm2_path)), mmproj=projector_file)

@@ -27,7 +27,7 @@ PATIENCE_S = 60.0  # how long a wrapped encode waits for what the test expects b
 @pytest.fixture(scope="module")
 def loaded(smollm2_path, tmp_path_factory):
     from localinfer.engine.types import LoadOptions
-    from localinfer.generate.run import load
+    from localinfer.generate.loading import load
     from localinfer.store.resolve import resolve_model
 
     projector = write_projector(tmp_path_factory.mktemp("projector") / "mmproj-test.gguf")
@@ -178,7 +178,7 @@ def qwen(smollm2_path, tmp_path_factory):
     """SmolLM2 as a ``qwen2vl`` text model with a Qwen2-VL (M-RoPE) projector: an image of 3 x 3
     merged patches is 9 tokens but 3 positions (libmtmd's ``max(rows, columns)``)."""
     from localinfer.engine.types import LoadOptions
-    from localinfer.generate.run import load
+    from localinfer.generate.loading import load
     from localinfer.store.resolve import resolve_model
 
     tmp = tmp_path_factory.mktemp("qwen2vl")

@@ -187,6 +187,6 @@ def load(
 def load_resolved(
     resolved: ResolvedModel, options: LoadOptions, *, force: bool = False, on_note: Callable[[str], None] | None = None
 ) -> Model:
-    from localinfer.generate.run import load as load_model
+    from localinfer.generate.loading import load as load_model
 
     return Model(load_model(resolved, options, force=force, on_note=on_note))

@@ -128,11 +128,11 @@ def load(
     chat_only: bool = False,
     chat: bool = True,
 ) -> LocalBackend:
-    """The engine here: pre-flight and load ``resolved`` (``generate.load``, the one loader).
+    """The engine here: pre-flight and load ``resolved`` (``generate.loading.load``, the one loader).
     ``chat_only``: refuse a model that cannot chat, before loading it when the GGUF says so.
     ``chat``: False where only plain completions will be asked (the template is not prepared)."""
     from localinfer.backends.local import LocalBackend
-    from localinfer.generate.run import load as load_model
+    from localinfer.generate.loading import load as load_model
 
     if chat_only and not (resolved.info.chat_template or resolved.chat_format):
         raise no_template_error(resolved.name)  # before spending time loading it

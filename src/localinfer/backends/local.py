@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from localinfer.engine.embed import Embedder
     from localinfer.engine.batch import SeqResult
     from localinfer.generate.finish import Finish
-    from localinfer.generate.run import LoadedModel
+    from localinfer.generate.loading import LoadedModel
     from localinfer.request.request import Request
 
 

@@ -2,14 +2,14 @@
 
 Core API (plain values; `bench --parallel` uses it too)::
 
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.batch import job as batchjob
     from localinfer.engine.batch import BatchStats
 
     items = batchjob.parse_input(text, fmt="auto")          # -> [BatchRequest | InputError, ...]
     #   or build them: batchjob.BatchRequest(id="a", line=1, prompt="Hi", max_tokens=64, ignore_eos=True)
     opts = batchjob.batch_load_options(load_opts, parallel=8, ctx_per_seq=512)
-    loaded = generate.load(resolved, opts)                 # one context, 8 sequences of 512 tokens
+    loaded = loading.load(resolved, opts)                 # one context, 8 sequences of 512 tokens
     stats = BatchStats()                                    # optional: aggregate figures (S_TG-like)
     for result in batchjob.run_batch(items, loaded, parallel=8, defaults=batchjob.BatchDefaults(), stats=stats):
         result.to_json()                                    # id, text, finish_reason, usage, timings | error
@@ -39,7 +39,7 @@ from localinfer.errors import UsageError
 if TYPE_CHECKING:
     from localinfer.backends import Backend
     from localinfer.engine.batch import BatchStats
-    from localinfer.generate.run import LoadedModel
+    from localinfer.generate.loading import LoadedModel
     from localinfer.request.request import Request
     from localinfer.store import ResolvedModel
 

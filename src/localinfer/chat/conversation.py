@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from localinfer.answer.answer import Answer
     from localinfer.backends import Backend
     from localinfer.engine.templates import ChatPrompt
-    from localinfer.generate.run import LoadedModel
+    from localinfer.generate.loading import LoadedModel
 
     Result = Answer
 

@@ -110,7 +110,7 @@ Overflow = choices("Overflow", "error", "truncate")  # --on-overflow: a prompt t
 
 def parse_gpu_layers(value: str, *, probe: bool = True) -> int:
     """auto | all | N -> LoadOptions.n_gpu_layers (-1 = all; auto = GPU_LAYERS_AUTO, which the
-    pre-flight in generate.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
+    pre-flight in generate.loading.load() turns into the layers that fit in free VRAM, 0 on a CPU-only build;
     the engine alone reads any negative value as all). ``probe=False``: auto stays GPU_LAYERS_AUTO
     without asking llama.cpp (a resident server's pre-flight resolves it; the client imports no llama_cpp)."""
     v = value.strip().lower()

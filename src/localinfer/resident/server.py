@@ -264,7 +264,7 @@ def _default_ctx(resolved: Any) -> int:
 
 def _load_model(resolved: Any, want: Want, *, default_ctx: bool, force: bool) -> Any:
     """The model as ``run`` (one sequence, its -c or the default context) or ``batch`` loads it."""
-    from localinfer.generate import run as generate
+    from localinfer.generate import loading
     from localinfer.batch import job as batchjob
     from localinfer.engine.types import LoadOptions
 
@@ -273,7 +273,7 @@ def _load_model(resolved: Any, want: Want, *, default_ctx: bool, force: bool) ->
         options = base  # the pre-flight sizes the context exactly as a local run's
     else:
         options = batchjob.batch_load_options(base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
-    loaded = generate.load(resolved, options, force=force)
+    loaded = loading.load(resolved, options, force=force)
     try:
         batchjob.check_template(loaded)
     except BaseException:
@@ -387,6 +387,7 @@ def _warm() -> None:
     with contextlib.suppress(Exception):
         import localinfer.batch.job
         import localinfer.engine.model  # llama_cpp
+        import localinfer.generate.loading
         import localinfer.generate.run
         import localinfer.serve.app
         import localinfer.store  # noqa: F401

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
     from localinfer.engine.embed import Embedder
     from localinfer.generate.finish import Finish, Step
-    from localinfer.generate.run import LoadedModel
+    from localinfer.generate.loading import LoadedModel
 
 __all__ = ["EmbedOutcome", "EmbedTicket", "Engine", "Outcome", "Overloaded", "Prepared", "Ticket"]
 

@@ -162,12 +162,12 @@ class Served:
     def _make(self, resolved: ResolvedModel, name: str, want: Any) -> Model:
         """Load a model and start its engine (on the router's thread), as `serve -m` does."""
         from localinfer.batch import job as batchjob
-        from localinfer.generate import run as generate
+        from localinfer.generate import loading
 
         options = batchjob.batch_load_options(self.base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
         t0 = time.perf_counter()
         with self.cores.loading():
-            return self._started(resolved, name, want, generate.load(resolved, options, force=self.force), t0)
+            return self._started(resolved, name, want, loading.load(resolved, options, force=self.force), t0)
 
     def _started(self, resolved: ResolvedModel, name: str, want: Any, loaded: Any, t0: float) -> Model:
         """Check the template and start the model's engine (its threads kept by ``self.cores``)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from localinfer.generate.run import LoadedModel
+    from localinfer.generate.loading import LoadedModel
     from localinfer.gguf import GGUFInfo
 
 FOREVER = "2318-01-01T00:00:00Z"  # /api/ps: a loaded model stays until the server stops (Ollama's keep_alive: -1)

@@ -14,7 +14,7 @@ from localinfer.errors import ContextOverflowError, UsageError
 from localinfer.serve.protocol import ApiError, Envelope
 
 if TYPE_CHECKING:
-    from localinfer.generate.run import LoadedModel
+    from localinfer.generate.loading import LoadedModel
     from localinfer.request.request import Request
     from localinfer.request.reasoning import Splitter
     from localinfer.request.toolcalls.plan import ToolPlan

@@ -60,14 +60,14 @@ class _Loader:
         self.on_failure: Callable[[], None] = lambda: None
 
     def _run(self) -> None:
-        from localinfer.generate import run as generate
+        from localinfer.generate import loading
         from localinfer.batch import job as batchjob
         from localinfer.serve.engine import Engine
 
         state, config = self.state, self.state.config
         try:
             t0 = time.perf_counter()
-            loaded = generate.load(self.resolved, self.options, force=self.force)
+            loaded = loading.load(self.resolved, self.options, force=self.force)
             batchjob.check_template(loaded)  # a template the sandbox refuses fails now, not per request
             if self.stopping:
                 loaded.close()
