@@ -537,3 +537,31 @@ def test_serve_stays_healthy_under_a_100mb_head_and_1000_half_open_connections(s
     assert closed == HALF_OPEN
     assert lat[-1] < 1.0
     assert peak - rss0 < 50 * mb and rss1 - rss0 < 50 * mb
+
+
+# -- numbers JSON does not have: Python's json reads NaN, Infinity and 1e999 -----------------------------
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e999"])
+@pytest.mark.parametrize("path, body, field", [
+    ("/api/chat", '{"model": "m", "messages": [], "keep_alive": %s}', "'keep_alive'"),
+    ("/api/generate", '{"model": "m", "prompt": "x", "options": {"temperature": %s}}', "'options.temperature'"),
+    ("/api/generate", '{"model": "m", "prompt": "x", "extra": [1, {"x": %s}]}', "'extra[1].x'"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "temperature": %s}', "'temperature'"),
+    ("/v1/completions", '{"prompt": "x", "top_p": %s}', "'top_p'"),
+    ("/v1/messages", '{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "temperature": %s}', "'temperature'"),
+    ("/v1/responses", '{"input": "hi", "temperature": %s}', "'temperature'"),
+    ("/v1/embeddings", '{"input": "hi", "dimensions": %s}', "'dimensions'"),
+])  # fmt: skip
+def test_a_non_finite_number_in_any_body_is_a_400_naming_it(path, body, field, number):
+    # keep_alive NaN was taken: /api/ps then answered 500 ("Out of range float values") until it changed
+    prepared: list[Any] = []
+
+    class Engine(FakeEngine):
+        def prepare(self, request: Any) -> Any:
+            prepared.append(request)
+            return super().prepare(request)
+
+    status, _, data = call(_state(Engine()), "POST", path, raw=(body % number).encode())
+    assert status == 400, (status, data)
+    assert field in data.decode() and "number" in data.decode() and ("NaN" in data.decode() or "infinity" in data.decode())
+    assert not prepared, "nothing reached the engine"
+

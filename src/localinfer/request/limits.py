@@ -5,6 +5,7 @@ with one line rather than a RecursionError (docs/security.md)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from typing import IO, Any
@@ -59,6 +60,19 @@ def loads(text: str | bytes, where: str) -> Any:
         from localinfer.request.rules import int_digits_limit
 
         raise ValueError(f"{where} has an integer longer than {int_digits_limit()} digits") from None
+
+
+def non_finite(data: Any, at: str = "") -> Iterator[tuple[str, float]]:
+    """Each NaN or infinite number in ``data`` (Python's json reads ``NaN``, ``Infinity`` and
+    ``1e999``; JSON has no such numbers) and where it is (``options.temperature``)."""
+    if isinstance(data, float):
+        if not math.isfinite(data):
+            yield at, data
+        return
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        if isinstance(value, (dict, list, float)):
+            yield from non_finite(value, f"{at}[{key}]" if isinstance(key, int) else f"{at}.{key}" if at else str(key))
 
 
 def require_text(data: Any, raw: str | bytes) -> None:

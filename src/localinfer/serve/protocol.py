@@ -16,7 +16,7 @@ from typing import Any
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
-from localinfer.request.limits import NotText, loads, require_text
+from localinfer.request.limits import NotText, loads, non_finite, require_text
 from localinfer.request.request import Request
 
 MAX_STOPS = rules.MAX_STOPS
@@ -219,6 +219,14 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {rules.shown(body)}", code="invalid_json")
+    for field, value in non_finite(body):  # a keep_alive of NaN never expired; /api/ps could not be written
+        try:
+            if field in rules.RULES:  # its own rule's verdict and message, as batch lines and /set give it
+                rules.check(field, value)  # repeat_penalty takes infinity
+                continue
+            raise rules.RuleError(field, f"must be a finite number, not {rules.shown(value)}")
+        except rules.RuleError as exc:
+            raise _bad(exc.field, str(exc), exc.code) from None
     return body
 
 
