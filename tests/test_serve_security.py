@@ -565,3 +565,29 @@ def test_a_non_finite_number_in_any_body_is_a_400_naming_it(path, body, field, n
     assert field in data.decode() and "number" in data.decode() and ("NaN" in data.decode() or "infinity" in data.decode())
     assert not prepared, "nothing reached the engine"
 
+
+# -- a keyword's value of the wrong kind: a dict or list where a name goes was a TypeError, a 500 -------
+_OBJ = {"type": "object", "properties": {"a": {"type": {}}}}
+_FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "format": []}}}}}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _OBJ}}}),
+    ("/v1/chat/completions", {"messages": HI, "response_format": {"type": {}}}),
+    ("/v1/chat/completions", {"messages": HI, "tools": [_FN]}),
+    ("/v1/chat/completions", {"messages": HI, "tools": [{"type": {}, "function": {"name": "f"}}]}),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": [], "name": "f"}]}),
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": {}}}}),
+    ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": HI, "tools": [{"name": "f", "input_schema": {"type": {}}}]}),
+    ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": HI, "tool_choice": {"type": {}}}),
+    ("/api/chat", {"model": "m", "messages": HI, "format": {"type": {}}}),
+    ("/api/generate", {"model": "m", "prompt": "x", "format": {"type": {}}}),
+    ("/api/generate", {"model": "m", "prompt": "x", "format": []}),
+    ("/api/chat", {"model": "m", "messages": HI, "tools": [{"type": [], "function": {"name": "f"}}]}),
+])  # fmt: skip
+def test_an_unhashable_keyword_value_is_a_400_not_a_500(path, body):
+    engine = FakeEngine()
+    engine.loaded = SimpleNamespace(template=SimpleNamespace(template="{{ messages }}"))  # Ollama's routes read it
+    status, _, data = call(_state(engine), "POST", path, body)
+    assert status == 400, (status, data)
+    assert b"internal" not in data and b"TypeError" not in data

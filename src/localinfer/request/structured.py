@@ -277,7 +277,7 @@ class _Checker:
         if t is not None:
             names = t if isinstance(t, list) else [t]
             for n in names:
-                if n not in TYPES:
+                if not isinstance(n, str) or n not in TYPES:  # a str first: {} or [] is unhashable
                     raise FormatError(f"{at}: unknown type {n!r}")
         for key in ("properties", "$defs", "definitions"):
             if key in s and not isinstance(s[key], Mapping):
@@ -307,7 +307,7 @@ class _Checker:
         if "pattern" in s:
             self._pattern(s["pattern"], at)
         fmt = s.get("format")
-        if fmt is not None and fmt not in FORMATS:
+        if fmt is not None and (not isinstance(fmt, str) or fmt not in FORMATS):
             raise FormatError(f"{at}: format {fmt!r} is not supported (supported: {', '.join(sorted(FORMATS))})")
 
     def _pattern(self, p: Any, at: str) -> None:

@@ -141,7 +141,7 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
     fns = []
     for i, t in enumerate(given or ()):
         kind = t.get("type") if isinstance(t, dict) else None
-        if kind in _HOSTED:
+        if isinstance(kind, str) and kind in _HOSTED:  # a str first: [] is unhashable
             continue
         if kind != "function":
             raise _bad(f"tools[{i}].type", f"{rules.shown(kind)} tools are not supported by this server (function tools only)")
