@@ -154,8 +154,9 @@ def test_plan_is_made_only_for_requests_with_tools():
 @pytest.mark.parametrize(("tools", "choice", "problem"), [
     ([{"type": "function", "function": {"name": "bad name"}}], None, "'tools[0].function.name' must be 1 to 64"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strang"}}}}}],
-     None, "'tools[0].function.parameters' is not a schema we can enforce"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "if": {}}}}], None, "'if' is not supported"),
+     None, "'tools[0].function.parameters' is not a valid schema: #/properties/a: unknown type 'strang'"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": -1, "required": "a"}}}],
+     None, "'tools[0].function.parameters' is not a valid schema: #: 'required' must be a list"),
     ([WEATHER, WEATHER], None, "repeats the name 'get_weather'"),
     ([{"type": "retrieval"}], None, "'tools[0].type' must be 'function'"),
     ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "names 'nope', which is not one of the tools"),

@@ -51,3 +51,27 @@ def test_batch_lines_with_tools_answer_with_calls(smollm2_path, tmp_path):
     jsonschema.validate(json.loads(c["function"]["arguments"]), PARAMS)
     assert "tool_calls" not in by_id["text"] and by_id["text"]["text"]
     assert "names 'sub', which is not one of the tools" in by_id["bad"]["error"]
+
+
+def test_a_tool_with_keywords_the_constraint_leaves_out_is_called_on_the_real_model(smollm2_path):
+    # Claude Code's shapes: propertyNames, format "uri", a local $ref (relative to the tool's own root,
+    # which the answer's schema holds under its $defs) and if/then
+    edit = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 20}}, "required": ["path"]}
+    params = {"type": "object", "properties": {
+        "url": {"type": "string", "format": "uri", "maxLength": 30},
+        "env": {"type": "object", "propertyNames": {"pattern": "^[A-Z]+$"}, "maxProperties": 2},
+        "edits": {"type": "array", "items": {"$ref": "#/$defs/edit"}, "minItems": 1, "maxItems": 2}},
+        "required": ["url", "edits"], "$defs": {"edit": edit}, "if": {"required": ["env"]}, "then": {}}  # fmt: skip
+    tool = {"type": "function", "function": {"name": "fetch", "description": "Fetch a URL", "parameters": params}}
+    import localinfer
+
+    with localinfer.load(str(smollm2_path), n_ctx=1024, n_threads=2) as model:
+        r = model.chat([{"role": "user", "content": "Fetch https://example.com"}], tools=[tool, ADD],
+                       tool_choice={"type": "function", "function": {"name": "fetch"}}, parallel_tool_calls=False,
+                       temperature=0, max_tokens=96)  # fmt: skip
+    assert r.tool_calls and r.finish_reason == "tool_calls"
+    for call in r.tool_calls:
+        args = json.loads(call.arguments)
+        assert call.name == "fetch"
+        jsonschema.validate(args, {**params, "if": {}, "then": {}, "properties": {**params["properties"], "url": {"type": "string"}}})
+        assert all(len(e["path"]) <= 20 for e in args["edits"]), "the $ref'd schema is enforced"

@@ -167,8 +167,8 @@ def _tools(body: dict[str, Any]) -> tuple[tuple, Any, bool]:
             raise _bad(f"tools[{i}].type", f"{rules.shown(t.get('type') if isinstance(t, dict) else t)} is not supported "
                                            "(server tools are Anthropic's own): give name, description, input_schema")  # fmt: skip
         fns.append({k: v for k, v in (("name", t.get("name")), ("description", t.get("description")),
-                                      ("parameters", t.get("input_schema"))) if v is not None})  # fmt: skip
-    offered = spec.tools("tools", fns, spec.check_schema) if fns else ()
+                                      ("input_schema", t.get("input_schema"))) if v is not None})  # fmt: skip
+    offered = spec.tools("tools", fns, spec.check_schema, schema_key="input_schema") if fns else ()
     choice = body.get("tool_choice")
     if choice is None:
         return offered, None, True

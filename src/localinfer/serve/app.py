@@ -31,7 +31,7 @@ from localinfer.serve.guard import Guard, allowed_names, error_body
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
 from localinfer.serve.responses import Answer, dumps
-from localinfer.serve.sending import STATUS_KEY, AnswerResponse, submit
+from localinfer.serve.sending import STATUS_KEY, AnswerResponse, call_checker, submit, unenforced
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome, Ticket
@@ -53,6 +53,8 @@ class ServerState:
     hub: Hub | None = None
     created: int = 0
     router: Served | None = None  # multi.Served: every installed model, on demand (``engine`` stays None)
+    say: Callable[[str], None] = field(default=lambda message: None, repr=False)  # serve's log (stderr)
+    told: set[tuple[str, ...]] = field(default_factory=set, repr=False)  # tool keywords the log has named
 
     def gauges(self) -> Gauges:
         if self.router is not None:
@@ -259,6 +261,7 @@ async def responses(request: Request) -> Response:
 async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = False) -> tuple[Ticket, Channel[Outcome], str, Any]:
     """Prepare a request off the loop and queue it: its ticket, the channel its answer comes by, how it
     streams (``submit``'s mode) and what was prepared. Every generating route's (``Overloaded``, ``ApiError``)."""
+    _tell_unenforced(state, req.request)
     with engine.arriving():
         prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
         prepared = await run_in_threadpool(prepare)
@@ -266,6 +269,14 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
         channel: Channel[Outcome] = Channel(state.hub)
         ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)
     return ticket, channel, mode, prepared
+
+
+def _tell_unenforced(state: ServerState, request: Any) -> None:
+    """Said once per server for each set of tools (an agent resends its tools every turn)."""
+    left = unenforced(request)
+    if left and left not in state.told and len(state.told) < 256:
+        state.told.add(left)
+        state.say(f"tools: not enforced, described to the model only: {'; '.join(left)[:2000]}")
 
 
 def _wire_error(wire: Wire, exc: ApiError) -> JSONResponse:
@@ -309,7 +320,7 @@ async def answer(request: Request, wire: Wire) -> Response:
     except ApiError as exc:
         return _wire_error(wire, exc)
     writer = wire.writer(name, req, prepared)
-    return AnswerResponse(ticket, channel, writer, mode, wire.error)
+    return AnswerResponse(ticket, channel, writer, mode, wire.error, unenforced(req.request), call_checker(req.request, state.say))
 
 
 async def embeddings(request: Request) -> Response:

@@ -24,6 +24,7 @@ from localinfer.serve import ollama_wire as wire
 from localinfer.serve.engine import Overloaded
 from localinfer.serve.ollama_wire import bad, ns
 from localinfer.serve.protocol import ApiError, parse_body
+from localinfer.serve.sending import call_checker, unenforced
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine
@@ -222,7 +223,8 @@ async def _answer(ask: Ask, kind: str) -> Response:
     if asked.think and "thinking" not in om.capabilities(template.template if template else None, None):
         raise ApiError(400, f"'think': {name} does not support thinking (its template writes no reasoning markers)", param="think")
     ticket, channel, mode, _ = await ask.shared.queue(state, engine, asked.request)
-    return ask.shared.respond(ticket, channel, writer, mode, wire.error_body)
+    core = asked.request.request
+    return ask.shared.respond(ticket, channel, writer, mode, wire.error_body, unenforced(core), call_checker(core, state.say))
 
 
 # -- embeddings ---------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
     given = body.get("tools")
     if given is not None and not isinstance(given, list):
         raise _bad("tools", "must be a list of tools", "invalid_type")
-    fns = []
+    fns, positions = [], []
     for i, t in enumerate(given or ()):
         kind = t.get("type") if isinstance(t, dict) else None
         if isinstance(kind, str) and kind in _HOSTED:  # a str first: [] is unhashable
@@ -146,7 +146,8 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
         if kind != "function":
             raise _bad(f"tools[{i}].type", f"{rules.shown(kind)} tools are not supported by this server (function tools only)")
         fns.append({k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None})
-    offered = spec.tools("tools", fns, spec.check_schema) if fns else ()
+        positions.append(i)
+    offered = spec.tools("tools", fns, spec.check_schema, positions=positions) if fns else ()
     out: dict[str, Any] = {"tools": offered}
     choice = body.get("tool_choice")
     if choice is not None and (offered or choice != "auto"):  # Codex sends "auto" with hosted tools only

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
 KEEPALIVE_S = 10.0  # between keep-alive events while a stream waits for its first piece
+UNENFORCED_HEADER = b"x-localinfer-unenforced"  # docs/tools.md: the tools' keywords the constraint left out
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -40,6 +41,30 @@ def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: boo
     return engine.submit(prepared, None, channel.close, on_steps=channel.push_steps), "steps"
 
 
+def unenforced(request: Any) -> tuple[str, ...]:
+    """The tools' keywords described to the model but not enforced (request.toolcalls.enforce)."""
+    return tuple(u for t in getattr(request, "tools", None) or () for u in t.unenforced)
+
+
+def call_checker(request: Any, say: Callable[[str], None]) -> Callable[[Outcome], None] | None:
+    """Checks an answer's calls against their tools' whole schemas where the constraint left some of
+    it out (request.toolcalls.enforce): a call that breaks it is said in the log. None: nothing to check."""
+    tools = {t.name: t for t in getattr(request, "tools", None) or () if t.unenforced}
+    if not tools:
+        return None
+
+    def check(outcome: Outcome) -> None:
+        from localinfer.request.toolcalls.enforce import violation
+
+        for call in outcome.tool_calls:
+            tool = tools.get(call.name)
+            why = violation(tool.parameters, call.arguments) if tool is not None else None
+            if why:
+                say(f"tools: a call of {call.name} breaks its schema where it is not enforced: {why}")
+
+    return check
+
+
 class AnswerResponse(Response):
     """Sends one engine answer - SSE events as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once).
@@ -51,8 +76,12 @@ class AnswerResponse(Response):
     (``__call__``) and never renders a body of its own."""
 
     def __init__(self, ticket: Ticket, channel: Channel[Outcome], writer: Any, mode: str,
-                 error: Callable[[ApiError], dict[str, Any]] = ApiError.body) -> None:  # fmt: skip
+                 error: Callable[[ApiError], dict[str, Any]] = ApiError.body, notes: tuple[str, ...] = (),
+                 on_end: Callable[[Outcome], None] | None = None) -> None:  # fmt: skip
         self.ticket, self.channel, self.writer, self.mode, self.error = ticket, channel, writer, mode, error  # mode: app.submit's
+        # the answer's metadata on every wire alike: what of the tools' schemas was described, not enforced
+        self.notes = [(UNENFORCED_HEADER, "; ".join(notes)[:4000].encode("ascii", "backslashreplace"))] if notes else []
+        self.on_end = on_end  # told the outcome before it is sent (app.call_checker)
         self.stream = mode != "whole"
         self.gone = False
         self.ended = False  # the engine's outcome arrived
@@ -77,7 +106,7 @@ class AnswerResponse(Response):
 
     async def _send_stream(self, send: Callable) -> int:
         writer = self.writer
-        await send({"type": "http.response.start", "status": 200, "headers": getattr(writer, "stream_headers", SSE_HEADERS)})
+        await send({"type": "http.response.start", "status": 200, "headers": [*getattr(writer, "stream_headers", SSE_HEADERS), *self.notes]})
         head = writer.head(self.mode)
         if head:
             await send({"type": "http.response.body", "body": head, "more_body": True})
@@ -98,6 +127,8 @@ class AnswerResponse(Response):
                 return 499
             if end is not None:
                 self.ended = True
+                if self.on_end is not None:
+                    self.on_end(end)
                 failed = end.error is not None or end.finish_reason == "interrupted"
                 body += writer.stream_error(_outcome_error(end)) if failed else writer.tail(end)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -122,12 +153,14 @@ class AnswerResponse(Response):
             if self.gone:
                 return 499
         self.ended = True
+        if self.on_end is not None:
+            self.on_end(end)
         if end.error is not None or end.finish_reason == "interrupted":
             exc = _outcome_error(end)
             await JSONResponse(self.error(exc), status_code=exc.status, headers=exc.headers)({"type": "http"}, _no_receive, send)
             return exc.status
         body = dumps(self.writer.whole(end)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *self.notes]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         return 200

@@ -161,7 +161,7 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
     sock = listen(config.host, config.port)
     host, port = sock.getsockname()[:2]
     names = tuple(dict.fromkeys(n for n in (alias, resolved.name, Path(resolved.path).name) if n))
-    state = ServerState(config, names, created=int(time.time()))
+    state = ServerState(config, names, created=int(time.time()), say=say)
     writer = UsageWriter(resolved, names[0], config.parallel, warn=say) if logging_enabled(config.no_log) else None
     loader = _Loader(state, resolved, options, force=force, writer=writer, say=say)
     server = _Server(http_config(create_app(state), config, say, state.metrics), state, loader, say)
@@ -218,7 +218,7 @@ def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say 
     say = say or _say
     sock = listen(config.host, config.port)
     host, port = sock.getsockname()[:2]
-    state = ServerState(config, (), created=int(time.time()), router=served)
+    state = ServerState(config, (), created=int(time.time()), router=served, say=say)
     served.metrics, served.say, served.router.say = state.metrics, say, say
     loader = _Preload(preload)
     server = _ManyServer(http_config(create_app(state), config, say, state.metrics), state, loader, say)

@@ -55,21 +55,47 @@ def detect(template: str | None) -> Family:
 
 
 # -- what a forced call must be: a JSON schema for the constraint ---------------------------------------
-def _call_schema(tool: Tool, args_key: str) -> dict[str, Any]:
+def _call_schema(tool: Tool, args_key: str, defs: dict[str, Any]) -> dict[str, Any]:
     # "name" first: the parser streams a call once its name is known (a grammar keeps this order)
-    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: tool.schema},
+    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: _placed(tool, defs)},
             "required": ["name", args_key], "additionalProperties": False}  # fmt: skip
 
 
-def _calls_schema(tools: tuple[Tool, ...], choice: ToolChoice, args_key: str) -> dict[str, Any]:
+def _calls_schema(tools: tuple[Tool, ...], choice: ToolChoice, args_key: str, defs: dict[str, Any]) -> dict[str, Any]:
     chosen = [t for t in tools if choice.name is None or t.name == choice.name]
-    schemas = [_call_schema(t, args_key) for t in chosen]
+    schemas = [_call_schema(t, args_key, defs) for t in chosen]
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _placed(tool: Tool, defs: dict[str, Any]) -> Any:
+    """A tool's schema where the answer's schema holds it: one with local ``$ref``s (relative to the
+    tool's own root) moves to the root's ``$defs`` under the tool's name, its refs rewritten to point
+    there, and is referred to."""
+    own = tool.schema
+    if '"$ref"' not in json.dumps(own):
+        return own
+    key = f"tool:{tool.name}"  # a name has no '/' or '~' (spec._NAME): a safe JSON-pointer part
+    defs[key] = _rebased(own, f"#/$defs/{key}")
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def _rebased(node: Any, base: str) -> Any:
+    if isinstance(node, dict):
+        return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebased(v, base))
+                for k, v in node.items()}  # fmt: skip
+    if isinstance(node, list):
+        return [_rebased(v, base) for v in node]
+    return node
 
 
 def schema(family: Family, tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool) -> dict[str, Any]:
     """What the answer (after ``family.opening``, or after a ``start`` marker when lazy) must be."""
-    call = _calls_schema(tools, choice, family.args_key)
+    defs: dict[str, Any] = {}
+    answer = _answer_schema(family, _calls_schema(tools, choice, family.args_key, defs), choice, parallel)
+    return {**answer, "$defs": defs} if defs else answer
+
+
+def _answer_schema(family: Family, call: dict[str, Any], choice: ToolChoice, parallel: bool) -> dict[str, Any]:
     if family.name == "generic":
         array = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
         calls = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"], "additionalProperties": False}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from localinfer.errors import UsageError
@@ -23,6 +23,10 @@ class Tool:
     name: str
     description: str = ""
     parameters: Any = None  # a dict; None: takes any object
+    # What the constraint holds a call to (``parameters`` less what it cannot enforce: toolcalls.enforce),
+    # and where each left-out keyword was; None: ``parameters`` whole.
+    enforced: Any = field(default=None, compare=False, repr=False)
+    unenforced: tuple[str, ...] = field(default=(), compare=False)
 
     def to_openai(self) -> dict[str, Any]:
         """As the chat templates read it (transformers passes ``tools`` in this shape; the description
@@ -36,7 +40,8 @@ class Tool:
         """The arguments' schema, as a constraint enforces it: an object with declared properties and
         no word on others takes only those (OpenAI's strict calls; a small model otherwise invents
         keys until its token limit cuts the call short)."""
-        params = self.parameters if self.parameters is not None else {"type": "object"}
+        given = self.enforced if self.enforced is not None else self.parameters
+        params = given if given is not None else {"type": "object"}
         if "properties" in params and "additionalProperties" not in params:
             return {**params, "additionalProperties": False}
         return params
@@ -73,16 +78,20 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def tools(field: str, value: Any, check_schema: Any = None) -> tuple[Tool, ...]:
+def tools(field: str, value: Any, check_schema: Any = None, *, schema_key: str = "parameters",
+          positions: Sequence[int] | None = None) -> tuple[Tool, ...]:  # fmt: skip
     """``value``: OpenAI's list of ``{"type": "function", "function": {name, description, parameters}}``
-    (the bare function object is taken too). ``check_schema(field, schema)`` refuses a schema."""
+    (the bare function object is taken too). ``check_schema(field, schema)`` refuses a schema or
+    returns what the constraint enforces of it and what it leaves out (:func:`check_schema`).
+    Errors name the client's own fields: ``schema_key`` (Anthropic's ``input_schema``) and, where the
+    wire left some of its tools out (the Responses API's hosted tools), each one's ``positions``."""
     if not isinstance(value, list):
         raise RuleError(field, f"must be a list of tools, not {shown(value)}", "invalid_type")
     if len(value) > MAX_TOOLS:
         raise RuleError(field, f"takes at most {MAX_TOOLS} tools")
     out: list[Tool] = []
     for i, item in enumerate(value):
-        where = f"{field}[{i}]"
+        where = f"{field}[{i if positions is None else positions[i]}]"
         if not isinstance(item, dict):
             raise RuleError(where, f"must be an object, not {shown(item)}", "invalid_type")
         if "function" in item or "type" in item:
@@ -91,19 +100,21 @@ def tools(field: str, value: Any, check_schema: Any = None) -> tuple[Tool, ...]:
             fn, where = item.get("function"), f"{where}.function"
         else:
             fn = item
-        out.append(_tool(where, fn, check_schema))
+        out.append(_tool(where, fn, check_schema, schema_key))
     seen: set[str] = set()
     for i, t in enumerate(out):
         if t.name in seen:
-            raise RuleError(f"{field}[{i}].function.name", f"repeats the name {t.name!r}: each tool needs its own")
+            wrapped = isinstance(value[i], dict) and "function" in value[i]
+            at = f"{field}[{i if positions is None else positions[i]}]{'.function' if wrapped else ''}"
+            raise RuleError(f"{at}.name", f"repeats the name {t.name!r}: each tool needs its own")
         seen.add(t.name)
     return tuple(out)
 
 
-def _tool(where: str, fn: Any, check_schema: Any) -> Tool:
+def _tool(where: str, fn: Any, check_schema: Any, schema_key: str = "parameters") -> Tool:
     if not isinstance(fn, dict):
         raise RuleError(where, f"must be an object with 'name', not {shown(fn)}", "invalid_type")
-    extra = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+    extra = sorted(set(fn) - {"name", "description", schema_key, "strict"})
     if extra:
         raise RuleError(where, f"has an unknown field '{extra[0]}'", "unknown_parameter")
     name = fn.get("name")
@@ -112,15 +123,17 @@ def _tool(where: str, fn: Any, check_schema: Any) -> Tool:
     description = fn.get("description")
     if description is not None:
         text(f"{where}.description", description)
-    params = fn.get("parameters")
+    params = fn.get(schema_key)
+    enforced, unenforced = None, ()
     if params is not None:
+        at = f"{where}.{schema_key}"
         if not isinstance(params, dict):
-            raise RuleError(f"{where}.parameters", f"must be a JSON schema (an object), not {shown(params)}", "invalid_type")
+            raise RuleError(at, f"must be a JSON schema (an object), not {shown(params)}", "invalid_type")
         if params.get("type", "object") != "object":
-            raise RuleError(f"{where}.parameters", f"must describe an object (its 'type' is {shown(params.get('type'))})")
+            raise RuleError(at, f"must describe an object (its 'type' is {shown(params.get('type'))})")
         if check_schema is not None:
-            check_schema(f"{where}.parameters", params)
-    return Tool(name, description or "", params)
+            enforced, unenforced = check_schema(at, params) or (None, ())
+    return Tool(name, description or "", params, enforced, tuple(f"{where}.{schema_key} {u}" for u in unenforced))
 
 
 def tool_choice(field: str, value: Any, offered: tuple[Tool, ...]) -> ToolChoice:
@@ -143,15 +156,19 @@ def tool_choice(field: str, value: Any, offered: tuple[Tool, ...]) -> ToolChoice
     return choice
 
 
-def check_schema(field: str, schema: dict[str, Any]) -> None:
-    """A tool's ``parameters`` as JSON Schema, checked by structured output's rules: a schema the
-    constraint could not enforce is refused, by the field's name."""
+def check_schema(field: str, schema: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A tool's ``parameters``: what the constraint enforces of it and where each keyword it leaves
+    out was (``toolcalls.enforce``); an invalid schema (an unknown type, a dangling bound) is refused
+    by the field's name, as a response format's is."""
     from localinfer.request.structured import FormatError, check_schema as check
+    from localinfer.request.toolcalls.enforce import enforceable
 
+    enforced, unenforced = enforceable(schema)
     try:
-        check(schema)
+        check(enforced)
     except FormatError as exc:
-        raise RuleError(field, f"is not a schema we can enforce: {exc}") from None
+        raise RuleError(field, f"is not a valid schema: {exc}") from None
+    return enforced, unenforced
 
 
 def checked(offered: Sequence[Any] | None, choice: Any) -> tuple[tuple[Tool, ...], ToolChoice]:
