@@ -62,7 +62,7 @@ def test_data_uris_base64_and_counts():
 def test_images_go_before_the_text_unless_it_places_them():
     img = images.from_bytes(png(1), "a.png")
     m = images.message("user", "describe it", [img, img])
-    assert m["content"] == f"{images.MARKER}\n{images.MARKER}\ndescribe it" and len(m["images"]) == 2
+    assert m["content"] == f"{images.MARKER}{images.MARKER}describe it" and len(m["images"]) == 2  # as llama.cpp's
     placed = images.message("user", f"first {images.MARKER} then", [img])
     assert placed["content"] == f"first {images.MARKER} then"
     with pytest.raises(ImageError, match="places 2 images"):
@@ -261,6 +261,16 @@ def test_serve_takes_image_parts_on_the_openai_route(vision_server):
     assert "image_tokens" not in plain["usage"]
     assert a["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
     assert a["choices"][0]["message"]["content"] != b["choices"][0]["message"]["content"]
+
+
+def test_run_and_the_openai_wire_render_one_prompt(vision, vision_server):
+    """`run --image A -p Q` (images.message) and serve's [image_url A, text Q]: the same tokens, the
+    same greedy answer (issue 52: run put a newline after the marker)."""
+    local = _ask(vision, [images.from_bytes(png(1), "p.png")], "Describe the image.")
+    code, served = _chat(vision_server, png(1), text="Describe the image.")
+    assert code == 200, served
+    assert served["usage"]["prompt_tokens"] == local.stats.prompt_tokens
+    assert served["choices"][0]["message"]["content"].split()[:5] == local.text.split()[:5]
 
 
 def test_images_go_through_endpoint_as_data_uris(vision_server, tmp_path):

@@ -4,7 +4,7 @@ relative to its ``--media-path``).
 
 A path that leads outside DIR (``..``, a symlink out, an absolute path elsewhere), a file that is not
 an image, or a ``file://`` URL without ``--image-dir`` is that line's error; the job goes on. A part
-read here becomes the decoded part ``rules.message`` takes from the wires that decode their own
+read here becomes the image part ``rules.message`` takes from the wires that read their own
 (``{"type": "image", "image": Image}``), so the rest of the line is checked as any other.
 """
 
@@ -20,7 +20,7 @@ SCHEME = "file://"
 
 
 def read_file_parts(messages: Any, image_dir: Path | None) -> Any:
-    """``messages`` (a line's JSON) with each ``file://`` image part read and decoded; as given
+    """``messages`` (a line's JSON) with each ``file://`` image part read (its header: decoded later, by the engine); as given
     where it names none (and where it is not a list of messages: the rules name what is wrong)."""
     if not isinstance(messages, list):
         return messages
@@ -49,7 +49,7 @@ def _file_url(part: Any) -> str | None:
 
 
 def read_image(where: str, url: str, image_dir: Path | None) -> Any:
-    """The image ``url`` (``file://PATH``, PATH relative to ``image_dir``) names, decoded."""
+    """The image ``url`` (``file://PATH``, PATH relative to ``image_dir``) names, as an Image."""
     from localinfer.request.images import ImageError, from_bytes, read_bounded
 
     name = url[len(SCHEME) :]

@@ -201,12 +201,14 @@ class ChatSession:
             n = conv.load(unquote(arg))
             self.tell(f"Loaded {n} messages from {arg}.")
         elif name == "image":  # attached to the next message (localinfer.request.images)
-            from localinfer.request.images import check_count, from_file
+            from localinfer.request.images import check_count, check_request, from_file
 
             if not arg:
                 raise UsageError("/image needs a file name", hint="/image photo.png")
             check_count(len(conv.images) + 1)
-            conv.images.append(from_file(unquote(arg)))
+            image = from_file(unquote(arg))  # its header: decoded when the message is sent
+            check_request([*conv.images, image])
+            conv.images.append(image)
             self.tell(f"Image {arg} ({conv.images[-1].width}x{conv.images[-1].height}) goes with your next message.")
         elif name == "think":
             on = {"on": True, "off": False}.get(arg.strip().lower())

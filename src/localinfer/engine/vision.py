@@ -84,10 +84,11 @@ class Projector:
         chunks = mt.mtmd_input_chunks_init()
         try:
             for img in images:
-                if len(img.rgb) != img.width * img.height * 3:
-                    raise UsageError(f"image {img.name}: {len(img.rgb)} bytes are not {img.width}x{img.height} RGB")
-                buf = (ctypes.c_uint8 * len(img.rgb)).from_buffer_copy(img.rgb)
-                bm = mt.mtmd_bitmap_init(img.width, img.height, buf)
+                px = img.pixels()  # decoded here, the request's bounds and the projector checked before
+                if len(px.rgb) != px.width * px.height * 3:
+                    raise UsageError(f"image {img.name}: {len(px.rgb)} bytes are not {px.width}x{px.height} RGB")
+                buf = (ctypes.c_uint8 * len(px.rgb)).from_buffer_copy(px.rgb)
+                bm = mt.mtmd_bitmap_init(px.width, px.height, buf)
                 if not bm:
                     raise UsageError(f"image {img.name} could not be handed to libmtmd")
                 bitmaps.append(bm)

@@ -125,7 +125,7 @@ def _blocks(where: str, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(rules.text(f"{w}.text", block.get("text")))
-        elif kind == "image" and role == "user":  # an OpenAI image part, which rules.message decodes
+        elif kind == "image" and role == "user":  # an OpenAI image part, which rules.message reads
             from localinfer.serve.image_parts import anthropic_part
 
             texts.append(anthropic_part(w, block))

@@ -1,7 +1,8 @@
 """Images on serve's other wires (Anthropic's blocks, Ollama's ``images``, the Responses API's
-``input_image``): decoded here, each naming its own field in a 400 (a RuleError, which every wire
-turns into its own error shape), and handed on as image parts in OpenAI-style messages, which
-``rules.message`` reads (localinfer.request.images.content_parts)."""
+``input_image``): read here (their headers: nothing is decoded before the whole request is counted),
+each naming its own field in a 400 (a RuleError, which every wire turns into its own error shape), and
+handed on as image parts in OpenAI-style messages, which ``rules.message`` reads
+(localinfer.request.images.content_parts)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ def wire_error(exc: ImageError, field: str) -> RuleError:
     return err
 
 
-def _decoded(field: str, decode: Any, *args: Any) -> dict[str, Any]:
+def _read(field: str, read: Any, *args: Any) -> dict[str, Any]:
     try:
-        return {"type": "image", "image": decode(*args, field)}
+        return {"type": "image", "image": read(*args, field)}
     except ImageError as exc:
         raise wire_error(exc, field) from None
 
 
 def url_part(where: str, url: Any) -> dict[str, Any]:
     """The Responses API's ``input_image`` (its ``image_url``: a data: URI)."""
-    return _decoded(where, from_data_uri, url)
+    return _read(where, from_data_uri, url)
 
 
 def anthropic_part(where: str, block: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def anthropic_part(where: str, block: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(src, dict) or src.get("type") != "base64":
         kind = src.get("type") if isinstance(src, dict) else src
         raise wire_error(ImageError(f"{where}.source must be base64 image data, not {kind!r} (this server fetches no URLs)"), where)
-    return _decoded(f"{where}.source.data", from_base64, src.get("data"))
+    return _read(f"{where}.source.data", from_base64, src.get("data"))
 
 
 def base64_parts(where: str, images: Any) -> list[dict[str, Any]]:
@@ -45,7 +46,7 @@ def base64_parts(where: str, images: Any) -> list[dict[str, Any]]:
         raise wire_error(ImageError(f"{where} must be a list of base64 images"), where)
     if len(images) > MAX_IMAGES:
         raise wire_error(ImageError(f"{len(images)} images in one request: at most {MAX_IMAGES} are allowed"), where)
-    return [_decoded(f"{where}[{k}]", from_data_uri if isinstance(i, str) and i.startswith("data:") else from_base64, i)
+    return [_read(f"{where}[{k}]", from_data_uri if isinstance(i, str) and i.startswith("data:") else from_base64, i)
             for k, i in enumerate(images)]  # fmt: skip
 
 

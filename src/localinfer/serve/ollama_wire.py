@@ -176,7 +176,7 @@ def chat_messages(value: Any) -> tuple[dict[str, Any], ...]:
             raise rules.RuleError(where, "must be an object with 'role' and 'content'", "invalid_type")
         role = m.get("role")
         turn: dict[str, Any] = {"role": role, "content": "" if m.get("content") is None else m["content"]}
-        if m.get("images"):  # OpenAI image parts, which rules.message decodes
+        if m.get("images"):  # OpenAI image parts, which rules.message reads
             from localinfer.serve.image_parts import base64_parts, with_images
 
             turn["content"] = with_images(turn["content"], base64_parts(f"{where}.images", m["images"]))

@@ -81,7 +81,7 @@ def _content(where: str, content: Any) -> Any:
     parts: list[Any] = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "input_image":  # an OpenAI image part, which rules.message decodes
+        if kind == "input_image":  # an OpenAI image part, which rules.message reads
             from localinfer.serve.image_parts import url_part
 
             parts.append(url_part(f"{where}[{i}].image_url", part.get("image_url")))
