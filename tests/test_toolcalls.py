@@ -79,6 +79,24 @@ def test_a_call_cut_short_keeps_what_was_written_and_parallel_false_keeps_one():
     assert [c.name for c in one.calls] == ["get_weather"]
 
 
+def test_the_generic_reply_streams_as_text_and_a_cut_one_never_shows_its_json():
+    # a template without tools: the answer is held to {"response": "..."} - its text is the content
+    reply = json.dumps({"response": 'Hello, "w\\orld" \u00e9\U0001F600\n'}, ensure_ascii=True)
+    parser = CallParser(F.GENERIC)
+    texts = [e.text for piece in reply for e in parser.feed(piece) if isinstance(e, Text)]
+    texts += [e.text for e in parser.finish() if isinstance(e, Text)]
+    assert "".join(texts) == parser.content == 'Hello, "w\\orld" \u00e9\U0001F600\n'
+    assert len(texts) > 10, "each piece as it comes, not one chunk at the end"
+    for cut in range(len(reply)):
+        content = parse(F.GENERIC, reply[:cut]).content
+        assert "{" not in content and "response" not in content, (cut, content)  # max_tokens: no wrapper
+    assert parse(F.GENERIC, '{"response": "Hello, wor').content == "Hello, wor"
+    assert parse(F.GENERIC, '{"response": "a\\ud83d\\ude00b"}').content == "a\U0001F600b"
+    assert parse(F.GENERIC, '{"response": "a\\ud83dxb"}').content == "a\ufffdxb"  # a lone half is no text
+    calls = parse(F.GENERIC, '{"tool_calls": [{"name": "f", "arguments": {}}]}')
+    assert [c.name for c in calls.calls] == ["f"] and calls.content == ""
+
+
 def test_the_opening_written_into_the_prompt_is_part_of_the_answer():
     p = parse(F.HERMES, '{"name": "get_time", "arguments": {}}\n</tool_call>', opening=F.HERMES.opening)
     assert p.content == "" and [c.name for c in p.calls] == ["get_time"]
@@ -111,6 +129,17 @@ def test_the_generic_format_offers_the_tools_in_the_system_message_and_rewrites_
     assert plan.variables() == {}
     assert ToolPlan(F.GENERIC, plan.tools, ToolChoice("none")).messages([{"role": "user", "content": "x"}]) == [
         {"role": "user", "content": "x"}]  # none: no tools offered
+
+
+def test_the_generic_offer_is_compact_json_less_what_tells_the_model_nothing():
+    params = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "$comment": "x",
+              "properties": {"$id": {"type": "string", "$id": "#a"}, "n": {"enum": [{"$schema": 1}]}}}  # fmt: skip
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": params}}
+    offer = ToolPlan(F.GENERIC, _tools(tool), ToolChoice()).messages([{"role": "user", "content": "x"}])[0]["content"]
+    listed = json.loads(offer.split("\n")[1])
+    assert listed == [{"name": "f", "description": "d", "parameters": {
+        "type": "object", "properties": {"$id": {"type": "string"}, "n": {"enum": [{"$schema": 1}]}}}}]  # fmt: skip
+    assert offer.split("\n")[1] == json.dumps(listed, separators=(",", ":")), "no indentation: a third fewer tokens"
 
 
 def test_native_templates_get_tools_and_a_forced_call_opens_in_the_prompt():

@@ -24,6 +24,68 @@ from localinfer.request.toolcalls.spec import ToolCall, new_call_id
 
 
 _HEADER = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*'
+_REPLY_OPENING = ("{", '"response"', ":", '"')  # the generic format's reply, up to its text (spaces between)
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _reply_opening(text: str) -> int | None:
+    """Where the text of ``{"response": "`` starts in ``text``; -1 while ``text`` may still become that
+    opening; None when it cannot (then it is calls)."""
+    i = 0
+    for token in _REPLY_OPENING:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        rest = text[i: i + len(token)]
+        if rest != token:
+            return -1 if token.startswith(rest) and i + len(rest) == len(text) else None
+        i += len(token)
+    return i
+
+
+def _hex(text: str) -> int:
+    return int(text, 16) if len(text) == 4 and all(c in "0123456789abcdefABCDEF" for c in text) else -1
+
+
+@dataclass
+class _Reply:
+    """The generic format's ``{"response": "..."}``: its JSON string decoded as it is written, so the
+    reply streams as text and a reply cut short by the token limit is its text so far, never JSON."""
+
+    held: str = ""  # an escape not yet whole
+    ended: bool = False
+
+    def decode(self, text: str) -> str:
+        text, self.held = self.held + text, ""
+        out: list[str] = []
+        i = 0
+        while i < len(text) and not self.ended:
+            ch = text[i]
+            if ch == '"':
+                self.ended = True
+            elif ch != "\\":
+                out.append(ch)
+            elif i + 1 >= len(text) or (text[i + 1] == "u" and i + 6 > len(text)):
+                self.held = text[i:]
+                break
+            elif text[i + 1] == "u":
+                n, low = _hex(text[i + 2: i + 6]), text[i + 6: i + 12]
+                if 0xD800 <= n < 0xDC00 and len(low) < 6 and "\\u".startswith(low[:2]):
+                    self.held = text[i:]  # the low half of the pair may still come
+                    break
+                pair = _hex(low[2:]) if low.startswith("\\u") and len(low) == 6 else -1
+                if 0xD800 <= n < 0xDC00 and 0xDC00 <= pair < 0xE000:
+                    out.append(chr(0x10000 + ((n - 0xD800) << 10) + (pair - 0xDC00)))
+                    i += 12
+                    continue
+                out.append("\ufffd" if n < 0 or 0xD800 <= n < 0xE000 else chr(n))  # a lone half is no text
+                i += 6
+                continue
+            else:
+                out.append(_ESCAPES.get(text[i + 1], text[i + 1]))
+                i += 2
+                continue
+            i += 1
+        return "".join(out)
 
 
 @dataclass
@@ -78,6 +140,7 @@ class CallParser:
     _buf: str = ""  # of the region, what is not consumed yet
     _args: _Args | None = None
     _current: dict | None = None
+    _reply: _Reply | None = None  # the generic format's reply, streamed as text
 
     def __post_init__(self) -> None:
         self._header = re.compile(_HEADER % re.escape(self.family.args_key))
@@ -99,7 +162,7 @@ class CallParser:
             return events
         if self._current is not None:  # cut short (max_tokens): keep what was written, as OpenAI does
             events += self._close_call(whole=False)
-        if not self.calls:
+        if not self.calls and self._reply is None:
             events += self._emit(self._fallback(self._region))
         return events
 
@@ -141,6 +204,16 @@ class CallParser:
     def _feed_calls(self, text: str) -> list[Event]:
         self._region += text
         self._buf += text
+        if self.family.name == "generic" and not self.calls and self._args is None:
+            if self._reply is not None:
+                self._buf = ""
+                return self._emit(self._reply.decode(text))
+            start = _reply_opening(self._buf)
+            if start == -1:
+                return []  # '{"res' may be a reply or a call: wait
+            if start is not None:
+                self._reply, rest, self._buf = _Reply(), self._buf[start:], ""
+                return self._emit(self._reply.decode(rest))
         events: list[Event] = []
         while self._buf:
             if self._args is None:
@@ -185,8 +258,8 @@ class CallParser:
         if self.family.name == "generic":
             try:
                 obj = json.loads(region)
-            except ValueError:
-                return region
+            except ValueError:  # cut short inside the wrapper (a reply streams as it comes: _Reply)
+                return ""
             if isinstance(obj, dict) and isinstance(obj.get("response"), str):
                 return obj["response"]
         return region
