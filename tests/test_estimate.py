@@ -269,3 +269,39 @@ def test_parse_buffer_report():
     nowhere = parse_buffer_report(["load_tensors: offloaded 31/31 layers to GPU\n",
                                    "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB\n"])  # fmt: skip
     assert (nowhere.offloaded, nowhere.offloadable) == (0, 31)
+
+
+# -- serve's default context: sized for agents and the memory ---------------------------------------------
+def _trained(info, n: int):
+    import dataclasses
+
+    arch = info.metadata["general.architecture"]
+    return dataclasses.replace(info, metadata={**info.metadata, f"{arch}.context_length": n})
+
+
+def test_serve_sizes_each_sequence_from_the_trained_context_and_the_memory(smol, gemma):
+    from localinfer.system.preflight import SERVE_CTX_CEILING, serve_context
+
+    opts = LoadOptions()
+    # a 21k-token agent prompt fits by default wherever the model and the memory allow: not run's 4096
+    assert serve_context(gemma, opts, 4, budget=BIG).per_seq == 32768 == gemma.context_length
+    assert serve_context(smol, opts, 4, budget=BIG).per_seq == 8192
+    big = serve_context(_trained(gemma, 1 << 20), opts, 4, budget=BIG)
+    assert big.per_seq == SERVE_CTX_CEILING and str(SERVE_CTX_CEILING) in big.why
+    assert serve_context(_trained(gemma, 2048), opts, 4, budget=BIG).per_seq == 2048  # never past the trained one
+
+    def fits(info, per_seq: int, budget) -> bool:
+        options = LoadOptions(n_ctx=per_seq * 4, n_seq_max=4)
+        return plan_load(info, options, budget=budget).estimate is not None  # raises ResourceError if not
+
+    # less memory: the largest that fits for all four sequences (the load's own pre-flight then passes)
+    for ram in (1500 * MB, 3000 * MB):
+        budget = MemoryBudget(ram_available=ram, ram_total=ram)
+        ctx = serve_context(gemma, opts, 4, budget=budget)
+        assert 4096 < ctx.per_seq < 32768 and ctx.per_seq % 256 == 0 and "fit memory" in ctx.why, (ram, ctx)
+        assert fits(gemma, ctx.per_seq, budget)
+        with pytest.raises(ResourceError):
+            fits(gemma, ctx.per_seq + 256, budget)
+    # memory for not even run's default: run's default, and the load's pre-flight says what is missing
+    tight = MemoryBudget(ram_available=300 * MB, ram_total=300 * MB)
+    assert serve_context(gemma, opts, 4, budget=tight).per_seq == 4096

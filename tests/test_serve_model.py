@@ -515,3 +515,16 @@ def test_ctrl_c_when_idle_exits_0_at_once(smollm2_path, tmp_path):
         s.proc.send_signal(signal.SIGINT)
         assert s.proc.wait(120) == 0, s.stderr
     assert "stopping:" not in s.stderr and "Traceback" not in s.stderr
+
+
+def test_without_c_each_sequence_gets_the_trained_context_and_says_so(gemma_path, tmp_path):
+    # an agent's 21k-token prompt must fit by default: Gemma-3-270M is trained on 32768 (run's default: 4096)
+    with ServeProcess(gemma_path, "-np", "2", home=tmp_path) as s:
+        assert "context: 32768 tokens per sequence x 2 (the 32768 tokens the model was trained on" in s.stderr
+        status, body = s.json("GET", "/v1/models")
+        assert status == 200 and body["data"][0]["meta"]["n_ctx_seq"] == 32768
+        status, body = s.json("GET", "/api/ps")
+        assert body["models"][0]["context_length"] == 32768
+        prompt = "word " * 4300  # past run's 4096: answered, not a 400
+        status, body = s.json("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        assert status == 200 and body["usage"]["prompt_tokens"] > 4096, body

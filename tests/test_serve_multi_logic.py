@@ -41,7 +41,7 @@ def served(monkeypatch: pytest.MonkeyPatch, make: Any = None, **kw: Any) -> Serv
     import localinfer.store
 
     monkeypatch.setattr(localinfer.store, "resolve_model", resolve_model)
-    monkeypatch.setattr("localinfer.serve.multi._default_ctx", lambda resolved: 1024)
+    monkeypatch.setattr(s, "_default_ctx", lambda resolved, name: 1024)
     monkeypatch.setattr(s, "_make", make or (lambda resolved, name, want: Model(name, Engine(pieces=(name,)))))
     return s
 
@@ -326,3 +326,22 @@ def test_the_per_model_figures_add_up_to_the_totals(monkeypatch):
     assert sum(by_model("completion_tokens_total").values()) == figures["localinfer_completion_tokens_total"] == 23
     assert sum(by_model("requests_finished_total").values()) == figures['localinfer_requests_finished_total{reason="stop"}'] == 3
     assert by_model("loads_total") == {"gemma": 1, "smol": 1} and by_model("loaded") == {"gemma": 0, "smol": 1}
+
+
+def test_a_models_default_context_is_sized_once_and_said(monkeypatch):
+    # sized by the memory free now: sized again per request, a model's want would move and reload it
+    from localinfer.system import preflight
+
+    asked: list[Any] = []
+
+    def serve_context(info: Any, options: Any, parallel: int) -> Any:
+        asked.append((info, parallel))
+        return preflight.ServeContext(32768 - 256 * len(asked), "reduced to fit memory")
+
+    monkeypatch.setattr(preflight, "serve_context", serve_context)
+    said: list[str] = []
+    s = Served(ServeConfig(parallel=3), SimpleNamespace(n_gpu_layers=0), say=said.append)  # type: ignore[arg-type]
+    resolved = SimpleNamespace(path="/models/g.gguf", info="g-info")
+    assert s._default_ctx(resolved, "g") == s._default_ctx(resolved, "g") == 32512
+    assert asked == [("g-info", 3)]
+    assert said == ["context for g: 32512 tokens per sequence (reduced to fit memory; -c or num_ctx sets it)"]

@@ -17,7 +17,7 @@ _MODELS = "Several models"
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", min=1, max=256, help="Requests decoded together (sequences in the context).", rich_help_panel=_SERVER)]
 CtxPerSeqOpt = Annotated[
     Optional[int],
-    typer.Option("--ctx-size", "-c", min=16, help="Context of each sequence (prompt + answer), in tokens. Default: the model's trained context, at most 4096.", rich_help_panel=o._CONTEXT),
+    typer.Option("--ctx-size", "-c", min=16, help="Context of each sequence (prompt + answer), in tokens. Default: the model's trained context, at most 65536 (what coding agents need), reduced to fit memory.", rich_help_panel=o._CONTEXT),
 ]
 
 
@@ -83,12 +83,21 @@ def serve(
             server.serve_all(config, served, models)
             return
         resolved = resolve_model(models[0], offline=flags.offline, pull_progress=make_progress())
-        ctx_per_seq = ctx_size or batchjob.default_ctx_per_seq(resolved)
+        ctx_per_seq = ctx_size or _default_context(resolved, base, parallel, server.log)
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:
             warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
         options = batchjob.batch_load_options(draft.apply(base) if draft is not None else base, parallel=parallel, ctx_per_seq=ctx_per_seq)
         server.serve(config, resolved, options, force=flags.force, alias=alias)
+
+
+def _default_context(resolved, options, parallel: int, say) -> int:
+    """Each sequence's context without -c: sized for agents and the memory, said at start."""
+    from localinfer.system.preflight import serve_context
+
+    ctx = serve_context(resolved.info, options, parallel)
+    say(f"context: {ctx.per_seq} tokens per sequence x {parallel} ({ctx.why}; -c sets it)")
+    return ctx.per_seq
 
 
 def _seconds(keep_alive: str) -> float:

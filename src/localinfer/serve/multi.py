@@ -84,6 +84,7 @@ class Served:
         self.hub: Any = None
         self.cores = Cores()  # a load's CPU, taken from the loaded models' threads while it runs
         self.installed = Installed()  # the servable names, and what each resolves to
+        self.contexts: dict[str, int] = {}  # each model file's default context, sized once (a want that moved would reload it)
 
     # -- names ---------------------------------------------------------------------------------------
     def servable(self) -> list[str]:
@@ -115,6 +116,17 @@ class Served:
             self.installed.resolved[found] = known
         return found, known
 
+    def _default_ctx(self, resolved: ResolvedModel, name: str) -> int:
+        """A model's context per sequence without -c or num_ctx: as `serve -m` sizes it, said once."""
+        key = str(resolved.path)
+        if key not in self.contexts:
+            from localinfer.system.preflight import serve_context
+
+            ctx = serve_context(resolved.info, self.base, self.config.parallel)
+            self.contexts[key] = ctx.per_seq
+            self.say(f"context for {name}: {ctx.per_seq} tokens per sequence ({ctx.why}; -c or num_ctx sets it)")
+        return self.contexts[key]
+
     # -- a request's model -------------------------------------------------------------------------------
     async def engine_for(self, scope: dict[str, Any] | None, name: str | None, *, keep_alive: Any = None,
                          num_ctx: Any = None) -> tuple[Engine, str]:  # fmt: skip
@@ -129,7 +141,7 @@ class Served:
         seconds = _keep_alive(keep_alive)
         # keyed by the file itself: two names (links, copies in place) of one file share one load
         found, resolved, key = await asyncio.to_thread(self._located, name)
-        ctx = _num_ctx(num_ctx) or self.ctx_size or _default_ctx(resolved)
+        ctx = _num_ctx(num_ctx) or self.ctx_size or await asyncio.to_thread(self._default_ctx, resolved, found)
         mmproj = str(resolved.mmproj) if resolved.mmproj else None  # one file, another projector: reloaded
         want = Want(key=key, options={"mmproj": mmproj}, sequences=self.config.parallel, ctx_per_seq=ctx)
         try:
@@ -358,10 +370,6 @@ def _num_ctx(value: Any) -> int | None:
     return value
 
 
-def _default_ctx(resolved: ResolvedModel) -> int:
-    from localinfer.batch.job import default_ctx_per_seq
-
-    return default_ctx_per_seq(resolved)
 
 
 def _facts(name: str, engine: Engine) -> Any:

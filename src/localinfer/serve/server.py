@@ -157,7 +157,7 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
     from localinfer.serve.record import UsageWriter
     from localinfer.usage.history import logging_enabled
 
-    say = say or _say
+    say = say or log
     sock = listen(config.host, config.port)
     host, port = sock.getsockname()[:2]
     names = tuple(dict.fromkeys(n for n in (alias, resolved.name, Path(resolved.path).name) if n))
@@ -181,7 +181,8 @@ def serve(config: ServeConfig, resolved: ResolvedModel, options: LoadOptions, *,
         raise loader.error
 
 
-def _say(message: str) -> None:
+def log(message: str) -> None:
+    """One line of serve's log, on stderr."""
     sys.stderr.write(f"localinfer serve: {message}\n")
     sys.stderr.flush()
 
@@ -215,7 +216,7 @@ class _ManyServer(_Server):
 def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say | None = None) -> None:
     """Serve every installed model (``multi.Served``) until SIGTERM / Ctrl-C, loading each on
     demand; the ``preload`` models load at start (one that fails stops the server with its error)."""
-    say = say or _say
+    say = say or log
     sock = listen(config.host, config.port)
     host, port = sock.getsockname()[:2]
     state = ServerState(config, (), created=int(time.time()), router=served, say=say)

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from localinfer.system.hardware import MemoryBudget
 
 MIN_DEFAULT_CTX = 512  # the default context is reduced to fit memory, but not below this
+# serve's default context per sequence, at most: what coding agents need (Claude Code's default request is
+# ~21k tokens before the conversation; Ollama's `launch` warns below 64k). The model's trained context
+# and the memory decide below it (serve_context).
+SERVE_CTX_CEILING = 65536
 _QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
@@ -113,6 +117,45 @@ def other_shard_tensors(info: GGUFInfo) -> list:
         except LocalInferError:
             pass  # llama.cpp will say which shard is missing
     return out
+
+
+@dataclass(frozen=True)
+class ServeContext:
+    """Each sequence's context when serve is given no ``-c``, and why (said at start)."""
+
+    per_seq: int
+    why: str
+
+
+def serve_context(info: GGUFInfo, options: LoadOptions, parallel: int, *, budget: MemoryBudget | None = None) -> ServeContext:
+    """The model's trained context, at most SERVE_CTX_CEILING, for each of ``parallel`` sequences,
+    reduced to what the memory pre-flight finds room for (as Ollama sizes by memory and llama-server
+    fits its context), never below what ``run`` takes by default unless memory cannot hold even that
+    (then the load's own pre-flight says so). A model whose shape we cannot read gets run's default."""
+    train = info.context_length or 0
+    fallback = min(train or DEFAULT_CTX_CEILING, DEFAULT_CTX_CEILING)
+    upper = min(train, SERVE_CTX_CEILING) // CTX_PAD * CTX_PAD if train else fallback
+    if upper <= fallback:
+        return ServeContext(upper, f"the {train} tokens the model was trained on" if train else "run's default")
+    try:
+        shape = ModelShape.from_gguf(info, other_shard_tensors(info))
+    except ShapeError:
+        return ServeContext(fallback, "run's default (the model's shape is unknown: no memory estimate)")
+    if budget is None:
+        from localinfer.system.hardware import memory_budget
+
+        budget = memory_budget()
+    kw = _est_kwargs(dataclasses.replace(options, n_seq_max=parallel, n_batch=max(options.n_batch, parallel)))
+    total = est.largest_ctx(shape, _room(budget), upper=upper * parallel, n_gpu_layers=_layers(options, budget, shape), **kw)
+    per_seq = total // parallel // CTX_PAD * CTX_PAD
+    said = (f"the {train} tokens the model was trained on" if upper == train
+            else f"at most {SERVE_CTX_CEILING} (what coding agents need; trained on {train})")  # fmt: skip
+    if per_seq >= upper:
+        return ServeContext(upper, said)
+    if per_seq <= fallback:
+        return ServeContext(fallback, f"run's default: memory holds no more ({human(_room(budget).ram)} free)")
+    return ServeContext(per_seq, f"reduced to fit memory: {parallel} sequences in {human(_room(budget).ram)} free; "
+                                 f"-c {upper} would need more")  # fmt: skip
 
 
 def largest_ctx(shape: ModelShape, budget: MemoryBudget, *, upper: int, n_gpu_layers: int, **kw) -> int:
