@@ -197,3 +197,68 @@ def test_requests_waiting_on_a_failed_load_get_its_error_without_loading_again()
     m.make = lambda want: calls.append(want.key) or make(want)  # type: ignore[method-assign]
     asyncio.run(main())
     assert calls == ["huge"]
+
+
+def test_a_request_that_takes_a_keep_alive_0_model_before_its_unload_runs_keeps_it():
+    m = Machine(100, {"a": 10})
+
+    async def main() -> None:
+        r = m.router()
+        first = await use(r, m, "a", keep_alive=0)
+        r.release(first)  # its unload is scheduled, not run yet
+        again = await use(r, m, "a", keep_alive=0)  # takes the slot in that window
+        await asyncio.sleep(0.1)
+        assert again is first and not again.held.stopped and r.slots["a"] is again
+        r.release(again)
+        await asyncio.sleep(0.1)
+        assert again.held.stopped and not r.slots  # idle now: keep_alive 0 unloads it
+
+    asyncio.run(main())
+
+
+def test_a_victim_taken_by_a_request_while_others_unload_is_kept():
+    m = Machine(100, {"a": 10, "b": 10, "c": 10})
+
+    async def main() -> None:
+        r = m.router()
+        a, b = await use(r, m, "a"), await use(r, m, "b")
+        r.release(a)
+        await asyncio.sleep(0.01)
+        r.release(b)
+        r.max_models = 1  # c's load must unload a, then b (one await each)
+        stop = r.stop
+        r.stop = lambda held: (time.sleep(0.1), stop(held))  # type: ignore[method-assign]
+        loading = asyncio.ensure_future(use(r, m, "c"))
+        await asyncio.sleep(0.05)  # a unloads on its thread
+        held_b = await use(r, m, "b")  # meanwhile a request takes b
+        await asyncio.sleep(0.3)
+        assert held_b is b and not b.held.stopped and "b" in r.slots and not loading.done()
+        r.release(held_b)
+        c = await asyncio.wait_for(loading, 5)
+        assert list(r.slots) == ["c"] and b.held.stopped and c.info.busy == 1
+
+    asyncio.run(main())
+
+
+def test_a_refused_check_unloads_nothing():
+    m = Machine(100, {"a": 10, "b": 10})
+    checked: list[tuple[str, int]] = []
+
+    def check(w: Want) -> None:
+        checked.append((w.key, w.ctx_per_seq))
+        raise ResourceError(f"{w.key} with {w.ctx_per_seq} tokens does not fit")
+
+    async def main() -> None:
+        r = m.router(max_models=1)
+        a = await use(r, m, "a")
+        r.release(a)
+        with pytest.raises(ResourceError):
+            await r.acquire(want("a", ctx=10**8), "a", m.make, check=check)  # a reload
+        with pytest.raises(ResourceError):
+            await r.acquire(want("b"), "b", m.make, check=check)  # a load that would unload a
+        assert r.slots == {"a": a} and not a.held.stopped and m.loads == ["a"]
+        same, _ = await r.acquire(want("a"), "a", m.make, check=check)  # loaded as asked: no check
+        assert same is a
+
+    asyncio.run(main())
+    assert checked == [("a", 10**8), ("b", 512)]

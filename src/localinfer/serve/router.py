@@ -54,16 +54,23 @@ class Router:
         self._changed: asyncio.Event | None = None
 
     # -- using a model -------------------------------------------------------------------------------
-    async def acquire(self, want: Want, name: str, make: Callable[[Want], Any], *,
-                      keep_alive: float | None = None) -> tuple[Slot, list[str]]:  # fmt: skip
+    async def acquire(self, want: Want, name: str, make: Callable[[Want], Any], *, keep_alive: float | None = None,
+                      check: Callable[[Want], None] | None = None) -> tuple[Slot, list[str]]:  # fmt: skip
         """The slot that answers ``want``, held (``release`` it): loaded or reloaded by ``make`` on a
         thread when needed, after unloading idle models to make room. ``Busy`` when the wait for room
-        is full; the pre-flight's ``ResourceError`` when the model cannot fit even alone."""
+        is full; the pre-flight's ``ResourceError`` when the model cannot fit even alone. ``check``
+        (on a thread, before anything is unloaded for this load) raises when the load cannot happen."""
         notes: list[str] = []
-        waited = False
+        waited = checked = False
         try:
             while True:
                 slot = self.slots.get(want.key)
+                needs = slot is None or pool.reload_reason(slot.info, want) is not None
+                if needs and check is not None and not checked and want.key not in self._loading:
+                    grown = pool.grown(slot.info, want) if slot is not None else want
+                    await asyncio.to_thread(check, grown)  # a refusal unloads nothing
+                    checked = True
+                    continue  # the slots may have changed meanwhile: look again
                 if slot is not None:
                     reason = pool.reload_reason(slot.info, want)
                     if reason is None:
@@ -103,8 +110,14 @@ class Router:
         slot.info.busy -= 1
         slot.info.last_used = time.monotonic()
         if slot.info.busy == 0 and slot.info.keep_alive == 0 and self.slots.get(slot.key) is slot:
-            asyncio.ensure_future(self._unload(slot, "keep_alive 0"))
+            asyncio.ensure_future(self._unload_idle(slot, "keep_alive 0"))
         self._notify()
+
+    async def _unload_idle(self, slot: Slot, why: str) -> None:
+        """Unload ``slot`` if it is still idle with keep_alive 0 when this runs: a request may have
+        taken it between ``release`` and now, and must not be left with a stopped engine."""
+        if not self.busy(slot) and slot.info.keep_alive == 0 and slot.key not in self._loading:
+            await self._unload(slot, why)
 
     @property
     def loading(self) -> int:
@@ -141,6 +154,8 @@ class Router:
         self._loading[want.key] = done
         try:
             for old in victims:
+                if self.busy(old):  # taken by a request since it was chosen (an await ago): kept; wait, look again
+                    return None
                 notes.append(f"unloaded {old.info.name} to keep at most {self.max_models} model(s) loaded")
                 await self._unload(old, "--max-models")
             while True:
@@ -201,8 +216,8 @@ class Router:
                 slot.info.last_used = now
         gone = []
         for info in pool.expired([s.info for s in self.slots.values()], now):
-            slot = self.slots[info.key]
-            if not self.busy(slot) and info.key not in self._loading:
+            slot = self.slots.get(info.key)  # an earlier unload's await may have let it go already
+            if slot is not None and slot.info is info and not self.busy(slot) and info.key not in self._loading:
                 gone.append(info.name)
                 await self._unload(slot, f"idle for {info.keep_alive:g} s")
         return gone
