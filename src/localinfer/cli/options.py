@@ -78,7 +78,7 @@ RpcOpt = Annotated[
         rich_help_panel=_CONTEXT,
     ),
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Load even when the memory estimate says it will not fit.", rich_help_panel=_CONTEXT)]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Load even when the memory estimate says it will not fit, or with a --ctx-size beyond the context the model was trained on (answers degrade there).", rich_help_panel=_CONTEXT)]
 NoLogOpt = Annotated[bool, typer.Option("--no-log", help="Do not record this request in the usage history (also LOCALINFER_NO_LOG=1).")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; also HF_HUB_OFFLINE=1.", rich_help_panel=_CONTEXT)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and a full stats table.")]

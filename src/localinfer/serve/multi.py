@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from localinfer.serve import fit
 from localinfer.serve.cores import Cores
 from localinfer.serve.installed import Installed
 from localinfer.serve.metrics import Gauges, Metrics
@@ -141,11 +142,15 @@ class Served:
         seconds = _keep_alive(keep_alive)
         # keyed by the file itself: two names (links, copies in place) of one file share one load
         found, resolved, key = await asyncio.to_thread(self._located, name)
-        ctx = _num_ctx(num_ctx) or self.ctx_size or await asyncio.to_thread(self._default_ctx, resolved, found)
+        asked = _num_ctx(num_ctx)
+        ctx = asked or self.ctx_size or await asyncio.to_thread(self._default_ctx, resolved, found)
+        fit.check_trained(found, resolved, ctx, num_ctx=asked is not None, force=self.force)
         mmproj = str(resolved.mmproj) if resolved.mmproj else None  # one file, another projector: reloaded
         want = Want(key=key, options={"mmproj": mmproj}, sequences=self.config.parallel, ctx_per_seq=ctx)
+        check = None if self.force else (lambda w: fit.check_memory(self.router, self.base, resolved, found, w))
         try:
-            slot, _ = await self.router.acquire(want, found, lambda w: self._make(resolved, found, w), keep_alive=seconds)
+            slot, _ = await self.router.acquire(want, found, lambda w: self._make(resolved, found, w), keep_alive=seconds,
+                                                check=check)  # fmt: skip
         except Busy:
             raise ApiError(503, f"too many requests wait for a model to load ({self.config.max_queue}): retry shortly",
                            type="unavailable_error", code="server_overloaded", headers={"Retry-After": "1"}) from None  # fmt: skip

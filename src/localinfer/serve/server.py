@@ -228,6 +228,11 @@ def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say 
     say(f"listening on http://{shown}:{port}: {len(names)} model(s) can be served, each loaded on its first request")
     for name in names:
         say(f"  {name}{' (loading now)' if name in preload else ''}")
+    from localinfer.serve.fit import start_warning
+
+    warning = start_warning(served.ctx_size, names, force=served.force)
+    if warning is not None:
+        say(f"warning: {warning}")
     try:
         server.run(sockets=[sock])
     finally:

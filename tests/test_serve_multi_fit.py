@@ -1,0 +1,111 @@
+"""serve without -m, on fakes: a load that cannot happen (a context beyond the trained one, a model
+that would not fit even alone) is refused before any other model is unloaded, in each wire's shape."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_serve import HI, call
+from test_serve_multi_logic import Engine, _engine_for, served
+
+from localinfer.errors import ResourceError
+from localinfer.serve.app import ServerState
+from localinfer.serve.config import ServeConfig
+from localinfer.serve.multi import Model
+from localinfer.serve.protocol import ApiError
+
+
+def _loaded(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, list[str], list[Engine]]:
+    """A Served with ``smol`` (trained on 2048) loaded and idle; the names each load was for."""
+    made: list[str] = []
+    engines: list[Engine] = []
+
+    def make(resolved: Any, name: str, want: Any) -> Any:
+        made.append(name)
+        engines.append(Engine(pieces=(name,)))
+        return Model(name, engines[-1])
+
+    s = served(monkeypatch, make, **kw)
+    _engine_for(s, "smol")
+    for router, slot in list(s.router.slots.items()):
+        slot.info.busy = 0  # the lease ended
+    return s, made, engines
+
+
+def test_num_ctx_beyond_the_trained_context_is_a_400_that_unloads_nothing(monkeypatch):
+    s, made, engines = _loaded(monkeypatch)
+    with pytest.raises(ApiError) as err:
+        _engine_for(s, "smol", num_ctx=100_000_000)
+    assert err.value.status == 400 and err.value.param == "num_ctx"
+    assert err.value.message == "'options.num_ctx' 100000000 is beyond the 2048 tokens smol was trained on: ask for 2048 or less"
+    assert made == ["smol"] and not engines[0].stopped and list(s.router.slots) == ["/models/smol.gguf"]
+    state = ServerState(ServeConfig(), (), router=s)
+    body = {"prompt": "x", "model": "smol", "stream": False, "options": {"num_ctx": 100_000_000}}
+    status, _, data = call(state, "POST", "/api/generate", body)
+    assert status == 400 and "beyond the 2048 tokens" in json.loads(data)["error"]  # Ollama's shape
+    assert made == ["smol"] and not engines[0].stopped
+    _, found, _ = _engine_for(s, "smol", num_ctx=2048)  # up to the trained context: reloaded
+    assert found == "smol" and made == ["smol", "smol"] and engines[0].stopped
+
+
+def test_a_ctx_size_beyond_a_model_s_trained_context_is_a_400_naming_it_and_force(monkeypatch):
+    s = served(monkeypatch, ctx_size=32768)
+    state = ServerState(ServeConfig(), (), router=s)
+    status, _, data = call(state, "POST", "/v1/chat/completions", {"messages": HI, "model": "smol"})
+    message = json.loads(data)["error"]["message"]
+    assert status == 400 and "--ctx-size 32768" in message and "2048" in message and "--force" in message
+    status, _, data = call(state, "POST", "/v1/messages", {"messages": HI, "model": "gemma", "max_tokens": 4})
+    assert status == 400 and json.loads(data)["type"] == "error"  # Anthropic's shape
+    assert not s.router.slots
+    forced = served(monkeypatch, ctx_size=32768, force=True)  # --force: beyond it, as the pre-flight allows
+    assert _engine_for(forced, "smol")[1] == "smol"
+
+
+def test_a_model_that_would_not_fit_even_alone_is_refused_before_unloading_the_others(monkeypatch):
+    from localinfer.engine.types import LoadOptions
+    from localinfer.system import hardware, preflight
+    from localinfer.system.buffers import BufferReport
+
+    s, made, engines = _loaded(monkeypatch)
+    s.base = LoadOptions()
+    engines[0].loaded = SimpleNamespace(template=None, buffers=BufferReport((("model", "CPU", 500),), None, None))
+    budgets: list[Any] = []
+
+    def plan_load(info: Any, options: Any, *, budget: Any, name: str, **_: Any) -> Any:
+        budgets.append(budget)
+        raise ResourceError(f"not enough memory for {name}: it needs about 9 GB, and {budget.ram_available} B is available")
+
+    monkeypatch.setattr(hardware, "memory_budget", lambda: hardware.MemoryBudget(ram_available=1000, ram_total=4000))
+    monkeypatch.setattr(preflight, "plan_load", plan_load)
+    with pytest.raises(ApiError) as err:
+        _engine_for(s, "gemma")
+    assert err.value.status == 507 and "1500 B is available" in err.value.message  # with what smol gives back
+    assert made == ["smol"] and not engines[0].stopped and len(s.router.slots) == 1
+    with pytest.raises(ApiError) as err:
+        _engine_for(s, "smol", num_ctx=2048)  # a reload that would not fit: smol stays loaded
+    assert err.value.status == 507 and made == ["smol"] and not engines[0].stopped
+
+
+def test_the_start_names_the_models_trained_on_less_than_ctx_size(monkeypatch):
+    from localinfer.serve import fit
+    from localinfer.serve import ollama_models as om
+
+    facts = [om.ModelFacts("smol", 1, "", "", context_length=8192), om.ModelFacts("big", 1, "", "", context_length=131072),
+             om.ModelFacts("other", 1, "", "", context_length=2048)]  # fmt: skip
+    monkeypatch.setattr(om, "catalog", lambda loaded, names: facts)
+    warning = fit.start_warning(32768, ["smol", "big"], force=False)
+    assert warning == ("--ctx-size 32768 is beyond the tokens these were trained on: smol (8192); "
+                       "requests for them are refused (400) unless --force")  # fmt: skip
+    assert "answers may degrade" in fit.start_warning(32768, ["smol"], force=True)  # type: ignore[operator]
+    assert fit.start_warning(8192, ["smol", "big"], force=False) is None and fit.start_warning(None, ["smol"], force=False) is None
+
+
+def test_force_s_help_says_it_also_goes_beyond_the_trained_context():
+    from localinfer.cli.options import ForceOpt
+
+    assert "trained" in ForceOpt.__metadata__[0].help
+
+
