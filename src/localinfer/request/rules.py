@@ -20,6 +20,7 @@ INT32_MAX = 2**31 - 1  # llama.cpp takes top_k and the penalty window as int32_t
 SEED_MAX = 2**32 - 2  # uint32_t; 2**32 - 1 is LLAMA_DEFAULT_SEED, which llama.cpp reads as "random"
 MAX_STOPS = 16
 MAX_MESSAGES = 4096
+MAX_MODEL_NAME = 512  # no name the store takes is longer (store.names.MAX_SPEC): refused before any lookup
 
 
 class RuleError(ValueError):
@@ -214,6 +215,15 @@ def text(field: str, value: Any) -> str:
     if bad:
         raise RuleError(field, f"holds a lone surrogate (\\u{ord(bad.group()):04x}), which is not text")
     return value
+
+
+def model_name(field: str, value: Any) -> str:
+    """A request's model name, bounded before it is looked up (a close-name search is quadratic in
+    its length) or echoed in an error (the message never quotes it)."""
+    name = text(field, value)
+    if len(name) > MAX_MODEL_NAME:
+        raise RuleError(field, f"is {len(name)} characters long: a model's name has at most {MAX_MODEL_NAME}")
+    return name
 
 
 def stop(field: str, value: Any) -> tuple[str, ...]:

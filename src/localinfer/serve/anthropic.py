@@ -65,7 +65,7 @@ def _parse(body: dict[str, Any], counting: bool) -> Envelope:
     if not isinstance(stream, bool):
         raise _bad("stream", "must be true or false")
     return envelope(
-        model=None if body.get("model") is None else rules.text("model", body["model"]),
+        model=None if body.get("model") is None else rules.model_name("model", body["model"]),
         messages=rules.messages("messages", _messages(body.get("system"), body["messages"])),
         stream=stream, max_tokens=max_tokens, sampling=SamplingOptions(**sampling),
         stop=rules.stop("stop_sequences", body["stop_sequences"]) if body.get("stop_sequences") is not None else (),

@@ -90,7 +90,7 @@ def _parse(body: dict[str, Any]) -> EmbeddingRequest:
         raise _bad("dimensions", f"'dimensions' must be a positive integer, not {rules.shown(dims)}", "invalid_type")
     model = body.get("model")
     if model is not None:
-        model = rules.text("model", model)
+        model = rules.model_name("model", model)
     if body.get("user") is not None:
         rules.text("user", body["user"])
     return EmbeddingRequest(model, _inputs(body["input"]), fmt == "base64", dims)

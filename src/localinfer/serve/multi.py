@@ -99,6 +99,11 @@ class Served:
         from localinfer.fuzzy import rank
         from localinfer.store import resolve_model
 
+        from localinfer.request.rules import MAX_MODEL_NAME
+
+        if len(name) > MAX_MODEL_NAME:  # the wires refuse it first; here too, before difflib sees it
+            raise ApiError(400, f"'model' is {len(name)} characters long: a model's name has at most {MAX_MODEL_NAME}",
+                           param="model")  # fmt: skip
         if is_path(name):
             raise ApiError(404, f"model '{name}' not found: this server serves installed models by name, never a file "
                                 "(`localinfer pull FILE --name NAME` installs one)", code="model_not_found", param="model")  # fmt: skip

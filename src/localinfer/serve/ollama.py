@@ -97,7 +97,7 @@ def model_field(body: dict[str, Any], *, names: tuple[str, ...] = ("model",)) ->
     value = next((body[n] for n in names if body.get(n) is not None), None)
     if value is None:
         raise bad(names[0], f"'{names[0]}' is required")
-    name = rules.text(names[0], value)
+    name = rules.model_name(names[0], value)
     if not name:
         raise bad(names[0], f"'{names[0]}' must not be empty")
     return name

@@ -180,7 +180,7 @@ _IGNORED: dict[str, Callable[[str, Any], Any]] = {
     "safety_identifier": _text,
 }
 _COMMON: dict[str, Callable[[str, Any], Any]] = {
-    "model": _text,
+    "model": rules.model_name,
     "stream": _bool,
     "stream_options": _stream_options,
     "max_tokens": _rule("max_tokens"),

@@ -65,7 +65,7 @@ def _parse(body: dict[str, Any]) -> Envelope:
     sampling = {k: rules.check(k, body[k]) for k in ("temperature", "top_p") if body.get(k) is not None}
     limit = body.get("max_output_tokens")
     return envelope(
-        model=None if body.get("model") is None else rules.text("model", body["model"]),
+        model=None if body.get("model") is None else rules.model_name("model", body["model"]),
         messages=rules.messages("input", _messages(body.get("instructions"), body["input"])), stream=stream,
         max_tokens=None if limit is None else rules.check("max_tokens", limit, name="max_output_tokens"),
         sampling=SamplingOptions(**sampling), chat_template_kwargs=_reasoning(body.get("reasoning")),
