@@ -261,3 +261,13 @@ def test_a_client_that_goes_away_cancels_and_metrics_count(server):
         raise AssertionError(f"the request was not cancelled: {m}")
     assert m['localinfer_requests_finished_total{reason="interrupted"}'] > before.get('localinfer_requests_finished_total{reason="interrupted"}', 0)
     assert m.get('localinfer_requests_total{endpoint="ollama_tags",status="401"}', 0) >= 1
+
+
+def test_show_s_modelfile_names_the_blob_not_the_user_s_paths():
+    from localinfer.serve import ollama_models as om
+
+    blob = Path("/home/someone/.localinfer/blobs/sha256-" + "ab" * 32)
+    installed = om.ModelFacts("smol", 1, "ab" * 32, "", path=blob)
+    assert om.show(installed, None, None)["modelfile"] == f"# served by localinfer\nFROM sha256-{'ab' * 32}\n"
+    local = om.ModelFacts("mine", 1, "", "", path=Path("/home/someone/models/mine.gguf"))  # never hashed
+    assert "/home" not in json.dumps(om.show(local, None, None)) and "FROM mine\n" in om.show(local, None, None)["modelfile"]

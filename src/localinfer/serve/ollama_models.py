@@ -165,8 +165,10 @@ def model_info(info: GGUFInfo | None, facts: ModelFacts) -> dict[str, Any]:
 
 def show(facts: ModelFacts, info: GGUFInfo | None, template: str | None, vision: bool = False) -> dict[str, Any]:
     """``/api/show``'s answer. ``info``: the model's header (None when it cannot be read)."""
+    # Ollama's names its blob's path; ours would tell a client the user's home and store: the blob's name
+    source = f"sha256-{facts.digest}" if facts.digest else facts.name
     return {
-        "modelfile": f"# served by localinfer\nFROM {facts.path or facts.name}\n",
+        "modelfile": f"# served by localinfer\nFROM {source}\n",
         "parameters": "",
         "template": template or "",
         "details": facts.details(),
