@@ -109,3 +109,28 @@ def test_force_s_help_says_it_also_goes_beyond_the_trained_context():
     assert "trained" in ForceOpt.__metadata__[0].help
 
 
+
+
+def test_two_names_of_two_copies_of_one_file_share_one_load(monkeypatch, tmp_path):
+    """`smol` pulled from the shipped SmolLM2 is a copy of the file `smollm2:135m` names: one digest,
+    one load (the digest a client picks answers whichever name it lists)."""
+    import localinfer.store
+
+    for name in ("shipped.gguf", "blob", "other"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    files = {"smollm2:135m": ("shipped.gguf", "ab" * 32), "smol": ("blob", "ab" * 32), "gemma": ("other", "cd" * 32)}
+    made: list[str] = []
+
+    def make(resolved: Any, name: str, want: Any) -> Any:
+        made.append(name)
+        return Model(name, Engine(pieces=(name,)))
+
+    s = served(monkeypatch, make)
+    monkeypatch.setattr(s, "servable", lambda: sorted(files))
+    monkeypatch.setattr(localinfer.store, "resolve_model", lambda name, **_: SimpleNamespace(
+        name=name, path=tmp_path / files[name][0], sha256=files[name][1], info=SimpleNamespace(context_length=2048),
+        mmproj=None, chat_format=None))  # fmt: skip
+    for name in ("smol", "smollm2:135m", "smol", "gemma"):
+        assert _engine_for(s, name)[1] == name
+    assert made == ["smol", "gemma"] and len(s.router.slots) == 2
+    assert set(s.loaded()) == {"smol", "smollm2:135m", "gemma"} and sorted(s.loaded(aliases=False)) == ["gemma", "smol"]

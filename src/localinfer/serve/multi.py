@@ -145,13 +145,14 @@ class Served:
             recent = max(self.router.slots.values(), key=lambda s: s.info.last_used, default=None)
             name = recent.info.name if recent is not None else self._default()
         seconds = _keep_alive(keep_alive)
-        # keyed by the file itself: two names (links, copies in place) of one file share one load
+        # keyed by the file's content: two names of one file, or of two copies of it, share one load
         found, resolved, key = await asyncio.to_thread(self._located, name)
         asked = _num_ctx(num_ctx)
         ctx = asked or self.ctx_size or await asyncio.to_thread(self._default_ctx, resolved, found)
         fit.check_trained(found, resolved, ctx, num_ctx=asked is not None, force=self.force)
         mmproj = str(resolved.mmproj) if resolved.mmproj else None  # one file, another projector: reloaded
-        want = Want(key=key, options={"mmproj": mmproj}, sequences=self.config.parallel, ctx_per_seq=ctx)
+        options = {"mmproj": mmproj, "chat_format": getattr(resolved, "chat_format", None)}  # one file, two templates: reloaded
+        want = Want(key=key, options=options, sequences=self.config.parallel, ctx_per_seq=ctx)
         check = None if self.force else (lambda w: fit.check_memory(self.router, self.base, resolved, found, w))
         try:
             slot, _ = await self.router.acquire(want, found, lambda w: self._make(resolved, found, w), keep_alive=seconds,
@@ -172,9 +173,9 @@ class Served:
         return slot.held.engine, found
 
     def _located(self, name: str) -> tuple[str, ResolvedModel, str]:
-        """:meth:`resolve`, and the real path of the file (a load's key): file system calls, off the loop."""
+        """:meth:`resolve`, and a load's key (:func:`load_key`): file system calls, off the loop."""
         found, resolved = self.resolve(name)
-        return found, resolved, os.path.realpath(resolved.path)
+        return found, resolved, load_key(resolved)
 
     def _default(self) -> str:
         from localinfer.store.registry import load_registry
@@ -262,7 +263,7 @@ class Served:
             return slots
         by_key = {s.key: s for s in self.router.slots.values()}
         for name, resolved in list(self.installed.resolved.items()):
-            slot = by_key.get(os.path.realpath(resolved.path))
+            slot = by_key.get(load_key(resolved))
             if slot is not None:
                 slots.setdefault(name, slot)
         return slots
@@ -354,6 +355,13 @@ class Leases:
             for router, slot in held:
                 router.release(slot)
             held.clear()
+
+
+def load_key(resolved: ResolvedModel) -> str:
+    """What one loaded model answers for: the file's verified digest (a model pulled from the shipped
+    file is a copy of it), else its real path (links to one file)."""
+    digest = getattr(resolved, "sha256", None)
+    return f"sha256:{digest}" if digest else os.path.realpath(resolved.path)
 
 
 def _keep_alive(value: Any) -> float | None:
