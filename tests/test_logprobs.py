@@ -116,7 +116,7 @@ class _LogprobEngine:
         self.asked.append(request.request.logprobs)
         return Prepared(request, [1, 2, 3], ())
 
-    def submit(self, prepared, on_text, on_end, on_logprobs=None):
+    def submit(self, prepared, on_text, on_end, on_logprobs=None, **_):
         import threading
 
         from localinfer.engine.types import GenerationStats

@@ -245,7 +245,7 @@ class FakeEngine:
     def prepare(self, request: Any) -> Prepared:
         return Prepared(request, [1, 2, 3], ())
 
-    def submit(self, prepared: Prepared, on_text: Any, on_end: Any, on_reasoning: Any = None) -> Any:
+    def submit(self, prepared: Prepared, on_text: Any, on_end: Any, on_reasoning: Any = None, **_: Any) -> Any:
         if self.full:
             raise Overloaded()
 

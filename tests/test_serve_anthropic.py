@@ -45,6 +45,11 @@ def _client(s: ServeProcess, key: str = "unused", **kw: Any) -> Any:
     return anthropic.Anthropic(base_url=s.base, api_key=key, max_retries=0, timeout=600, **kw)
 
 
+def _prompt(message: Any) -> int:
+    """The whole prompt: Anthropic's input_tokens counts only what was not read from the cache."""
+    return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+
+
 def _text(message: Any) -> str:
     return "".join(b.text for b in message.content if b.type == "text")
 
@@ -53,7 +58,7 @@ def test_create_answers_a_message(served):
     m = _client(served).messages.create(model="smollm2", max_tokens=16, messages=HI, extra_body=GREEDY)
     assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
     assert [b.type for b in m.content] == ["text"] and _text(m).strip()
-    assert m.stop_reason in ("end_turn", "max_tokens") and 0 < m.usage.output_tokens <= 16 and m.usage.input_tokens > 5
+    assert m.stop_reason in ("end_turn", "max_tokens") and 0 < m.usage.output_tokens <= 16 and _prompt(m) > 5
     cut = _client(served).messages.create(model="smollm2", max_tokens=2, messages=HI, extra_body=GREEDY)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 2
 
@@ -76,7 +81,9 @@ def test_greedy_text_equals_chat_completions(served):
     chat = openai.OpenAI(base_url=served.base + "/v1", api_key="x", max_retries=0).chat.completions.create(
         model="smollm2", max_tokens=24, temperature=0, messages=[{"role": "system", "content": "Be brief."}, *ask])
     assert _text(m) == chat.choices[0].message.content
-    assert m.usage.input_tokens == chat.usage.prompt_tokens and m.usage.output_tokens == chat.usage.completion_tokens
+    # Anthropic's input_tokens is the uncached part: with the cached part, the whole prompt
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert m.usage.output_tokens == chat.usage.completion_tokens
 
 
 def test_stream_events_assemble_to_the_message(served):
@@ -120,7 +127,7 @@ def test_a_tool_result_turn_is_answered(served):
     turns = [ask, {"role": "assistant", "content": [b.model_dump() for b in m.content]},
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "42"}]}]  # fmt: skip
     answer = c.messages.create(model="smollm2", max_tokens=24, messages=turns, tools=[ADD], extra_body=GREEDY)
-    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use") and answer.usage.input_tokens > m.usage.input_tokens
+    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use") and _prompt(answer) > _prompt(m)
     with pytest.raises(anthropic.BadRequestError, match="tool_call_id|tool_use"):  # a result for no call
         c.messages.create(model="smollm2", max_tokens=8, messages=[ask, {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "42"}]}])  # fmt: skip
@@ -131,7 +138,7 @@ def test_count_tokens_equals_the_usage(served):
     kw: dict[str, Any] = {"model": "smollm2", "system": "Be brief.", "messages": HI, "tools": [WEATHER]}
     counted = c.messages.count_tokens(**kw)
     m = c.messages.create(max_tokens=4, **kw)
-    assert counted.input_tokens == m.usage.input_tokens > 10
+    assert counted.input_tokens == _prompt(m) > 10
 
 
 def test_what_claude_code_sends_is_accepted(served):

@@ -119,3 +119,53 @@ def test_tools_with_a_format_are_refused_on_every_wire_naming_the_format():
     with pytest.raises(ApiError, match="together with 'tools'") as info:
         ollama_wire.parse_chat({"messages": [{"role": "user", "content": "q"}], "tools": [ollama_tool], "format": schema}, "m")
     assert info.value.status == 400 and info.value.param == "format"
+
+
+class Admitting(FakeEngine):
+    """Tells the prompt's news as the engine does (admission with ``cached`` reused, then a prefill
+    of ``hold`` seconds in ``chunks``) before it answers; the outcome's usage says the same."""
+
+    def __init__(self, cached: int = 4, hold: float = 0.0, chunks: int = 1) -> None:
+        super().__init__()
+        self.cached, self.hold, self.chunks = cached, hold, chunks
+
+    def prepare(self, request: Any, clamp: bool = False) -> Any:
+        from localinfer.serve.engine import Prepared
+
+        return Prepared(request, list(range(10)), ())
+
+    def submit(self, prepared: Any, on_text: Any, on_end: Any, on_prompt: Any = None, on_steps: Any = None, **_: Any) -> Any:
+        def run() -> None:
+            if on_prompt is not None:
+                on_prompt(self.cached, self.cached)
+                for i in range(1, self.chunks + 1):
+                    time.sleep(self.hold / self.chunks)
+                    on_prompt(self.cached, self.cached + (10 - self.cached) * i // self.chunks)
+            for p in self.pieces:
+                if on_text:
+                    on_text(p)
+                elif on_steps:
+                    from localinfer.generate.finish import Text
+
+                    on_steps([Text(p)])
+            on_end(_outcome("".join(self.pieces), "stop"))  # prompt_tokens=10, cached_tokens=4
+
+        threading.Thread(target=run).start()
+        return self
+
+
+def _events(body: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for b in body.decode().split("\n\n") for line in b.split("\n") if line.startswith("data: {")]
+
+
+def test_anthropic_usage_counts_the_cached_part_apart_in_the_stream_and_the_message():
+    # input_tokens is the uncached part: the issue's 21,320-token prompt cached but one token said 21320 + 21319
+    body = {"max_tokens": 8, "messages": HI}
+    status, _, raw = call(_state(Admitting(cached=4)), "POST", "/v1/messages", {**body, "stream": True})
+    events = _events(raw)
+    start = events[0]["message"]["usage"]
+    assert status == 200 and start == {"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 0}
+    (delta,) = [e for e in events if e["type"] == "message_delta"]
+    assert delta["usage"] == {"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 3}
+    status, _, raw = call(_state(Admitting(cached=4)), "POST", "/v1/messages", body)
+    assert status == 200 and json.loads(raw)["usage"] == {"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 3}

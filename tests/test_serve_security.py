@@ -156,7 +156,7 @@ class Held(FakeEngine):
         super().__init__()
         self.release = threading.Event()
 
-    def submit(self, prepared: Any, on_text: Any, on_end: Any, on_reasoning: Any = None) -> Any:
+    def submit(self, prepared: Any, on_text: Any, on_end: Any, on_reasoning: Any = None, **_: Any) -> Any:
         def later() -> None:
             self.release.wait(30)
             FakeEngine.submit(self, prepared, on_text, on_end)

@@ -221,6 +221,8 @@ class BatchDecoder(BatchStep):
             slot.stats.n_ctx = self.n_ctx_seq
             slot.stats.extra["seed"] = seed
             self.stats.cached_tokens += cached
+            if job.on_prompt is not None:
+                job.on_prompt(cached, cached)
             if isinstance(job.tokens, MediaPrompt):  # its images encode off this thread; it joins when decoded
                 error = self._media.admit(slot, self._slots)
                 if error is not None:

@@ -126,6 +126,10 @@ class BatchStep:
                     hint="use a larger --ctx-size or a smaller --parallel",
                 )
             raise GenerationError(f"llama_decode failed with code {rc}")
+        if prefilling:
+            for s in active:
+                if s.prompt is not None and s.job.on_prompt is not None:
+                    s.job.on_prompt(s.stats.cached_tokens, s.off)
         return prefilling
 
     def _put_prompt(self, s: Slot, n: int, k: int) -> int:

@@ -245,7 +245,25 @@ class ChatTemplate:
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **variables: Any) -> ChatPrompt:
         """``variables``: the template's own (``chat_template_kwargs``: ``enable_thinking``,
         ``reasoning_effort``; ``tools``), as transformers' ``apply_chat_template`` passes them; they
-        may not replace the names the render sets (RESERVED). A named format ignores them."""
+        may not replace the names the render sets (RESERVED). A named format ignores them.
+
+        A system message after the first other turn is rendered where it was sent when the template
+        takes it there; one that refuses it ("system message must be first") or leaves its text out
+        gets it as a user turn's text, joined to the user turns beside it (``later_systems_as_user``):
+        what was sent before it renders as it did, so the prompt of a session's next turn still
+        starts with the last one's (a cached prefix)."""
+        later = _later_systems(messages)
+        try:
+            prompt = self._render(messages, add_generation_prompt, variables)
+        except UsageError:
+            if not later:
+                raise
+            return self._render(later_systems_as_user(messages), add_generation_prompt, variables)
+        if later and not all(text in prompt.text for text in later):
+            return self._render(later_systems_as_user(messages), add_generation_prompt, variables)
+        return prompt
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, variables: dict[str, Any]) -> ChatPrompt:
         if self.template is not None:
             text = render_template(
                 self.template, messages, **{"eos_token": self.eos_text, "bos_token": self.bos_text, **variables},
@@ -259,6 +277,38 @@ class ChatTemplate:
         result = fn(messages=messages)
         stops = tuple(s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s)
         return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
+
+
+def _later_systems(messages: list[dict[str, Any]]) -> list[str]:
+    """The texts of the system messages after the first message of another role."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    return [m["content"].strip() for m in messages[first:] if m.get("role") == "system" and isinstance(m.get("content"), str)]
+
+
+def later_systems_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each system message after the first other turn made a user turn's text,
+    joined with a user turn just before or after it (roles still alternate, as templates check)."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    out: list[dict[str, Any]] = list(messages[:first])
+    joinable = False  # the last turn of ``out`` holds a moved system text: the next user turn joins it
+    for m in messages[first:]:
+        moved = m.get("role") == "system"
+        if moved:
+            m = {**m, "role": "user"}
+        if out and (moved or joinable) and m.get("role") == "user" and out[-1].get("role") == "user":
+            out[-1] = {**out[-1], "content": _joined(out[-1].get("content"), m.get("content"))}
+        else:
+            out.append(m)
+        joinable = moved
+    return out
+
+
+def _joined(a: Any, b: Any) -> Any:
+    """Two turns' contents as one: strings joined by a blank line, else lists of parts one after the other."""
+    if isinstance(a, str) and isinstance(b, str):
+        return f"{a}\n\n{b}" if a and b else a or b
+    parts = [p for c in (a, b) for p in ([{"type": "text", "text": c}] if isinstance(c, str) else c or [])]
+    return parts
 
 
 def _format_key(name: str | None) -> str:

@@ -150,6 +150,9 @@ class SeqJob:
     # this job's draft sizes (serve's speculative.n_max / n_min): None as loaded; a max of 0 drafts nothing
     draft_max: int | None = None
     draft_min: int = 0
+    # the prompt's progress, on the decoding thread: (cached, evaluated so far, cached included) at
+    # admission, when the reused prefix is known, then after each decode that carried its tokens
+    on_prompt: Callable[[int, int], None] | None = None
 
 
 @dataclass

@@ -10,6 +10,8 @@ clamped to what the context leaves (the route asks the engine to), never refused
 from __future__ import annotations
 
 import json
+import os
+import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,10 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
 _TEXT_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
 _STOP = {"length": "max_tokens", "tool_calls": "tool_use"}  # the answer's finish reason -> stop_reason
+# Claude Code's first system block: its version and a per-request hash (cch=), no instruction to the
+# model; in the prompt it would change the prompt's start on every request (no prefix ever reused)
+_BILLING = re.compile(r"\s*x-anthropic-billing-header:[^\n]*\s*")
+KEEP_BILLING_ENV = "LOCALINFER_KEEP_BILLING_HEADER"  # 1: keep that block in the prompt (docs/serve-anthropic.md)
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:
@@ -89,20 +95,40 @@ def _text_of(where: str, content: Any) -> str:
     return "".join(parts)
 
 
+def _system(system: Any) -> list[str]:
+    """The system prompt's text (none, or one), without Claude Code's billing-header block."""
+    if system is None:
+        return []
+    if isinstance(system, list) and os.environ.get(KEEP_BILLING_ENV) != "1":
+        system = [b for b in system if not (isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+                                            and _BILLING.fullmatch(b["text"]))]  # fmt: skip
+        if not system:
+            return []
+    return [_text_of("system", system)]
+
+
 def _messages(system: Any, messages: Any) -> list[dict[str, Any]]:
     """Anthropic's turns as OpenAI-style messages (which ``rules.messages`` checks): the system prompt
-    and any system-role turn first, tool_use blocks as ``tool_calls``, tool_result blocks as ``tool``
-    turns; past thinking is dropped (templates drop it too)."""
+    first, with the system-role turns sent before any other; a system-role turn among the others stays
+    where it was sent (Claude Code sends one after the first question, agents add more as a session
+    goes on: moved to the top, every turn after the top would change, and no prefix be reused; the
+    template's render places it where the template cannot take it: engine.templates); tool_use
+    blocks as ``tool_calls``, tool_result blocks as ``tool`` turns; past thinking is dropped
+    (templates drop it too)."""
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of messages")
-    systems = [] if system is None else [_text_of("system", system)]
+    systems = _system(system)
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
             raise _bad(f"{where}.role", "must be 'user' or 'assistant'")
-        if m["role"] == "system":  # Claude Code sends one among the turns
-            systems.append(_text_of(f"{where}.content", m.get("content")))
+        if m["role"] == "system":
+            text = _text_of(f"{where}.content", m.get("content"))
+            if out:
+                out.append({"role": "system", "content": text})
+            else:
+                systems.append(text)
             continue
         content = m.get("content")
         if isinstance(content, str):
@@ -215,9 +241,15 @@ def _stop(outcome: Outcome, stops: tuple[str, ...]) -> tuple[str, str | None]:
     return _STOP.get(outcome.reason or "", "end_turn"), None
 
 
-def _usage(outcome: Outcome) -> dict[str, Any]:
+def _usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
+    """Anthropic's convention (and llama-server's): ``input_tokens`` is the part of the prompt not read
+    from the cache, their sum the prompt (Claude Code adds them up to know how full its window is)."""
+    return {"input_tokens": prompt - cached, "cache_read_input_tokens": cached, "output_tokens": output}
+
+
+def _outcome_usage(outcome: Outcome) -> dict[str, Any]:
     s = outcome.stats
-    return {"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens, "cache_read_input_tokens": s.cached_tokens}
+    return _usage(s.prompt_tokens, s.cached_tokens, s.completion_tokens)
 
 
 def _input(arguments: str) -> Any:
@@ -239,10 +271,15 @@ class Writer:
         self.id = "msg_" + secrets.token_hex(12)
         self._block = -1  # the open block's index
         self._open: str | None = None  # its kind: thinking | text | tool (None: none open)
+        self.cached = 0  # the prompt's tokens read from the cache, once the request has its sequence
+
+    def admitted(self, cached: int) -> None:
+        """The request has its sequence: ``cached`` of its prompt's tokens are reused (before ``head``)."""
+        self.cached = cached
 
     def head(self, mode: str) -> bytes:
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}  # fmt: skip
+                   "stop_reason": None, "stop_sequence": None, "usage": _usage(self.input_tokens, self.cached, 0)}  # fmt: skip
         out = _event("message_start", {"type": "message_start", "message": message}) + self.keepalive
         return out + (self._start("text", {"type": "text", "text": ""}) if mode == "text" else b"")
 
@@ -285,8 +322,9 @@ class Writer:
 
     def tail(self, outcome: Outcome) -> bytes:
         reason, sequence = _stop(outcome, self.stops)
+        # the whole usage, as Anthropic's own message_delta (the SDKs take its input and cache counts)
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                 "usage": {"output_tokens": outcome.stats.completion_tokens}}  # fmt: skip
+                 "usage": _outcome_usage(outcome)}  # fmt: skip
         return self._stop_block() + _event("message_delta", delta) + _event("message_stop", {"type": "message_stop"})
 
     def stream_error(self, exc: ApiError) -> bytes:
@@ -301,4 +339,4 @@ class Writer:
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)} for c in outcome.tool_calls]
         reason, sequence = _stop(outcome, self.stops)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(outcome)}  # fmt: skip
+                "stop_reason": reason, "stop_sequence": sequence, "usage": _outcome_usage(outcome)}  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -56,6 +57,10 @@ class Channel(Generic[T]):
         self._pieces: collections.deque[Any] = collections.deque()  # text, steps, or (text, entries)
         self._end: T | None = None
         self.event = asyncio.Event()
+        self.total = 0  # the prompt's tokens (set by whoever submits it)
+        self.prompt: tuple[int, int, float] | None = None  # the latest news of the prompt: cached, evaluated, when
+        self._admitted = 0.0
+        self._prompt_news = False
 
     # engine thread
     def push(self, text: str) -> None:
@@ -70,6 +75,14 @@ class Channel(Generic[T]):
     def push_logprobs(self, text: str, entries: list) -> None:
         """A piece with its tokens' log probabilities, in one append (read with ``get_logprobs``)."""
         self._pieces.append((text, entries))
+        self._hub.notify(self)
+
+    def push_prompt(self, cached: int, evaluated: int) -> None:
+        """The prompt's progress (``SeqJob.on_prompt``): only the latest is kept (read with ``take_prompt``)."""
+        now = time.perf_counter()
+        if self.prompt is None:
+            self._admitted = now
+        self.prompt, self._prompt_news = (cached, evaluated, now - self._admitted), True
         self._hub.notify(self)
 
     def close(self, end: T) -> None:
@@ -102,6 +115,17 @@ class Channel(Generic[T]):
         pieces = self._pieces
         items = [pieces.popleft() for _ in range(len(pieces))]
         return "".join(t for t, _ in items), [e for _, es in items for e in es], end
+
+    def take_prompt(self) -> tuple[int, int, float] | None:
+        """Event loop: the prompt's news since the last call (cached, evaluated, seconds since admission), or None."""
+        if not self._prompt_news:
+            return None
+        self._prompt_news = False
+        return self.prompt
+
+    def has_answer(self) -> bool:
+        """Event loop: a piece of the answer or its end is waiting (not only the prompt's news)."""
+        return bool(self._pieces) or self._end is not None
 
     def wake(self) -> None:
         """Event loop: make a waiting ``get`` return (the client went away)."""

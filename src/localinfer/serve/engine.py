@@ -120,12 +120,13 @@ class Engine:
     def submit(
         self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None],
         on_logprobs: Callable[[str, list], None] | None = None,
-        on_steps: Callable[[list[Step]], None] | None = None,
+        on_steps: Callable[[list[Step]], None] | None = None, on_prompt: Callable[[int, int], None] | None = None,
     ) -> Ticket:  # fmt: skip
         """Queue a request. Its answer streams as raw text pieces (``on_text``: the fast path of an
         answer that is all text), as pieces with their logprobs (``on_logprobs``: thinking stays
         inline), or as typed steps (``on_steps``: thinking, text, tool calls - ``localinfer.generate.finish``);
-        all None: wanted only at the end. ``Overloaded`` when more than ``max_queue`` would wait."""
+        all None: wanted only at the end. ``on_prompt``: the prompt's progress (``SeqJob.on_prompt``).
+        ``Overloaded`` when more than ``max_queue`` would wait."""
         from localinfer.engine.batch import SeqJob
         from localinfer.generate.finish import Finish
 
@@ -142,6 +143,7 @@ class Engine:
             r.ignore_eos, on_text=feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
             cache_prompt=prepared.envelope.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
             on_logprobs=on_logprobs, draft_max=prepared.envelope.draft_max, draft_min=prepared.envelope.draft_min,
+            on_prompt=on_prompt,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end, finish, live, on_steps)
         self._queue.put(ticket)

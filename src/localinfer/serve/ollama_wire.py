@@ -228,8 +228,9 @@ def line(obj: Any) -> bytes:
 def counters(outcome: Outcome, load_s: float = 0.0) -> dict[str, Any]:
     """Ollama's counters, from the figures /metrics and usage report (``localinfer.engine.types``):
     the whole request with the time it waited for its model (``load_s``: the load it started or
-    waited for, near 0 for a loaded model, as Ollama's), the prompt (all its tokens; its duration:
-    evaluating the ones not cached), and the answer's tokens over the time from the first to the last."""
+    waited for, near 0 for a loaded model, as Ollama's), the prompt (all its tokens, cached ones included:
+    Ollama's runner counts them before it loads its cache; its duration: evaluating the ones not cached),
+    and the answer's tokens over the time from the first to the last."""
     s = outcome.stats
     return {"total_duration": ns(outcome.total_s + load_s), "load_duration": ns(load_s), "prompt_eval_count": s.prompt_tokens,
             "prompt_eval_duration": ns(s.prefill_s), "eval_count": s.completion_tokens, "eval_duration": ns(s.decode_s)}  # fmt: skip

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
 KEEPALIVE_S = 10.0  # between keep-alive events while a stream waits for its first piece
+KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every SSE client skips it (a protocol may have its own event)
 UNENFORCED_HEADER = b"x-localinfer-unenforced"  # docs/tools.md: the tools' keywords the constraint left out
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
@@ -34,11 +35,13 @@ def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: boo
 
     if not stream:
         return engine.submit(prepared, None, channel.close), "whole"
+    channel.total = len(prepared.tokens)
+    news = channel.push_prompt  # the stream's head waits for the cached count; progress where asked
     if plain(None, prepared.tools) and logprobs:  # thinking stays inline in a stream of logprobs
-        return engine.submit(prepared, None, channel.close, on_logprobs=channel.push_logprobs), "logprobs"
+        return engine.submit(prepared, None, channel.close, on_logprobs=channel.push_logprobs, on_prompt=news), "logprobs"
     if plain(prepared.splitter, prepared.tools):
-        return engine.submit(prepared, channel.push, channel.close), "text"
-    return engine.submit(prepared, None, channel.close, on_steps=channel.push_steps), "steps"
+        return engine.submit(prepared, channel.push, channel.close, on_prompt=news), "text"
+    return engine.submit(prepared, None, channel.close, on_steps=channel.push_steps, on_prompt=news), "steps"
 
 
 def unenforced(request: Any) -> tuple[str, ...]:
@@ -107,11 +110,8 @@ class AnswerResponse(Response):
     async def _send_stream(self, send: Callable) -> int:
         writer = self.writer
         await send({"type": "http.response.start", "status": 200, "headers": [*getattr(writer, "stream_headers", SSE_HEADERS), *self.notes]})
-        head = writer.head(self.mode)
-        if head:
-            await send({"type": "http.response.body", "body": head, "more_body": True})
         offset = 0  # characters sent: the completions API's text_offset
-        await self._keep_alive(send, getattr(writer, "keepalive", None))
+        await self._prefill(send, getattr(writer, "keepalive", KEEPALIVE))
         while True:
             if self.mode == "text":  # the fast path: each piece spliced into an event made once
                 text, end = await self.channel.get()
@@ -136,15 +136,39 @@ class AnswerResponse(Response):
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
 
-    async def _keep_alive(self, send: Callable, event: bytes | None) -> None:
-        """Until the answer's first news (a long prompt's prefill), send the protocol's keep-alive
-        ``event`` (Anthropic's ping) every ``KEEPALIVE_S``: clients and proxies see a live stream."""
-        while event is not None and not self.gone:
+    async def _prefill(self, send: Callable, keepalive: bytes) -> None:
+        """Until the answer's first piece: the stream's head once the request has its sequence (the
+        cached count known: Anthropic's message_start reports it), or after ``KEEPALIVE_S`` without
+        (queued: the best-known count); the prompt's progress where the writer sends it (llama-server's
+        ``return_progress``); and the ``keepalive`` event (Anthropic's ping, else an SSE comment)
+        every ``KEEPALIVE_S`` of silence: clients and proxies (Codex: 300 s) see a live stream."""
+        channel, writer, headed = self.channel, self.writer, False
+        while not self.gone:
             try:
-                await asyncio.wait_for(self.channel.event.wait(), KEEPALIVE_S)  # not cleared: the get below reads it
-                return
+                await asyncio.wait_for(channel.event.wait(), KEEPALIVE_S)
             except asyncio.TimeoutError:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+                body = keepalive if headed else self._head(None)
+                headed = True
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                continue
+            answered = channel.has_answer()
+            if not answered:
+                channel.event.clear()  # not for the loop below: only the prompt's news came
+            news = channel.take_prompt()
+            body = b"" if headed else self._head(news)
+            headed = True
+            if news is not None and hasattr(writer, "progress"):
+                body += writer.progress(channel.total, *news)
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            if answered:
+                return
+
+    def _head(self, news: tuple[int, int, float] | None) -> bytes:
+        """The stream's first events; ``news``: the prompt's (its cached count), None where not known yet."""
+        if news is not None and hasattr(self.writer, "admitted"):
+            self.writer.admitted(news[0])
+        return self.writer.head(self.mode)
 
     async def _send_whole(self, send: Callable) -> int:
         end = None
