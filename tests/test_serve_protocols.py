@@ -169,3 +169,103 @@ def test_anthropic_usage_counts_the_cached_part_apart_in_the_stream_and_the_mess
     assert delta["usage"] == {"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 3}
     status, _, raw = call(_state(Admitting(cached=4)), "POST", "/v1/messages", body)
     assert status == 200 and json.loads(raw)["usage"] == {"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 3}
+
+
+def _asgi(engine: Any) -> Any:
+    """An httpx transport into the app on ``engine``: the official clients read what it streams."""
+    import asyncio
+
+    import httpx
+
+    from localinfer.serve.app import create_app
+    from localinfer.serve.bridge import Hub
+
+    state = _state(engine)
+
+    class Transport(httpx.ASGITransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            state.hub = Hub(asyncio.get_running_loop())
+            return await super().handle_async_request(request)
+
+    return httpx.AsyncClient(transport=Transport(app=create_app(state)), base_url="http://127.0.0.1")
+
+
+def test_a_long_prefill_keeps_openai_and_responses_streams_alive_and_their_clients_read_through(monkeypatch):
+    import asyncio
+
+    openai = pytest.importorskip("openai")
+    from localinfer.serve import sending
+
+    monkeypatch.setattr(sending, "KEEPALIVE_S", 0.05)
+    for path, body in (("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "x"}),
+                       ("/v1/responses", {"input": "hi"})):  # fmt: skip
+        status, _, raw = call(_state(Admitting(hold=0.5)), "POST", path, {**body, "stream": True})
+        head, _, rest = raw.partition(b": keep-alive\n\n")  # the head first (the request has its sequence), then comments
+        assert status == 200 and raw.count(b": keep-alive\n\n") > 2 and b"prompt_progress" not in raw, path
+        opens = {"/v1/chat/completions": b"data: {", "/v1/completions": b"", "/v1/responses": b"event: response.created"}
+        assert head.startswith(opens[path]) and b"Hel" in rest and b"Hel" not in head, path
+
+    async def main() -> tuple[str, str]:
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="x", max_retries=0, http_client=_asgi(Admitting(hold=0.5)))
+        chunks = [c async for c in await client.chat.completions.create(model="m", messages=HI, stream=True)]
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="x", max_retries=0, http_client=_asgi(Admitting(hold=0.5)))
+        events = [e async for e in await client.responses.create(model="m", input="hi", stream=True)]
+        assert events[-1].type == "response.completed"
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), events[-1].response.output_text
+
+    assert asyncio.run(main()) == ("Hello", "Hello")  # the comments skipped, as the SSE spec says
+
+
+def test_return_progress_streams_llama_servers_prompt_progress_chunks(monkeypatch):
+    import asyncio
+
+    openai = pytest.importorskip("openai")
+
+    async def main() -> list[Any]:
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="x", max_retries=0,
+                                    http_client=_asgi(Admitting(cached=4, hold=0.2, chunks=2)))  # fmt: skip
+        stream = await client.chat.completions.create(model="m", messages=HI, stream=True, stream_options={"include_usage": True},
+                                                      extra_body={"return_progress": True})  # fmt: skip
+        return [c async for c in stream]
+
+    chunks = asyncio.run(main())
+    progress = [c.model_extra["prompt_progress"] for c in chunks if (c.model_extra or {}).get("prompt_progress")]
+    # llama-server's shape: total, cache, processed (cached ones included), time_ms; at admission, then per decode
+    assert [(p["total"], p["cache"], p["processed"]) for p in progress] == [(10, 4, 4), (10, 4, 7), (10, 4, 10)]
+    assert all(p["time_ms"] >= 0 for p in progress) and progress[-1]["time_ms"] >= 150
+    first = next(c for c in chunks if (c.model_extra or {}).get("prompt_progress"))
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content is None
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 4
+    status, _, raw = call(_state(Admitting(cached=4, hold=0.2)), "POST", "/v1/completions",
+                          {"prompt": "x", "stream": True, "return_progress": True})  # fmt: skip
+    assert status == 200 and raw.count(b'"prompt_progress":{"total":10,"cache":4,"processed":') == 2
+    status, _, raw = call(_state(Admitting()), "POST", "/v1/chat/completions", {"messages": HI, "return_progress": True})
+    assert status == 200 and b"prompt_progress" not in raw  # a whole answer: nothing to show progress in
+
+
+def test_ollamas_ndjson_stream_gets_no_keep_alive_line(monkeypatch):
+    import asyncio
+
+    from localinfer.serve import ollama_wire, sending
+    from localinfer.serve.bridge import Channel, Hub
+
+    monkeypatch.setattr(sending, "KEEPALIVE_S", 0.05)
+
+    async def main() -> bytes:
+        channel: Channel[Any] = Channel(Hub(asyncio.get_running_loop()))
+        ticket = Admitting(hold=0.3).submit(None, channel.push, channel.close, on_prompt=channel.push_prompt)
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()  # the client stays
+            return {}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await sending.AnswerResponse(ticket, channel, ollama_wire.OllamaAnswer("chat", "m", 0.0), "text")({"type": "http"}, receive, send)
+        return b"".join(m.get("body", b"") for m in sent[1:])
+
+    lines = asyncio.run(main()).decode().splitlines()  # every line an object: Ollama's clients parse each
+    assert len(lines) >= 2 and all(json.loads(line) for line in lines) and json.loads(lines[-1])["done"] is True

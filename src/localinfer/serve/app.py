@@ -206,7 +206,7 @@ class Wire:
 
 def _chat_wire(kind: str, whole: bool = False) -> Wire:
     return Wire(functools.partial(parse_request, kind=kind), functools.partial(ApiError.body, whole=whole),
-                lambda model, req, prepared: Answer.new(kind, model, req.include_usage, whole))  # fmt: skip
+                lambda model, req, prepared: Answer.new(kind, model, req.include_usage, whole, req.return_progress))  # fmt: skip
 
 
 CHAT, COMPLETIONS = _chat_wire("chat"), _chat_wire("text")

@@ -253,6 +253,7 @@ class OllamaAnswer:
     """One answer's objects: ``chat`` puts text in ``message.content``, ``generate`` in ``response``."""
 
     stream_headers = NDJSON_HEADERS
+    keepalive = None  # NDJSON has no comment: every line is an object (Ollama's clients parse each)
 
     def __init__(self, kind: str, model: str, load_s: float = 0.0) -> None:
         self.kind, self.model, self.load_s = kind, model, load_s

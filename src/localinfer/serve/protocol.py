@@ -65,6 +65,7 @@ class Envelope:
     # llama-server's speculative.n_max / n_min under serve --draft: (None, 0) as the server drafts; n_max 0: not at all
     draft_max: int | None = None
     draft_min: int = 0
+    return_progress: bool = False  # llama-server's: a stream carries prompt_progress chunks while the prompt is read
 
     def __post_init__(self) -> None:
         # every wire's parser builds this: the tools-and-format rule holds on all of them alike
@@ -85,7 +86,7 @@ class Envelope:
 def envelope(*, model: str | None = None, stream: bool = False, include_usage: bool = False, format_field: str | None = None,
              cache_prompt: bool = True, messages: tuple[dict[str, Any], ...] | None = None,
              prompt: str | tuple[int, ...] | None = None, draft_max: int | None = None, draft_min: int = 0,
-             **fields: Any) -> Envelope:  # fmt: skip
+             return_progress: bool = False, **fields: Any) -> Envelope:  # fmt: skip
     """A chat (``messages``) or a plain completion (``prompt``: text, or token ids) as the core Request,
     ``fields`` its other fields, with the wire's own around it: every parser's last step."""
     ids = prompt if isinstance(prompt, tuple) else None
@@ -93,7 +94,7 @@ def envelope(*, model: str | None = None, stream: bool = False, include_usage: b
         request = Request(messages=messages, **fields)
     else:
         request = Request(raw_text="" if ids is not None else prompt, **fields)
-    return Envelope(request, model, stream, include_usage, format_field, cache_prompt, ids, draft_max, draft_min)
+    return Envelope(request, model, stream, include_usage, format_field, cache_prompt, ids, draft_max, draft_min, return_progress)
 
 
 # -- field checks: each takes (name, value) and returns the value to use (localinfer.request.rules) ------------
@@ -190,6 +191,7 @@ _COMMON: dict[str, Callable[[str, Any], Any]] = {
     "stop": rules.stop,
     "ignore_eos": _bool,  # llama-server's: generate exactly max_tokens (benchmarks)
     "cache_prompt": _bool,  # llama-server's: false = evaluate the whole prompt (no prefix reuse)
+    "return_progress": _bool,  # llama-server's: prompt_progress chunks in a stream (ignored without one)
     "speculative.n_max": _draft_size,  # llama-server's (flat, dotted names): serve --draft's sizes per request
     "speculative.n_min": _draft_size,
     "chat_template_kwargs": rules.chat_template_kwargs,
@@ -275,6 +277,7 @@ def _parse_request(body: dict[str, Any], kind: str) -> Envelope:
         stop=v.get("stop", ()),
         ignore_eos=v.get("ignore_eos", False),
         cache_prompt=v.get("cache_prompt", True),
+        return_progress=v.get("stream", False) and v.get("return_progress", False),
         draft_max=v.get("speculative.n_max"),
         draft_min=v.get("speculative.n_min", 0),
         response_format=fmt,

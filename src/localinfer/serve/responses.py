@@ -113,11 +113,13 @@ class Answer:
     id: str = ""
     created: int = 0
     whole_answers: bool = False  # ServeConfig.whole_answers: the last chunk adds ``localinfer``, the answer whole
+    return_progress: bool = False  # llama-server's: ``prompt_progress`` chunks while the prompt is read
 
     @classmethod
-    def new(cls, kind: str, model: str, include_usage: bool = False, whole_answers: bool = False) -> Answer:
+    def new(cls, kind: str, model: str, include_usage: bool = False, whole_answers: bool = False,
+            return_progress: bool = False) -> Answer:  # fmt: skip
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), whole_answers)
+        return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), whole_answers, return_progress)
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         if self.kind == "chat":
@@ -158,6 +160,20 @@ class Answer:
     def head(self, mode: str) -> bytes:
         """A stream's first chunk: OpenAI's names the role (chat only)."""
         return self.chunk("", role=True) if self.kind == "chat" else b""
+
+    def progress(self, total: int, cached: int, evaluated: int, seconds: float) -> bytes:
+        """Where asked (``return_progress``), llama-server's progress chunk: an empty assistant delta
+        with ``prompt_progress`` (its tokens, the cached ones, those evaluated so far, cached included)."""
+        if not self.return_progress:
+            return b""
+        choice = self._choice(None, None, role=True) if self.kind == "chat" else self._choice("", None)
+        if self.kind == "chat":
+            choice["delta"]["content"] = None
+        body = {**self._head(True), "choices": [choice],
+                "prompt_progress": {"total": total, "cache": cached, "processed": evaluated, "time_ms": round(seconds * 1000)}}  # fmt: skip
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
 
     def text_piece(self, encoded: bytes) -> bytes:
         """A text chunk for a piece already a JSON string (the fast path: the chunk is made once)."""

@@ -136,20 +136,22 @@ class AnswerResponse(Response):
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
 
-    async def _prefill(self, send: Callable, keepalive: bytes) -> None:
+    async def _prefill(self, send: Callable, keepalive: bytes | None) -> None:
         """Until the answer's first piece: the stream's head once the request has its sequence (the
         cached count known: Anthropic's message_start reports it), or after ``KEEPALIVE_S`` without
         (queued: the best-known count); the prompt's progress where the writer sends it (llama-server's
-        ``return_progress``); and the ``keepalive`` event (Anthropic's ping, else an SSE comment)
-        every ``KEEPALIVE_S`` of silence: clients and proxies (Codex: 300 s) see a live stream."""
+        ``return_progress``); and the ``keepalive`` event (Anthropic's ping, else an SSE comment; None:
+        none, Ollama's NDJSON) every ``KEEPALIVE_S`` of silence: clients and proxies (Codex: 300 s) see
+        a live stream."""
         channel, writer, headed = self.channel, self.writer, False
         while not self.gone:
             try:
                 await asyncio.wait_for(channel.event.wait(), KEEPALIVE_S)
             except asyncio.TimeoutError:
-                body = keepalive if headed else self._head(None)
+                body = (keepalive or b"") if headed else self._head(None)
                 headed = True
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+                if body:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
                 continue
             answered = channel.has_answer()
             if not answered:
