@@ -92,7 +92,7 @@ def test_more_names_by_flag_by_host_and_any_with_a_key():
 
 # -- Content-Type: what a page may POST cross-site without a preflight -------------------------------------
 @pytest.mark.parametrize("ctype", ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
-                                   "multipart/form-data; boundary=x", "application/jsonx", None])  # fmt: skip
+                                   "multipart/form-data; boundary=x", "application/jsonx"])  # fmt: skip
 def test_a_post_body_that_is_not_declared_json_is_415_before_it_is_read(ctype):
     engine = FakeEngine()
     for path in ("/v1/completions", "/v1/chat/completions"):
@@ -100,6 +100,20 @@ def test_a_post_body_that_is_not_declared_json_is_415_before_it_is_read(ctype):
         status, _, data = call(_state(engine), "POST", path, body, headers={"Content-Type": ctype})
         assert status == 415 and _code(data) == "unsupported_media_type"
         assert "application/json" in json.loads(data)["error"]["message"]
+
+
+def test_a_post_without_content_type_is_json_unless_a_page_sent_it():
+    # litellm posts to Ollama's API with no Content-Type; a browser's cross-site POST has an Origin
+    page = "http://localhost:3000"
+    state = _state(FakeEngine(), cors_origins=(page,))
+    status, _, data = call(state, "POST", "/v1/completions", OK_BODY, headers={"Content-Type": None})
+    assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello"
+    status, _, data = call(state, "POST", "/v1/chat/completions", {"messages": HI}, headers={"Content-Type": None})
+    assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "Hello"
+    status, headers, data = call(state, "POST", "/v1/completions", OK_BODY, headers={"Content-Type": None, "Origin": page})
+    assert status == 415 and _code(data) == "unsupported_media_type" and headers["access-control-allow-origin"] == page
+    status, _, data = call(state, "POST", "/v1/completions", raw=b"not json", headers={"Content-Type": None})
+    assert status == 400  # read as JSON: a bad body is the usual 400
 
 
 @pytest.mark.parametrize("ctype", ["application/json", "application/json; charset=utf-8", "Application/JSON"])

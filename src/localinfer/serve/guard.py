@@ -93,6 +93,10 @@ def _not_json(path: str, headers: Headers) -> Response | None:
     media = headers.get("content-type", "").partition(";")[0].strip().lower()
     if media == "application/json":
         return None
+    if "content-type" not in headers and "origin" not in headers:
+        # no page sent it (a browser's cross-site POST always carries Origin): litellm posts JSON
+        # to Ollama's API without any Content-Type, and Ollama takes it
+        return None
     got = f"got {media!r}" if media else "none was sent"
     return _refuse(path, 415, f"the body must be JSON: send 'Content-Type: application/json' ({got})", "unsupported_media_type",
                    type="invalid_request_error")  # fmt: skip
@@ -100,7 +104,8 @@ def _not_json(path: str, headers: Headers) -> Response | None:
 
 class Guard:
     """Refuses a request whose Host is not ours (403) unless a key protects the server, one from a
-    web page whose origin is not named (403), and a POST whose body is not JSON (415); answers CORS
+    web page whose origin is not named (403), and a POST whose body is not JSON (415; one with no
+    Content-Type is taken as JSON when no Origin came with it); answers CORS
     for the named origins. Checks run before any route, /health included."""
 
     def __init__(self, app: ASGIApp, *, hosts: frozenset[str], origins: tuple[str, ...], keyed: bool) -> None:
