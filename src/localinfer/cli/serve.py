@@ -40,6 +40,7 @@ def serve(
     template_vars: o.TemplateVars = o.TEMPLATE,
     max_models: Annotated[Optional[int], typer.Option("--max-models", min=1, help="Serving several models: how many stay loaded at once (the least recently used idle one is unloaded). Default: what fits, at most 3 on CPU.", rich_help_panel=_MODELS)] = None,
     keep_alive: Annotated[str, typer.Option("--keep-alive", metavar="DURATION", help="Serving several models: unload a model idle this long (5m, 30s; -1: never). A request's keep_alive wins for its model.", rich_help_panel=_MODELS)] = "5m",
+    map_model: Annotated[Optional[list[str]], typer.Option("--map-model", metavar="PATTERN=MODEL", help="Serving several models: a request for a model that is not installed whose name matches PATTERN (fnmatch: 'claude-*', '*') is answered by MODEL (repeatable; the first match wins).", rich_help_panel=_MODELS)] = None,
     no_autoload: Annotated[bool, typer.Option("--no-autoload", help="Serve only the -m models (no others on demand).", rich_help_panel=_MODELS)] = False,
     embedding_ctx: Annotated[int, typer.Option("--embedding-ctx", min=16, help="/v1/embeddings: tokens per llama_decode, and so the longest input (its context is made on the first request).", rich_help_panel=_SERVER)] = 512,
     base: o.Load = o.LOAD.without("ctx_size"),
@@ -52,6 +53,7 @@ def serve(
             draft.single_sequence("serve")
         from localinfer.batch import job as batchjob
         from localinfer.render.stats import warn
+        from localinfer.serve import model_map
         from localinfer.serve.config import ServeConfig
         from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model
@@ -65,6 +67,7 @@ def serve(
             allowed_hosts=tuple(check_allowed_host(h) for h in allowed_host or ()),
             cors_origins=tuple(check_origin(c) for c in cors_origin or ()), max_connections=max_connections,
             header_timeout_s=header_timeout, chat_template_kwargs=template_vars, embedding_ctx=embedding_ctx,
+            model_map=model_map.parse(map_model),
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
@@ -73,7 +76,7 @@ def serve(
             from localinfer.errors import UsageError
             from localinfer.serve.multi import Served, default_max_models, is_path
 
-            for name in models:
+            for name in [*models, *(m for _, m in config.model_map)]:
                 if is_path(name):
                     raise UsageError(f"-m {name}: serving several models, each is an installed model's name, not a file",
                                      hint=f"localinfer pull {name} --name NAME, then -m NAME")  # fmt: skip  # installed (pulled now if need be) and named as the API will name it
@@ -82,6 +85,8 @@ def serve(
                             max_models=max_models or default_max_models(base), keep_alive=_seconds(keep_alive), force=flags.force)  # fmt: skip
             server.serve_all(config, served, models)
             return
+        if config.model_map:  # one model answers every name already (app.serves)
+            warn("--map-model has no effect serving one model: it answers every model name")
         resolved = resolve_model(models[0], offline=flags.offline, pull_progress=make_progress())
         ctx_per_seq = ctx_size or _default_context(resolved, base, parallel, server.log)
         n_train = resolved.info.context_length or 0

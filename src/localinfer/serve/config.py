@@ -25,6 +25,7 @@ class ServeConfig:
     no_log: bool = False  # do not record requests in the usage history
     verbose: bool = False  # uvicorn's access log and llama.cpp's log
     chat_template_kwargs: dict | None = None  # the template's variables; a request's chat_template_kwargs win
+    model_map: tuple[tuple[str, str], ...] = ()  # --map-model: (fnmatch pattern, served model) for names not installed
     whole_answers: bool = False  # the resident server's: each answer's last chunk also carries it whole (Answer.to_wire)
 
     @property

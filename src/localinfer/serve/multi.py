@@ -109,6 +109,10 @@ class Served:
                                 "(`localinfer pull FILE --name NAME` installs one)", code="model_not_found", param="model")  # fmt: skip
         names = self.servable()
         found = next((n for n in (name, name.removesuffix(":latest")) if n in names), None)
+        if found is None and self.config.model_map:  # --map-model: agents ask for models never installed
+            from localinfer.serve.model_map import target
+
+            found = target(self.config.model_map, name, names)
         if found is None:
             closest = rank(name, names)[:1]
             hint = f" (the closest installed: {closest[0]})" if closest else " (no model is installed: `localinfer pull NAME`)"

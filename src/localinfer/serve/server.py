@@ -233,6 +233,11 @@ def serve_all(config: ServeConfig, served: Any, preload: list[str], *, say: Say 
     warning = start_warning(served.ctx_size, names, force=served.force)
     if warning is not None:
         say(f"warning: {warning}")
+    if config.model_map:
+        from localinfer.serve.model_map import lines
+
+        for line in lines(config.model_map):
+            say(line)
     try:
         server.run(sockets=[sock])
     finally:
