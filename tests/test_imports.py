@@ -134,6 +134,7 @@ LAYERS = [
     "localinfer.bench",
     "localinfer.serve",
     "localinfer.resident",
+    "localinfer.launch",
     "localinfer.render",
     "localinfer.cli",
 ]

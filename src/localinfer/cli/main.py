@@ -25,6 +25,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "batch",
     "embed",
     "serve",
+    "launch",
     "ps",
     "bench",
     "stats",

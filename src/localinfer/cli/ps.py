@@ -37,7 +37,7 @@ def stop(
     name: Annotated[Optional[str], typer.Argument(metavar="[NAME]", help="The model to unload (a name or path `ps` shows).", show_default=False)] = None,
     all_models: Annotated[bool, typer.Option("--all", help="Unload every model; the resident server exits.")] = False,
 ) -> None:
-    """Unload a resident model (or all of them: the server then exits)."""
+    """Unload a resident model (or all of them: the server then exits, and the server `launch` started stops)."""
     with handle_errors():
         from localinfer.errors import UsageError
         from localinfer.resident import control
@@ -47,7 +47,14 @@ def stop(
         stopped = control.stop(None if all_models else name)
         for model in stopped:
             sys.stderr.write(f"unloaded {model}\n")
-        if not stopped:
+        launched = None
+        if name is None:  # everything: the server `localinfer launch` left running too
+            from localinfer.launch import server
+
+            launched = server.stop()
+            if launched is not None:
+                sys.stderr.write(f"stopped the server launch started at {launched['url']} (pid {launched['pid']})\n")
+        if not stopped and launched is None:
             sys.stderr.write("no model is resident\n")
 
 

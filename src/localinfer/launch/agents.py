@@ -1,0 +1,127 @@
+"""What each agent is told to use a local `serve`: environment variables, flags before the user's
+own arguments, and private config files in our data folder. The user's own settings
+(``~/.claude/settings.json``, ``~/.codex/config.toml``, ``~/.config/opencode/opencode.json``) are
+never read nor written: what we set wins over them through each agent's documented precedence.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+AGENT_CTX = 65536  # what agents need: Claude Code's prompt alone is ~20k tokens with its tools
+KEY_VAR = "LOCALINFER_LAUNCH_KEY"  # Codex and OpenCode read the key from it (never the user's OPENAI_API_KEY)
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str  # what `launch` takes
+    title: str
+    binary: str  # looked up on PATH
+    package: str  # npm's
+
+
+AGENTS = {a.name: a for a in (
+    Agent("claude", "Claude Code", "claude", "@anthropic-ai/claude-code"),
+    Agent("codex", "Codex CLI", "codex", "@openai/codex"),
+    Agent("opencode", "OpenCode", "opencode", "opencode-ai"),
+)}  # fmt: skip
+
+
+@dataclass
+class Setup:
+    """How one agent is started: ``env`` set, ``unset`` removed, ``args`` before the user's, and
+    ``files`` (path -> text) written first, in our data folder."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+    args: list[str] = field(default_factory=list)
+    files: dict[Path, str] = field(default_factory=dict)
+
+
+def setup(agent: Agent, *, url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+    """``url``: the server's root (no /v1); ``ctx``: the model's context (None: unknown);
+    ``folder``: where the private configs go."""
+    return {"claude": _claude, "codex": _codex, "opencode": _opencode}[agent.name](url, model, ctx, token, folder)
+
+
+def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+    env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": token}
+    for role in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
+                 "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):  # fmt: skip
+        env[role] = model  # every role: a background call for a model not served would be a 404
+    env.update({
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # no look-ups at api.anthropic.com, no title request
+        "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+        # the billing header's per-request hash changes the system prompt, so no prefix cache would ever hit
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+    })  # fmt: skip
+    # A settings file's env beats the process's: the user's settings.json may name another provider.
+    # Ours, given with --settings, beats theirs (Claude Code: command-line settings over user settings).
+    overrides = {**env, "CLAUDE_CODE_USE_BEDROCK": "0", "CLAUDE_CODE_USE_VERTEX": "0", "CLAUDE_CODE_USE_FOUNDRY": "0"}
+    settings = folder / "claude-settings.json"
+    return Setup(env=env, unset=("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"),
+                 args=["--settings", str(settings)], files={settings: json.dumps({"env": overrides}, indent=2) + "\n"})  # fmt: skip
+
+
+def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+    # -c overrides rather than a private CODEX_HOME: the user's sign-in, sessions and other settings stay
+    # theirs and untouched, and -c beats config.toml and its profiles. The provider's id is ours, so a
+    # user's own [model_providers.local] table is never merged with ours.
+    pairs = {"model": model, "model_provider": "localinfer", "model_providers.localinfer.name": "localinfer",
+             "model_providers.localinfer.base_url": f"{url}/v1", "model_providers.localinfer.wire_api": "responses",
+             "model_providers.localinfer.env_key": KEY_VAR}  # fmt: skip
+    args = [f"{k}={_toml(v)}" for k, v in pairs.items()]
+    if ctx:
+        args.append(f"model_context_window={ctx}")
+    args.append("analytics.enabled=false")
+    return Setup(env={KEY_VAR: token}, args=[a for kv in args for a in ("-c", kv)])
+
+
+def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+    entry: dict = {"name": model, "tool_call": True}
+    if ctx:
+        entry["limit"] = {"context": ctx, "output": min(8192, ctx // 4)}
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"localinfer": {"npm": "@ai-sdk/openai-compatible", "name": "localinfer",
+                                    "options": {"baseURL": f"{url}/v1", "apiKey": "{env:" + KEY_VAR + "}"},  # the key never on disk
+                                    "models": {model: entry}}},
+        "model": f"localinfer/{model}", "small_model": f"localinfer/{model}", "autoupdate": False, "share": "disabled",
+    }  # fmt: skip
+    path = folder / "opencode.json"
+    # OPENCODE_CONFIG is merged over the user's global config (theirs is read, never written)
+    return Setup(env={"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1", KEY_VAR: token},
+                 files={path: json.dumps(config, indent=2) + "\n"})  # fmt: skip
+
+
+def _toml(value: str) -> str:
+    return json.dumps(value)  # a TOML basic string is a JSON string for what we write (no control characters)
+
+
+def shown(agent: Agent, s: Setup, user_args: list[str], url: str, model: str) -> str:
+    """``--print``: shell lines a user can paste (``unset``, ``export``, the command), after the
+    private configs (written already) as comments."""
+    out = [f"# {agent.title} on localinfer at {url}, model {model}"]
+    for path, text in s.files.items():
+        out.append(f"# private config (written): {path}")
+        out += [f"#   {line}" for line in text.splitlines()]
+    out += [f"unset {name}" for name in s.unset]
+    out += [f"export {k}={shlex.quote(v)}" for k, v in s.env.items()]
+    out.append(shlex.join([agent.binary, *s.args, *user_args]))
+    return "\n".join(out) + "\n"
+
+
+def write(s: Setup) -> None:
+    """The private configs, 0600 (in our data folder only: never a user's own config)."""
+    import os
+
+    for path, text in s.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)  # whole or not at all: an agent starting meanwhile reads the old one

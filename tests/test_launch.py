@@ -1,0 +1,163 @@
+"""`localinfer launch AGENT` on fakes: what each agent is told (--print, the env and args a fake
+agent on PATH receives, the private configs), the user's own agent files left byte-identical (or
+absent), a missing binary as one line, the agent's exit status passed through, and `stop` stopping
+the server launch recorded. The real agents against a real serve: tests/test_launch_agents.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+URL = "http://127.0.0.1:9"  # --endpoint: nothing is contacted with -m given
+
+FAKE_AGENT = """#!{python}
+import json, os, sys
+json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, open(os.environ["FAKE_AGENT_OUT"], "w"))
+sys.exit(3)
+"""
+
+USER_FILES = (".claude/settings.json", ".codex/config.toml", ".config/opencode/opencode.json")
+
+
+@pytest.fixture
+def fake_home(tmp_path):
+    """A HOME with the agents' own settings in it, and a PATH with fake agents that record what they got."""
+    home = tmp_path / "home"
+    for rel in USER_FILES:
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_bytes(b'# the user\'s own settings\n{"env": {"ANTHROPIC_BASE_URL": "https://elsewhere"}}\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("claude", "codex", "opencode"):
+        (bin_dir / name).write_text(FAKE_AGENT.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_AGENT_OUT": str(tmp_path / "agent.json"), "ANTHROPIC_API_KEY": "sk-the-users-real-key",
+           "CLAUDE_CODE_USE_BEDROCK": "1"}  # fmt: skip
+    return home, env, tmp_path / "agent.json"
+
+
+def _snapshot(home: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "opencode"])
+def test_the_agent_gets_our_settings_its_args_and_its_exit_status_passes_through(agent, fake_home, isolated_home):
+    home, env, out = fake_home
+    before = _snapshot(home)
+    proc = run_cli("launch", agent, "-m", "smol", "--endpoint", URL + "/v1", "--", "-p", "hi there", env=env, timeout=60)
+    assert proc.returncode == 3, proc.stderr.decode()
+    got = json.loads(out.read_text())
+    assert _snapshot(home) == before  # the user's files byte-identical, and no new one
+    sent = got["env"]
+    if agent == "claude":
+        settings = isolated_home / "launch" / "claude-settings.json"
+        assert got["argv"] == ["--settings", str(settings), "-p", "hi there"]
+        assert sent["ANTHROPIC_BASE_URL"] == URL and sent["ANTHROPIC_AUTH_TOKEN"] == "localinfer"
+        for role in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
+                     "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):  # fmt: skip
+            assert sent[role] == "smol", role
+        for switch in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_TELEMETRY", "DISABLE_AUTOUPDATER"):
+            assert sent[switch] == "1"
+        assert sent["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+        assert "ANTHROPIC_API_KEY" not in sent and "CLAUDE_CODE_USE_BEDROCK" not in sent  # not sent to a local server
+        ours = json.loads(settings.read_text())["env"]  # beats the user's settings.json env (another provider)
+        assert ours["ANTHROPIC_BASE_URL"] == URL and ours["CLAUDE_CODE_USE_BEDROCK"] == "0"
+        assert oct(settings.stat().st_mode & 0o777) == "0o600"
+    elif agent == "codex":
+        overrides = [got["argv"][i + 1] for i, a in enumerate(got["argv"][:-2]) if a == "-c"]
+        assert got["argv"][-2:] == ["-p", "hi there"] and len(overrides) * 2 == len(got["argv"]) - 2
+        assert {'model="smol"', 'model_provider="localinfer"', 'model_providers.localinfer.wire_api="responses"',
+                f'model_providers.localinfer.base_url="{URL}/v1"', 'model_providers.localinfer.env_key="LOCALINFER_LAUNCH_KEY"',
+                'model_providers.localinfer.name="localinfer"'} <= set(overrides)  # fmt: skip
+        assert sent["LOCALINFER_LAUNCH_KEY"] == "localinfer" and "CODEX_HOME" not in sent  # the user's sign-in kept
+    else:
+        assert got["argv"] == ["-p", "hi there"]
+        config = json.loads(Path(sent["OPENCODE_CONFIG"]).read_text())
+        assert Path(sent["OPENCODE_CONFIG"]).parent == isolated_home / "launch"
+        provider = config["provider"]["localinfer"]
+        assert provider["npm"] == "@ai-sdk/openai-compatible" and provider["options"]["baseURL"] == URL + "/v1"
+        assert provider["options"]["apiKey"] == "{env:LOCALINFER_LAUNCH_KEY}" and sent["LOCALINFER_LAUNCH_KEY"] == "localinfer"
+        assert config["model"] == "localinfer/smol" and "smol" in provider["models"]
+
+
+def test_absent_user_files_stay_absent(fake_home, tmp_path):
+    home, env, out = fake_home
+    for rel in USER_FILES:
+        (home / rel).unlink()
+    for agent in ("claude", "codex", "opencode"):
+        assert run_cli("launch", agent, "-m", "smol", "--endpoint", URL, env=env, timeout=60).returncode == 3
+    assert _snapshot(home) == {}
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "opencode"])
+def test_print_shows_lines_a_shell_can_run_and_runs_nothing(agent, fake_home):
+    home, env, out = fake_home
+    proc = run_cli("launch", agent, "-m", "smol", "--endpoint", URL, "--print", "--", "exec", "it's", env=env, timeout=60)
+    assert proc.returncode == 0 and not out.exists(), proc.stderr.decode()
+    text = proc.stdout.decode()
+    assert f"at {URL}, model smol" in text.splitlines()[0]
+    commands = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert commands[-1].startswith(agent) and shlex.split(commands[-1])[-2:] == ["exec", "it's"]
+    script = "\n".join(commands[:-1]) + "\nenv\n"  # the lines, run by a shell: the variables it exports
+    exported = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, check=True).stdout
+    if agent == "claude":
+        assert f"ANTHROPIC_BASE_URL={URL}\n" in exported and "ANTHROPIC_API_KEY=" not in exported
+        assert "# private config (written): " in text and '"ANTHROPIC_MODEL": "smol",' in text
+    elif agent == "codex":
+        assert "LOCALINFER_LAUNCH_KEY=localinfer\n" in exported and "-c 'model_provider=\"localinfer\"'" in commands[-1]
+    else:
+        assert "OPENCODE_CONFIG=" in exported and '"baseURL": "http://127.0.0.1:9/v1"' in text
+
+
+def test_a_missing_agent_is_one_line_naming_its_npm_package(tmp_path):
+    env = {"PATH": str(tmp_path)}  # no agent anywhere
+    for agent, package in (("claude", "@anthropic-ai/claude-code"), ("codex", "@openai/codex"), ("opencode", "opencode-ai")):
+        proc = run_cli("launch", agent, "-m", "smol", "--endpoint", URL, env=env, timeout=60)
+        lines = proc.stderr.decode().strip().splitlines()
+        assert proc.returncode == 3 and len(lines) == 1 and f"npm install -g {package}" in lines[0], lines
+    proc = run_cli("launch", "cursor", env=env, timeout=60)
+    assert proc.returncode == 2 and "claude" in proc.stderr.decode()
+
+
+def test_a_model_file_is_refused_and_a_bad_endpoint_is_a_usage_error(fake_home):
+    home, env, out = fake_home
+    proc = run_cli("launch", "claude", "-m", "./x.gguf", env=env, timeout=60)
+    assert proc.returncode == 2 and "not a file" in proc.stderr.decode()
+    proc = run_cli("launch", "claude", "-m", "smol", "--endpoint", "127.0.0.1:8080", env=env, timeout=60)
+    assert proc.returncode == 2 and "http://" in proc.stderr.decode()
+
+
+def test_stop_stops_the_server_launch_recorded_and_never_a_stranger(isolated_home):
+    from localinfer.paths import boot_id
+
+    folder = isolated_home / "launch"
+    folder.mkdir(parents=True)
+    # a stand-in for the server launch started: a process whose command line says `localinfer serve`
+    code = "import time; time.sleep(60)"
+    serve = subprocess.Popen([sys.executable, "-c", code, "localinfer", "serve"], start_new_session=True)
+    stranger = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        record = folder / "server.json"
+        record.write_text(json.dumps({"url": URL, "pid": stranger.pid, "boot": boot_id(), "model": "smol"}))
+        proc = run_cli("stop", timeout=60)
+        assert proc.returncode == 0 and stranger.poll() is None and not record.exists()  # not ours: left alone
+        record.write_text(json.dumps({"url": URL, "pid": serve.pid, "boot": boot_id(), "model": "smol"}))
+        proc = run_cli("stop", timeout=60)
+        assert proc.returncode == 0 and f"pid {serve.pid}" in proc.stderr.decode(), proc.stderr.decode()
+        deadline = time.monotonic() + 10
+        while serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert serve.returncode is not None and not record.exists()
+    finally:
+        for p in (serve, stranger):
+            p.kill()
+            p.wait()
