@@ -148,12 +148,14 @@ class BatchDecoder(BatchStep):
         exhausted = False
         try:
             while True:
-                if slots.free and not exhausted:
-                    exhausted = yield from self._admit(source, active)
+                # cancelled sequences end before new jobs come in: a client's retry of a cancelled
+                # request (Claude Code's, after a long prefill) finds what it evaluated, not an empty id
                 for slot in [s for s in active if s.cancel is not None and s.cancel.is_set()]:
                     slot.stats.finish_reason = "interrupted"
                     active.remove(slot)  # before the next batch is filled: its id may become a gap
                     yield self._retire(slot, time.perf_counter())
+                if slots.free and not exhausted:
+                    exhausted = yield from self._admit(source, active)
                 if self._media.pending:
                     yield from self._media_news(active)
                 if not active:
