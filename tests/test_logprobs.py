@@ -101,6 +101,7 @@ class _LogprobEngine:
     """The HTTP layer's engine, scripted: two pieces, each with its entries."""
 
     n_ctx_seq, parallel, running, queued, cells_used, cells_total = 512, 2, 0, 0, 0, 1024
+    prompt_cache = None  # the figures of a host prompt cache: none here
 
     def __init__(self) -> None:
         self.asked: list = []

@@ -38,6 +38,7 @@ class StubEngine:
     """Stands where the model would: a request that reaches it was accepted by the protocol."""
 
     n_ctx_seq, parallel, running, queued, cells_used, cells_total = 512, 1, 0, 0, 0, 512
+    prompt_cache = None  # the figures of a host prompt cache: none here
 
     def __init__(self) -> None:
         self.seen: list[Envelope] = []

@@ -231,6 +231,7 @@ class FakeEngine:
     """Answers every request with ``pieces`` from a thread, as the engine would."""
 
     n_ctx_seq, parallel, running, queued, cells_used, cells_total = 512, 2, 0, 0, 0, 1024
+    prompt_cache = None  # the figures of a host prompt cache: none here
     vision = False  # a text model: no projector
 
     def __init__(self, pieces: tuple[str, ...] = ("Hel", "lo"), full: bool = False) -> None:

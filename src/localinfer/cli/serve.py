@@ -42,6 +42,7 @@ def serve(
     keep_alive: Annotated[str, typer.Option("--keep-alive", metavar="DURATION", help="Serving several models: unload a model idle this long (5m, 30s; -1: never). A request's keep_alive wins for its model.", rich_help_panel=_MODELS)] = "5m",
     map_model: Annotated[Optional[list[str]], typer.Option("--map-model", metavar="PATTERN=MODEL", help="Serving several models: a request for a model that is not installed whose name matches PATTERN (fnmatch: 'claude-*', '*') is answered by MODEL (repeatable; the first match wins).", rich_help_panel=_MODELS)] = None,
     no_autoload: Annotated[bool, typer.Option("--no-autoload", help="Serve only the -m models (no others on demand).", rich_help_panel=_MODELS)] = False,
+    cache_ram: Annotated[Optional[int], typer.Option("--cache-ram", metavar="MIB", min=0, help="Host memory per model for the prompts idle sequences would lose (an agent's session after another request), in MiB; 0: none. Default: 8192, at most a quarter of the free memory.", rich_help_panel=_SERVER)] = None,
     embedding_ctx: Annotated[int, typer.Option("--embedding-ctx", min=16, help="/v1/embeddings: tokens per llama_decode, and so the longest input (its context is made on the first request).", rich_help_panel=_SERVER)] = 512,
     base: o.Load = o.LOAD.without("ctx_size"),
     draft: o.Drafting = o.DRAFT,
@@ -68,7 +69,10 @@ def serve(
             cors_origins=tuple(check_origin(c) for c in cors_origin or ()), max_connections=max_connections,
             header_timeout_s=header_timeout, chat_template_kwargs=template_vars, embedding_ctx=embedding_ctx,
             model_map=model_map.parse(map_model),
+            cache_ram=_cache_ram(cache_ram),
         )  # fmt: skip
+        if config.cache_ram:
+            server.log(f"prompt cache: up to {config.cache_ram >> 20} MiB of host memory per model (--cache-ram)")
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
         models = list(dict.fromkeys(model or ()))
@@ -88,7 +92,7 @@ def serve(
         if config.model_map:  # one model answers every name already (app.serves)
             warn("--map-model has no effect serving one model: it answers every model name")
         resolved = resolve_model(models[0], offline=flags.offline, pull_progress=make_progress())
-        ctx_per_seq = ctx_size or _default_context(resolved, base, parallel, server.log)
+        ctx_per_seq = ctx_size or _default_context(resolved, base, parallel, config.cache_ram, server.log)
         n_train = resolved.info.context_length or 0
         if ctx_size and ctx_size > n_train > 0:
             warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
@@ -96,11 +100,18 @@ def serve(
         server.serve(config, resolved, options, force=flags.force, alias=alias)
 
 
-def _default_context(resolved, options, parallel: int, say) -> int:
-    """Each sequence's context without -c: sized for agents and the memory, said at start."""
+def _cache_ram(mib: Optional[int]) -> int:
+    from localinfer.system.preflight import default_cache_ram
+
+    return default_cache_ram() if mib is None else mib << 20
+
+
+def _default_context(resolved, options, parallel: int, cache_ram: int, say) -> int:
+    """Each sequence's context without -c: sized for agents and the memory (less the prompt cache),
+    said at start."""
     from localinfer.system.preflight import serve_context
 
-    ctx = serve_context(resolved.info, options, parallel)
+    ctx = serve_context(resolved.info, options, parallel, reserved=cache_ram)
     say(f"context: {ctx.per_seq} tokens per sequence x {parallel} ({ctx.why}; -c sets it)")
     return ctx.per_seq
 

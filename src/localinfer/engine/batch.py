@@ -36,6 +36,7 @@ from localinfer.engine.batch_step import BatchStep
 from localinfer.engine.draft import DraftCosts
 from localinfer.engine.model import Model
 from localinfer.engine.sampling import constraint_of
+from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.slots import Slot, SlotTable
 from localinfer.engine.speculate import drafter_for, offloaded
 from localinfer.engine.types import GenerationStats, SeqJob, SeqResult
@@ -60,7 +61,7 @@ class BatchDecoder(BatchStep):
     ``keep_cache``: keep each finished sequence's cells and reuse the longest common prefix (the server).
     """
 
-    def __init__(self, model: Model, n_parallel: int | None = None, *, keep_cache: bool = False) -> None:
+    def __init__(self, model: Model, n_parallel: int | None = None, *, keep_cache: bool = False, cache_bytes: int = 0) -> None:
         n_seq_max = model.n_seq_max
         self.n_parallel = n_parallel or n_seq_max
         if not 1 <= self.n_parallel <= n_seq_max:
@@ -87,7 +88,9 @@ class BatchDecoder(BatchStep):
         bos = model.bos_token
         self._filler = bos if bos >= 0 else 0
         self._active: list[Slot] = []  # running sequences, in sequence id order
-        self._slots = SlotTable(model, self.n_parallel, keep_cache)
+        # with keep_cache, what an idle sequence would lose is kept in host memory up to cache_bytes
+        self.prompt_cache = PromptCache(model, cache_bytes) if keep_cache and cache_bytes > 0 else None
+        self._slots = self._new_slots()
         self.drafting = False  # a job drafts (speculative decoding, engine/batch_draft.py)
         self.draft_costs = DraftCosts(offloaded(model))  # what a step and a drafted token cost in this context
         self._masks: Any = None  # a constrain.MaskPrefetch (where it pays), made for the first constrained job
@@ -117,6 +120,9 @@ class BatchDecoder(BatchStep):
         except Exception:
             pass
 
+    def _new_slots(self) -> SlotTable:
+        return SlotTable(self.model, self.n_parallel, self.keep_cache, self.prompt_cache)
+
     # -- figures other threads may read (a server's metrics) ------------------------------------
     @property
     def n_active(self) -> int:
@@ -142,7 +148,7 @@ class BatchDecoder(BatchStep):
             raise GenerationError("this batch decoder is closed")
         model = self.model
         model.reset()
-        slots = self._slots = SlotTable(model, self.n_parallel, self.keep_cache)
+        slots = self._slots = self._new_slots()
         source = iter(jobs)
         active = self._active = []
         exhausted = False
@@ -175,7 +181,7 @@ class BatchDecoder(BatchStep):
                     model.free_sampler(slot.chain)
                     slot.chain = None
             self._active = []
-            self._slots = SlotTable(model, self.n_parallel, self.keep_cache)
+            self._slots = self._new_slots()
             if not model.closed:
                 model.reset()
 

@@ -221,3 +221,23 @@ class Model(Vocab, SingleSequence):
     def first_position(self, seq: int) -> int:
         """The lowest position ``seq`` still holds (> 0 once a sliding window forgot old cells; -1: empty)."""
         return int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
+
+    def save_sequence(self, seq: int) -> bytearray:
+        """``seq``'s KV cells as llama.cpp writes a sequence's state (engine.prompt_cache keeps them in
+        host memory); empty where it cannot."""
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
+        data = bytearray(size)
+        if size:
+            written = int(llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq))
+            del data[written:]
+        return data
+
+    def restore_sequence(self, seq: int, data: bytearray) -> bool:
+        """Put cells ``save_sequence`` wrote back, into the empty sequence ``seq``; False where llama.cpp
+        could not (then ``seq`` is left empty)."""
+        n = len(data)
+        read = int(llama_cpp.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * n).from_buffer(data), n, seq)) if n else 0
+        if read != n or read == 0:
+            self.drop_sequence(seq)
+            return False
+        return True

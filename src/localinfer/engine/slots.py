@@ -13,6 +13,7 @@ from localinfer.engine.types import GenerationStats, SeqJob
 if TYPE_CHECKING:
     from localinfer.engine.logprobs import Logprobs
     from localinfer.engine.model import Model
+    from localinfer.engine.prompt_cache import PromptCache
 
 
 class Slot:
@@ -103,9 +104,10 @@ class SlotTable:
     llama-server picks.
     """
 
-    def __init__(self, model: Model, n_parallel: int, keep_cache: bool) -> None:
+    def __init__(self, model: Model, n_parallel: int, keep_cache: bool, cache: PromptCache | None = None) -> None:
         self.model = model
         self.keep_cache = keep_cache
+        self.cache = cache if keep_cache else None  # host memory for what an idle sequence loses (prompt_cache)
         self.n_ctx_seq = model.n_ctx_seq
         self.free = list(range(n_parallel))
         self.kept: list[list[int]] = [[] for _ in range(n_parallel)]
@@ -125,13 +127,30 @@ class SlotTable:
             key = (common_prefix(self.kept[sid], tokens, limit), -self._used[sid])
             if key > best:
                 seq, best = sid, key
+        n = best[0]
+        entry, m = self.cache.longest(tokens, limit) if self.cache is not None else (None, 0)
+        if entry is not None and m > n:  # host memory holds more of it: into the coldest id
+            self.cache.touch(entry)  # not the one to make room for what that id holds now
+            seq = max(self.free, key=lambda sid: (not self.kept[sid], -self._used[sid]))
+            self.free.remove(seq)
+            self._clear(seq, keep=0)
+            return seq, m if self.cache.restore(seq, entry, m) else 0
         self.free.remove(seq)
-        n, kept = best[0], self.kept[seq]
-        if kept and (n == 0 or not _complete(self.model, seq) or (n < len(kept) and not self.model.drop_tokens(seq, n))):
-            self.model.drop_sequence(seq)
-            n = 0
-        self.kept[seq] = []  # the cells now belong to the running job (its pos counts them)
+        n = self._clear(seq, keep=n)
         return seq, n
+
+    def _clear(self, seq: int, keep: int) -> int:
+        """``seq``'s cells past its first ``keep`` dropped (the host cache takes them first where most
+        would go); how many it still holds. Its cells then belong to the running job (its pos counts them)."""
+        kept = self.kept[seq]
+        if kept and (keep == 0 or not _complete(self.model, seq) or keep < len(kept)):
+            if self.cache is not None and keep < len(kept) // 2 and _complete(self.model, seq):
+                self.cache.save(seq, kept)
+            if keep == 0 or not _complete(self.model, seq) or not self.model.drop_tokens(seq, keep):
+                self.model.drop_sequence(seq)
+                keep = 0
+        self.kept[seq] = []
+        return keep
 
     def release(self, slot: Slot) -> None:
         """A sequence finished: keep its cells (keep_cache) or drop them; its id is free again."""

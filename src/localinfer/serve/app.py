@@ -59,10 +59,7 @@ class ServerState:
     def gauges(self) -> Gauges:
         if self.router is not None:
             return self.router.gauges()
-        e = self.engine
-        if e is None:
-            return Gauges()
-        return Gauges(e.running, e.queued, e.cells_used, e.cells_total, True)
+        return Gauges() if self.engine is None else Gauges.of([self.engine])
 
 
 def create_app(state: ServerState) -> Starlette:

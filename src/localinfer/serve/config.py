@@ -26,6 +26,7 @@ class ServeConfig:
     verbose: bool = False  # uvicorn's access log and llama.cpp's log
     chat_template_kwargs: dict | None = None  # the template's variables; a request's chat_template_kwargs win
     model_map: tuple[tuple[str, str], ...] = ()  # --map-model: (fnmatch pattern, served model) for names not installed
+    cache_ram: int = 0  # bytes of host memory per model for idle sequences' cells (engine.prompt_cache; 0: none)
     whole_answers: bool = False  # the resident server's: each answer's last chunk also carries it whole (Answer.to_wire)
 
     @property

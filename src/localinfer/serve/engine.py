@@ -78,7 +78,7 @@ class Engine:
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
         on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
         template_kwargs: dict[str, Any] | None = None,
-        embed_ctx: int = 512, on_embedded: Callable[[EmbedOutcome], None] | None = None,
+        embed_ctx: int = 512, on_embedded: Callable[[EmbedOutcome], None] | None = None, cache_bytes: int = 0,
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
         request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``).
@@ -92,6 +92,7 @@ class Engine:
         self._on_finish = on_finish
         self._on_step = on_step
         self.embed_ctx = embed_ctx
+        self.cache_bytes = cache_bytes  # host memory for idle sequences' cells (engine.prompt_cache)
         self._on_embedded = on_embedded
         self._embedder: Embedder | None = None  # made by the engine thread on first use
         self._queue: queue.Queue[Ticket | object | None] = queue.Queue()
@@ -182,6 +183,13 @@ class Engine:
         return decoder.cells_used if decoder is not None else 0
 
     @property
+    def prompt_cache(self) -> Any:
+        """The host prompt cache's figures (engine.prompt_cache.CacheStats), or None without one."""
+        decoder = self._decoder
+        cache = decoder.prompt_cache if decoder is not None else None
+        return cache.stats if cache is not None else None
+
+    @property
     def cells_total(self) -> int:
         return self.n_ctx_seq * self.parallel
 
@@ -211,7 +219,7 @@ class Engine:
 
         while True:
             try:
-                with BatchDecoder(self.loaded.model, self.parallel, keep_cache=True) as decoder:
+                with BatchDecoder(self.loaded.model, self.parallel, keep_cache=True, cache_bytes=self.cache_bytes) as decoder:
                     decoder.before_decode = self._before_decode
                     self._decoder = decoder
                     for result in decoder.run(self._source(decoder)):

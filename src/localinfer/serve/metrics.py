@@ -12,6 +12,7 @@ import bisect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from localinfer.serve.engine import Outcome
 
@@ -54,6 +55,20 @@ class Gauges:
     kv_cells_used: int = 0
     kv_cells: int = 0
     ready: bool = False
+    # the host prompt cache (engine.prompt_cache), over the loaded models: held now, and since each loaded
+    cache_entries: int = 0
+    cache_bytes: int = 0
+    cache_hits: int = 0
+    cache_tokens_restored: int = 0
+
+    @classmethod
+    def of(cls, engines: list[Any], queued: int = 0) -> Gauges:
+        """The figures of these engines (serve.engine.Engine), added up; ``queued``: waiting elsewhere."""
+        caches = [c for c in (e.prompt_cache for e in engines) if c is not None]
+        return cls(sum(e.running for e in engines), sum(e.queued for e in engines) + queued,
+                   sum(e.cells_used for e in engines), sum(e.cells_total for e in engines), True,
+                   sum(c.entries for c in caches), sum(c.bytes for c in caches), sum(c.hits for c in caches),
+                   sum(c.tokens_restored for c in caches))  # fmt: skip
 
 
 class Metrics:
@@ -135,6 +150,10 @@ class Metrics:
         lines += _gauge(f"{p}kv_cache_used_cells", "KV cache cells in use (running and kept for reuse).", g.kv_cells_used)
         lines += _gauge(f"{p}kv_cache_cells", "KV cache cells in all (sequences x context).", g.kv_cells)
         lines += _gauge(f"{p}ready", "1 once the model is loaded.", int(g.ready))
+        lines += _gauge(f"{p}prompt_cache_entries", "Idle sequences' prompts kept in host memory (--cache-ram).", g.cache_entries)
+        lines += _gauge(f"{p}prompt_cache_bytes", "Host memory the prompt cache holds.", g.cache_bytes)
+        lines += _counter(f"{p}prompt_cache_hits_total", "Prompts that got their prefix back from host memory.", g.cache_hits)
+        lines += _counter(f"{p}prompt_cache_tokens_total", "Prompt tokens restored from host memory, not evaluated.", g.cache_tokens_restored)
         return "\n".join(lines) + "\n" + (by_model(models) if by_model is not None else "")
 
 

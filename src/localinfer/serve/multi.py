@@ -132,7 +132,7 @@ class Served:
         if key not in self.contexts:
             from localinfer.system.preflight import serve_context
 
-            ctx = serve_context(resolved.info, self.base, self.config.parallel)
+            ctx = serve_context(resolved.info, self.base, self.config.parallel, reserved=self.config.cache_ram)
             self.contexts[key] = ctx.per_seq
             self.say(f"context for {name}: {ctx.per_seq} tokens per sequence ({ctx.why}; -c or num_ctx sets it)")
         return self.contexts[key]
@@ -225,7 +225,7 @@ class Served:
             keep()
             flush()
 
-        engine = Engine(loaded, want.sequences, max_queue=config.max_queue, on_finish=finished, on_step=step,
+        engine = Engine(loaded, want.sequences, max_queue=config.max_queue, on_finish=finished, on_step=step, cache_bytes=config.cache_ram,
                         template_kwargs=config.chat_template_kwargs, embed_ctx=config.embedding_ctx,
                         on_embedded=writer.add_embedding if writer else None)  # fmt: skip
         engine.start()
@@ -319,9 +319,7 @@ class Served:
         return out
 
     def gauges(self) -> Gauges:
-        engines = [s.held.engine for s in self.router.slots.values()]
-        return Gauges(sum(e.running for e in engines), sum(e.queued for e in engines) + self.router.waiting,
-                      sum(e.cells_used for e in engines), sum(e.cells_total for e in engines), True)  # fmt: skip
+        return Gauges.of([s.held.engine for s in self.router.slots.values()], self.router.waiting)
 
     def metrics_text(self, counts: dict[str, dict[str, int]]) -> str:
         """/metrics' figures by model (Prometheus labels), after the server's totals: ``counts``,

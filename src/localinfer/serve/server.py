@@ -76,6 +76,7 @@ class _Loader:
             assert hub is not None  # made by the server's startup, before this thread starts
             hub.deferred = True  # the engine flushes before each decode
             engine = Engine(loaded, config.parallel, max_queue=config.max_queue, on_finish=self._finished, on_step=hub.flush,
+                            cache_bytes=config.cache_ram,
                             template_kwargs=config.chat_template_kwargs, embed_ctx=config.embedding_ctx,
                             on_embedded=self.writer.add_embedding if self.writer else None)  # fmt: skip
             engine.start()

@@ -127,11 +127,23 @@ class ServeContext:
     why: str
 
 
-def serve_context(info: GGUFInfo, options: LoadOptions, parallel: int, *, budget: MemoryBudget | None = None) -> ServeContext:
+def default_cache_ram(budget: MemoryBudget | None = None) -> int:
+    """serve's host prompt cache, per model, by default: llama-server's 8 GiB, at most a quarter of the
+    memory free now (serve_context leaves it out of what the context may take)."""
+    if budget is None:
+        from localinfer.system.hardware import memory_budget
+
+        budget = memory_budget()
+    return max(0, min(8 << 30, budget.ram_available // 4))
+
+
+def serve_context(info: GGUFInfo, options: LoadOptions, parallel: int, *, budget: MemoryBudget | None = None,
+                  reserved: int = 0) -> ServeContext:  # fmt: skip
     """The model's trained context, at most SERVE_CTX_CEILING, for each of ``parallel`` sequences,
     reduced to what the memory pre-flight finds room for (as Ollama sizes by memory and llama-server
     fits its context), never below what ``run`` takes by default unless memory cannot hold even that
-    (then the load's own pre-flight says so). A model whose shape we cannot read gets run's default."""
+    (then the load's own pre-flight says so). A model whose shape we cannot read gets run's default.
+    ``reserved``: host bytes kept for something else (the prompt cache)."""
     train = info.context_length or 0
     fallback = min(train or DEFAULT_CTX_CEILING, DEFAULT_CTX_CEILING)
     upper = min(train, SERVE_CTX_CEILING) // CTX_PAD * CTX_PAD if train else fallback
@@ -145,6 +157,7 @@ def serve_context(info: GGUFInfo, options: LoadOptions, parallel: int, *, budget
         from localinfer.system.hardware import memory_budget
 
         budget = memory_budget()
+    budget = dataclasses.replace(budget, ram_available=max(0, budget.ram_available - reserved))
     kw = _est_kwargs(dataclasses.replace(options, n_seq_max=parallel, n_batch=max(options.n_batch, parallel)))
     total = est.largest_ctx(shape, _room(budget), upper=upper * parallel, n_gpu_layers=_layers(options, budget, shape), **kw)
     per_seq = total // parallel // CTX_PAD * CTX_PAD
