@@ -334,14 +334,14 @@ def test_a_models_default_context_is_sized_once_and_said(monkeypatch):
 
     asked: list[Any] = []
 
-    def serve_context(info: Any, options: Any, parallel: int) -> Any:
-        asked.append((info, parallel))
+    def serve_context(info: Any, options: Any, parallel: int, reserved: int = 0) -> Any:
+        asked.append((info, parallel, reserved))
         return preflight.ServeContext(32768 - 256 * len(asked), "reduced to fit memory")
 
     monkeypatch.setattr(preflight, "serve_context", serve_context)
     said: list[str] = []
-    s = Served(ServeConfig(parallel=3), SimpleNamespace(n_gpu_layers=0), say=said.append)  # type: ignore[arg-type]
+    s = Served(ServeConfig(parallel=3, cache_ram=5 << 20), SimpleNamespace(n_gpu_layers=0), say=said.append)  # type: ignore[arg-type]
     resolved = SimpleNamespace(path="/models/g.gguf", info="g-info")
     assert s._default_ctx(resolved, "g") == s._default_ctx(resolved, "g") == 32512
-    assert asked == [("g-info", 3)]
+    assert asked == [("g-info", 3, 5 << 20)], "sized with the prompt cache's memory left out"
     assert said == ["context for g: 32512 tokens per sequence (reduced to fit memory; -c or num_ctx sets it)"]

@@ -13,7 +13,6 @@ from localinfer.engine.types import GenerationStats, SeqJob
 if TYPE_CHECKING:
     from localinfer.engine.logprobs import Logprobs
     from localinfer.engine.model import Model
-    from localinfer.engine.prompt_cache import PromptCache
 
 
 class Slot:
@@ -104,10 +103,11 @@ class SlotTable:
     llama-server picks.
     """
 
-    def __init__(self, model: Model, n_parallel: int, keep_cache: bool, cache: PromptCache | None = None) -> None:
+    def __init__(self, model: Model, n_parallel: int, keep_cache: bool, cache: Any = None) -> None:
         self.model = model
         self.keep_cache = keep_cache
-        self.cache = cache if keep_cache else None  # host memory for what an idle sequence loses (prompt_cache)
+        # host memory for what an idle sequence loses (an engine.prompt_cache.PromptCache, which imports this module)
+        self.cache = cache if keep_cache else None
         self.n_ctx_seq = model.n_ctx_seq
         self.free = list(range(n_parallel))
         self.kept: list[list[int]] = [[] for _ in range(n_parallel)]

@@ -312,8 +312,9 @@ def _llama_gpu_free() -> tuple[bool, int | None, bool, int]:
     return True, sum(d["free_bytes"] for d in gpus_), unified, len(gpus_)
 
 
-def memory_budget() -> MemoryBudget:
-    """What a load may use now. Cheap: psutil and llama.cpp's device list, no subprocess."""
+def host_room() -> tuple[int, int, int, list[str]]:
+    """(RAM available, swap free, RAM total, notes) as a load may use them now: psutil alone (no
+    llama.cpp), within a cgroup limit, ``LOCALINFER_FAKE_RAM`` in tests."""
     mem = memory()
     notes: list[str] = []
     swap = int(mem["swap_free_bytes"] or 0)
@@ -327,13 +328,19 @@ def memory_budget() -> MemoryBudget:
     if fake_ram is not None:
         ram, swap = fake_ram, 0
         notes.append(f"simulated by {FAKE_RAM_ENV}")
+    return ram, swap, int(mem["total_bytes"] or 0), notes
+
+
+def memory_budget() -> MemoryBudget:
+    """What a load may use now. Cheap: psutil and llama.cpp's device list, no subprocess."""
+    ram, swap, total, notes = host_room()
     offload, vram, unified, n_gpus = _llama_gpu_free()
     fake_vram = _env_size(FAKE_VRAM_ENV)
     if fake_vram is not None and offload:
         vram, unified, n_gpus = fake_vram, False, 1
     return MemoryBudget(
         ram_available=ram + swap,
-        ram_total=int(mem["total_bytes"] or 0),
+        ram_total=total,
         swap_free=swap,
         gpu_offload=offload,
         vram_free=vram,

@@ -129,11 +129,13 @@ class ServeContext:
 
 def default_cache_ram(budget: MemoryBudget | None = None) -> int:
     """serve's host prompt cache, per model, by default: llama-server's 8 GiB, at most a quarter of the
-    memory free now (serve_context leaves it out of what the context may take)."""
+    memory free now (serve_context leaves it out of what the context may take). Without ``budget``,
+    psutil's figures: a flag's mistake is said before llama.cpp loads."""
     if budget is None:
-        from localinfer.system.hardware import memory_budget
+        from localinfer.system.hardware import host_room
 
-        budget = memory_budget()
+        ram, swap, _total, _notes = host_room()
+        return max(0, min(8 << 30, (ram + swap) // 4))
     return max(0, min(8 << 30, budget.ram_available // 4))
 
 
