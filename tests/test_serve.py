@@ -275,8 +275,9 @@ def call(state: ServerState, method: str, path: str, body: Any = None, headers: 
         state.hub = Hub(asyncio.get_running_loop())
         app = create_app(state)
         hdrs = [(k.encode(), v.encode()) for k, v in given.items() if v is not None]
+        where, _, query = path.partition("?")
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": ("127.0.0.1", 9),
+                 "path": where, "raw_path": where.encode(), "query_string": query.encode(), "root_path": "", "client": ("127.0.0.1", 9),
                  "server": ("127.0.0.1", 80), "headers": [*hdrs, (b"content-length", str(len(data)).encode())]}  # fmt: skip
         received, sent = asyncio.Event(), []
 

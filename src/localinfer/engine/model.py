@@ -157,7 +157,11 @@ class Model(Vocab, SingleSequence):
         return int(llama_cpp.llama_model_n_params(self._model))
 
     def token_text(self, token: int) -> str:
-        return self._piece(token, special=True).decode("utf-8", errors="replace")
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes, special tokens written out (a character may span two tokens' bytes)."""
+        return self._piece(token, special=True)
 
     @property
     def bos_token(self) -> int:

@@ -34,7 +34,7 @@ from localinfer.serve.responses import Answer, dumps
 from localinfer.serve.sending import STATUS_KEY, AnswerResponse, call_checker, submit, unenforced
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Engine, Outcome, Ticket
+    from localinfer.serve.engine import Engine, Outcome, Prepared, Ticket
     from localinfer.serve.multi import Served
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
@@ -55,6 +55,7 @@ class ServerState:
     router: Served | None = None  # multi.Served: every installed model, on demand (``engine`` stays None)
     say: Callable[[str], None] = field(default=lambda message: None, repr=False)  # serve's log (stderr)
     told: set[tuple[str, ...]] = field(default_factory=set, repr=False)  # tool keywords the log has named
+    preparing: int = 0  # requests rendering or tokenizing without generating (``off_loop``)
 
     def gauges(self) -> Gauges:
         if self.router is not None:
@@ -64,7 +65,7 @@ class ServerState:
 
 def create_app(state: ServerState) -> Starlette:
     from localinfer.request import checker
-    from localinfer.serve import ollama
+    from localinfer.serve import llama_routes, ollama
     from localinfer.serve.multi import Leases
 
     checker.enable()  # large schemas and grammars are checked in a helper process, off the loop's GIL
@@ -77,12 +78,14 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         *protocol_routes(),
+        *llama_routes.routes(llama_routes.Shared(_authorize, _engine, _pick, _read_body, _overloaded, prepared_only,
+                                                 off_loop, CHAT, Wire)),
         *ollama.routes(ollama.Shared(_authorize, _engine, _read_body, _overloaded, queue, AnswerResponse, serves)),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
     config = state.config
     hosts = allowed_names(config.host, config.allowed_hosts)
-    middleware = [Middleware(CountAnswers, metrics=state.metrics, endpoints={**ENDPOINTS, **ollama.ENDPOINTS}),
+    middleware = [Middleware(CountAnswers, metrics=state.metrics, endpoints={**ENDPOINTS, **llama_routes.ENDPOINTS, **ollama.ENDPOINTS}),
                   Middleware(Guard, hosts=hosts, origins=config.cors_origins, keyed=config.api_key is not None),
                   Middleware(Leases)]  # fmt: skip
     app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)  # type: ignore[arg-type]
@@ -240,13 +243,33 @@ async def count_tokens(request: Request) -> Response:
     from localinfer.serve import anthropic
 
     wire = Wire(functools.partial(anthropic.parse, counting=True), anthropic.error_body, lambda *_: None, clamp=True)
-    state = _state(request)
     try:
-        engine, req, _ = await _accept(request, state, wire)
-        prepared = await run_in_threadpool(functools.partial(engine.prepare, req, clamp=True))
+        _, _, prepared = await prepared_only(request, wire)
+    except Overloaded:
+        return _wire_error(wire, _overloaded(_state(request)))
     except ApiError as exc:
         return _wire_error(wire, exc)
     return JSONResponse({"input_tokens": len(prepared.tokens)})
+
+
+async def prepared_only(request: Request, wire: Wire) -> tuple[Engine, str, Prepared]:
+    """A request prepared as a generating one is (its prompt rendered, tokenized and checked: the
+    prompt alone must fit), never queued: count_tokens, /apply-template, the input_tokens counts."""
+    state = _state(request)
+    engine, req, name = await _accept(request, state, wire)
+    return engine, name, await off_loop(state, functools.partial(engine.prepare, req, clamp=True))
+
+
+async def off_loop(state: ServerState, work: Callable[[], Any]) -> Any:
+    """Work that renders or tokenizes without generating, in the thread pool, at most --max-queue at
+    once (``Overloaded`` past it): nothing else bounds a client sending many at a time."""
+    if state.preparing >= state.config.max_queue:
+        raise Overloaded()
+    state.preparing += 1
+    try:
+        return await run_in_threadpool(work)
+    finally:
+        state.preparing -= 1
 
 
 async def responses(request: Request) -> Response:
