@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localinfer.serve import pool
+from localinfer.resident.loading import Preload, Resolver, load_model, want_of
 from localinfer.serve.pool import Want
 from localinfer.resident.start import runtime_env
 from localinfer.serve.router import Router
@@ -61,7 +61,7 @@ class Resident:
         self.empty_since = time.monotonic()
         self.exiting = False
         self.on_exit: Callable[[], None] = lambda: None
-        self._resolved: dict[str | None, tuple[Any, Any]] = {}  # spec -> (ResolvedModel, its file's identity)
+        self.resolve = Resolver()
         self.preload: Preload | None = None
         self.asked = False  # any request served yet (a fresh server waits longer: FRESH_GRACE_S)
 
@@ -132,11 +132,11 @@ class Resident:
                 self.router.hold(slot)
                 slot.info.keep_alive = math.inf if keep < 0 else keep
             else:
-                resolved = await asyncio.to_thread(self._resolve, body.get("spec"))
-                first, default_ctx, force = _want(body, resolved), body.get("ctx_per_seq") is None, bool(body.get("force"))
+                resolved = await asyncio.to_thread(self.resolve, body.get("spec"))
+                first, default_ctx, force = want_of(body, resolved), body.get("ctx_per_seq") is None, bool(body.get("force"))
 
                 def make(want: Want) -> Model:  # a reload (a grown want) sizes its context as asked
-                    loaded = _load_model(resolved, want, default_ctx=default_ctx and want == first, force=force)
+                    loaded = load_model(resolved, want, default_ctx=default_ctx and want == first, force=force)
                     return self._start(want, resolved.name, loaded, loop)
 
                 slot, notes = await self.router.acquire(first, resolved.name, make, keep_alive=keep)
@@ -156,19 +156,6 @@ class Resident:
                      "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid(),
                      "env": runtime_env(),
                      "facts": load_facts(loaded.plan, loaded.buffers)}  # fmt: skip
-
-    def _resolve(self, spec: str | None) -> Any:
-        """The model ``spec`` names, as installed (never pulled here: the command pulls, with its
-        progress); remembered while its file is unchanged, so a resident answer skips the store."""
-        from localinfer.paths import file_identity
-        from localinfer.store import resolve_model
-
-        known = self._resolved.get(spec)
-        if known is not None and file_identity(known[0].path) == known[1]:
-            return known[0]
-        resolved = resolve_model(spec, offline=True, auto_pull=False)
-        self._resolved[spec] = (resolved, file_identity(resolved.path))
-        return resolved
 
     def _start(self, want: Want, name: str, loaded: Any, loop: asyncio.AbstractEventLoop) -> Model:
         """Our serve app on its own engine, for a model just loaded (any thread)."""
@@ -217,69 +204,6 @@ class Resident:
             if idle and time.monotonic() - self.empty_since >= (EMPTY_GRACE_S if self.asked else FRESH_GRACE_S):
                 self.exiting = True
                 self.on_exit()
-
-
-def _want(body: dict[str, Any], resolved: Any) -> Want:
-    """What a load request needs, for the model it resolved to."""
-    asked = body.get("ctx_per_seq")
-    # the projector too: a file loaded under a name with one does not answer its path (without), nor back
-    options = {**pool.load_fields(body["options"]), "mmproj": os.fspath(resolved.mmproj) if resolved.mmproj else None}
-    return Want(key=os.fspath(resolved.path.resolve()), options=options,
-                sequences=int(body.get("sequences", 1)), ctx_per_seq=int(asked or _default_ctx(resolved)))  # fmt: skip
-
-
-class Preload:
-    """The first request's model, loaded on a thread from the server's start (the command hands it
-    the request on stdin): llama.cpp loads while uvicorn and Starlette are imported."""
-
-    def __init__(self, body: dict[str, Any], resident: Resident) -> None:
-        self.body, self.resident = body, resident
-        self.done = threading.Event()
-        self.result: tuple[Any, Want, Any] | None = None
-        self.error: BaseException | None = None
-        threading.Thread(target=self._run, name="localinfer-preload", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            resolved = self.resident._resolve(self.body.get("spec"))
-            want = _want(self.body, resolved)
-            loaded = _load_model(resolved, want, default_ctx=self.body.get("ctx_per_seq") is None, force=bool(self.body.get("force")))
-            self.result = (resolved, want, loaded)
-        except BaseException as exc:  # the request that asked for it gets the error (loading again)
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def discard(self) -> None:
-        self.done.wait()
-        if self.result is not None:
-            self.result[2].close()
-
-
-def _default_ctx(resolved: Any) -> int:
-    from localinfer.batch.job import default_ctx_per_seq
-
-    return default_ctx_per_seq(resolved)
-
-
-def _load_model(resolved: Any, want: Want, *, default_ctx: bool, force: bool) -> Any:
-    """The model as ``run`` (one sequence, its -c or the default context) or ``batch`` loads it."""
-    from localinfer.generate import loading
-    from localinfer.batch import job as batchjob
-    from localinfer.engine.types import LoadOptions
-
-    base = LoadOptions(**{k: v for k, v in want.options.items() if k != "mmproj"})  # the projector: resolved's
-    if want.sequences == 1 and default_ctx:
-        options = base  # the pre-flight sizes the context exactly as a local run's
-    else:
-        options = batchjob.batch_load_options(base, parallel=want.sequences, ctx_per_seq=want.ctx_per_seq)
-    loaded = loading.load(resolved, options, force=force)
-    try:
-        batchjob.check_template(loaded)
-    except BaseException:
-        loaded.close()
-        raise
-    return loaded
 
 
 async def _json_body(receive: Callable) -> dict[str, Any]:
@@ -357,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     resident = Resident(max_models=args.max_models, say=say)
     if args.preload:
         with contextlib.suppress(ValueError):
-            resident.preload = Preload(json.loads(sys.stdin.read()), resident)
+            resident.preload = Preload(json.loads(sys.stdin.read()), resident.resolve)
     else:
         threading.Thread(target=_warm, name="localinfer-warm", daemon=True).start()
     import uvicorn  # after the socket is bound and the model loading: commands wait on both
