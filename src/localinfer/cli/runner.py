@@ -8,7 +8,10 @@ resident server as any command does. Only the exit status (or the signal it died
 a signal the command receives (Ctrl-C) is passed on to it. The runner is single-threaded (it forks)
 and exits when the server does (EOF on a pipe the server holds) or when it is gone from its socket.
 
-Limits (a refused command runs where it was typed): a peer must send its command within
+Trust (docs/security.md): a peer of another uid or mount namespace is dropped before a byte is read
+(``start.peer_problem``). A refused command runs where it was typed: one whose environment differs
+from the runner's in what a process reads as it starts (``start.startup_env``: PYTHONPATH, LD_PRELOAD...),
+which the processes it starts would inherit. Limits: a peer must send its command within
 ``RECEIVE_TIMEOUT_S``, of at most ``MAX_COMMAND_BYTES``; at most ``MAX_CHILDREN`` commands at once.
 """
 
@@ -22,7 +25,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 from pathlib import Path
@@ -52,18 +54,6 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception as exc:  # the command imports it again, and fails as it would
             sys.stderr.write(f"localinfer runner: could not preload {name}: {type(exc).__name__}: {exc}\n")
-
-
-def _same_user(conn: socket.socket) -> bool:
-    """The peer is this user (Linux: SO_PEERCRED; elsewhere the socket's mode 0600 alone decides)."""
-    peercred = getattr(socket, "SO_PEERCRED", None)
-    if peercred is None:
-        return True
-    try:
-        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
-    except OSError:
-        return False
-    return uid == os.getuid()
 
 
 class Refused(Exception):
@@ -133,8 +123,8 @@ def _as_started() -> None:
         pass
 
 
-def _child(conn: socket.socket, listener: socket.socket, life_fd: int, timeout_s: float) -> NoReturn:
-    """One command, in the forked process (never returns)."""
+def _child(conn: socket.socket, listener: socket.socket, life_fd: int, timeout_s: float, startup: dict[str, str]) -> NoReturn:
+    """One command, in the forked process (never returns); ``startup``: the runner's ``start.startup_env``."""
     listener.close()
     os.close(life_fd)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -157,9 +147,15 @@ def _child(conn: socket.socket, listener: socket.socket, life_fd: int, timeout_s
         os._exit(0)
     conn.settimeout(None)
     from localinfer.resident import command as handed
+    from localinfer.resident.start import startup_env
 
     if command.get("identity") != handed.identity() or len(fds) != 3:
         reply({"refused": "another installation of localinfer"})
+        os._exit(0)
+    theirs = startup_env(command["env"])
+    if theirs != startup:  # its PYTHONPATH, LD_PRELOAD...: its own interpreter's to read, never this one's children's
+        differ = ", ".join(sorted(k for k in theirs.keys() | startup.keys() if theirs.get(k) != startup.get(k)))
+        reply({"refused": f"an environment that differs from the runner's in what a process reads as it starts ({differ})"})
         os._exit(0)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -233,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     mine = os.stat(args.socket).st_ino
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' processes are reaped by the kernel
     from localinfer.resident import command
+    from localinfer.resident.start import peer_problem, startup_env
 
     command.SERVING = True
+    startup = startup_env()  # as this interpreter started (before any import could set one): a command's must match
     _preload()
     children: set[int] = set()
     try:
@@ -246,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                 conn, _ = listener.accept()
             except OSError:
                 continue
-            if not _same_user(conn):
+            why = peer_problem(conn, serving=True)
+            if why is not None:  # not a byte read: another uid, a sandbox of ours (another mount namespace)
+                sys.stderr.write(f"localinfer runner: refused a connection: the process connecting {why}\n")
                 conn.close()
                 continue
             children = {pid for pid in children if _running(pid)}
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             pid = os.fork()
             if pid == 0:
                 try:
-                    _child(conn, listener, args.life_fd, args.receive_timeout)
+                    _child(conn, listener, args.life_fd, args.receive_timeout, startup)
                 finally:  # never back into this loop: before its "pid", the command runs where it was typed
                     os._exit(1)
             children.add(pid)

@@ -120,9 +120,9 @@ def open_resident(
     ``options``: the load flags when they alone decide them (run, chat): the server then resolves the
     model itself and the client touches no store; None (batch sizes its load by the model):
     ``resolve()`` here first. A model the server does not find installed is resolved here too (a
-    pull, with its progress), then asked for again."""
+    pull, with its progress; a file checked as a local run checks it), then asked for again. A file
+    the server still does not take (``resident.loading.check_known_file``: nothing hashed it) runs locally."""
     from localinfer import paths
-    from localinfer.errors import ModelNotFoundError
     from localinfer.resident.start import place, unix_sockets
 
     tell = warn or (lambda _m: None)
@@ -140,13 +140,17 @@ def open_resident(
     if opened is None:
         return None
     server, status, info = opened
-    if status != 200 and resolved is None and (info or {}).get("error", {}).get("type") == ModelNotFoundError.__name__:
+    if status != 200 and resolved is None and _not_found(info):
         resolved = resolve()  # not installed: fetched here as a local run would, or its own error
         body["spec"] = _spec(spec, resolved)
         opened = _ask(where, body, max_models, tell)
         if opened is None:
             return None
         server, status, info = opened
+    if status != 200 and resolved is not None and resolved.source.startswith("local") and _not_found(info):
+        tell(f"the resident server keeps installed models and files localinfer has hashed, and {resolved.path} is "
+             f"not one (LOCALINFER_PROBE=0 leaves it unhashed, as does a read-only store): running locally")  # fmt: skip
+        return None
     if status != 200:
         raise _load_error(info)
     for note in info.get("notes", ()):
@@ -186,6 +190,12 @@ def _ask(where: Place, body: dict[str, Any], max_models: int | None, tell: Note)
     raise AssertionError("unreachable")
 
 
+def _not_found(info: Any) -> bool:
+    from localinfer.errors import ModelNotFoundError
+
+    return bool((info or {}).get("error", {}).get("type") == ModelNotFoundError.__name__)
+
+
 def _compare_env(theirs: dict[str, str], tell: Note) -> None:
     """One line when the server's start-time environment (its first command's) is not this command's."""
     from localinfer.resident.start import runtime_env
@@ -203,9 +213,10 @@ def _is_path(spec: str) -> bool:
 
 
 def _spec(spec: str | None, resolved: ResolvedModel | None) -> str | None:
-    """What the server resolves: a file by its absolute path (its working directory is not ours)."""
+    """What the server resolves: a file by its absolute path (its working directory is not ours), as
+    typed: a symbolic link is not followed, so the server names the model as this command does."""
     if resolved is not None:
-        return os.fspath(resolved.path.resolve()) if resolved.source.startswith("local") else resolved.name
+        return os.path.abspath(resolved.path) if resolved.source.startswith("local") else resolved.name
     if spec is not None and _is_path(spec):
         return os.path.abspath(os.path.expanduser(spec))
     return spec

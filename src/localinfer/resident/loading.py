@@ -16,7 +16,8 @@ from localinfer.serve.pool import Want
 
 class Resolver:
     """The model a spec names, as installed (never pulled here: the command pulls, with its
-    progress); remembered while its file is unchanged, so a resident answer skips the store."""
+    progress; a file path only as :func:`check_known_file` allows); remembered while its file is
+    unchanged, so a resident answer skips the store."""
 
     def __init__(self) -> None:
         self._resolved: dict[str | None, tuple[Any, Any]] = {}  # spec -> (ResolvedModel, its file's identity)
@@ -28,9 +29,29 @@ class Resolver:
         known = self._resolved.get(spec)
         if known is not None and file_identity(known[0].path) == known[1]:
             return known[0]
+        if spec is not None:
+            check_known_file(spec)
         resolved = resolve_model(spec, offline=True, auto_pull=False)
         self._resolved[spec] = (resolved, file_identity(resolved.path))
         return resolved
+
+
+def check_known_file(spec: str) -> None:
+    """A file path is loaded only where the store already knows that file as it is now (its digest
+    cache: size, mtime, inode unchanged since a command of this user hashed it as it checked it):
+    the server never opens a file it is merely handed. ModelNotFoundError otherwise, which the
+    command answers by checking the file itself, as a local run does, and asking again
+    (``resident.backend``). A name (registry, installed, Hub) passes: the store resolves it."""
+    from localinfer.errors import ModelNotFoundError
+    from localinfer.store.manifest import Store
+    from localinfer.store.names import parse_spec
+
+    parsed = parse_spec(spec)
+    if parsed.kind != "path" or parsed.path is None:
+        return
+    if Store().cached_digest(parsed.path.resolve()) is None:
+        raise ModelNotFoundError(f"{spec}: the resident server loads installed models, and files that localinfer "
+                                 "has checked, never a file path it is handed")  # fmt: skip
 
 
 def want_of(body: dict[str, Any], resolved: Any) -> Want:

@@ -4,6 +4,7 @@ app (``serve.app``) on its own engine, reached at ``/m/ID/v1/...``; ``/resident/
 reloads one as a request needs, ``/resident/ps`` and ``/resident/stop`` are ``ps`` and ``stop``.
 Which models stay loaded is the router core `serve` shares (``serve.router``): least recently used
 idle ones go first, a model idle for its keep-alive is unloaded; with nothing loaded the server exits.
+A connection from another uid or mount namespace is answered 403 before its request is read.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from localinfer.resident.loading import Preload, Resolver, load_model, want_of
 from localinfer.serve.pool import Want
-from localinfer.resident.start import runtime_env
+from localinfer.resident.start import peer_problem, runtime_env
 from localinfer.serve.router import Router
 
 TICK_S = 0.1  # how often idle models are looked at: unloads are on time to this
@@ -71,12 +72,15 @@ class Resident:
             return
         path: str = scope["path"]
         self.busy += 1
-        self.asked = True
+        fresh, self.asked = not self.asked, True
         try:
             if path.startswith("/m/"):
                 await self._model_route(scope, receive, send)
             elif path == "/resident/load" and scope["method"] == "POST":
-                await self._reply(send, *await self._load(await _json_body(receive)))
+                status, answer = await self._load(await _json_body(receive))
+                if fresh and status == 422 and answer["error"]["type"] == "ModelNotFoundError":
+                    self.asked = False  # its command checks (or pulls) the model and asks again: still fresh
+                await self._reply(send, status, answer)
             elif path == "/resident/ps":
                 await self._reply(send, 200, self.ps())
             elif path == "/resident/stop" and scope["method"] == "POST":
@@ -286,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_warm, name="localinfer-warm", daemon=True).start()
     import uvicorn  # after the socket is bound and the model loading: commands wait on both
 
-    config = uvicorn.Config(resident, lifespan="off", ws="none", log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
+    from localinfer.serve.connections import Limits, protocol_class
+
+    config = uvicorn.Config(resident, http=protocol_class(Limits(admit=lambda t: _refusal(t, say))), lifespan="off", ws="none",
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
     server = _server(config, resident, args.ready_fd)
 
     def leave() -> None:
@@ -304,6 +310,17 @@ def main(argv: list[str] | None = None) -> int:
         resident.router.stop_all()
         say("stopped")
     return 0
+
+
+def _refusal(transport: Any, say: Callable[[str], None]) -> str | None:
+    """Why a connection is refused (a 403 before its request is read), None to serve it: a peer of
+    another uid, or of another mount namespace (a sandbox of ours sees other files and is not
+    trusted: docs/security.md), as ``start.peer_problem`` checks the serving side."""
+    why = peer_problem(transport.get_extra_info("socket"), serving=True)
+    if why is None:
+        return None
+    say(f"refused a connection: the process connecting {why}")
+    return "the resident server serves only its own user's processes, in its own mount namespace"
 
 
 def _warm() -> None:

@@ -10,7 +10,8 @@ accepts: nothing polls. The runner lives as long as the server: it watches a pip
 Trust (docs/security.md): both processes start with ``-P`` in ``/`` (nothing of the directory the
 first command was typed in is importable), and a client uses a socket only in a folder that is ours
 (lstat: no symlink, no group/other bits) and only when the process listening is ours: same uid and,
-where /proc tells it, the same mount namespace (:func:`connect`; else :class:`Untrusted`).
+where /proc tells it, the same mount namespace (:func:`connect`; else :class:`Untrusted`). The
+serving side checks its peers the same way (:func:`peer_problem`), and more strictly.
 """
 
 from __future__ import annotations
@@ -123,23 +124,44 @@ def check_folder(path: Path) -> None:
         raise Untrusted(f"refusing the resident server's folder {path}: others may enter it (mode {stat.S_IMODE(st.st_mode):o})")
 
 
-def check_peer(sock: socket.socket, path: Path) -> None:
-    """The process listening at ``path`` (``sock`` connected to it) is ours: our uid (SO_PEERCRED)
-    and, where /proc tells it, our mount namespace (a sandbox or container of the same uid sees
-    other files). Untrusted otherwise. Platforms without SO_PEERCRED rely on the folder check."""
+def peer_problem(sock: socket.socket, *, serving: bool = False) -> str | None:
+    """Why the process at the other end of ``sock`` is not ours; None when it is: our uid
+    (SO_PEERCRED) and, where /proc tells it, our mount namespace (a sandbox or container of the same
+    uid sees other files). Without /proc the uid decides. A client (``check_peer``) lets a listener
+    whose namespace cannot be read pass (the starter that bound the socket may have exited) and
+    raises OSError when the credentials cannot be read; the ``serving`` side refuses both (a process
+    of ours can hide its namespace by making itself undumpable). Platforms without SO_PEERCRED: None
+    (the folder's checks and the sockets' mode protect)."""
     peercred = getattr(socket, "SO_PEERCRED", None)
     if peercred is None:
-        return
-    size = struct.calcsize("3i")
-    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, size))
-    if uid != os.getuid():
-        raise Untrusted(f"refusing the socket {path}: the process listening there is uid {uid}'s, not yours")
+        return None
     try:
-        theirs, ours = os.readlink(f"/proc/{pid}/ns/mnt"), os.readlink("/proc/self/ns/mnt")
-    except OSError:  # no /proc, the listener gone (the starter that bound it exited), not allowed to look
-        return
-    if theirs != ours:
-        raise Untrusted(f"refusing the socket {path}: the process listening there (pid {pid}) is in another mount namespace")
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+    except OSError as exc:
+        if not serving:
+            raise
+        return f"cannot be identified ({exc})"
+    if uid != os.getuid():
+        return f"is uid {uid}'s, not yours"
+    try:
+        ours = os.readlink("/proc/self/ns/mnt")
+    except OSError:  # no /proc (or not allowed to look at our own): the uid decides
+        return None
+    try:
+        theirs = os.readlink(f"/proc/{pid}/ns/mnt") if pid > 0 else None  # 0: in a pid namespace we cannot see
+    except OSError:
+        theirs = None
+    if theirs is None:
+        return f"(pid {pid}) is in a mount namespace that cannot be read" if serving else None
+    return None if theirs == ours else f"(pid {pid}) is in another mount namespace"
+
+
+def check_peer(sock: socket.socket, path: Path) -> None:
+    """The process listening at ``path`` (``sock`` connected to it) is ours (:func:`peer_problem`);
+    Untrusted otherwise."""
+    why = peer_problem(sock)
+    if why is not None:
+        raise Untrusted(f"refusing the socket {path}: the process listening there {why}")
 
 
 def connect(path: Path, timeout_s: float | None = None) -> socket.socket | None:
@@ -193,6 +215,19 @@ def runtime_env(environ: Any = None) -> dict[str, str]:
     server keeps its first command's (a command with others is told so: ``resident.backend``)."""
     environ = os.environ if environ is None else environ
     return {k: v for k, v in environ.items() if k in _RUNTIME_NAMES or k.startswith(_RUNTIME_PREFIXES)}
+
+
+_STARTUP_PREFIXES = ("PYTHON", "LD_", "DYLD_")  # CPython's variables; the dynamic loader's (Linux/BSD, macOS)
+
+
+def startup_env(environ: Any = None) -> dict[str, str]:
+    """The variables an interpreter and the dynamic loader read once, as a process starts: where
+    Python finds code (PYTHONPATH, PYTHONHOME, PYTHONUSERBASE, PYTHONPYCACHEPREFIX...), what it runs
+    first (PYTHONSTARTUP, PYTHONINSPECT, PYTHONWARNINGS...), which libraries are loaded (LD_PRELOAD,
+    LD_LIBRARY_PATH, LD_AUDIT, DYLD_*). A forked command cannot take another's: the runner takes a
+    command only when these are its own (``cli.runner``)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(_STARTUP_PREFIXES)}
 
 
 class Started(NamedTuple):

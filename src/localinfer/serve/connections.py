@@ -1,6 +1,7 @@
 """Connections bounded before a request is whole: uvicorn's httptools protocol with a cap on the
-bytes of a request's head (431), deadlines for its head and its body (408), and a cap on open
-connections, where the one idle or still sending its head the longest makes room (else 503).
+bytes of a request's head (431), deadlines for its head and its body (408), a cap on open
+connections, where the one idle or still sending its head the longest makes room (else 503), and
+optionally a check of who connects (403: the resident server's peers, ``resident.server``).
 
 httptools joins the pieces of a header line with ``bytes +=``: one endless header grew the
 buffer without limit, in quadratic time, on the event loop. Here a head is fed at most
@@ -28,6 +29,7 @@ class Limits:
     body_timeout_s: float = 60.0  # from the head to the last byte of the body (4 MiB at 0.5 Mbit/s)
     max_connections: int = 1024
     refused: Callable[[int], None] | None = None  # told the status of each answer given here (/metrics)
+    admit: Callable[[asyncio.Transport], str | None] | None = None  # why a peer is refused (403), None to admit it
 
 
 def raise_file_limit(wanted: int) -> int:
@@ -61,6 +63,10 @@ class BoundedHttp(HttpToolsProtocol):
         self._head_pending = True  # the next bytes are a request's head
         self._head_bytes = 0
         self._deadline: asyncio.TimerHandle | None = None
+        why = self.limits.admit(transport) if self.limits.admit is not None else None
+        if why is not None:  # before a byte of its request is read
+            self._answer(403, why, "forbidden")
+            return
         if len(self.connections) > self.limits.max_connections and not self._make_room():
             self._answer(503, "too many connections: retry shortly", "too_many_connections")
             return
