@@ -131,3 +131,11 @@ def test_an_image_crosses_to_the_resident_runner(home, smollm2_path, tmp_path):
     plain, kept = both(home, "run", "-m", str(smollm2_path), "--image", str(pic), "-n", "4", "-c", "1024", "hi")  # a text model
     assert plain[0] == kept[0] == 2 and plain[1:3] == kept[1:3], kept[3]
     assert "takes no images" in kept[2][0]
+
+
+def test_a_context_llama_cpp_rounded_up_is_said_the_same(home, smollm2_path):
+    # the load's notes were dropped on the way: `run -c 64` warned of the rounding, with --keep-alive nothing
+    plain, kept = both(home, "run", "-m", str(smollm2_path), "-c", "64", "-n", "2", "--temperature", "0", "-p", "Hi")
+    assert plain[0] == kept[0] == 0
+    assert any("llama.cpp rounded 64 up to a multiple of 256" in line for line in plain[2]), plain[3]
+    assert plain[2] == kept[2], kept[3]

@@ -156,6 +156,9 @@ class Resident:
         from localinfer.answer.answer import load_facts
 
         loaded = model.engine.loaded
+        # the load's own notes (a context llama.cpp rounded up...) on every command it serves, as a
+        # local run says them each time; then what this command's load did (a reload, an unload)
+        notes = [*(loaded.plan.notes if loaded.plan is not None else ()), *notes]
         return 200, {"id": model.id, "name": slot.info.name, "sha256": resolved.sha256, "n_ctx": slot.info.n_ctx_seq,
                      "notes": notes, "load_s": load_s, "can_chat": loaded.template is not None, "rss": _rss(), "pid": os.getpid(),
                      "env": runtime_env(),
