@@ -71,8 +71,6 @@ def serve(
             model_map=model_map.parse(map_model),
             cache_ram=_cache_ram(cache_ram),
         )  # fmt: skip
-        if config.cache_ram:
-            server.log(f"prompt cache: up to {config.cache_ram >> 20} MiB of host memory per model (--cache-ram)")
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
         models = list(dict.fromkeys(model or ()))
@@ -87,6 +85,7 @@ def serve(
                 resolve_model(name, offline=flags.offline, pull_progress=make_progress())
             served = Served(config, base, ctx_size=ctx_size, only=tuple(models) if no_autoload and models else None,
                             max_models=max_models or default_max_models(base), keep_alive=_seconds(keep_alive), force=flags.force)  # fmt: skip
+            _say_cache(config.cache_ram, server.log)
             server.serve_all(config, served, models)
             return
         if config.model_map:  # one model answers every name already (app.serves)
@@ -97,7 +96,14 @@ def serve(
         if ctx_size and ctx_size > n_train > 0:
             warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
         options = batchjob.batch_load_options(draft.apply(base) if draft is not None else base, parallel=parallel, ctx_per_seq=ctx_per_seq)
+        _say_cache(config.cache_ram, server.log)
         server.serve(config, resolved, options, force=flags.force, alias=alias)
+
+
+def _say_cache(cache_ram: int, say) -> None:
+    """Said once the model is known to load (a refusal of it is the first line)."""
+    if cache_ram:
+        say(f"prompt cache: up to {cache_ram >> 20} MiB of host memory per model (--cache-ram)")
 
 
 def _cache_ram(mib: Optional[int]) -> int:
