@@ -255,8 +255,12 @@ def ask(server: Server, messages: list[dict], n: int, tools: list[dict] | None =
     conn.close()
     prompt = usage.get("prompt_tokens") or (timings.get("prompt_n", 0) + timings.get("cache_n", 0))
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    # the server's own prefill and decode time: the rest of the wall time is rendering, tokenizing,
+    # queueing and HTTP (and llama-server's cache restore; serve's is in its prompt_ms)
+    server_s = ((timings.get("prompt_ms") or 0) + (timings.get("predicted_ms") or 0)) / 1000
     return {"wall": wall, "ttft": (first or t0 + wall) - t0, "prompt": prompt, "cached": cached,
-            "evaluated": timings.get("prompt_n"), "cache_n": timings.get("cache_n")}  # fmt: skip
+            "evaluated": timings.get("prompt_n"), "prefill": (timings.get("prompt_ms") or 0) / 1000,
+            "outside": wall - server_s}  # fmt: skip
 
 
 def other(server: Server, nonce: str, n: int) -> None:
@@ -334,12 +338,12 @@ def run_round(args: argparse.Namespace, tools: list[dict], rnd: int, logs: Path)
 def fmt_rows(name: str, rows: list[dict], theirs: list[dict] | None) -> list[str]:
     cold = rows[0]["wall"]
     lines = [f"{name}:", f"  {'turn':<10}{'prompt':>7}{'new':>6}{'cached':>8}{'evaluated':>10}{'wall s':>9}{'TTFT s':>8}"
-                         f"{'/cold':>7}{'/llama':>8}"]  # fmt: skip
+                         f"{'/cold':>7}{'/llama':>8}{'prefill s':>10}{'outside s':>10}"]  # fmt: skip
     for k, r in enumerate(rows):
         vs = f"{r['wall'] / theirs[k]['wall']:8.2f}" if theirs and k else f"{'':>8}"
         lines.append(f"  {r['turn'] + ('*' if r['after_other'] else ''):<10}{r['prompt']:>7}{r['new'] if r['new'] is not None else '':>6}"
                      f"{r['cached'] if r['cached'] is not None else '-':>8}{r['evaluated'] if r['evaluated'] is not None else '-':>10}"
-                     f"{r['wall']:>9.3f}{r['ttft']:>8.3f}{(r['wall'] / cold if k else 1):>7.3f}{vs}")  # fmt: skip
+                     f"{r['wall']:>9.3f}{r['ttft']:>8.3f}{(r['wall'] / cold if k else 1):>7.3f}{vs}{r['prefill']:>10.3f}{r['outside']:>10.3f}")  # fmt: skip
     return lines
 
 
@@ -367,7 +371,7 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
     out = []
     for same in zip(*runs):
         row = dict(same[0])
-        for key in ("wall", "ttft", "prompt", "cached", "evaluated"):
+        for key in ("wall", "ttft", "prompt", "cached", "evaluated", "prefill", "outside"):
             vals = [r[key] for r in same if r[key] is not None]
             row[key] = statistics.median(vals) if vals else None
         out.append(row)
@@ -380,7 +384,8 @@ def report(rounds: list[dict], args: argparse.Namespace, sized: int) -> str:
             f"# host: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end",
             f"# rerun: .venv/bin/python benchmarks/agent_session.py {' '.join(sys.argv[1:])}",
             "# *: after an unrelated request took the only sequence; new: prompt tokens not in the previous request's prompt;",
-            "#    cached: usage.prompt_tokens_details.cached_tokens; evaluated: timings.prompt_n; /cold, /llama: wall-time ratios", ""]  # fmt: skip
+            "#    cached: usage.prompt_tokens_details.cached_tokens; evaluated: timings.prompt_n; /cold, /llama: wall-time ratios;",
+            "#    prefill: the server's timings.prompt_ms; outside: wall - prompt_ms - predicted_ms (render, tokenize, HTTP)", ""]  # fmt: skip
     lines = []
     for i, rnd in enumerate(rounds):
         lines.append(f"## round {i + 1}")
