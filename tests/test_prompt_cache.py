@@ -143,3 +143,25 @@ def test_serve_keeps_a_session_through_another_request_and_counts_it(smollm2_pat
     assert cached > usage["turn1"]["prompt_tokens"] - 20, usage  # the session came back from host memory
     assert m["localinfer_prompt_cache_hits_total"] == 1 and m["localinfer_prompt_cache_tokens_total"] == cached
     assert m["localinfer_prompt_cache_entries"] >= 1 and 0 < m["localinfer_prompt_cache_bytes"] <= 256 << 20
+
+
+def test_a_sessions_turns_keep_one_copy_not_one_each(loaded):
+    # each turn shares all of the last one but its answer (an agent re-renders it): kept whole, every
+    # turn added another copy of the session (agent_session.py: 10 entries, 750 MiB for one 4k session)
+    model = loaded.model
+    rng = random.Random(11)
+    turn = [model.bos_token] + [rng.randrange(1000, 40000) for _ in range(600)]
+    other = [model.bos_token] + [rng.randrange(1000, 40000) for _ in range(300)]
+    jobs, turns = [], []
+    for i in range(4):
+        turn = turn + [rng.randrange(1000, 40000) for _ in range(40)]  # the answer as re-rendered, and a question
+        turns.append(turn)
+        jobs += [SeqJob(f"turn{i}", turn, GREEDY, max_tokens=3, ignore_eos=True), SeqJob(f"other{i}", other, GREEDY, max_tokens=2)]
+    done, decoder = _run(model, jobs, cache_bytes=512 * MB)
+    for i in range(1, 4):
+        assert done[f"turn{i}"].stats.cached_tokens == len(turns[i - 1]), i  # each turn found the last one
+    stats = decoder.prompt_cache.stats
+    assert stats.entries == 2, "the session's latest turn and the other prompt"
+    with BatchDecoder(model, 1, keep_cache=True, cache_bytes=512 * MB) as one:
+        list(one.run([SeqJob("t", turns[-1], GREEDY, max_tokens=3, ignore_eos=True), SeqJob("o", other, GREEDY, max_tokens=2)]))
+        assert stats.bytes <= 2 * one.prompt_cache.stats.bytes, "about one copy of the session, not four"

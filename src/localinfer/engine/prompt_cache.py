@@ -64,7 +64,10 @@ class PromptCache:
         if not data or len(data) > self.limit:
             return
         tokens = list(tokens)
-        for e in [e for e in self.entries if tokens[: len(e.tokens)] == e.tokens]:  # those it extends
+        # those it extends, and those it holds most of: an agent's next turn shares all of the last one
+        # but the answer (re-rendered, it is not the sampled tokens), and each turn kept whole would hold
+        # another copy of the same session (agent_session.py: 10 entries, 750 MiB, for one 4k session)
+        for e in [e for e in self.entries if common_prefix(e.tokens, tokens, len(e.tokens)) * 5 >= len(e.tokens) * 4]:
             self._remove(e)
         while self.entries and self.stats.bytes + len(data) > self.limit:
             self._remove(min(self.entries, key=lambda e: e.used))
