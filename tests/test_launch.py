@@ -161,3 +161,31 @@ def test_stop_stops_the_server_launch_recorded_and_never_a_stranger(isolated_hom
         for p in (serve, stranger):
             p.kill()
             p.wait()
+
+
+def test_the_context_given_is_what_serve_gives_one_sequence_and_a_shortfall_is_said(monkeypatch):
+    # launch passed 65,536 (or the trained context) whatever the memory: a big model on a small machine
+    # was refused at its load; it now asks serve's own sizing, and says the figures when it is short
+    from types import SimpleNamespace
+
+    import localinfer.store
+    from localinfer.cli import launch as cli_launch
+    from localinfer.system import preflight
+
+    asked: list = []
+
+    def serve_context(info, options, parallel, reserved=0):
+        asked.append((info, parallel, reserved))
+        return preflight.ServeContext(info.fits, "reduced to fit memory: 1 sequence in 3.0 GB free")
+
+    monkeypatch.setattr(preflight, "serve_context", serve_context)
+    monkeypatch.setattr(preflight, "default_cache_ram", lambda: 123)
+    warned: list[str] = []
+    for fits, said in ((200000, False), (24576, True)):
+        resolved = SimpleNamespace(name="big", info=SimpleNamespace(fits=fits))
+        monkeypatch.setattr(localinfer.store, "resolve_model", lambda model, **kw: resolved)
+        name, ctx = cli_launch._model("big", False, warned.append)
+        assert name == "big" and ctx == min(fits, 65536) and asked[-1] == (resolved.info, 1, 123)
+        assert bool(warned) == said
+    assert warned == ["big gets 24576 tokens of context (reduced to fit memory: 1 sequence in 3.0 GB free); "
+                      "agents need 65536: a longer prompt is refused"]

@@ -58,8 +58,9 @@ def launch(
 
 
 def _model(model: Optional[str], remote: bool, warn) -> tuple[str, Optional[int]]:
-    """The installed model's name (as serve names it) and the context to give it: its trained
-    context, at most what agents need (a warning names both when it is less)."""
+    """The installed model's name (as serve names it) and the context to give it: what serve gives one
+    sequence of it by default (its trained context, at most what agents need, within the memory the
+    pre-flight finds beside the prompt cache); a warning names both figures when it is less."""
     from localinfer.errors import UsageError
     from localinfer.launch.agents import AGENT_CTX
     from localinfer.serve.multi import is_path
@@ -72,13 +73,16 @@ def _model(model: Optional[str], remote: bool, warn) -> tuple[str, Optional[int]
     from localinfer.render.progress import make_progress
     from localinfer.store import resolve_model
 
+    from localinfer.engine.types import LoadOptions
+    from localinfer.system.preflight import default_cache_ram, serve_context
+
     resolved = resolve_model(model, pull_progress=make_progress())
-    trained = resolved.info.context_length or 0
-    if 0 < trained < AGENT_CTX:
-        warn(f"{resolved.name} was trained on {trained} tokens of context; agents need {AGENT_CTX}: "
-             f"serving it with -c {trained} (a longer prompt is refused)")  # fmt: skip
-        return resolved.name, trained
-    return resolved.name, AGENT_CTX
+    ctx = serve_context(resolved.info, LoadOptions(), 1, reserved=default_cache_ram())
+    per_seq = min(ctx.per_seq, AGENT_CTX)
+    if per_seq < AGENT_CTX:  # a model trained on less, or a machine without the memory for more
+        warn(f"{resolved.name} gets {per_seq} tokens of context ({ctx.why}); agents need {AGENT_CTX}: "
+             "a longer prompt is refused")  # fmt: skip
+    return resolved.name, per_seq
 
 
 def _root(url: str) -> str:

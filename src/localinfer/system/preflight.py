@@ -169,7 +169,7 @@ def serve_context(info: GGUFInfo, options: LoadOptions, parallel: int, *, budget
         return ServeContext(upper, said)
     if per_seq <= fallback:
         return ServeContext(fallback, f"run's default: memory holds no more ({human(_room(budget).ram)} free)")
-    return ServeContext(per_seq, f"reduced to fit memory: {parallel} sequences in {human(_room(budget).ram)} free; "
+    return ServeContext(per_seq, f"reduced to fit memory: {parallel} sequence{'s' * (parallel != 1)} in {human(_room(budget).ram)} free; "
                                  f"-c {upper} would need more")  # fmt: skip
 
 
