@@ -7,7 +7,7 @@ structured output's rule: what cannot be enforced is refused (``request.structur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _MAPS = ("properties", "$defs", "definitions")
@@ -20,33 +20,37 @@ def enforceable(schema: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, .
     no rule for, patterns with lookaround or another regex dialect, ``$ref``s it cannot follow), and
     where each left-out keyword was (``#/properties/path: propertyNames``). What is left is checked
     by ``structured.check_schema`` as a response format's schema is: an invalid schema is refused."""
+    from localinfer.request import structured as st
+
     dropped: list[str] = []
-    kept = _strip(schema, "#", dropped, 0)
+    kept = _pruned(schema, "#", 0, dropped, lambda k, v: (k in st.ENFORCED or k in st.ANNOTATIONS) and _holds(k, v))
     while True:  # a $ref into a part left out would dangle: leave it out too (a few rounds at most)
         dangling: list[str] = []
-        kept = _drop_refs(kept, kept, "#", dangling, 0)
+        root = kept
+        kept = _pruned(root, "#", 0, dangling, lambda k, v: k != "$ref" or _resolves(root, v))
         if not dangling:
             break
         dropped += dangling
     return kept, tuple(dropped)
 
 
-def _strip(s: Any, at: str, dropped: list[str], depth: int) -> Any:
+def _pruned(s: Any, at: str, depth: int, dropped: list[str], keeps: Callable[[str, Any], bool]) -> Any:
+    """``s`` and its subschemas without the keywords ``keeps`` refuses, each named in ``dropped``."""
     from localinfer.request import structured as st
 
     if not isinstance(s, Mapping) or depth > st.MAX_SCHEMA_DEPTH:
         return s  # a boolean schema, or what check_schema refuses by name afterwards
     out: dict[str, Any] = {}
     for key, value in s.items():
-        if (key not in st.ENFORCED and key not in st.ANNOTATIONS) or not _holds(key, value):
+        if not keeps(key, value):
             dropped.append(f"{at}: {key}")
             continue
         if key in _MAPS and isinstance(value, Mapping):
-            value = {k: _strip(v, f"{at}/{key}/{k}", dropped, depth + 1) for k, v in value.items()}
+            value = {k: _pruned(v, f"{at}/{key}/{k}", depth + 1, dropped, keeps) for k, v in value.items()}
         elif key in _ONE:
-            value = _strip(value, f"{at}/{key}", dropped, depth + 1)
+            value = _pruned(value, f"{at}/{key}", depth + 1, dropped, keeps)
         elif key in _LISTS and isinstance(value, list):
-            value = [_strip(v, f"{at}/{key}/{i}", dropped, depth + 1) for i, v in enumerate(value)]
+            value = [_pruned(v, f"{at}/{key}/{i}", depth + 1, dropped, keeps) for i, v in enumerate(value)]
         out[key] = value
     return out
 
@@ -68,26 +72,6 @@ def _holds(key: str, value: Any) -> bool:
     if key == "$ref":
         return isinstance(value, str) and value.startswith("#")  # a remote schema is never fetched
     return True
-
-
-def _drop_refs(s: Any, root: Any, at: str, dangling: list[str], depth: int) -> Any:
-    from localinfer.request import structured as st
-
-    if not isinstance(s, Mapping) or depth > st.MAX_SCHEMA_DEPTH:
-        return s
-    out: dict[str, Any] = {}
-    for key, value in s.items():
-        if key == "$ref" and not _resolves(root, value):
-            dangling.append(f"{at}: $ref")
-            continue
-        if key in _MAPS and isinstance(value, Mapping):
-            value = {k: _drop_refs(v, root, f"{at}/{key}/{k}", dangling, depth + 1) for k, v in value.items()}
-        elif key in _ONE:
-            value = _drop_refs(value, root, f"{at}/{key}", dangling, depth + 1)
-        elif key in _LISTS and isinstance(value, list):
-            value = [_drop_refs(v, root, f"{at}/{key}/{i}", dangling, depth + 1) for i, v in enumerate(value)]
-        out[key] = value
-    return out
 
 
 def _resolves(root: Any, ref: Any) -> bool:
