@@ -282,6 +282,22 @@ def for_model(loaded: Any, request: Any) -> tuple[Image, ...]:
     return images
 
 
+def _refused(fail: Any, field: str, message: str) -> Exception:
+    """``fail(field, message)`` (a rules.RuleError) whose message is ``message`` alone: it names what it is about."""
+    err = fail(field, message)
+    err.args = (message,)
+    return err
+
+
+def counted(where: str, messages: Any, fail: Any) -> None:
+    """Every message's images counted together, none decoded yet (rules.messages: a request's
+    messages); ``fail`` as content_parts'."""
+    try:
+        gather(messages)
+    except ImageError as exc:
+        raise _refused(fail, where, str(exc)) from None
+
+
 def content_parts(where: str, content: list[Any], check_text: Any, fail: Any) -> tuple[str, tuple[Image, ...]]:
     """Content parts - text (``check_text(field, value)``: rules.text), OpenAI's ``image_url`` (a data:
     URI; remote URLs refused) and the ``{"type": "image", "image": Image}`` parts the other wires
@@ -290,9 +306,7 @@ def content_parts(where: str, content: list[Any], check_text: Any, fail: Any) ->
     (rules.RuleError, which does not import this module)."""
 
     def refused(field: str, message: str) -> Exception:
-        err = fail(field, message)
-        err.args = (message,)  # the message names what it is about already
-        return err
+        return _refused(fail, field, message)
 
     def decoded(field: str, decode: Any, value: Any) -> Any:
         try:

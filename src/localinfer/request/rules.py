@@ -297,15 +297,10 @@ def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | 
     if limit is not None and len(value) > limit:
         raise RuleError(field, f"takes at most {limit} messages")
     out = tuple(message(f"{field}[{i}]", m) for i, m in enumerate(value))
-    if any("images" in m for m in out):  # every message's images counted together, none decoded yet
-        from localinfer.request.images import ImageError, gather
+    if any("images" in m for m in out):
+        from localinfer.request.images import counted
 
-        try:
-            gather(out)
-        except ImageError as exc:
-            err = RuleError(field, str(exc))
-            err.args = (str(exc),)  # the message says what it is about already
-            raise err from None
+        counted(field, out, RuleError)
     if any(m["role"] == "tool" for m in out):
         _check_tool_turns(field, out)
     return out
