@@ -93,8 +93,8 @@ def test_the_start_names_the_models_trained_on_less_than_ctx_size(monkeypatch):
     from localinfer.serve import fit
     from localinfer.serve import ollama_models as om
 
-    facts = [om.ModelFacts("smol", 1, "", "", context_length=8192), om.ModelFacts("big", 1, "", "", context_length=131072),
-             om.ModelFacts("other", 1, "", "", context_length=2048)]  # fmt: skip
+    facts = [om.ListedModel("smol", 1, "", "", context_length=8192), om.ListedModel("big", 1, "", "", context_length=131072),
+             om.ListedModel("other", 1, "", "", context_length=2048)]  # fmt: skip
     monkeypatch.setattr(om, "catalog", lambda loaded, names: facts)
     warning = fit.start_warning(32768, ["smol", "big"], force=False)
     assert warning == ("--ctx-size 32768 is beyond the tokens these were trained on: smol (8192); "

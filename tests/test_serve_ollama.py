@@ -267,7 +267,7 @@ def test_show_s_modelfile_names_the_blob_not_the_user_s_paths():
     from localinfer.serve import ollama_models as om
 
     blob = Path("/home/someone/.localinfer/blobs/sha256-" + "ab" * 32)
-    installed = om.ModelFacts("smol", 1, "ab" * 32, "", path=blob)
+    installed = om.ListedModel("smol", 1, "ab" * 32, "", path=blob)
     assert om.show(installed, None, None)["modelfile"] == f"# served by localinfer\nFROM sha256-{'ab' * 32}\n"
-    local = om.ModelFacts("mine", 1, "", "", path=Path("/home/someone/models/mine.gguf"))  # never hashed
+    local = om.ListedModel("mine", 1, "", "", path=Path("/home/someone/models/mine.gguf"))  # never hashed
     assert "/home" not in json.dumps(om.show(local, None, None)) and "FROM mine\n" in om.show(local, None, None)["modelfile"]

@@ -135,7 +135,7 @@ def bench(
         from localinfer.bench import method as core
         from localinfer.bench.sweep import run_bench
         from localinfer.usage import history
-        from localinfer.render.bench import Writer
+        from localinfer.render.bench import BenchWriter
         from localinfer.render.stats import warn
         from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model
@@ -162,7 +162,7 @@ def bench(
             tests = _shapes(n_prompt, n_gen, pg)
         resolved = [resolve_model(m, offline=flags.offline, pull_progress=make_progress()) for m in _models(model)]
         say = _progress_sink(quiet=quiet, forced=progress)
-        writer = Writer(output.value, pricing)
+        writer = BenchWriter(output.value, pricing)
         log = history.logging_enabled(flags.no_log)
         record = _parallel_record if parallel_levels else _record
         current = None
@@ -244,7 +244,7 @@ def _parallel_record(result):
     )
 
 
-class _Progress:
+class _BenchStatus:
     """Progress on stderr: a transient status line on a terminal, plain lines otherwise."""
 
     def __init__(self, tty: bool) -> None:
@@ -268,13 +268,13 @@ class _Progress:
             self._status = None
 
 
-def _progress_sink(*, quiet: bool, forced: bool) -> _Progress | None:
+def _progress_sink(*, quiet: bool, forced: bool) -> _BenchStatus | None:
     from localinfer.render.term import is_tty, styled
 
     if quiet:
         return None
     if is_tty(sys.stderr) or forced:
-        return _Progress(tty=styled(sys.stderr))  # NO_COLOR or not a terminal: plain lines
+        return _BenchStatus(tty=styled(sys.stderr))  # NO_COLOR or not a terminal: plain lines
     return None
 
 

@@ -84,7 +84,7 @@ def _run(ep: Endpoint, model: str | None, spec: Any, *, output: str,
         items = bm.samples(spec)
         ignore_eos = bm.probe(client, name, items[0], say)
         for rate in spec.rates:
-            progress = _Progress(rate, len(items), quiet)
+            progress = _RateProgress(rate, len(items), quiet)
             result = bm.run_level(client, name, spec, rate, items, ignore_eos=ignore_eos, progress=progress)
             progress.close(result)
             results.append(result)
@@ -103,7 +103,7 @@ def _run(ep: Endpoint, model: str | None, spec: Any, *, output: str,
         client.close()
 
 
-class _Progress:
+class _RateProgress:
     """A line on stderr per rate (start, end), and a count on a terminal while it runs."""
 
     def __init__(self, rate: float, total: int, quiet: bool) -> None:

@@ -56,7 +56,7 @@ def _preload() -> None:
             sys.stderr.write(f"localinfer runner: could not preload {name}: {type(exc).__name__}: {exc}\n")
 
 
-class Refused(Exception):
+class CommandRefused(Exception):
     """A command this runner does not take (its reason goes back to the client)."""
 
 
@@ -68,7 +68,7 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     try:
         while len(body) < 4 or len(body) < 4 + int.from_bytes(body[:4], "big"):
             if len(body) >= 4 and int.from_bytes(body[:4], "big") > MAX_COMMAND_BYTES:
-                raise Refused(f"a command of more than {MAX_COMMAND_BYTES} bytes")
+                raise CommandRefused(f"a command of more than {MAX_COMMAND_BYTES} bytes")
             more = conn.recv(1 << 16)
             if not more:
                 raise ConnectionError("the command was cut short")
@@ -140,7 +140,7 @@ def _child(conn: socket.socket, listener: socket.socket, life_fd: int, timeout_s
     conn.settimeout(timeout_s)
     try:
         command, fds = _receive(conn)
-    except Refused as exc:
+    except CommandRefused as exc:
         reply({"refused": str(exc)})
         os._exit(0)
     except (OSError, ValueError):

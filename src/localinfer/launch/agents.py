@@ -31,7 +31,7 @@ AGENTS = {a.name: a for a in (
 
 
 @dataclass
-class Setup:
+class AgentSetup:
     """How one agent is started: ``env`` set, ``unset`` removed, ``args`` before the user's, and
     ``files`` (path -> text) written first, in our data folder."""
 
@@ -41,13 +41,13 @@ class Setup:
     files: dict[Path, str] = field(default_factory=dict)
 
 
-def setup(agent: Agent, *, url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+def setup(agent: Agent, *, url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
     """``url``: the server's root (no /v1); ``ctx``: the model's context (None: unknown);
     ``folder``: where the private configs go."""
     return {"claude": _claude, "codex": _codex, "opencode": _opencode}[agent.name](url, model, ctx, token, folder)
 
 
-def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
     env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": token}
     for role in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
                  "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):  # fmt: skip
@@ -62,11 +62,11 @@ def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> 
     # Ours, given with --settings, beats theirs (Claude Code: command-line settings over user settings).
     overrides = {**env, "CLAUDE_CODE_USE_BEDROCK": "0", "CLAUDE_CODE_USE_VERTEX": "0", "CLAUDE_CODE_USE_FOUNDRY": "0"}
     settings = folder / "claude-settings.json"
-    return Setup(env=env, unset=("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"),
+    return AgentSetup(env=env, unset=("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"),
                  args=["--settings", str(settings)], files={settings: json.dumps({"env": overrides}, indent=2) + "\n"})  # fmt: skip
 
 
-def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
     # -c overrides rather than a private CODEX_HOME: the user's sign-in, sessions and other settings stay
     # theirs and untouched, and -c beats config.toml and its profiles. The provider's id is ours, so a
     # user's own [model_providers.local] table is never merged with ours.
@@ -77,10 +77,10 @@ def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> S
     if ctx:
         args.append(f"model_context_window={ctx}")
     args.append("analytics.enabled=false")
-    return Setup(env={KEY_VAR: token}, args=[a for kv in args for a in ("-c", kv)])
+    return AgentSetup(env={KEY_VAR: token}, args=[a for kv in args for a in ("-c", kv)])
 
 
-def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path) -> Setup:
+def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
     entry: dict = {"name": model, "tool_call": True}
     if ctx:
         entry["limit"] = {"context": ctx, "output": min(8192, ctx // 4)}
@@ -93,7 +93,7 @@ def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path) -
     }  # fmt: skip
     path = folder / "opencode.json"
     # OPENCODE_CONFIG is merged over the user's global config (theirs is read, never written)
-    return Setup(env={"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1", KEY_VAR: token},
+    return AgentSetup(env={"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1", KEY_VAR: token},
                  files={path: json.dumps(config, indent=2) + "\n"})  # fmt: skip
 
 
@@ -101,7 +101,7 @@ def _toml(value: str) -> str:
     return json.dumps(value)  # a TOML basic string is a JSON string for what we write (no control characters)
 
 
-def shown(agent: Agent, s: Setup, user_args: list[str], url: str, model: str) -> str:
+def shown(agent: Agent, s: AgentSetup, user_args: list[str], url: str, model: str) -> str:
     """``--print``: shell lines a user can paste (``unset``, ``export``, the command), after the
     private configs (written already) as comments."""
     out = [f"# {agent.title} on localinfer at {url}, model {model}"]
@@ -114,7 +114,7 @@ def shown(agent: Agent, s: Setup, user_args: list[str], url: str, model: str) ->
     return "\n".join(out) + "\n"
 
 
-def write(s: Setup) -> None:
+def write(s: AgentSetup) -> None:
     """The private configs, 0600 (in our data folder only: never a user's own config)."""
     import os
 

@@ -174,7 +174,7 @@ def print_table(rows: Sequence[dict[str, Any]], cols: list[tuple[str, str]], str
     print_whole(console, table)
 
 
-class Writer:
+class BenchWriter:
     """Writes results in one format; the line formats (jsonl, csv, md) stream, the others wait for the end."""
 
     def __init__(self, fmt: str, pricing: Pricing | None, stream: TextIO | None = None) -> None:

@@ -40,7 +40,7 @@ def model_id(key: str) -> str:
 
 
 @dataclass
-class Model:
+class ResidentModel:
     """What the router holds for one loaded model: its serve app and engine."""
 
     id: str
@@ -139,7 +139,7 @@ class Resident:
                 resolved = await asyncio.to_thread(self.resolve, body.get("spec"))
                 first, default_ctx, force = want_of(body, resolved), body.get("ctx_per_seq") is None, bool(body.get("force"))
 
-                def make(want: Want) -> Model:  # a reload (a grown want) sizes its context as asked
+                def make(want: Want) -> ResidentModel:  # a reload (a grown want) sizes its context as asked
                     loaded = load_model(resolved, want, default_ctx=default_ctx and want == first, force=force)
                     return self._start(want, resolved.name, loaded, loop)
 
@@ -164,7 +164,7 @@ class Resident:
                      "env": runtime_env(),
                      "facts": load_facts(loaded.plan, loaded.buffers)}  # fmt: skip
 
-    def _start(self, want: Want, name: str, loaded: Any, loop: asyncio.AbstractEventLoop) -> Model:
+    def _start(self, want: Want, name: str, loaded: Any, loop: asyncio.AbstractEventLoop) -> ResidentModel:
         """Our serve app on its own engine, for a model just loaded (any thread)."""
         from localinfer.serve.app import ServerState, create_app
         from localinfer.serve.bridge import Hub
@@ -180,7 +180,7 @@ class Resident:
         buffers = loaded.buffers
         size = buffers.total() if buffers is not None and buffers.buffers else os.path.getsize(want.key)
         self.say(f"loaded {name} in {loaded.load_s:.1f} s: {want.sequences} sequence(s) x {engine.n_ctx_seq} tokens")
-        return Model(model_id(want.key), create_app(state), engine, size, want.key, fresh_load_s=loaded.load_s)
+        return ResidentModel(model_id(want.key), create_app(state), engine, size, want.key, fresh_load_s=loaded.load_s)
 
     # -- ps and stop -------------------------------------------------------------------------------------
     def ps(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The models Ollama's API describes (``/api/tags``, ``/api/show``, ``/api/ps``): the installed
-models from the store's manifest, and the one this server has loaded, as one list of ``ModelFacts``.
+models from the store's manifest, and the one this server has loaded, as one list of ``ListedModel``.
 
 A model's facts come from the manifest (its cached header summary: listing reads no model file) or
 from the loaded model's GGUF header; ``served`` marks the models a request may name and be answered
@@ -22,7 +22,7 @@ FOREVER = "2318-01-01T00:00:00Z"  # /api/ps: a loaded model stays until the serv
 
 
 @dataclass(frozen=True)
-class ModelFacts:
+class ListedModel:
     """One model as Ollama's listings show it (None: not known)."""
 
     name: str
@@ -65,10 +65,10 @@ def _iso(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def _installed(entry: dict[str, Any], path: Path) -> ModelFacts:
+def _installed(entry: dict[str, Any], path: Path) -> ListedModel:
     header = entry.get("header") or {}
     files = entry.get("files") or []
-    return ModelFacts(
+    return ListedModel(
         name=entry["name"], size=int(entry.get("size") or 0), digest=files[0]["sha256"] if files else "",
         modified_at=entry.get("added_at") or "", family=header.get("architecture"),
         parameter_count=header.get("parameter_count"), quantization=entry.get("quant") or header.get("quantization"),
@@ -76,7 +76,7 @@ def _installed(entry: dict[str, Any], path: Path) -> ModelFacts:
     )  # fmt: skip
 
 
-def _of_loaded(loaded: LoadedModel, names: tuple[str, ...]) -> ModelFacts:
+def _of_loaded(loaded: LoadedModel, names: tuple[str, ...]) -> ListedModel:
     resolved = loaded.resolved
     info = resolved.info if resolved is not None else None
     path = Path(resolved.path) if resolved is not None else None
@@ -84,7 +84,7 @@ def _of_loaded(loaded: LoadedModel, names: tuple[str, ...]) -> ModelFacts:
         mtime = path.stat().st_mtime if path is not None else 0.0
     except OSError:
         mtime = 0.0
-    return ModelFacts(
+    return ListedModel(
         name=names[0], size=info.file_size if info else 0, digest=(resolved.sha256 or "") if resolved else "",
         modified_at=_iso(mtime), family=info.architecture if info else None,
         parameter_count=info.parameter_count if info else None, quantization=info.quantization if info else None,
@@ -92,7 +92,7 @@ def _of_loaded(loaded: LoadedModel, names: tuple[str, ...]) -> ModelFacts:
     )  # fmt: skip
 
 
-def catalog(loaded: LoadedModel | None, names: tuple[str, ...], *, on_demand: bool = False) -> list[ModelFacts]:
+def catalog(loaded: LoadedModel | None, names: tuple[str, ...], *, on_demand: bool = False) -> list[ListedModel]:
     """The installed models, and the loaded one first (as the store names it when it is installed,
     else by the server's name for it). ``on_demand``: every installed model is served. Reads the
     manifest: call it off the event loop."""
@@ -119,7 +119,7 @@ def catalog(loaded: LoadedModel | None, names: tuple[str, ...], *, on_demand: bo
     return [ours, *installed]
 
 
-def find(models: list[ModelFacts], name: str) -> ModelFacts | None:
+def find(models: list[ListedModel], name: str) -> ListedModel | None:
     """The model ``name`` names: its name or an alias, with or without Ollama's ``:latest`` tag."""
     for wanted in (name, name.removesuffix(":latest")):
         for m in models:
@@ -148,7 +148,7 @@ def capabilities(template: str | None, info: GGUFInfo | None, vision: bool = Fal
     return caps
 
 
-def model_info(info: GGUFInfo | None, facts: ModelFacts) -> dict[str, Any]:
+def model_info(info: GGUFInfo | None, facts: ListedModel) -> dict[str, Any]:
     """The GGUF header's scalar keys (arrays such as the vocabulary and the template left out), with
     ``general.architecture``, ``general.parameter_count`` and ``<arch>.context_length`` always there."""
     out: dict[str, Any] = {}
@@ -163,7 +163,7 @@ def model_info(info: GGUFInfo | None, facts: ModelFacts) -> dict[str, Any]:
     return out
 
 
-def show(facts: ModelFacts, info: GGUFInfo | None, template: str | None, vision: bool = False) -> dict[str, Any]:
+def show(facts: ListedModel, info: GGUFInfo | None, template: str | None, vision: bool = False) -> dict[str, Any]:
     """``/api/show``'s answer. ``info``: the model's header (None when it cannot be read)."""
     # Ollama's names its blob's path; ours would tell a client the user's home and store: the blob's name
     source = f"sha256-{facts.digest}" if facts.digest else facts.name
@@ -178,7 +178,7 @@ def show(facts: ModelFacts, info: GGUFInfo | None, template: str | None, vision:
     }
 
 
-def header(facts: ModelFacts) -> GGUFInfo | None:
+def header(facts: ListedModel) -> GGUFInfo | None:
     """The model file's header, read again (a model not loaded here); None when it cannot be read."""
     from localinfer.errors import LocalInferError
     from localinfer.gguf import parse_gguf
@@ -191,7 +191,7 @@ def header(facts: ModelFacts) -> GGUFInfo | None:
         return None
 
 
-def running(facts: ModelFacts, loaded: LoadedModel, n_ctx_seq: int) -> dict[str, Any]:
+def running(facts: ListedModel, loaded: LoadedModel, n_ctx_seq: int) -> dict[str, Any]:
     """An entry of ``/api/ps``: the loaded model, its bytes in memory (all of llama.cpp's buffers as it
     reported them, else the file's size), those on a GPU, and one sequence's context."""
     buffers = loaded.buffers if loaded.buffers is not None and loaded.buffers.buffers else None  # None: none reported
