@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.protocol import ApiError, Envelope, envelope
+from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
@@ -260,7 +261,7 @@ def _input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {"value": value}
 
 
-class Writer:
+class AnthropicWriter(WriterDefaults):
     """One answer in Anthropic's shapes: a whole message, or its stream of events (content blocks
     opened and closed as the steps change kind: thinking, text, each tool call)."""
 

@@ -234,7 +234,7 @@ async def completions(request: Request) -> Response:
 async def messages(request: Request) -> Response:
     from localinfer.serve import anthropic
 
-    wire = Wire(anthropic.parse, anthropic.error_body, lambda model, req, p: anthropic.Writer(model, len(p.tokens), req.request.stop), clamp=True)
+    wire = Wire(anthropic.parse, anthropic.error_body, lambda model, req, p: anthropic.AnthropicWriter(model, len(p.tokens), req.request.stop), clamp=True)
     return await answer(request, wire)
 
 
@@ -275,7 +275,7 @@ async def off_loop(state: ServerState, work: Callable[[], Any]) -> Any:
 async def responses(request: Request) -> Response:
     from localinfer.serve import responses_api as ra
 
-    return await answer(request, Wire(ra.parse, ra.error_body, lambda model, req, p: ra.Writer(model, req.request)))
+    return await answer(request, Wire(ra.parse, ra.error_body, lambda model, req, p: ra.ResponsesWriter(model, req.request)))
 
 
 async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = False) -> tuple[Ticket, Channel[Outcome], str, Any]:

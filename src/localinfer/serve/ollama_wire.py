@@ -19,6 +19,7 @@ from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.protocol import ApiError, Envelope, envelope
 from localinfer.serve.responses import dumps
+from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Outcome
@@ -249,7 +250,7 @@ def tool_calls(calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-class OllamaAnswer:
+class OllamaAnswer(WriterDefaults):
     """One answer's objects: ``chat`` puts text in ``message.content``, ``generate`` in ``response``."""
 
     stream_headers = NDJSON_HEADERS

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.answer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
 from localinfer.serve.engine import Outcome
+from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
@@ -104,7 +105,7 @@ def legacy_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str,
 
 
 @dataclass(frozen=True)
-class Answer:
+class Answer(WriterDefaults):
     """What every chunk of one answer shares."""
 
     kind: str  # chat | text

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.protocol import ApiError, Envelope, envelope
+from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
@@ -215,7 +216,7 @@ def _call(item_id: str, call_id: str, name: str, arguments: str, status: str = "
     return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments, "status": status}
 
 
-class Writer:
+class ResponsesWriter(WriterDefaults):
     """One response: a whole object, or its stream of events, output items opened and closed as the
     steps change kind (reasoning, message, each function call), every event numbered."""
 

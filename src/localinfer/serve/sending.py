@@ -16,15 +16,14 @@ from starlette.types import Receive, Scope, Send
 from localinfer.serve.bridge import Channel
 from localinfer.serve.protocol import ApiError
 from localinfer.serve.responses import dumps
+from localinfer.serve.writer import WireWriter
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import Engine, Outcome, Ticket
 
 STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
 KEEPALIVE_S = 10.0  # between keep-alive events while a stream waits for its first piece
-KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every SSE client skips it (a protocol may have its own event)
 UNENFORCED_HEADER = b"x-localinfer-unenforced"  # docs/tools.md: the tools' keywords the constraint left out
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
 def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
@@ -72,13 +71,11 @@ class AnswerResponse(Response):
     """Sends one engine answer - SSE events as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once).
 
-    ``writer`` makes the protocol's bytes: ``head(mode)`` (the stream's first events), ``text_piece``
-    (a piece of text already a JSON string: the fast path), ``steps``, ``logprobs_piece`` (Chat
-    Completions only), ``tail(outcome)``, ``stream_error(exc)`` and ``whole(outcome)`` (a JSON object);
-    ``error``: the protocol's error body. A Response to the routes that return it: it sends itself
-    (``__call__``) and never renders a body of its own."""
+    ``writer`` makes the protocol's bytes (``serve.writer.WireWriter``); ``error``: the protocol's
+    error body. A Response to the routes that return it: it sends itself (``__call__``) and never
+    renders a body of its own."""
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], writer: Any, mode: str,
+    def __init__(self, ticket: Ticket, channel: Channel[Outcome], writer: WireWriter, mode: str,
                  error: Callable[[ApiError], dict[str, Any]] = ApiError.body, notes: tuple[str, ...] = (),
                  on_end: Callable[[Outcome], None] | None = None) -> None:  # fmt: skip
         self.ticket, self.channel, self.writer, self.mode, self.error = ticket, channel, writer, mode, error  # mode: app.submit's
@@ -109,9 +106,9 @@ class AnswerResponse(Response):
 
     async def _send_stream(self, send: Callable) -> int:
         writer = self.writer
-        await send({"type": "http.response.start", "status": 200, "headers": [*getattr(writer, "stream_headers", SSE_HEADERS), *self.notes]})
+        await send({"type": "http.response.start", "status": 200, "headers": [*writer.stream_headers, *self.notes]})
         offset = 0  # characters sent: the completions API's text_offset
-        await self._prefill(send, getattr(writer, "keepalive", KEEPALIVE))
+        await self._prefill(send, writer.keepalive)
         while True:
             if self.mode == "text":  # the fast path: each piece spliced into an event made once
                 text, end = await self.channel.get()
@@ -159,7 +156,7 @@ class AnswerResponse(Response):
             news = channel.take_prompt()
             body = b"" if headed else self._head(news)
             headed = True
-            if news is not None and hasattr(writer, "progress"):
+            if news is not None:
                 body += writer.progress(channel.total, *news)
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
@@ -168,7 +165,7 @@ class AnswerResponse(Response):
 
     def _head(self, news: tuple[int, int, float] | None) -> bytes:
         """The stream's first events; ``news``: the prompt's (its cached count), None where not known yet."""
-        if news is not None and hasattr(self.writer, "admitted"):
+        if news is not None:
             self.writer.admitted(news[0])
         return self.writer.head(self.mode)
 
