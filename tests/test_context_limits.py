@@ -19,7 +19,7 @@ def test_a_context_beyond_the_trained_size_is_refused_before_loading(smollm2_pat
 
 def test_the_pre_flight_keeps_a_margin_of_free_memory(monkeypatch):
     from localinfer.system.hardware import MemoryBudget
-    from localinfer.system.preflight import _fits, ram_margin
+    from localinfer.system.preflight import _room, ram_margin
 
     budget = MemoryBudget(ram_available=24 << 30, ram_total=24 << 30)
 
@@ -28,7 +28,8 @@ def test_the_pre_flight_keeps_a_margin_of_free_memory(monkeypatch):
             self.cpu_bytes, self.gpu_bytes = cpu, 0
 
     assert ram_margin(budget) == 1 << 30
-    assert _fits(Need((23 << 30) - 1), budget) and not _fits(Need((23 << 30) + (1 << 20)), budget)
+    room = _room(budget)
+    assert room.holds(Need((23 << 30) - 1)) and not room.holds(Need((23 << 30) + (1 << 20)))
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ finishes to the same answer as its whole text fed at once."""
 from __future__ import annotations
 
 from localinfer.engine.types import GenerationStats
-from localinfer.generate.finish import CallArgs, CallStart, Finish, Text, Thought, of_text, plain
+from localinfer.generate.finish import CallArgs, CallStart, Finish, Finished, Text, Thought, plain
 from localinfer.request.reasoning import FAMILIES, Splitter
 from localinfer.request.toolcalls import families as F
 from localinfer.request.toolcalls.plan import ToolPlan
@@ -19,6 +19,14 @@ def _fed(text: str, size: int, **kw) -> tuple[list, object]:
     f = Finish(Splitter(THINK), ToolPlan(F.HERMES, ADD, ToolChoice()), **kw)
     steps = [s for i in range(0, len(text), size) for s in f.feed(text[i : i + size])] + f.close()
     return steps, f.result("stop", GenerationStats(completion_tokens=30))
+
+
+def of_text(text: str, finish_reason: str, **kw) -> Finished:
+    """A whole answer's text, finished at once (what a stream of the same text assembles to)."""
+    f = Finish(**kw)
+    f.feed(text)
+    f.close()
+    return f.result(finish_reason)
 
 
 def test_steps_come_in_order_and_assemble_to_the_answer():
@@ -46,7 +54,7 @@ def test_a_call_cut_short_stays_length_and_plain_text_is_itself():
     cut = of_text(TEXT[:-20], "length", splitter=Splitter(THINK), tools=ToolPlan(F.HERMES, ADD, ToolChoice()))
     assert cut.finish_reason == "length" and cut.tool_calls
     f = Finish()
-    assert f.plain and plain(None, None) and not plain(None, ToolPlan(F.HERMES, ADD, ToolChoice()))
+    assert plain(None, None) and not plain(None, ToolPlan(F.HERMES, ADD, ToolChoice()))
     assert f.feed("Hel") == [Text("Hel")] and f.feed("") == [] and f.close() == []
     done = f.result("stop")
     assert (done.text, done.reasoning, done.tool_calls, done.finish_reason) == ("Hel", None, (), "stop")

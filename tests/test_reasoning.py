@@ -8,10 +8,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from localinfer.request import reasoning
-from localinfer.request.reasoning import Markers, Splitter, Thinking, detect, opened_by, split_text
+from localinfer.request.reasoning import Markers, Splitter, Thinking, detect, opened_by
 
 THINK = Markers("<think>", "</think>")
 GPT_OSS = Markers("<|channel|>analysis<|message|>", "<|end|>", answer_open="<|channel|>final<|message|>")
+
+
+def split_text(markers: Markers, text: str, *, opened: bool = False) -> tuple[str | None, str]:
+    """A whole answer's ``(reasoning, answer)``: its text fed at once."""
+    s = Splitter(markers, opened=opened)
+    s.feed(text)
+    s.flush()
+    return s.reasoning, s.answer
 
 
 def _streamed(markers: Markers, pieces: list[str], opened: bool = False) -> tuple[str, str, list[tuple[str, str]]]:

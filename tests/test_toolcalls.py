@@ -285,7 +285,7 @@ def test_tools_are_refused_for_a_server_not_dropped():
 
 def test_serve_answers_in_openai_shapes_whole_and_streamed():
     from localinfer.engine.types import GenerationStats
-    from localinfer.generate.finish import of_text
+    from test_finish import of_text
     from localinfer.serve.engine import Outcome as Ended
     from localinfer.serve.responses import Answer
 

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from localinfer.api import Chunk, Model, Response, Stats, load
+    from localinfer.api import Answer, Chunk, Model, Response, load
     from localinfer.engine.types import LoadOptions
     from localinfer.request.sampling import SamplingOptions
     from localinfer.errors import LocalInferError
 
 _LAZY = {
     "load": "localinfer.api", "Model": "localinfer.api", "Chunk": "localinfer.api",
-    "Response": "localinfer.api", "Stats": "localinfer.api",
+    "Response": "localinfer.api", "Answer": "localinfer.api",
     "LoadOptions": "localinfer.engine.types", "SamplingOptions": "localinfer.engine.types",
     "LocalInferError": "localinfer.errors",
 }  # fmt: skip
 __all__ = [
-    "Chunk", "LoadOptions", "LocalInferError", "Model", "Response", "SamplingOptions", "Stats", "__version__", "load",
+    "Answer", "Chunk", "LoadOptions", "LocalInferError", "Model", "Response", "SamplingOptions", "__version__", "load",
 ]  # fmt: skip
 
 

@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     from localinfer.store import ResolvedModel
     from localinfer.request.toolcalls.spec import ToolCall
 
-# What one answer measured (docs/metrics.md): the one answer record, None where nothing was measured.
-Stats = Result = Answer
-
-
 @dataclass(frozen=True)
 class Chunk:
     """A piece of a streamed answer. The last chunk of a stream has empty ``text`` and carries the
@@ -32,8 +28,8 @@ class Chunk:
     comes first, in chunks whose ``reasoning`` holds it (their ``text`` is empty)."""
 
     text: str
-    stats: Stats | None = None
-    result: Result | None = None
+    stats: Answer | None = None
+    result: Answer | None = None
     reasoning: str = ""
 
 
@@ -43,8 +39,8 @@ class Response:
 
     text: str
     finish_reason: str | None
-    stats: Stats
-    result: Result
+    stats: Answer
+    result: Answer
     logprobs: list[dict[str, Any]] | None = None  # asked with logprobs=N: one entry per answer token
 
     @property
@@ -71,7 +67,7 @@ class Stream:
         self._chunks = self._run()
 
     @property
-    def result(self) -> Result:
+    def result(self) -> Answer:
         return self._gen.result
 
     def _run(self) -> Iterator[Chunk]:

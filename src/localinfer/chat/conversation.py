@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from localinfer.engine.templates import ChatPrompt
     from localinfer.generate.loading import LoadedModel
 
-    Result = Answer
 
 Write = Callable[[str], None]
 Notify = Callable[[str], None]
@@ -79,9 +78,9 @@ class Conversation:
         self.notify: Notify = notify or (lambda _msg: None)
         self.history: list[dict[str, Any]] = []  # user/assistant (and loaded) messages, never the system prompt
         self.start = 0  # history[start:] is what the model sees; older turns were dropped to fit
-        self.last: Result | None = None
+        self.last: Answer | None = None
         self.totals = Totals()  # the engine's figures, summed (a server's answers are kept in ``answers``)
-        self.answers: list[Result] = []  # a server's answers, for /stats (its counts may be unknown)
+        self.answers: list[Answer] = []  # a server's answers, for /stats (its counts may be unknown)
         self._anchor: tuple[str, list[int]] | None = None  # last prompt's text and tokens (splicing)
         self.images: list[Any] = []  # /image's, attached to the next message (localinfer.request.images)
         self._replay: tuple[str, list[int], int] | None = None  # the same, and how many came from the cache
@@ -208,11 +207,11 @@ class Conversation:
         return cache + rest
 
     # -- turns -------------------------------------------------------------------------------------
-    def ask(self, text: str, write: Write) -> Result:
+    def ask(self, text: str, write: Write) -> Answer:
         """Add a user message, stream the answer through ``write`` and keep it in the history.
 
         Ctrl-C (KeyboardInterrupt) while answering stops the answer: the partial answer stays in the
-        history marked ``interrupted`` and the Result has finish_reason "interrupted" (an answer
+        history marked ``interrupted`` and the Answer has finish_reason "interrupted" (an answer
         interrupted before its first word is dropped with its message). Errors leave the history as
         it was.
         """
@@ -225,7 +224,7 @@ class Conversation:
             self.history.append({"role": "user", "content": text})
         return self._answer(write)
 
-    def _answer(self, write: Write) -> Result:
+    def _answer(self, write: Write) -> Answer:
         """Answer the history's last (user) message."""
         from localinfer.request import request as rq
 
@@ -290,7 +289,7 @@ class Conversation:
             message["interrupted"] = True
         self.history.append(message)
 
-    def retry(self, write: Write) -> Result:
+    def retry(self, write: Write) -> Answer:
         """Regenerate the last answer (or answer a trailing user message, e.g. after /load).
 
         If the new answer fails or is interrupted before its first word, the old one is kept.

@@ -15,7 +15,7 @@ from localinfer.errors import UsageError
 from localinfer.request.rules import RULES, RuleError
 
 if TYPE_CHECKING:
-    from localinfer.generate.run import Result
+    from localinfer.answer.answer import Answer
     from localinfer.request.structured import Format
 
 # -- settings --------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class Totals:
     total_s: float = 0.0
     dropped_turns: int = 0
 
-    def add(self, result: Result) -> None:
+    def add(self, result: Answer) -> None:
         s = result.stats
         self.turns += 1
         self.interrupted += s.finish_reason == "interrupted"

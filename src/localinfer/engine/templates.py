@@ -324,7 +324,3 @@ def _named_formats() -> Any:
 
     reclaim_log()  # the package's import took llama.cpp's log over
     return llama_chat_format
-
-
-def known_chat_formats() -> list[str]:
-    return sorted(n[len("format_") :] for n in dir(_named_formats()) if n.startswith("format_"))

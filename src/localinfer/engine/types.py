@@ -112,14 +112,6 @@ class GenerationStats:
         return self.evaluated_tokens / self.prefill_s
 
     @property
-    def raw_decode_tps(self) -> float | None:
-        """The rate llama_decode alone would give: our own per-token overhead is the difference."""
-        n = self.completion_tokens - 1
-        if n <= 0 or self.decode_calls_s <= 0:
-            return None
-        return n / self.decode_calls_s
-
-    @property
     def decode_tps(self) -> float | None:
         """Tokens after the first over the time they took (the first comes from prefill)."""
         n = self.completion_tokens - 1

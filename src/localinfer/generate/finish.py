@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from localinfer.request.toolcalls.plan import ToolPlan
     from localinfer.request.toolcalls.spec import ToolCall
 
-__all__ = ["CallArgs", "CallStart", "Finish", "Finished", "Step", "Text", "Thought", "of_text"]
+__all__ = ["CallArgs", "CallStart", "Finish", "Finished", "Step", "Text", "Thought"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,11 @@ class Finished:
     tool_calls: tuple[ToolCall, ...] = ()
     t_text: float | None = None  # time.perf_counter() of the first answer text (None: none, or not timed)
     t_reasoning: float | None = None  # time.perf_counter() of the first piece of thinking
-    stats: Any = None  # the engine's GenerationStats, when given
 
 
 def plain(splitter: Splitter | None, tools: ToolPlan | None) -> bool:
     """Whether an answer is all text as it comes (no thinking to split, no calls to parse): a stream
-    may then hand on the raw pieces without making steps (``Finish.plain``)."""
+    may then hand on the raw pieces without making steps."""
     return splitter is None and (tools is None or not tools.offered)
 
 
@@ -69,11 +68,6 @@ class Finish:
         self._thinking = Thinking(splitter) if splitter is not None else None
         self._calls = tools.parser() if tools is not None else None  # None also when the tools are not offered
         self._pieces: list[str] = []  # the content, when no parser keeps it
-
-    @property
-    def plain(self) -> bool:
-        """Whether every piece is answer text as it is (module ``plain``)."""
-        return self._thinking is None and self._calls is None
 
     @property
     def splits(self) -> bool:
@@ -104,11 +98,11 @@ class Finish:
             finish_reason = reason_with(calls, finish_reason)
         thinking = self._thinking
         if thinking is None:
-            return Finished(text, finish_reason, tool_calls=calls, stats=stats)
+            return Finished(text, finish_reason, tool_calls=calls)
         completion = getattr(stats, "completion_tokens", None)
         tokens = thinking.tokens if completion is None else min(thinking.tokens, completion)
         return Finished(text, finish_reason, thinking.split.reasoning or None, tokens, calls,
-                        thinking.t_text, thinking.t_reasoning, stats)  # fmt: skip
+                        thinking.t_text, thinking.t_reasoning)  # fmt: skip
 
     def _steps(self, reasoning: str, text: str) -> list[Step]:
         steps: list[Step] = [Thought(reasoning)] if reasoning else []
@@ -124,15 +118,6 @@ class Finish:
         self._pieces.append(text)
         steps.append(Text(text))
         return steps
-
-
-def of_text(text: str, finish_reason: str | None, *, splitter: Splitter | None = None, tools: ToolPlan | None = None,
-            stats: Any = None) -> Finished:  # fmt: skip
-    """A whole answer's text, finished at once (what a stream of the same text assembles to)."""
-    f = Finish(splitter, tools)
-    f.feed(text)
-    f.close()
-    return f.result(finish_reason, stats)
 
 
 def since(t: float | None, t0: float) -> float | None:

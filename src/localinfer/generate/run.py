@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from localinfer.request.structured import Format
     from localinfer.request.toolcalls.plan import ToolPlan
 
-Result = Answer  # what a generation gives: the one answer record (localinfer.answer.answer)
-
-
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (the model's mmapped pages included)."""
     try:

@@ -15,7 +15,7 @@ from localinfer.units import human_duration as ms
 from localinfer.units import human_rate as tps
 
 if TYPE_CHECKING:
-    from localinfer.answer.answer import Answer as Result
+    from localinfer.answer.answer import Answer
     from localinfer.chat.conversation import Conversation
 
 HELP = '''Commands:
@@ -52,7 +52,7 @@ def print_dim(text: str, stream: TextIO) -> None:
 
 
 
-def turn_line(result: Result) -> str:
+def turn_line(result: Answer) -> str:
     """One line per answer: tokens, TTFT, decode rate, prompt evaluated vs cached, context used."""
     s = result.stats
     if s is None:  # a server's answer: what it reported

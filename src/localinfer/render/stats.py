@@ -14,12 +14,12 @@ from localinfer.units import human_duration as _ms
 from localinfer.units import human_rate as _tps
 
 if TYPE_CHECKING:
-    from localinfer.generate.run import Result
+    from localinfer.answer.answer import Answer
 
 
 
 
-def summary_line(result: Result) -> str:
+def summary_line(result: Answer) -> str:
     s = result.stats
     parts = [
         result.model,
@@ -47,7 +47,7 @@ def summary_line(result: Result) -> str:
     return " · ".join(parts)
 
 
-def print_summary(result: Result, *, verbose: bool = False, stream: TextIO | None = None) -> None:
+def print_summary(result: Answer, *, verbose: bool = False, stream: TextIO | None = None) -> None:
     stream = stream or sys.stderr
     if not verbose:
         line = summary_line(result)
@@ -62,7 +62,7 @@ def print_summary(result: Result, *, verbose: bool = False, stream: TextIO | Non
     print_table(result, stream)
 
 
-def _rows(result: Result) -> list[tuple[str, str]]:
+def _rows(result: Answer) -> list[tuple[str, str]]:
     s = result.stats
     return [
         ("model", result.model),
@@ -87,7 +87,7 @@ def _rows(result: Result) -> list[tuple[str, str]]:
     ]
 
 
-def _ctx_note(result: Result) -> str:
+def _ctx_note(result: Answer) -> str:
     plan = getattr(result, "plan", None)
     if plan is None:
         return ""
@@ -95,7 +95,7 @@ def _ctx_note(result: Result) -> str:
     return f" ({plan.ctx_source}; {train})"
 
 
-def _gpu_note(result: Result) -> str:
+def _gpu_note(result: Answer) -> str:
     plan = getattr(result, "plan", None)
     layers = getattr(result, "gpu_layers", None)
     if plan is None or layers is None:
@@ -106,14 +106,14 @@ def _gpu_note(result: Result) -> str:
     return text + f" (--gpu-layers {plan.gpu_layers_requested})"
 
 
-def _weights_note(result: Result) -> str:
+def _weights_note(result: Answer) -> str:
     """Where llama.cpp put the weights: one figure per buffer (a split over devices shows here)."""
     buffers = getattr(result, "buffers", None)
     placed = buffers.by_device("model") if buffers is not None else {}
     return ", ".join(f"{dev} {human_bytes(n)}" for dev, n in placed.items()) or "-"
 
 
-def _memory_note(result: Result) -> str:
+def _memory_note(result: Answer) -> str:
     """llama.cpp's buffers (weights, KV cache, compute) and our estimate of them."""
     buffers = getattr(result, "buffers", None)
     plan = getattr(result, "plan", None)
@@ -128,7 +128,7 @@ def _memory_note(result: Result) -> str:
     return " ".join(parts) or "-"
 
 
-def print_table(result: Result, stream: TextIO) -> None:
+def print_table(result: Answer, stream: TextIO) -> None:
     rows = _rows(result)
     if not styled(stream):
         width = max(len(k) for k, _ in rows)

@@ -155,16 +155,6 @@ class Splitter:
         return text
 
 
-def split_text(markers: Markers | None, text: str, *, opened: bool = False) -> tuple[str | None, str]:
-    """A whole answer's ``(reasoning, answer)``; reasoning None when there are no markers."""
-    if markers is None:
-        return None, text
-    s = Splitter(markers, opened=opened)
-    s.feed(text)
-    s.flush()
-    return s.reasoning, s.answer
-
-
 OnText = Callable[[str], None]
 
 

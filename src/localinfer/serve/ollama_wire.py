@@ -26,10 +26,9 @@ if TYPE_CHECKING:
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
-# options -> the core's sampling fields (rules.SAMPLING_FIELDS); num_predict and stop apart
+# options -> the core's sampling fields (rules.SAMPLING_FIELDS); num_predict and stop apart. The rest are
+# ignored: the load-time ones (num_ctx, num_gpu, num_thread, use_mmap...) are the server's flags here
 SAMPLING = {name: name for name in rules.SAMPLING_FIELDS}
-IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "use_mmap", "use_mlock",
-                   "numa", "low_vram", "f16_kv", "vocab_only", "logits_all", "embedding_only")  # load-time: the server's flags  # fmt: skip
 THINK_LEVELS = ("low", "medium", "high")
 
 
@@ -42,21 +41,18 @@ class OllamaRequest:
     """One chat or generate request: ``request`` is None when there is nothing to generate (Ollama's
     way of asking a model to load, or to unload with ``keep_alive: 0``), answered ``done_reason: load``."""
 
-    kind: str  # chat | generate
-    model: str
     request: Envelope | None
     think: bool | str | None = None
-    logprobs: bool = False
 
 
 def parse_chat(body: dict[str, Any], model: str) -> OllamaRequest:
     try:
         messages = body.get("messages")
         if messages is None or messages == []:
-            return OllamaRequest("chat", model, None)
+            return OllamaRequest(None)
         common = _common(body)
         req = envelope(model=model, messages=chat_messages(messages), **common, **_tools(body))
-        return OllamaRequest("chat", model, req, _think(body), bool(common["logprobs"] is not None))
+        return OllamaRequest(req, _think(body))
     except rules.RuleError as exc:
         raise bad(exc.field, str(exc)) from None
 
@@ -71,7 +67,7 @@ def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> Olla
         pictures = body.get("images")
         prompt = body.get("prompt")
         if prompt is None or prompt == "":
-            return OllamaRequest("generate", model, None)
+            return OllamaRequest(None)
         prompt = rules.text("prompt", prompt)
         system = rules.text("system", body["system"]) if body.get("system") is not None else None
         raw = _bool(body, "raw", False)
@@ -87,7 +83,7 @@ def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> Olla
         else:
             turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             req = envelope(model=model, messages=rules.messages("prompt", turns), **common)
-        return OllamaRequest("generate", model, req, _think(body), common["logprobs"] is not None)
+        return OllamaRequest(req, _think(body))
     except rules.RuleError as exc:
         raise bad(exc.field, str(exc)) from None
 

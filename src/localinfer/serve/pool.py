@@ -85,12 +85,6 @@ def victims(models: list[Loaded], *, max_models: int | None, adding: bool) -> li
     return idle[:max(0, excess)]
 
 
-def least_recent(models: list[Loaded]) -> Loaded | None:
-    """The idle model used longest ago (to make room when the pre-flight says a load does not fit)."""
-    idle = [m for m in models if not m.busy]
-    return min(idle, key=lambda m: m.last_used) if idle else None
-
-
 def expired(models: list[Loaded], now: float) -> list[Loaded]:
     """Idle models whose keep-alive has run out."""
     return [m for m in models if not m.busy and now - m.last_used >= m.keep_alive]

@@ -94,10 +94,6 @@ def _room(budget: MemoryBudget) -> est.Room:
     return est.Room(budget.ram_available - ram_margin(budget), budget.vram_free, budget.unified)
 
 
-def _fits(e: Estimate, budget: MemoryBudget) -> bool:
-    return _room(budget).holds(e)
-
-
 def other_shard_tensors(info: GGUFInfo) -> list:
     """The tensors of a split model's other shards (``name-00001-of-00003.gguf``), headers only."""
     from localinfer.errors import LocalInferError
