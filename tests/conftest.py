@@ -2,12 +2,15 @@
 
 Also the ``llama`` marker: a test that uses llama.cpp (a real model's fixture, or marked by hand) is
 marked, and ``slow`` with it; CI's second pass (.ci/rpc, another build of llama.cpp) runs only those.
-A test that used llama.cpp unmarked fails at teardown, so the split cannot rot: the engine notes each
-use in the file LOCALINFER_TEST_LLAMA_LOG names, in this process and in its children.
+A test that used llama.cpp unmarked fails at teardown, so the split cannot rot: each use is noted in
+the file LOCALINFER_TEST_LLAMA_LOG names, in this process and in its children, by an import hook that
+wraps the engine's entries to llama.cpp (tests/llama_witness/sitecustomize.py: the package knows
+nothing of it).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,6 +25,22 @@ import pytest
 # test-threads-2026-12-04.txt). Passive waiting changes no output, only who gets the CPU. Set before
 # any test module loads libllama (and inherited by every child the tests start).
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+
+
+def _install_witness() -> None:
+    """The witness of llama.cpp's use, here and (as their ``sitecustomize``, by PYTHONPATH) in every
+    Python child the tests start. A child pytest (tests/test_suite_markers.py's) has it already."""
+    if any(getattr(f, "llama_witness", False) for f in sys.meta_path):
+        return
+    folder = Path(__file__).resolve().parent / "llama_witness"
+    spec = importlib.util.spec_from_file_location("llama_witness", folder / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+
+
+_install_witness()
 
 # fake_backend and fake_engine for every file; pytester for tests/test_suite_markers.py
 pytest_plugins = ["fakebackend", "fakeengine", "pytester"]

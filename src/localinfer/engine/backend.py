@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from localinfer.engine.bindings import bindings, note_use
+from localinfer.engine.bindings import bindings
 
 llama_cpp = bindings()
 
@@ -79,7 +79,6 @@ def ensure_backend(verbose: bool | None) -> LlamaLog:
     """Start llama.cpp's backend once; ``verbose``: echo its log from now on (None: leave it as it
     is, for the device queries a verbose load makes on its way)."""
     global _log
-    note_use()
     if _log is None:
         _log = LlamaLog()
         llama_cpp.llama_backend_init()
@@ -193,12 +192,10 @@ def _sysfs_physical_cores() -> int | None:
 
 
 def supports_gpu_offload() -> bool:
-    note_use()
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def system_info() -> str:
-    note_use()
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 from types import ModuleType
 
@@ -20,7 +19,6 @@ def bindings() -> ModuleType:
     ``import llama_cpp`` runs the real ``__init__``, which finds the bindings loaded and reuses them."""
     if "llama_cpp" in sys.modules or "llama_cpp.llama_cpp" in sys.modules:
         return importlib.import_module("llama_cpp.llama_cpp")
-    note_use()
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("llama-cpp-python is not installed (pip install llama-cpp-python)")
@@ -29,16 +27,6 @@ def bindings() -> ModuleType:
         return importlib.import_module("llama_cpp.llama_cpp")
     finally:
         del sys.modules["llama_cpp"]
-
-
-def note_use() -> None:
-    """Append this process's id to the file LOCALINFER_TEST_LLAMA_LOG names, if set: the test suite's
-    witness that a test used llama.cpp (tests/conftest.py fails one not marked ``llama``, since CI
-    runs only those again on its second build). Called on loading the library and on each use."""
-    path = os.environ.get("LOCALINFER_TEST_LLAMA_LOG")
-    if path:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{os.getpid()}\n")
 
 
 def mtmd_bindings() -> ModuleType:
