@@ -12,7 +12,8 @@ import os
 import sys
 
 LOG = "LOCALINFER_TEST_LLAMA_LOG"
-# the functions through which the engine reaches llama.cpp, by module (each call is a use)
+# the functions through which the engine reaches llama.cpp, by module (each call is a use; bindings'
+# only where it loads the library)
 ENTRIES = {
     "localinfer.engine.bindings": ("bindings",),
     "localinfer.engine.backend": ("ensure_backend", "supports_gpu_offload", "system_info"),
@@ -26,9 +27,14 @@ def note_use() -> None:
             f.write(f"{os.getpid()}\n")
 
 
-def _noted(fn):
+def _loads_library() -> bool:
+    return "llama_cpp" not in sys.modules and "llama_cpp.llama_cpp" not in sys.modules
+
+
+def _noted(fn, when=None):
     def noted(*args, **kwargs):
-        note_use()
+        if when is None or when():
+            note_use()
         return fn(*args, **kwargs)
 
     noted.__name__, noted.__qualname__, noted.__doc__, noted.__wrapped__ = fn.__name__, fn.__qualname__, fn.__doc__, fn
@@ -40,7 +46,7 @@ def _wrap(module) -> None:
     for name in ENTRIES[module.__name__]:
         fn = module.__dict__[name]
         if not hasattr(fn, "__wrapped__"):
-            setattr(module, name, _noted(fn))
+            setattr(module, name, _noted(fn, _loads_library if name == "bindings" else None))
 
 
 class _Loader:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
-from localinfer.serve.protocol import ApiError, Envelope, envelope
+from localinfer.serve.protocol import ApiError, Envelope, envelope, field_errors
 from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
@@ -45,19 +45,13 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": _ERROR_TYPES.get(exc.status, "api_error"), "message": exc.message + where}}
 
 
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param)
+def _bad(param: str, message: str, code: str | None = None) -> ApiError:
+    return ApiError(400, f"{param}: {message}", code=code, param=param)  # the code: not on Anthropic's wire
 
 
+@field_errors(_bad)
 def parse(body: dict[str, Any], *, counting: bool = False) -> Envelope:
     """A Messages request as serve's request (``counting``: count_tokens's, without ``max_tokens``)."""
-    try:
-        return _parse(body, counting)
-    except rules.RuleError as exc:
-        raise _bad(exc.field, str(exc)) from None
-
-
-def _parse(body: dict[str, Any], counting: bool) -> Envelope:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise _bad(unknown[0], f"unknown field '{unknown[0]}'")

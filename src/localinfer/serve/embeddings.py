@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localinfer.request import rules
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.protocol import ApiError, field_error, field_errors
 
 if TYPE_CHECKING:
     from localinfer.serve.engine import EmbedOutcome, Engine
@@ -35,10 +35,6 @@ class EmbeddingRequest:
     dimensions: int | None = None
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, code=code, param=param)
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -50,44 +46,38 @@ def _inputs(value: Any) -> tuple[str | tuple[int, ...], ...]:
     elif isinstance(value, list) and value and all(_is_int(t) for t in value):
         value = [value]  # one input given as token ids
     if not isinstance(value, list):
-        raise _bad("input", f"'input' must be a string or a list of strings or of token-id lists, not {rules.shown(value)}", "invalid_type")
+        raise field_error("input", f"'input' must be a string or a list of strings or of token-id lists, not {rules.shown(value)}", "invalid_type")
     if not value:
-        raise _bad("input", "'input' must not be an empty list")
+        raise field_error("input", "'input' must not be an empty list")
     if len(value) > MAX_INPUTS:
-        raise _bad("input", f"'input' has {len(value)} items; a request may have {MAX_INPUTS}")
+        raise field_error("input", f"'input' has {len(value)} items; a request may have {MAX_INPUTS}")
     out: list[str | tuple[int, ...]] = []
     for i, item in enumerate(value):
         name = f"input[{i}]"
         if isinstance(item, str):
             if not item:
-                raise _bad(name, f"'{name}' is an empty string: nothing to embed")
+                raise field_error(name, f"'{name}' is an empty string: nothing to embed")
             out.append(rules.text(name, item))
         elif isinstance(item, list) and item and all(_is_int(t) and t >= 0 for t in item):
             out.append(tuple(item))
         else:
-            raise _bad(name, f"'{name}' must be a non-empty string or a non-empty list of token ids, not {rules.shown(item)}", "invalid_type")
+            raise field_error(name, f"'{name}' must be a non-empty string or a non-empty list of token ids, not {rules.shown(item)}", "invalid_type")
     return tuple(out)
 
 
+@field_errors()
 def parse(body: dict[str, Any]) -> EmbeddingRequest:
-    try:
-        return _parse(body)
-    except rules.RuleError as exc:
-        raise _bad(exc.field, str(exc), exc.code) from None
-
-
-def _parse(body: dict[str, Any]) -> EmbeddingRequest:
     for name in body:
         if name not in _FIELDS:
-            raise _bad(name, f"unknown field '{name}'", "unknown_parameter")
+            raise field_error(name, f"unknown field '{name}'", "unknown_parameter")
     if "input" not in body:
-        raise _bad("input", "'input' is required", "missing_parameter")
+        raise field_error("input", "'input' is required", "missing_parameter")
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
-        raise _bad("encoding_format", f"'encoding_format' must be float or base64, not {rules.shown(fmt)}")
+        raise field_error("encoding_format", f"'encoding_format' must be float or base64, not {rules.shown(fmt)}")
     dims = body.get("dimensions")
     if dims is not None and not (_is_int(dims) and dims > 0):
-        raise _bad("dimensions", f"'dimensions' must be a positive integer, not {rules.shown(dims)}", "invalid_type")
+        raise field_error("dimensions", f"'dimensions' must be a positive integer, not {rules.shown(dims)}", "invalid_type")
     model = body.get("model")
     if model is not None:
         model = rules.model_name("model", model)
@@ -104,7 +94,7 @@ def tokenize(engine: Engine, req: EmbeddingRequest, *, truncate: bool = False) -
 
     model = engine.loaded.model
     if req.dimensions is not None and req.dimensions != (n := embedding_size(model)):
-        raise _bad("dimensions", f"'dimensions' {req.dimensions} is not supported: this model's embeddings have {n} (it cannot shorten them)",
+        raise field_error("dimensions", f"'dimensions' {req.dimensions} is not supported: this model's embeddings have {n} (it cannot shorten them)",
                    "unsupported_parameter")  # fmt: skip
     out, total = [], 0
     for i, item in enumerate(req.inputs):
@@ -113,7 +103,7 @@ def tokenize(engine: Engine, req: EmbeddingRequest, *, truncate: bool = False) -
         except ContextOverflowError as exc:
             raise ApiError(400, f"input[{i}]: {exc} (--embedding-ctx)", code="context_length_exceeded", param=f"input[{i}]") from None
         except UsageError as exc:
-            raise _bad(f"input[{i}]", f"input[{i}]: {exc}") from None
+            raise field_error(f"input[{i}]", f"input[{i}]: {exc}") from None
         total += len(tokens)
         if total > MAX_TOKENS:
             raise ApiError(400, f"'input' has more than {MAX_TOKENS} tokens in all (over the cap at input[{i}]); "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
-from localinfer.serve.protocol import ApiError, Envelope, envelope
+from localinfer.serve.protocol import ApiError, Envelope, envelope, field_errors
 from localinfer.serve.responses import dumps
 from localinfer.serve.writer import WriterDefaults
 
@@ -32,8 +32,8 @@ SAMPLING = {name: name for name in rules.SAMPLING_FIELDS}
 THINK_LEVELS = ("low", "medium", "high")
 
 
-def bad(field: str, message: str) -> ApiError:
-    return ApiError(400, message, param=field)
+def bad(field: str, message: str, code: str | None = None) -> ApiError:
+    return ApiError(400, message, code=code, param=field)  # the code: not on Ollama's wire
 
 
 @dataclass(frozen=True)
@@ -45,47 +45,43 @@ class OllamaRequest:
     think: bool | str | None = None
 
 
+@field_errors(bad)
 def parse_chat(body: dict[str, Any], model: str) -> OllamaRequest:
-    try:
-        messages = body.get("messages")
-        if messages is None or messages == []:
-            return OllamaRequest(None)
-        common = _common(body)
-        req = envelope(model=model, messages=chat_messages(messages), **common, **_tools(body))
-        return OllamaRequest(req, _think(body))
-    except rules.RuleError as exc:
-        raise bad(exc.field, str(exc)) from None
+    messages = body.get("messages")
+    if messages is None or messages == []:
+        return OllamaRequest(None)
+    common = _common(body)
+    req = envelope(model=model, messages=chat_messages(messages), **common, **_tools(body))
+    return OllamaRequest(req, _think(body))
 
 
+@field_errors(bad)
 def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> OllamaRequest:
     """``templated``: the model has a chat template (else the prompt is sent as it is, as ``raw``)."""
-    try:
-        for name, what in (("suffix", "fill in the middle"), ("template", "a template of the request's own"),
-                           ("context", "a previous answer's context: send the conversation to /api/chat")):  # fmt: skip
-            if body.get(name):
-                raise bad(name, f"'{name}' ({what}) is not supported by this server")
-        pictures = body.get("images")
-        prompt = body.get("prompt")
-        if prompt is None or prompt == "":
-            return OllamaRequest(None)
-        prompt = rules.text("prompt", prompt)
-        system = rules.text("system", body["system"]) if body.get("system") is not None else None
-        raw = _bool(body, "raw", False)
-        common = _common(body)
-        if pictures and (raw or not templated):
-            raise rules.RuleError("images", "go through the chat template: not with raw, nor to a model without one")
-        if pictures:
-            from localinfer.serve.image_parts import base64_parts, with_images
+    for name, what in (("suffix", "fill in the middle"), ("template", "a template of the request's own"),
+                       ("context", "a previous answer's context: send the conversation to /api/chat")):  # fmt: skip
+        if body.get(name):
+            raise bad(name, f"'{name}' ({what}) is not supported by this server")
+    pictures = body.get("images")
+    prompt = body.get("prompt")
+    if prompt is None or prompt == "":
+        return OllamaRequest(None)
+    prompt = rules.text("prompt", prompt)
+    system = rules.text("system", body["system"]) if body.get("system") is not None else None
+    raw = _bool(body, "raw", False)
+    common = _common(body)
+    if pictures and (raw or not templated):
+        raise rules.RuleError("images", "go through the chat template: not with raw, nor to a model without one")
+    if pictures:
+        from localinfer.serve.image_parts import base64_parts, with_images
 
-            prompt = with_images(prompt, base64_parts("images", pictures))
-        if raw or not templated:
-            req = envelope(model=model, prompt=f"{system}\n\n{prompt}" if system and not raw else prompt, **common)
-        else:
-            turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            req = envelope(model=model, messages=rules.messages("prompt", turns), **common)
-        return OllamaRequest(req, _think(body))
-    except rules.RuleError as exc:
-        raise bad(exc.field, str(exc)) from None
+        prompt = with_images(prompt, base64_parts("images", pictures))
+    if raw or not templated:
+        req = envelope(model=model, prompt=f"{system}\n\n{prompt}" if system and not raw else prompt, **common)
+    else:
+        turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        req = envelope(model=model, messages=rules.messages("prompt", turns), **common)
+    return OllamaRequest(req, _think(body))
 
 
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:

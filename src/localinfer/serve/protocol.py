@@ -10,9 +10,10 @@ here, so a schema we cannot enforce is a 400 naming its keyword before anything 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
@@ -46,8 +47,30 @@ class ApiError(Exception):
         return out
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+def field_error(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    """A 400 naming the request's field at fault."""
     return ApiError(400, message, code=code, param=param)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def field_errors(bad: Callable[[str, str, str], ApiError] = field_error) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """A wire's parser whose ``rules.RuleError`` (a field that breaks its rule) is raised as ``bad``'s
+    400 naming the field: every wire's parse."""
+
+    def wrap(parse: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(parse)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return parse(*args, **kwargs)
+            except rules.RuleError as exc:
+                raise bad(exc.field, str(exc), exc.code) from None
+
+        return checked
+
+    return wrap
 
 
 @dataclass(frozen=True)
@@ -75,7 +98,7 @@ class Envelope:
         try:
             format_rules.tools_with_format(asked, bool(r.tools), r.tool_choice.mode if r.tool_choice else None)
         except rules.RuleError as exc:
-            raise _bad(exc.field, str(exc), exc.code) from None
+            raise field_error(exc.field, str(exc), exc.code) from None
 
     @property
     def kind(self) -> str:
@@ -157,7 +180,7 @@ def _only(allowed: Callable[[Any], bool], what: str) -> Callable[[str, Any], Non
 
     def check(name: str, v: Any) -> None:
         if not allowed(v):
-            raise _bad(name, f"'{name}' {what} is not supported by this server", "unsupported_parameter")
+            raise field_error(name, f"'{name}' {what} is not supported by this server", "unsupported_parameter")
 
     return check
 
@@ -228,41 +251,35 @@ def parse_body(raw: bytes) -> dict[str, Any]:
                 continue
             raise rules.RuleError(field, f"must be a finite number, not {rules.shown(value)}")
         except rules.RuleError as exc:
-            raise _bad(exc.field, str(exc), exc.code) from None
+            raise field_error(exc.field, str(exc), exc.code) from None
     return body
 
 
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
+@field_errors()
 def parse_request(body: dict[str, Any], kind: str) -> Envelope:
     """``kind``: chat (/v1/chat/completions) or text (/v1/completions)."""
-    try:
-        return _parse_request(body, kind)
-    except rules.RuleError as exc:
-        raise _bad(exc.field, str(exc), exc.code) from None
-
-
-def _parse_request(body: dict[str, Any], kind: str) -> Envelope:
     main = "messages" if kind == "chat" else "prompt"
     unsupported = _CHAT_ONLY if kind == "chat" else _TEXT_ONLY
     for name in body:
         if (name != main and name not in _COMMON and name not in unsupported and name not in _LOGPROBS | _FORMATS.keys()
                 and not (kind == "chat" and name in _TOOL_FIELDS)):  # fmt: skip
-            raise _bad(name, f"unknown field '{name}'", "unknown_parameter")
+            raise field_error(name, f"unknown field '{name}'", "unknown_parameter")
     for name in unsupported & set(body):
         _UNSUPPORTED[name](name, body[name])
     if main not in body:
-        raise _bad(main, f"'{main}' is required", "missing_parameter")
+        raise field_error(main, f"'{main}' is required", "missing_parameter")
     v = {name: _COMMON[name](name, value) for name, value in body.items() if name in _COMMON and value is not None}
     limits = {name: v[name] for name in _TOKEN_LIMITS if name in body and body[name] is not None}
     if len(set(limits.values())) > 1:
         first, second = list(limits)[:2]
-        raise _bad(first, f"'{first}' and '{second}' disagree")
+        raise field_error(first, f"'{first}' and '{second}' disagree")
     sampling = SamplingOptions(**{k: v[k] for k in _SAMPLING if k in v})
     formats = [(name, body[name]) for name in _FORMATS if body.get(name) is not None]
     if len(formats) > 1:
-        raise _bad(formats[1][0], f"'{formats[0][0]}' and '{formats[1][0]}' both ask for the answer's format: give one")
+        raise field_error(formats[1][0], f"'{formats[0][0]}' and '{formats[1][0]}' both ask for the answer's format: give one")
     fmt = _FORMATS[formats[0][0]](*formats[0]) if formats else None
     tools = _tools(body) if kind == "chat" else {}
     return envelope(
@@ -308,8 +325,8 @@ def _prompt(value: Any) -> str | tuple[int, ...]:
         value = value[0]
     if isinstance(value, str):
         if not value:
-            raise _bad("prompt", "'prompt' must not be empty")
+            raise field_error("prompt", "'prompt' must not be empty")
         return rules.text("prompt", value)
     if isinstance(value, list) and value and all(_is_int(t) and t >= 0 for t in value):
         return tuple(value)
-    raise _bad("prompt", "'prompt' must be a string, or a list of token ids (one prompt per request)", "invalid_type")
+    raise field_error("prompt", "'prompt' must be a string, or a list of token ids (one prompt per request)", "invalid_type")

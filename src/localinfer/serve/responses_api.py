@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
-from localinfer.serve.protocol import ApiError, Envelope, envelope
+from localinfer.serve.protocol import ApiError, Envelope, envelope, field_errors
 from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
@@ -40,14 +40,8 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, f"{param}: {message}", code=code, param=param)
 
 
+@field_errors(_bad)
 def parse(body: dict[str, Any]) -> Envelope:
-    try:
-        return _parse(body)
-    except rules.RuleError as exc:
-        raise _bad(exc.field, str(exc), exc.code) from None
-
-
-def _parse(body: dict[str, Any]) -> Envelope:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise _bad(unknown[0], f"unknown field '{unknown[0]}'", "unknown_parameter")
