@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from localinfer.engine.backend import interruptible, llama_cpp, stdout_to_stderr
 from localinfer.engine.model import Model
@@ -72,16 +70,6 @@ def input_tokens(model: Model, item: str | Sequence[int], max_tokens: int, *, tr
     return tokens[:max_tokens], dropped
 
 
-@dataclass
-class EmbedStats:
-    """What the embedder did since it was made (a benchmark reads it)."""
-
-    inputs: int = 0
-    tokens: int = 0
-    decodes: int = 0
-    decode_s: float = 0.0  # inside llama_decode
-
-
 class Embedder:
     """An embedding context on ``model``; ``n_ctx``: tokens per decode (the longest input; default
     512, at most the trained context), ``pooling``: mean | cls | last (default: the GGUF's, else mean)."""
@@ -109,7 +97,6 @@ class Embedder:
         self.max_tokens = int(llama_cpp.llama_n_batch(ctx))
         self.n_seq_max = int(llama_cpp.llama_n_seq_max(ctx))
         self.n_embd = embedding_size(model)
-        self.stats = EmbedStats()
         self._mem = llama_cpp.llama_get_memory(ctx)
         cap = self.max_tokens
         self._batch = b = llama_cpp.llama_batch_init(cap, 0, 1)
@@ -188,17 +175,11 @@ class Embedder:
     def _decode(self, n_tokens: int, n_seqs: int, normalize: bool) -> list[list[float]]:
         self._batch.n_tokens = n_tokens
         llama_cpp.llama_memory_clear(self._mem, True)  # each batch starts from an empty cache
-        t0 = time.perf_counter()
         rc = int(llama_cpp.llama_decode(self._ctx, self._batch))
         llama_cpp.llama_synchronize(self._ctx)
-        st = self.stats
-        st.decode_s += time.perf_counter() - t0
         if rc != 0:
             llama_cpp.llama_memory_clear(self._mem, True)
             raise GenerationError(f"llama_decode failed with code {rc} on a batch of {n_seqs} inputs ({n_tokens} tokens)")
-        st.decodes += 1
-        st.inputs += n_seqs
-        st.tokens += n_tokens
         vectors = []
         for s in range(n_seqs):
             ptr = llama_cpp.llama_get_embeddings_seq(self._ctx, s)

@@ -41,7 +41,6 @@ class CacheStats:
     bytes: int = 0
     hits: int = 0
     tokens_restored: int = 0  # prompt tokens not evaluated thanks to a restore
-    saves: int = 0
 
 
 class PromptCache:
@@ -74,7 +73,6 @@ class PromptCache:
         self.entries.append(Entry(tokens, data, self._tick()))
         self.stats.bytes += len(data)
         self.stats.entries = len(self.entries)
-        self.stats.saves += 1
 
     def longest(self, tokens: Sequence[int], limit: int) -> tuple[Entry | None, int]:
         """The entry sharing the longest prefix with ``tokens`` (at most ``limit``), and its length."""
