@@ -1,6 +1,6 @@
-"""One serialisation of an answer and its stats (``Answer.to_wire`` / ``from_wire``,
+"""One serialisation of a finished answer and its stats (``Finished.to_wire`` / ``from_wire``,
 ``GenerationStats.to_wire`` / ``from_wire``): every field crosses a process whole, as JSON text, and
-serve's whole answer (what the resident server sends its client) is that serialisation of its Outcome.
+serve's whole answer (what the resident server sends its client) is that serialisation of its record.
 A field added to either class and left off the wire fails here, without a model
 (tests/test_keepalive_parity.py runs the real `--keep-alive` path)."""
 
@@ -10,13 +10,13 @@ import dataclasses
 import json
 from typing import Any
 
-from localinfer.answer.answer import _PLAIN, Answer
+from localinfer.answer.answer import Answer
+from localinfer.answer.finished import _PLAIN, Finished
 from localinfer.engine.types import GenerationStats
 from localinfer.request.toolcalls.spec import ToolCall
 
-# Answer's fields that stay in the process that made them: the load plan and llama.cpp's buffers go
-# as ``facts`` (what --json reads of them), and a server's Outcome is what a client timed where it ran.
-IN_PROCESS = {"plan", "buffers", "outcome"}
+# Finished's fields that stay in the process that made them: clock stamps (its seconds cross)
+IN_PROCESS = {"t_text", "t_reasoning"}
 ENTRY = {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}
 
 
@@ -45,36 +45,40 @@ def test_every_stats_field_crosses_as_json():
     assert back.document == "document" and back.decode_calls_s == 3.0  # the verdict and the raw decode time
 
 
-def test_every_answer_field_crosses_or_is_named_as_staying():
-    names = {f.name for f in dataclasses.fields(Answer)}
-    assert names == set(_PLAIN) | {"stats", "facts", "tool_calls"} | IN_PROCESS, names ^ (set(_PLAIN) | IN_PROCESS)
-    plain = {"text": "Paris.", "model": "m", "load_s": 0.4, "ttft_s": 0.05, "total_s": 0.3, "peak_rss": 123456, "mode": "raw",
-             "warnings": ["the JSON is incomplete"], "backend": "http://127.0.0.1:1", "sampling_seed": 7, "resident": True,
-             "reasoning": "hm", "reasoning_tokens": 3, "reasoning_ttft_s": 0.01, "logprobs": [ENTRY]}  # fmt: skip
+def test_every_finished_field_crosses_or_is_named_as_staying():
+    names = {f.name for f in dataclasses.fields(Finished)}
+    assert names == set(_PLAIN) | {"stats", "tool_calls"} | IN_PROCESS, names ^ (set(_PLAIN) | IN_PROCESS)
+    plain = {"text": "Paris.", "finish_reason": "length", "ttft_s": 0.05, "total_s": 0.3, "reasoning": "hm",
+             "reasoning_tokens": 3, "reasoning_ttft_s": 0.01, "logprobs": [ENTRY]}  # fmt: skip
     assert set(plain) == set(_PLAIN)  # each with a value unlike its default
     stats = GenerationStats(prompt_tokens=7, completion_tokens=5, finish_reason="length", document="incomplete")
-    calls = [ToolCall("call_1", "add", '{"a": 1}')]
-    answer = Answer(**plain, stats=stats, facts={"context": {"n_ctx": 512}}, tool_calls=calls)
-    back = Answer.from_wire(json.loads(json.dumps(answer.to_wire())))
+    calls = (ToolCall("call_1", "add", '{"a": 1}'),)
+    done = Finished(**plain, stats=stats, tool_calls=calls)
+    back = Finished.from_wire(json.loads(json.dumps(done.to_wire())))
     for name in names - IN_PROCESS:
-        assert getattr(back, name) == getattr(answer, name), name
-    assert back.to_json() == answer.to_json()  # --json reads the same
+        assert getattr(back, name) == getattr(done, name), name
+    where = {"load_s": 0.4, "mode": "raw", "peak_rss": 123456, "facts": {"context": {"n_ctx": 512}}}
+    # --json reads the same of the record made here and of the one read back (Answer's one constructor)
+    assert Answer.of_finished(back, "m", **where).to_json() == Answer.of_finished(done, "m", **where).to_json()
 
 
 def test_serve_sends_its_outcome_as_that_serialisation():
-    from localinfer.serve.outcome import Outcome
-    from localinfer.serve.responses import whole_answer
+    from localinfer.serve.outcome import Ended
+    from localinfer.serve.responses import CompletionWriter
 
     stats = GenerationStats(prompt_tokens=9, completion_tokens=4, decode_s=0.2, decode_calls_s=0.15, first_token_s=0.05,
-                            finish_reason="stop", document="complete", n_ctx=512, context_used=13)  # fmt: skip
+                            finish_reason="tool_calls", document="complete", n_ctx=512, context_used=13,
+                            logprobs=[ENTRY])  # fmt: skip
     calls = (ToolCall("call_9", "add", '{"a": 2, "b": 3}'),)
-    outcome = Outcome("", "stop", stats, queue_s=0.0, ttft_s=0.05, total_s=0.3, reasoning="add them",
-                      reasoning_tokens=2, reasoning_ttft_s=0.01, tool_calls=calls)  # fmt: skip
-    back = Answer.from_wire(json.loads(json.dumps(whole_answer(outcome, "m"))))
+    outcome = Ended("", "tool_calls", stats, queue_s=0.0, ttft_s=0.05, total_s=0.3, reasoning="add them",
+                    reasoning_tokens=2, reasoning_ttft_s=0.01, tool_calls=calls)  # fmt: skip
+    chunks = CompletionWriter.new("chat", "m", include_usage=True, whole_answers=True).last_chunks(outcome)
+    sent = next(json.loads(c[6:]) for c in chunks.split(b"\n\n") if c.startswith(b"data: {") and b'"localinfer"' in c)
+    back = Answer.of_finished(Finished.from_wire(json.loads(json.dumps(sent["localinfer"]))), "m")
     assert back.stats is not None and back.stats.document == "complete" and back.stats.decode_calls_s == 0.15
     assert back.finish_reason == "tool_calls" and back.tool_calls == list(calls)  # the answer's reason, as a local run's
     assert (back.reasoning, back.reasoning_tokens, back.reasoning_ttft_s) == ("add them", 2, 0.01)
-    assert back.stats.logprobs is None  # the chunks carried them
+    assert back.stats.logprobs is None  # the record's own logprobs are the answer's (sent once)
 
 
 def test_a_request_with_images_crosses_to_a_server_whole():

@@ -59,3 +59,27 @@ def test_a_call_cut_short_stays_length_and_plain_text_is_itself():
     done = f.result("stop")
     assert (done.text, done.reasoning, done.tool_calls, done.finish_reason) == ("Hel", None, (), "stop")
     assert plain(None, ToolPlan(F.HERMES, ADD, ToolChoice("none")))  # "none": no calls are parsed
+
+
+def _entry(token: str) -> dict:
+    return {"token": token, "logprob": -0.1, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+def test_the_reason_the_times_and_the_logprobs_are_decided_once():
+    # a stop string that cut a constrained document: length on every entry (it does not parse)
+    stats = GenerationStats(completion_tokens=3, finish_reason="stop", document="incomplete")
+    f = Finish()
+    f.fill('{"a"')
+    f.close()
+    done = f.result(stats=stats, t0=10.0, t_end=12.0, t_first=10.5)
+    assert done.finish_reason == stats.finish_reason == "length"
+    assert (done.ttft_s, done.total_s) == (0.5, 2.0)  # fed whole: TTFT is the engine's first token, from t0
+    # the logprobs are the answer text's: not the thinking's, not a stop string's cut from the text
+    tokens = ["<think>", "hm", "</think>", "Hi", "!"]
+    stats = GenerationStats(completion_tokens=5, finish_reason="stop", logprobs=[_entry(t) for t in tokens])
+    f = Finish(Splitter(THINK))
+    steps = [s for piece in tokens[:-1] for s in f.feed(piece)] + f.close()
+    done = f.result(stats=stats, t0=0.0)
+    assert (done.text, done.reasoning, done.finish_reason) == ("Hi", "hm", "stop")
+    assert [e["token"] for e in done.logprobs] == ["Hi"] and len(steps) == 2
+    assert 0 < done.reasoning_ttft_s <= done.ttft_s  # fed piece by piece: timed as the steps came

@@ -121,7 +121,7 @@ class _LogprobEngine:
         import threading
 
         from localinfer.engine.types import GenerationStats
-        from localinfer.serve.engine import Outcome
+        from localinfer.serve.engine import Ended
 
         pieces = [("Hel", [_entry("Hel", -0.2)]), ("lo", [_entry("lo", -0.3)])]
 
@@ -132,7 +132,7 @@ class _LogprobEngine:
                 elif on_text is not None:
                     on_text(text)
             stats = GenerationStats(prompt_tokens=3, completion_tokens=2, logprobs=[e for _, es in pieces for e in es])
-            on_end(Outcome("Hello", "length", stats, queue_s=0.0, ttft_s=0.01, total_s=0.02))
+            on_end(Ended("Hello", "length", stats, queue_s=0.0, ttft_s=0.01, total_s=0.02, logprobs=stats.logprobs))
 
         threading.Thread(target=run).start()
         return self

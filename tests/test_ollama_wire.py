@@ -10,7 +10,7 @@ import pytest
 from localinfer.engine.types import GenerationStats
 from localinfer.generate.finish import CallArgs, CallStart, Text, Thought
 from localinfer.serve import ollama_wire as wire
-from localinfer.serve.engine import Outcome
+from localinfer.serve.engine import Ended
 from localinfer.serve.protocol import ApiError
 from localinfer.request.toolcalls.spec import ToolCall
 
@@ -63,9 +63,9 @@ def test_bad_fields_are_named(body, field):
     assert wire.error_body(err.value) == {"error": err.value.message}
 
 
-def _outcome(**kw) -> Outcome:
+def _outcome(**kw) -> Ended:
     stats = GenerationStats(prompt_tokens=10, cached_tokens=4, completion_tokens=5, prefill_s=0.25, decode_s=0.5)
-    return Outcome(kw.pop("text", "hello"), "stop", stats, queue_s=0.0, ttft_s=0.3, total_s=1.0, **kw)
+    return Ended(kw.pop("text", "hello"), "stop", stats, queue_s=0.0, ttft_s=0.3, total_s=1.0, **kw)
 
 
 def test_the_answer_whole_with_thinking_calls_and_counters():

@@ -22,10 +22,10 @@ from localinfer.request.sampling import SamplingOptions
 from localinfer.serve.app import ServerState, create_app
 from localinfer.serve.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.engine import Outcome, Overloaded, Prepared
+from localinfer.serve.engine import Ended, Overloaded, Prepared
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
-from localinfer.serve.responses import Answer
+from localinfer.serve.responses import CompletionWriter
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -120,13 +120,13 @@ def test_bodies_that_are_not_json_objects():
 
 
 # -- answers --------------------------------------------------------------------------------------------
-def _outcome(text: str = "Hello", reason: str = "stop", **stats: Any) -> Outcome:
+def _outcome(text: str = "Hello", reason: str = "stop", **stats: Any) -> Ended:
     s = GenerationStats(prompt_tokens=10, cached_tokens=4, completion_tokens=3, prefill_s=0.06, decode_s=0.02, **stats)
-    return Outcome(text, reason, s, queue_s=0.001, ttft_s=0.07, total_s=0.09)
+    return Ended(text, reason, s, queue_s=0.001, ttft_s=0.07, total_s=0.09)
 
 
 def test_chunks_share_id_and_created_and_end_with_usage_and_done():
-    a = Answer.new("chat", "m", include_usage=True)
+    a = CompletionWriter.new("chat", "m", include_usage=True)
     before, after = a.text_chunks()
     spliced = before + json.dumps("é\n\"x").encode() + after
     assert json.loads(spliced[6:]) == json.loads(a.chunk("é\n\"x")[6:])  # the fast path is the same JSON
@@ -139,7 +139,7 @@ def test_chunks_share_id_and_created_and_end_with_usage_and_done():
 
 
 def test_whole_answers_carry_usage_and_llama_server_timings():
-    body = Answer.new("text", "m").whole(_outcome())
+    body = CompletionWriter.new("text", "m").whole(_outcome())
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == "Hello"
     assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
                              "prompt_tokens_details": {"cached_tokens": 4}}  # fmt: skip

@@ -286,17 +286,18 @@ def test_tools_are_refused_for_a_server_not_dropped():
 def test_serve_answers_in_openai_shapes_whole_and_streamed():
     from localinfer.engine.types import GenerationStats
     from test_finish import of_text
-    from localinfer.serve.engine import Outcome as Ended
-    from localinfer.serve.responses import Answer
+    from localinfer.serve.engine import Ended
+    from localinfer.serve.responses import CompletionWriter
 
     text = 'Sure. <tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>'
     plan = ToolPlan(F.HERMES, _tools(WEATHER), ToolChoice())
     stats = GenerationStats(prompt_tokens=5, completion_tokens=20)
-    answer = Answer.new("chat", "m")
+    answer = CompletionWriter.new("chat", "m")
 
     def Outcome(text: str, reason: str, stats: GenerationStats, *times: float) -> Ended:  # the engine's, finished
         done = of_text(text, reason, tools=plan)
-        return Ended(done.text, reason, stats, *times, tool_calls=done.tool_calls)
+        queue_s, ttft_s, total_s = times
+        return Ended(done.text, done.finish_reason, stats, ttft_s, total_s, tool_calls=done.tool_calls, queue_s=queue_s)
 
     whole = answer.whole(Outcome(text, "stop", stats, 0.0, 0.1, 0.2))["choices"][0]
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] == "Sure. "

@@ -80,10 +80,10 @@ class GenerationError(LocalInferError):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during an answer, carrying what was answered so far: ``partial``, an Answer (from a
-    server's client, its Outcome until the backend makes it an Answer), or None when nothing came.
+    server's client, its Received until the backend makes it an Answer), or None when nothing came.
     A KeyboardInterrupt, so everything that stops on Ctrl-C stops on it."""
 
-    def __init__(self, partial: Any = None) -> None:  # answer.Answer | answer.Outcome | None (errors imports nothing)
+    def __init__(self, partial: Any = None) -> None:  # answer.Answer | answer.Received | None (errors imports nothing)
         super().__init__()
         self.partial = partial
 

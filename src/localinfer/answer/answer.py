@@ -2,14 +2,13 @@
 backend; with one JSON shape for `run --json` and one for a batch output line (:class:`BatchResult`:
 an answer, or the error of one input line). Its usage-history row: ``usage.recorder.record_of``.
 
-Where the figures come from: the engine's ``GenerationStats`` (``stats``, an answer made here) or
-what a server reported (``outcome``, with ``--endpoint``). A figure nobody measured is None
+Where the figures come from: the engine's ``GenerationStats`` (``stats``, an answer finished here or
+by the resident server: ``of_finished``) or what a server reported (``received``, with ``--endpoint``). A figure nobody measured is None
 (null in JSON, "unknown" on screen), never 0.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from localinfer.units import json_number as _round
 
 if TYPE_CHECKING:
     from localinfer.engine.types import GenerationStats
+    from localinfer.answer.finished import Finished
     from localinfer.system.estimate import BufferReport
     from localinfer.system.preflight import LoadPlan
     from localinfer.request.toolcalls.spec import ToolCall
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # What a server sent, as the client timed it (``remote.client``); here, so that the answer reads it
 # without the answer's package depending on the client's.
 @dataclass
-class Outcome:
+class Received:
     """One answer as the client saw it (times from ``time.perf_counter()``)."""
 
     text: str = ""
@@ -46,7 +46,7 @@ class Outcome:
     reasoning: str = ""  # the thinking the server sent apart (delta.reasoning_content)
     reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens
     logprobs: list[dict[str, Any]] | None = None  # what the server sent, in OpenAI's content shape
-    whole: dict[str, Any] | None = None  # the answer whole (Answer.to_wire), where the server sends it (resident)
+    whole: dict[str, Any] | None = None  # the answer whole (Finished.to_wire), where the server sends it (resident)
 
     @property
     def ttft_s(self) -> float | None:
@@ -78,7 +78,7 @@ def _timing(timings: dict[str, Any] | None, key: str) -> float | None:
 
 
 class _Either:
-    """A figure read from the engine's stats (an answer made here), else from the server's outcome."""
+    """A figure read from the engine's stats (an answer made here), else from what a server sent."""
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -86,7 +86,7 @@ class _Either:
     def __get__(self, answer: Answer | None, owner: type) -> Any:
         if answer is None:
             return self
-        source = answer.stats if answer.stats is not None else answer.outcome
+        source = answer.stats if answer.stats is not None else answer.received
         return None if source is None else getattr(source, self.key)
 
 
@@ -105,7 +105,7 @@ class Answer:
     warnings: list[str] = field(default_factory=list)
     plan: LoadPlan | None = None  # how the model was loaded (context source, GPU layers, estimate)
     buffers: BufferReport | None = None  # llama.cpp's reported buffer sizes
-    outcome: Outcome | None = None  # what a server sent and the client timed (``--endpoint``)
+    received: Received | None = None  # what a server sent and the client timed (``--endpoint``)
     backend: str | None = None  # the server that answered (Endpoint.display, no credentials); None: here
     sampling_seed: int | None = None  # the seed asked of a server (the engine reports its own)
     resident: bool = False  # answered by this user's resident server (--keep-alive): nothing loaded for it
@@ -116,15 +116,26 @@ class Answer:
     # asked for (Request.logprobs): one entry per answer token, in OpenAI's content shape
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}
     logprobs: list[dict[str, Any]] | None = None
-    # how the model was loaded, as ``load_facts`` wrote it: an answer rebuilt from the wire (``plan``
-    # and ``buffers`` stay in the process that loaded the model)
+    # how the model was loaded, as ``load_facts`` wrote it: an answer the resident server finished
+    # (``plan`` and ``buffers`` stay in the process that loaded the model)
     facts: dict[str, Any] | None = None
 
     @classmethod
-    def of_outcome(cls, outcome: Outcome, model: str, backend: str | None, mode: str = "chat", seed: int | None = None) -> Answer:
-        return cls(outcome.text, model, ttft_s=outcome.ttft_s, total_s=outcome.total_s, mode=mode, outcome=outcome,
-                   backend=backend, sampling_seed=seed, reasoning=outcome.reasoning or None,
-                   reasoning_tokens=outcome.reasoning_tokens, logprobs=outcome.logprobs)  # fmt: skip
+    def of_finished(cls, done: Finished, model: str, **where: Any) -> Answer:
+        """The answer to a request finished by the engine (``generate.finish``: here, or in the
+        resident server, which sends that record whole); ``where``: what the entry adds (the load,
+        the mode, the plan...) or times itself (the resident client: TTFT as the user saw it)."""
+        fields = {"ttft_s": done.ttft_s, "total_s": done.total_s, "reasoning": done.reasoning,
+                  "reasoning_tokens": done.reasoning_tokens, "reasoning_ttft_s": done.reasoning_ttft_s,
+                  "tool_calls": list(done.tool_calls) or None, "logprobs": done.logprobs}  # fmt: skip
+        return cls(done.text, model, done.stats, **{**fields, **where})
+
+    @classmethod
+    def of_received(cls, got: Received, model: str, backend: str | None, mode: str = "chat", seed: int | None = None) -> Answer:
+        """The answer a server sent (``--endpoint``), with its figures as reported."""
+        return cls(got.text, model, ttft_s=got.ttft_s, total_s=got.total_s, mode=mode, received=got, backend=backend,
+                   sampling_seed=seed, reasoning=got.reasoning or None, reasoning_tokens=got.reasoning_tokens,
+                   logprobs=got.logprobs)  # fmt: skip
 
     # -- the figures, wherever they came from ------------------------------------------------------
     finish_reason = _Either("finish_reason")
@@ -139,8 +150,8 @@ class Answer:
         """Mark the answer as cut short by Ctrl-C."""
         if self.stats is not None:
             self.stats.finish_reason = "interrupted"
-        if self.outcome is not None:
-            self.outcome.finish_reason = "interrupted"
+        if self.received is not None:
+            self.received.finish_reason = "interrupted"
 
     @property
     def prompt_eval_tokens(self) -> int | None:
@@ -189,7 +200,7 @@ class Answer:
 
     @property
     def server_timings(self) -> dict[str, Any] | None:
-        return self.outcome.server_timings if self.outcome is not None else None
+        return self.received.server_timings if self.received is not None else None
 
     @property
     def gpu_layers(self) -> int | None:
@@ -216,29 +227,6 @@ class Answer:
     @property
     def decode_tokens_per_s(self) -> float | None:
         return self.decode_tps
-
-    # -- one serialisation, for crossing a process ---------------------------------------------------
-    def to_wire(self) -> dict[str, Any]:
-        """The whole answer as JSON (``from_wire`` is its inverse): every field, the engine's stats
-        whole, how the model was loaded (``facts``), the calls in OpenAI's shape. A server's
-        ``outcome`` is not carried: it is what a client measured, where it ran."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in _PLAIN}
-        out["stats"] = None if self.stats is None else self.stats.to_wire()
-        out["facts"] = self.load_facts()
-        out["tool_calls"] = None if self.tool_calls is None else [c.to_openai() for c in self.tool_calls]
-        return out
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Answer:
-        """The answer ``to_wire`` wrote (a field another version did not write keeps its default)."""
-        from localinfer.engine.types import GenerationStats
-        from localinfer.request.toolcalls.spec import ToolCall
-
-        fields = {k: data[k] for k in _PLAIN if k in data}
-        stats = GenerationStats.from_wire(data["stats"]) if isinstance(data.get("stats"), dict) else None
-        calls = data.get("tool_calls")
-        tool_calls = None if calls is None else [ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
-        return cls(**fields, stats=stats, facts=data.get("facts"), tool_calls=tool_calls)
 
     def load_facts(self) -> dict[str, Any] | None:
         """How the model was loaded, as JSON: from the plan and llama.cpp's report, or as received."""
@@ -337,11 +325,6 @@ def load_facts(plan: LoadPlan | None, buffers: BufferReport | None) -> dict[str,
         "estimate": plan.estimate.to_json() if plan and plan.estimate else None,
         "llama_cpp": buffers.to_json() if buffers and buffers.buffers else None,
     }
-
-
-# Answer's fields that are JSON as they are (to_wire / from_wire)
-_PLAIN = ("text", "model", "load_s", "ttft_s", "total_s", "peak_rss", "mode", "warnings", "backend", "sampling_seed",
-          "resident", "reasoning", "reasoning_tokens", "reasoning_ttft_s", "logprobs")  # fmt: skip
 
 
 @dataclass

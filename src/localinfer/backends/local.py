@@ -181,19 +181,13 @@ def _fed(finish: Finish) -> Callable[[str], None]:
 
 
 def _finished(name: str, res: SeqResult, finish: Finish, mode: str, t0: float) -> Answer:
-    """One batch answer, finished (``localinfer.generate.finish``): TTFT from its sequence's start (the
-    engine's; to the first answer text where thinking is split), not the job's."""
+    """One batch answer, finished (``localinfer.generate.finish``) as on every entry: TTFT and total
+    from ``t0``, when its line was taken for a free sequence (before its prompt was built)."""
     from localinfer.answer.answer import Answer
-    from localinfer.generate.finish import since
 
     if not finish.splits:
-        finish.feed(res.text)  # fed whole: nothing was split while it decoded
+        finish.fill(res.text)  # fed whole: nothing was split while it decoded
     finish.close()
-    done = finish.result(res.stats.finish_reason, res.stats)
-    res.stats.finish_reason = done.finish_reason  # tool_calls when it made calls
-    answer = Answer(done.text, name, res.stats, ttft_s=res.stats.first_token_s, total_s=res.t_end - t0, mode=mode,
-                    logprobs=res.stats.logprobs, tool_calls=list(done.tool_calls) or None)  # fmt: skip
-    if finish.splits:
-        answer.reasoning, answer.reasoning_tokens = done.reasoning, done.reasoning_tokens
-        answer.ttft_s, answer.reasoning_ttft_s = since(done.t_text, res.t_admit), since(done.t_reasoning, res.t_admit)
-    return answer
+    t_first = None if res.stats.first_token_s is None else res.t_admit + res.stats.first_token_s
+    done = finish.result(stats=res.stats, t0=t0, t_end=res.t_end, t_first=t_first)
+    return Answer.of_finished(done, name, mode=mode)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from localinfer.request.request import BatchRequest
     from localinfer.answer.answer import BatchResult
     from localinfer.embed.embedding import Embedding
-    from localinfer.remote.client import Client, Outcome
+    from localinfer.remote.client import Client, Received
     from localinfer.request.request import Messages, Request
 
 
@@ -65,18 +65,18 @@ class RemoteBackend(Backend):
             body.update(request.response_format.request_fields())
         return body
 
-    def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
+    def _answer(self, outcome: Received, request: Request, seed: bool = True) -> Answer:
         from localinfer.answer.answer import Answer
 
-        return Answer.of_outcome(outcome, self.name, self.endpoint, request.mode, request.sampling.seed if seed else None)
+        return Answer.of_received(outcome, self.name, self.endpoint, request.mode, request.sampling.seed if seed else None)
 
     def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None) -> Answer:
         try:
             outcome = self.client.stream(self.body(request), on_text=on_text, on_reasoning=on_reasoning)
-        except Interrupted as exc:  # the client's Outcome so far, made this backend's Answer
-            from localinfer.answer.answer import Outcome
+        except Interrupted as exc:  # the client's Received so far, made this backend's Answer
+            from localinfer.answer.answer import Received
 
-            partial = exc.partial if isinstance(exc.partial, Outcome) else None
+            partial = exc.partial if isinstance(exc.partial, Received) else None
             raise Interrupted(None if partial is None else self._answer(partial, request)) from exc
         return self._answer(outcome, request)
 

@@ -10,17 +10,18 @@ Plain Python, no llama_cpp, nothing about HTTP.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from localinfer.answer.finished import Finished, answer_logprobs, reason_of
 from localinfer.request.toolcalls.events import CallArgs, CallStart, Text
 
 if TYPE_CHECKING:
     from localinfer.request.reasoning import Splitter
     from localinfer.request.toolcalls.plan import ToolPlan
-    from localinfer.request.toolcalls.spec import ToolCall
 
-__all__ = ["CallArgs", "CallStart", "Finish", "Finished", "Step", "Text", "Thought"]
+__all__ = ["CallArgs", "CallStart", "Finish", "Finished", "Step", "Text", "Thought", "reason_of"]
 
 
 @dataclass(frozen=True)
@@ -35,20 +36,6 @@ class Thought:
 Step = Text | Thought | CallStart | CallArgs
 
 
-@dataclass(frozen=True)
-class Finished:
-    """One answer, finished: its content (thinking and calls taken out), its calls, and why it ended
-    (``tool_calls`` when it ended by itself having made calls; otherwise the engine's reason)."""
-
-    text: str
-    finish_reason: str | None
-    reasoning: str | None = None  # None: not a reasoning answer (no markers, or kept inline)
-    reasoning_tokens: int | None = None  # of the completion tokens, the thinking's
-    tool_calls: tuple[ToolCall, ...] = ()
-    t_text: float | None = None  # time.perf_counter() of the first answer text (None: none, or not timed)
-    t_reasoning: float | None = None  # time.perf_counter() of the first piece of thinking
-
-
 def plain(splitter: Splitter | None, tools: ToolPlan | None) -> bool:
     """Whether an answer is all text as it comes (no thinking to split, no calls to parse): a stream
     may then hand on the raw pieces without making steps."""
@@ -57,10 +44,11 @@ def plain(splitter: Splitter | None, tools: ToolPlan | None) -> bool:
 
 class Finish:
     """Feed the answer's raw pieces as the engine samples them (``feed`` returns the steps to hand on
-    now), ``close`` at the end (the steps held back), then ``result``. ``splitter``: a reasoning
-    model's (None: no thinking to split); ``tools``: the request's plan (None: no calls to parse)."""
+    now, timed as they come) or its whole text at the end (``fill``: not timed), ``close`` at the end
+    (the steps held back), then ``result``: the one assembly of a finished answer. ``splitter``: a
+    reasoning model's (None: no thinking to split); ``tools``: the request's plan (None: no calls)."""
 
-    __slots__ = ("_thinking", "_calls", "_pieces")
+    __slots__ = ("_thinking", "_calls", "_pieces", "_raw", "_timed", "t_text", "t_reasoning")
 
     def __init__(self, splitter: Splitter | None = None, tools: ToolPlan | None = None) -> None:
         from localinfer.request.reasoning import Thinking
@@ -68,17 +56,27 @@ class Finish:
         self._thinking = Thinking(splitter) if splitter is not None else None
         self._calls = tools.parser() if tools is not None else None  # None also when the tools are not offered
         self._pieces: list[str] = []  # the content, when no parser keeps it
+        self._raw: list[str] = []  # every piece fed (what the logprobs' tokens spell)
+        self._timed = True  # fed piece by piece (``fill``: the whole text at the end)
+        self.t_text: float | None = None  # time.perf_counter() of the first answer text
+        self.t_reasoning: float | None = None  # of the first piece of thinking
 
     @property
     def splits(self) -> bool:
-        """Whether thinking is split from the answer (and the first answer text is timed)."""
+        """Whether thinking is split from the answer (and counted piece by piece)."""
         return self._thinking is not None
 
     def feed(self, piece: str) -> list[Step]:
+        self._raw.append(piece)
         if self._thinking is None:
             return self._content(piece) if piece else []
         reasoning, text = self._thinking.feed(piece)
         return self._steps(reasoning, text)
+
+    def fill(self, text: str) -> list[Step]:
+        """The whole text at once, after the engine ended (TTFT is then the engine's first token)."""
+        self._timed = False
+        return self.feed(text)
 
     def close(self) -> list[Step]:
         steps: list[Step] = []
@@ -88,39 +86,55 @@ class Finish:
             steps.extend(self._calls.finish())
         return steps
 
-    def result(self, finish_reason: str | None, stats: Any = None) -> Finished:
-        """The answer (after ``close``); ``finish_reason``: why the engine stopped (stop | length...)."""
+    def result(self, finish_reason: str | None = None, stats: Any = None, *, t0: float | None = None,
+               t_end: float | None = None, t_first: float | None = None, taken: tuple[str, str | None] | None = None,
+               ) -> Finished:  # fmt: skip
+        """The answer (after ``close``). ``finish_reason``: why the engine stopped (default: ``stats``'s),
+        made the answer's once (``reason_of``), and written back to ``stats``. ``t0``: the
+        request's arrival at its entry (clock); ``t_end``: its end; ``t_first``: the engine's first token
+        (clock), TTFT where the text was ``fill``ed. ``taken``: the text and thinking a consumer that
+        stopped early took (what it shows is what the answer is)."""
         calls = tuple(self._calls.calls) if self._calls is not None else ()
         text = self._calls.content if self._calls is not None else "".join(self._pieces)
-        if calls:  # (the tool-call modules are imported only for an answer that made calls)
-            from localinfer.request.toolcalls.plan import finish_reason as reason_with
-
-            finish_reason = reason_with(calls, finish_reason)
-        thinking = self._thinking
-        if thinking is None:
-            return Finished(text, finish_reason, tool_calls=calls)
-        completion = getattr(stats, "completion_tokens", None)
-        tokens = thinking.tokens if completion is None else min(thinking.tokens, completion)
-        return Finished(text, finish_reason, thinking.split.reasoning or None, tokens, calls,
-                        thinking.t_text, thinking.t_reasoning)  # fmt: skip
+        engine = finish_reason if finish_reason is not None else getattr(stats, "finish_reason", None)
+        reason = reason_of(engine, stats, calls)
+        if stats is not None:
+            stats.finish_reason = reason
+        thinking, reasoning, tokens = self._thinking, None, None
+        if thinking is not None:
+            reasoning = thinking.split.reasoning or None
+            completion = getattr(stats, "completion_tokens", None)
+            tokens = thinking.tokens if completion is None else min(thinking.tokens, completion)
+        if taken is not None:
+            text, reasoning = taken[0], (taken[1] if thinking is not None else None)
+        t_text = self.t_text if self._timed else (t_first if text else None)
+        entries = getattr(stats, "logprobs", None)
+        logprobs = answer_logprobs(entries, "".join(self._raw), text, thinking is not None)
+        return Finished(text, reason, stats, since(t_text, t0), since(t_end, t0) or 0.0, reasoning, tokens,
+                        since(self.t_reasoning if self._timed else None, t0), calls, logprobs,
+                        t_text, self.t_reasoning)  # fmt: skip
 
     def _steps(self, reasoning: str, text: str) -> list[Step]:
-        steps: list[Step] = [Thought(reasoning)] if reasoning else []
+        steps: list[Step] = []
+        if reasoning:
+            self.t_reasoning = self.t_reasoning or time.perf_counter()
+            steps.append(Thought(reasoning))
         if text:
             steps += self._content(text)
         return steps
 
     def _content(self, text: str) -> list[Step]:
-        steps: list[Step] = []
         if self._calls is not None:
-            steps.extend(self._calls.feed(text))
-            return steps
-        self._pieces.append(text)
-        steps.append(Text(text))
+            steps = self._calls.feed(text)
+        else:
+            self._pieces.append(text)
+            steps = [Text(text)]
+        if self.t_text is None and any(isinstance(s, Text) and s.text for s in steps):
+            self.t_text = time.perf_counter()
         return steps
 
 
-def since(t: float | None, t0: float) -> float | None:
-    """Seconds from ``t0`` to the clock time ``t`` (None stays None)."""
-    return None if t is None else t - t0
+def since(t: float | None, t0: float | None) -> float | None:
+    """Seconds from ``t0`` to the clock time ``t`` (None stays None; no ``t0``: not timed)."""
+    return None if t is None or t0 is None else t - t0
 

@@ -171,8 +171,8 @@ class Generation:
     """One answer, streamed: iterate for its text pieces; ``result`` is complete once the iteration
     ends, however it ends (the last piece, an exception, or the consumer closing it early).
 
-    TTFT runs from this object's creation (the request, after loading) to the first non-empty text
-    handed out. ``prompt``: tokens, stops and dropped count already built (as build_prompt returns
+    TTFT runs from this object's creation (the request's arrival, after loading, before its prompt is
+    built) to the first answer text (docs/metrics.md). ``prompt``: tokens, stops and dropped count already built (as build_prompt returns
     them; chat splices its turns onto the cached tokens).
     """
 
@@ -188,6 +188,7 @@ class Generation:
         stats = GenerationStats()
         tokens, stops, dropped = prompt if prompt is not None else build_prompt(loaded, request)
         stats.truncated_tokens = dropped
+        # what was measured so far; the finished answer replaces it when the iteration ends (``parts``)
         self.result = Answer("", loaded.name, stats, load_s, mode=request.mode, plan=loaded.plan, buffers=loaded.buffers)
         self._splitter = reasoning_splitter(loaded, request, tokens)
         self.on_reasoning: Callable[[str], None] | None = None  # each piece of thinking, as it comes
@@ -209,12 +210,13 @@ class Generation:
 
     def parts(self) -> Iterator[tuple[str, str]]:
         """``("reasoning" | "text", piece)`` as they come (a model whose template marks no thinking
-        gives text alone). TTFT is the first answer text; ``reasoning_ttft_s`` the first thinking.
-        The answer is finished by ``localinfer.generate.finish`` (thinking split, tool calls parsed out), as on
-        every surface; the text and thinking kept are what the consumer took."""
+        gives text alone). The answer is finished by ``localinfer.generate.finish`` (thinking split,
+        tool calls parsed out, its finish reason, TTFT from this object's creation), as on every
+        surface; the text and thinking kept are what the consumer took."""
         from localinfer.generate.finish import Finish
 
-        result, pieces, thoughts = self.result, [], []
+        pieces: list[str] = []
+        thoughts: list[str] = []
         finish = Finish(self._splitter, self._tools)
         try:
             for step in self._steps:
@@ -223,37 +225,22 @@ class Generation:
             yield from self._hand(finish.close(), pieces, thoughts)
         finally:
             self._steps.close()  # a consumer that stopped early: the engine finishes its stats and cache now
-            stats = result.stats
-            done = finish.result(stats.finish_reason if stats is not None else None, stats)
-            result.text = "".join(pieces)
-            if finish.splits:
-                result.reasoning = "".join(thoughts) or None
-                result.reasoning_tokens = done.reasoning_tokens
-            if stats is not None and stats.logprobs is not None:  # aligned with the text returned
-                from localinfer.engine.logprobs import trim
+            r = self.result
+            done = finish.result(stats=r.stats, t0=self._t_request, t_end=time.perf_counter(),
+                                 taken=("".join(pieces), "".join(thoughts) or None))  # fmt: skip
+            self.result = Answer.of_finished(done, r.model, load_s=r.load_s, mode=r.mode, plan=r.plan, buffers=r.buffers,
+                                             peak_rss=peak_rss_bytes())  # fmt: skip
 
-                result.logprobs = trim(stats.logprobs, result.text)
-            result.total_s = time.perf_counter() - self._t_request
-            result.peak_rss = peak_rss_bytes()
-            if done.tool_calls:
-                result.tool_calls = list(done.tool_calls)
-                if stats is not None:
-                    stats.finish_reason = done.finish_reason
-
-    def _hand(self, steps: list[Step], pieces: list[str], thoughts: list[str]) -> Iterator[tuple[str, str]]:
-        """The finished steps' thinking and text, timed as they are handed on (calls stay in the finish)."""
+    @staticmethod
+    def _hand(steps: list[Step], pieces: list[str], thoughts: list[str]) -> Iterator[tuple[str, str]]:
+        """The finished steps' thinking and text, kept once the consumer took them (calls stay in the finish)."""
         from localinfer.generate.finish import Text, Thought
 
         for step in steps:
-            now = time.perf_counter() - self._t_request
             if isinstance(step, Thought) and step.text:
-                if self.result.reasoning_ttft_s is None:
-                    self.result.reasoning_ttft_s = now
                 yield "reasoning", step.text
                 thoughts.append(step.text)  # only once the consumer took it (it may raise instead)
             elif isinstance(step, Text) and step.text:
-                if self.result.ttft_s is None:
-                    self.result.ttft_s = now
                 yield "text", step.text
                 pieces.append(step.text)
 

@@ -22,7 +22,7 @@ from localinfer.remote.connection import RemoteError
 
 if TYPE_CHECKING:
     from localinfer.answer.answer import Answer
-    from localinfer.remote.client import Outcome
+    from localinfer.remote.client import Received
 
 Done = tuple[int, "BatchRequest | InputError", "Answer | None", "Exception | None"]
 DEFAULT_PARALLEL = 4  # a server's own slots decide its concurrency; 4 keeps a small one busy
@@ -44,7 +44,7 @@ class RetryPolicy:
         return step / 2 + random.uniform(0, step / 2)  # jitter: parallel workers do not retry in step
 
 
-def with_retries(send: Callable[[], Outcome], policy: RetryPolicy, stop: threading.Event) -> Outcome:
+def with_retries(send: Callable[[], Received], policy: RetryPolicy, stop: threading.Event) -> Received:
     """``send()`` until it succeeds, fails for good, or the job stops."""
     attempt = 0
     while True:

@@ -22,7 +22,7 @@ from localinfer.remote.connection import (
     status_error,
     transport_error,
 )
-from localinfer.answer.answer import Outcome  # what the client returns, re-exported
+from localinfer.answer.answer import Received  # what the client returns, re-exported
 from localinfer.remote.sse import SSEDecoder, choice_logprobs, choice_text, parse_event
 
 if TYPE_CHECKING:
@@ -36,11 +36,11 @@ def _int_or_none(value: Any) -> int | None:
 
 
 class StreamState:
-    """Lines of one SSE response in, an :class:`Outcome` out."""
+    """Lines of one SSE response in, an :class:`Received` out."""
 
     def __init__(self, where: str, t_start: float, on_text: OnText | None = None, on_reasoning: OnText | None = None) -> None:
         self.where, self.on_text, self.on_reasoning = where, on_text, on_reasoning
-        self.outcome = Outcome(t_start=t_start)
+        self.outcome = Received(t_start=t_start)
         self.decoder = SSEDecoder()
         self.done = False
         self._pieces: list[str] = []
@@ -108,14 +108,14 @@ class StreamState:
         self.chunk(body, now)
         self.done = True
 
-    def interrupted(self, now: float) -> Outcome:
+    def interrupted(self, now: float) -> Received:
         """What was received before Ctrl-C, finish reason ``interrupted``."""
         o = self.outcome
         o.t_end, o.text, o.finish_reason = now, "".join(self._pieces), "interrupted"
         o.logprobs = self._logprobs
         return o
 
-    def finish(self, now: float) -> Outcome:
+    def finish(self, now: float) -> Received:
         """The outcome; an answer cut short (no [DONE], no finish reason) is an error."""
         o = self.outcome
         o.t_end = now
@@ -262,7 +262,7 @@ class Client:
             raise ProtocolError(f"{self.ep.display}/{path} answered {type(data).__name__}, not a JSON object")
         return data
 
-    def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Outcome:
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Received:
         """Send one streaming request; ``on_text`` gets each piece of text as it comes (``on_reasoning``
         a reasoning model's thinking, where the server sends it apart)."""
         t0 = time.perf_counter()
@@ -305,7 +305,7 @@ def _translate(exc: BaseException, ep: Endpoint, *, started: bool) -> Exception 
     return None
 
 
-async def astream(http: Any, ep: Endpoint, body: dict[str, Any]) -> Outcome:
+async def astream(http: Any, ep: Endpoint, body: dict[str, Any]) -> Received:
     """The async twin of :meth:`Client.stream` (``http``: an httpx.AsyncClient), for the load test."""
     t0 = time.perf_counter()
     state = StreamState(ep.display, t0)

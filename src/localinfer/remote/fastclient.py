@@ -18,7 +18,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from localinfer.remote.client import Outcome, StreamState
+from localinfer.remote.client import Received, StreamState
 from localinfer.remote.connection import RemoteError, status_error
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Pool:
                               hint="is the server running? check --endpoint (or LOCALINFER_ENDPOINT)") from None  # fmt: skip
         return r, w, False
 
-    async def stream(self, body: dict[str, Any]) -> Outcome:
+    async def stream(self, body: dict[str, Any]) -> Received:
         """POST one streaming completion and read it to the end (one retry on a stale idle connection)."""
         path = self.prefix + ("/chat/completions" if "messages" in body else "/completions")
         data = json.dumps(body).encode()
@@ -93,7 +93,7 @@ class Pool:
             raise RemoteError(f"{self.ep.display} sent nothing for {self.ep.timeout_s:g} s", retryable=True,
                               hint="the server is slow or stuck: raise --timeout, or check the server") from None  # fmt: skip
 
-    async def _response(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, state: StreamState) -> Outcome:
+    async def _response(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, state: StreamState) -> Received:
         try:
             head = await self._read(r.readuntil(b"\r\n\r\n"))
         except (asyncio.IncompleteReadError, ConnectionError):

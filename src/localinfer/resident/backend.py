@@ -1,5 +1,5 @@
 """The resident server's model as a Backend: a RemoteBackend on the private socket whose answers
-read as a local run's (no endpoint, load 0): the server sends each answer whole (``Answer.to_wire``,
+read as a local run's (no endpoint, load 0): the server sends each answer whole (``answer.finished.Finished``,
 the engine's stats included) and the model's load facts, so ``--json``, the warnings, the stats line
 and the usage history are those of a model loaded here."""
 
@@ -14,7 +14,8 @@ from localinfer.errors import GenerationError, LocalInferError
 from localinfer.remote.connection import RemoteError
 
 if TYPE_CHECKING:
-    from localinfer.answer.answer import Answer, Outcome
+    from localinfer.answer.answer import Answer, Received
+    from localinfer.answer.finished import Finished
     from localinfer.engine.types import LoadOptions
     from localinfer.request.request import Messages, Request
     from localinfer.resident.client import UnixClient
@@ -65,34 +66,36 @@ class ResidentBackend(RemoteBackend):
             body["parallel_tool_calls"] = request.parallel_tool_calls
         return body
 
-    def _answer(self, outcome: Outcome, request: Request, seed: bool = True) -> Answer:
-        """The answer the server sent whole, timed here as a local run times it (TTFT, total: as the
+    def _answer(self, got: Received, request: Request, seed: bool = True) -> Answer:
+        """The answer the server finished and sent whole (``answer.finished.Finished``), made an
+        ``Answer`` as a local run makes it, timed here as a local run times it (TTFT, total: as the
         user saw them); an answer cut short (Ctrl-C) has only what came: its stats from ``timings``."""
         from localinfer.answer.answer import Answer
+        from localinfer.answer.finished import Finished
 
-        wire = dict(outcome.whole) if outcome.whole is not None else self._partial(outcome, request, seed)
+        done = Finished.from_wire(got.whole) if got.whole is not None else self._partial(got, request, seed)
         load_s, self.info["load_s"] = float(self.info.get("load_s") or 0.0), 0.0  # loaded for this request, or resident
-        ttft = outcome.ttft_s if outcome.ttft_s is not None else wire.get("ttft_s")  # no text came (calls): the server's
-        wire.update(model=self.name, ttft_s=ttft, total_s=outcome.total_s, load_s=load_s, mode=request.mode,
-                    peak_rss=int(self.info.get("rss") or 0), resident=not load_s, logprobs=outcome.logprobs,
-                    facts=self.info.get("facts"))  # fmt: skip
-        return Answer.from_wire(wire)
+        ttft = got.ttft_s if got.ttft_s is not None else done.ttft_s  # no text came (calls): the server's
+        return Answer.of_finished(done, self.name, ttft_s=ttft, total_s=got.total_s, load_s=load_s, mode=request.mode,
+                                  peak_rss=int(self.info.get("rss") or 0), resident=not load_s,
+                                  facts=self.info.get("facts"))  # fmt: skip
 
-    def _partial(self, outcome: Outcome, request: Request, seed: bool) -> dict[str, Any]:
+    def _partial(self, got: Received, request: Request, seed: bool) -> Finished:
+        from localinfer.answer.finished import Finished
         from localinfer.engine.types import GenerationStats
 
-        t = outcome.server_timings or {}
-        prompt, completion = outcome.prompt_tokens or 0, outcome.completion_tokens or 0
+        t = got.server_timings or {}
+        prompt, completion = got.prompt_tokens or 0, got.completion_tokens or 0
         stats = GenerationStats(
-            prompt_tokens=prompt, cached_tokens=outcome.cached_tokens or 0, completion_tokens=completion,
+            prompt_tokens=prompt, cached_tokens=got.cached_tokens or 0, completion_tokens=completion,
             prefill_s=(t.get("prompt_ms") or 0.0) / 1000.0, decode_s=(t.get("predicted_ms") or 0.0) / 1000.0,
-            first_token_s=outcome.ttft_s, finish_reason=outcome.finish_reason, n_ctx=int(self.info.get("n_ctx") or 0),
+            first_token_s=got.ttft_s, finish_reason=got.finish_reason, n_ctx=int(self.info.get("n_ctx") or 0),
             context_used=prompt + completion,
         )  # fmt: skip
         if seed and request.sampling.seed is not None:
             stats.extra["seed"] = request.sampling.seed
-        return {"text": outcome.text, "stats": stats.to_wire(), "reasoning": outcome.reasoning or None,
-                "reasoning_tokens": outcome.reasoning_tokens}  # fmt: skip
+        return Finished(got.text, got.finish_reason, stats, reasoning=got.reasoning or None,
+                        reasoning_tokens=got.reasoning_tokens, logprobs=got.logprobs)  # fmt: skip
 
     def answer(self, request: Request, on_text: Any = None, *, on_reasoning: Any = None) -> Answer:
         try:

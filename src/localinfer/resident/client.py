@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from localinfer.errors import Interrupted, LocalInferError
-from localinfer.remote.client import OnText, Outcome, StreamState
+from localinfer.remote.client import OnText, Received, StreamState
 from localinfer.remote.connection import Endpoint, RemoteError, status_error
 from localinfer.resident import start
 from localinfer.resident.start import Place
@@ -148,7 +148,7 @@ class UnixClient:
     def pick_model(self, name: str | None) -> str:
         return name or self.models()[0]
 
-    def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Outcome:
+    def stream(self, body: dict[str, Any], on_text: OnText | None = None, on_reasoning: OnText | None = None) -> Received:
         path = f"{self.prefix}/v1/" + ("chat/completions" if "messages" in body else "completions")
         t0 = time.perf_counter()
         state = StreamState(self.ep.display, t0, on_text, on_reasoning)

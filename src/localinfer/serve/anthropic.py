@@ -22,7 +22,7 @@ from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
-    from localinfer.serve.engine import Outcome
+    from localinfer.serve.engine import Ended
 
 # Accepted and ignored: caching hints, agents' context editing, effort, routing and tracing fields
 _IGNORED = {"metadata", "service_tier", "context_management", "cache_control", "container", "mcp_servers", "anthropic_version",
@@ -227,13 +227,13 @@ def _event(name: str, obj: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
-def _stop(outcome: Outcome, stops: tuple[str, ...]) -> tuple[str, str | None]:
+def _stop(outcome: Ended, stops: tuple[str, ...]) -> tuple[str, str | None]:
     """stop_reason and stop_sequence: one of the request's ``stop_sequences`` (not a template's own
     end marker, which is also a stop string to the engine) is ``stop_sequence``."""
     matched = outcome.stats.stop_string
-    if outcome.reason == "stop" and matched is not None and matched in stops:
+    if outcome.finish_reason == "stop" and matched is not None and matched in stops:
         return "stop_sequence", matched
-    return _STOP.get(outcome.reason or "", "end_turn"), None
+    return _STOP.get(outcome.finish_reason or "", "end_turn"), None
 
 
 def _usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
@@ -242,7 +242,7 @@ def _usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
     return {"input_tokens": prompt - cached, "cache_read_input_tokens": cached, "output_tokens": output}
 
 
-def _outcome_usage(outcome: Outcome) -> dict[str, Any]:
+def _outcome_usage(outcome: Ended) -> dict[str, Any]:
     s = outcome.stats
     return _usage(s.prompt_tokens, s.cached_tokens, s.completion_tokens)
 
@@ -315,7 +315,7 @@ class AnthropicWriter(WriterDefaults):
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return _event("content_block_delta", {"type": "content_block_delta", "index": self._block, "delta": delta})
 
-    def tail(self, outcome: Outcome) -> bytes:
+    def tail(self, outcome: Ended) -> bytes:
         reason, sequence = _stop(outcome, self.stops)
         # the whole usage, as Anthropic's own message_delta (the SDKs take its input and cache counts)
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
@@ -325,7 +325,7 @@ class AnthropicWriter(WriterDefaults):
     def stream_error(self, exc: ApiError) -> bytes:
         return _event("error", error_body(exc))
 
-    def whole(self, outcome: Outcome) -> dict[str, Any]:
+    def whole(self, outcome: Ended) -> dict[str, Any]:
         content: list[dict[str, Any]] = []
         if outcome.reasoning:
             content.append({"type": "thinking", "thinking": outcome.reasoning, "signature": ""})

@@ -30,11 +30,11 @@ from localinfer.serve.engine import Overloaded
 from localinfer.serve.guard import Guard, allowed_names, error_body
 from localinfer.serve.metrics import Gauges, Metrics
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
-from localinfer.serve.responses import Answer, dumps
+from localinfer.serve.responses import CompletionWriter, dumps
 from localinfer.serve.sending import STATUS_KEY, AnswerResponse, call_checker, submit, unenforced
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Engine, Outcome, Prepared, Ticket
+    from localinfer.serve.engine import Engine, Ended, Prepared, Ticket
     from localinfer.serve.multi import Served
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
@@ -206,7 +206,7 @@ class Wire:
 
 def _chat_wire(kind: str, whole: bool = False) -> Wire:
     return Wire(functools.partial(parse_request, kind=kind), functools.partial(ApiError.body, whole=whole),
-                lambda model, req, prepared: Answer.new(kind, model, req.include_usage, whole, req.return_progress))  # fmt: skip
+                lambda model, req, prepared: CompletionWriter.new(kind, model, req.include_usage, whole, req.return_progress))  # fmt: skip
 
 
 CHAT, COMPLETIONS = _chat_wire("chat"), _chat_wire("text")
@@ -278,7 +278,7 @@ async def responses(request: Request) -> Response:
     return await answer(request, Wire(ra.parse, ra.error_body, lambda model, req, p: ra.ResponsesWriter(model, req.request)))
 
 
-async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = False) -> tuple[Ticket, Channel[Outcome], str, Any]:
+async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = False) -> tuple[Ticket, Channel[Ended], str, Any]:
     """Prepare a request off the loop and queue it: its ticket, the channel its answer comes by, how it
     streams (``submit``'s mode) and what was prepared. Every generating route's (``Overloaded``, ``ApiError``)."""
     _tell_unenforced(state, req.request)
@@ -286,7 +286,7 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
         prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
         prepared = await run_in_threadpool(prepare)
         assert state.hub is not None
-        channel: Channel[Outcome] = Channel(state.hub)
+        channel: Channel[Ended] = Channel(state.hub)
         ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)
     return ticket, channel, mode, prepared
 

@@ -50,7 +50,7 @@ class Hub:
 
 class Channel(Generic[T]):
     """One request's pieces of text (or its steps: ``localinfer.generate.finish``), then its end value
-    (``T``: the engine's Outcome)."""
+    (``T``: the engine's Ended)."""
 
     def __init__(self, hub: Hub) -> None:
         self._hub = hub

@@ -3,7 +3,7 @@
 Requests come in through a thread-safe queue (``submit``); a request arriving while others decode
 joins them at the next step, in the slot whose KV cache shares the longest prefix with its prompt
 (the next turn of a chat evaluates only its new tokens). Text goes out through each request's
-``on_text`` as it is sampled, and its ``Outcome`` through ``on_end``; both are called on the engine
+``on_text`` as it is sampled, and its ``Ended`` through ``on_end``; both are called on the engine
 thread, so they must be quick (``bridge`` hands them to the event loop). Cancelling a request frees
 its sequence at the next step.
 
@@ -15,7 +15,7 @@ model, an embedding needs no sequence, and a 2,048-input request never holds the
 on once cancelled: its ticket is looked at before each of its decodes).
 
 This module is the scheduler; a request is made ready to queue in ``serve.prepare``, its answer
-assembled (thinking, tool calls, the ``Outcome``) in ``serve.outcome``, and the embedding requests'
+assembled (thinking, tool calls, the ``Ended``) in ``serve.outcome``, and the embedding requests'
 tickets and decodes are ``serve.embed_queue``'s.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from localinfer.serve.embed_queue import EmbedOutcome, EmbedTicket, embed_step
-from localinfer.serve.outcome import Outcome, failed, feeder, finished
+from localinfer.serve.outcome import Ended, failed, feeder, finished
 from localinfer.serve.prepare import Prepared, prepare
 from localinfer.serve.protocol import Envelope
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from localinfer.generate.finish import Finish, Step
     from localinfer.generate.loading import LoadedModel
 
-__all__ = ["EmbedOutcome", "EmbedTicket", "Engine", "Outcome", "Overloaded", "Prepared", "Ticket"]
+__all__ = ["EmbedOutcome", "EmbedTicket", "Engine", "Ended", "Overloaded", "Prepared", "Ticket"]
 
 
 _WAKE = object()  # in the queue: embedding requests are waiting (``Engine._embeds``)
@@ -59,7 +59,7 @@ class Ticket:
 
     __slots__ = ("key", "job", "t_arrival", "on_end", "cancelled", "prepared", "finish", "live", "on_steps")
 
-    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Outcome], None], finish: Finish,
+    def __init__(self, key: int, job: SeqJob, prepared: Prepared, on_end: Callable[[Ended], None], finish: Finish,
                  live: bool = False, on_steps: Callable[[list[Step]], None] | None = None) -> None:  # fmt: skip
         self.key, self.job, self.prepared, self.on_end = key, job, prepared, on_end
         self.finish, self.live, self.on_steps = finish, live, on_steps  # live: fed piece by piece (else at the end)
@@ -76,7 +76,7 @@ class Engine:
 
     def __init__(
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
-        on_finish: Callable[[Ticket, Outcome], None] | None = None, on_step: Callable[[], None] | None = None,
+        on_finish: Callable[[Ticket, Ended], None] | None = None, on_step: Callable[[], None] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         embed_ctx: int = 512, on_embedded: Callable[[EmbedOutcome], None] | None = None, cache_bytes: int = 0,
     ) -> None:  # fmt: skip
@@ -119,7 +119,7 @@ class Engine:
             self._arriving -= 1
 
     def submit(
-        self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Outcome], None],
+        self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Ended], None],
         on_logprobs: Callable[[str, list], None] | None = None,
         on_steps: Callable[[list[Step]], None] | None = None, on_prompt: Callable[[int, int], None] | None = None,
     ) -> Ticket:  # fmt: skip
@@ -312,7 +312,7 @@ class Engine:
         self._end(ticket, finished(result, ticket.finish, ticket.live, ticket.on_steps, ticket.t_arrival))
 
     def _end(self, ticket: Ticket | EmbedTicket, outcome: Any) -> None:
-        """The outcome (an Outcome, an EmbedOutcome for an EmbedTicket) to its request, then to the
+        """The outcome (an Ended, an EmbedOutcome for an EmbedTicket) to its request, then to the
         engine's hook for it (the usage history)."""
         try:
             ticket.on_end(outcome)
@@ -334,5 +334,5 @@ def _report(exc: BaseException) -> None:
     sys.stderr.write(f"localinfer serve: the engine failed; its running requests get an error: {detail}")
 
 
-def _failed(ticket: Ticket, error: str | None, reason: str = "error") -> Outcome:
+def _failed(ticket: Ticket, error: str | None, reason: str = "error") -> Ended:
     return failed(len(ticket.job.tokens), ticket.t_arrival, error, reason)

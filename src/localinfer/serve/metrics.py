@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localinfer.serve.engine import Outcome
+from localinfer.serve.engine import Ended
 
 PREFIX = "localinfer_"
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -97,7 +97,7 @@ class Metrics:
     def _model(self, model: str) -> dict[str, int]:
         return self._models.setdefault(model, {"loads": 0, "finished": 0, "prompt": 0, "completion": 0})
 
-    def finished(self, outcome: Outcome, model: str | None = None) -> None:
+    def finished(self, outcome: Ended, model: str | None = None) -> None:
         """A request left the engine (engine thread); ``model``: the model that answered it."""
         s = outcome.stats
         with self._lock:

@@ -22,7 +22,7 @@ from localinfer.serve.responses import dumps
 from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Outcome
+    from localinfer.serve.engine import Ended
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
@@ -218,7 +218,12 @@ def line(obj: Any) -> bytes:
     return (dumps(obj) + "\n").encode()
 
 
-def counters(outcome: Outcome, load_s: float = 0.0) -> dict[str, Any]:
+def done_reason(outcome: Ended) -> str | None:
+    """Ollama's ``done_reason``: ``stop`` for an answer that ended with calls (Ollama has no ``tool_calls``)."""
+    return "stop" if outcome.finish_reason == "tool_calls" else outcome.finish_reason
+
+
+def counters(outcome: Ended, load_s: float = 0.0) -> dict[str, Any]:
     """Ollama's counters, from the figures /metrics and usage report (``localinfer.engine.types``):
     the whole request with the time it waited for its model (``load_s``: the load it started or
     waited for, near 0 for a loaded model, as Ollama's), the prompt (all its tokens, cached ones included:
@@ -296,17 +301,17 @@ class OllamaAnswer(WriterDefaults):
                 out.append(self.chunk("", thinking=step.text))
         return b"".join(out)
 
-    def tail(self, outcome: Outcome) -> bytes:
+    def tail(self, outcome: Ended) -> bytes:
         """The calls (whole), then the last object: ``done``, why, and the counters."""
         calls = tool_calls(outcome.tool_calls)
         out = line(self._obj("", False, calls=calls)) if calls and self.kind == "chat" else b""
-        return out + line({**self._obj("", True), "done_reason": outcome.finish_reason, **counters(outcome, self.load_s)})
+        return out + line({**self._obj("", True), "done_reason": done_reason(outcome), **counters(outcome, self.load_s)})
 
-    def whole(self, outcome: Outcome) -> dict[str, Any]:
+    def whole(self, outcome: Ended) -> dict[str, Any]:
         obj = self._obj(outcome.text, True, outcome.reasoning, tool_calls(outcome.tool_calls))
-        if outcome.stats.logprobs is not None:
-            obj["logprobs"] = outcome.stats.logprobs
-        return {**obj, "done_reason": outcome.finish_reason, **counters(outcome, self.load_s)}
+        if outcome.logprobs is not None:
+            obj["logprobs"] = outcome.logprobs
+        return {**obj, "done_reason": done_reason(outcome), **counters(outcome, self.load_s)}
 
     def loaded(self, reason: str = "load") -> dict[str, Any]:
         """The answer to a request with nothing to generate (the model is loaded: it always is here)."""

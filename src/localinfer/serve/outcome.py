@@ -1,47 +1,31 @@
 """How a served answer is assembled on the engine thread: the decoder's text pieces fed to one
 ``Finish`` (thinking apart from the answer, tool calls parsed) as they come or at the end, and the
-``Outcome`` a request ends with - finished, failed or cancelled.
+``Ended`` a request ends with - finished, failed or cancelled.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from localinfer.answer.finished import Finished
 from localinfer.engine.types import GenerationStats
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import SeqResult
     from localinfer.generate.finish import Finish, Step
-    from localinfer.request.toolcalls.spec import ToolCall
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """How a request ended. Times in seconds from its arrival (``submit``); ``finish_reason``:
-    stop | length | interrupted (cancelled) | error (then ``error`` says why)."""
+class Ended(Finished):
+    """How a request ended: its answer, finished as on every entry (``answer.finished.Finished``:
+    one finish reason, times from its arrival at the engine: ``submit``), plus what only a server
+    has. ``finish_reason`` ``interrupted``: cancelled; ``error``: then ``error`` says why."""
 
-    text: str
-    finish_reason: str | None
-    stats: GenerationStats
-    queue_s: float  # waiting for a slot
-    ttft_s: float | None  # to the first token sampled (of the answer, after any thinking)
-    total_s: float
+    queue_s: float = 0.0  # waiting for a slot
     error: str | None = None
-    reasoning: str | None = None  # the thinking, split from ``text`` (None: not a reasoning answer)
-    reasoning_tokens: int | None = None
-    reasoning_ttft_s: float | None = None  # to the first piece of thinking
-    tool_calls: tuple[ToolCall, ...] = ()  # the calls parsed out of the answer (``text`` is the rest)
-
-    @property
-    def reason(self) -> str | None:
-        """The answer's finish reason (``tool_calls`` when it ended by itself with calls);
-        ``finish_reason`` is the engine's (what /metrics counts)."""
-        from localinfer.request.toolcalls.plan import finish_reason
-
-        return finish_reason(self.tool_calls, self.finish_reason)
 
 
 def feeder(finish: Finish, on_text: Callable[[str], None] | None,
@@ -65,32 +49,22 @@ def feeder(finish: Finish, on_text: Callable[[str], None] | None,
 
 
 def finished(result: SeqResult, finish: Finish, live: bool, on_steps: Callable[[list[Step]], None] | None,
-             t_arrival: float) -> Outcome:  # fmt: skip
-    """A sequence's end as its request's Outcome: ``finish`` (fed piece by piece when ``live``, else
+             t_arrival: float) -> Ended:  # fmt: skip
+    """A sequence's end as its request's ``Ended``: ``finish`` (fed piece by piece when ``live``, else
     here with the whole text) closed, what it held back sent to ``on_steps`` first."""
-    from localinfer.generate.finish import since
-
     st = result.stats
-    ttft = None if st.first_token_s is None else result.t_admit + st.first_token_s - t_arrival
-    reason = st.finish_reason
-    if reason == "stop" and st.document == "incomplete":  # a stop string inside the document cut it
-        reason = "length"  # never "stop" for a document that does not parse (clients trust it)
     if not live:
-        finish.feed(result.text)
+        finish.fill(result.text)
     tail = finish.close()
     if tail and on_steps is not None:
         on_steps(tail)  # what was held back (a marker's start, a call's end), before the outcome
-    done = finish.result(reason, st)
-    return Outcome(
-        done.text, reason, st, queue_s=result.t_admit - t_arrival,
-        ttft_s=since(done.t_text, t_arrival) if finish.splits else ttft, total_s=result.t_end - t_arrival,
-        reasoning=done.reasoning, reasoning_tokens=done.reasoning_tokens,
-        reasoning_ttft_s=since(done.t_reasoning, t_arrival), tool_calls=done.tool_calls,
-    )  # fmt: skip
+    t_first = None if st.first_token_s is None else result.t_admit + st.first_token_s
+    done = finish.result(stats=st, t0=t_arrival, t_end=result.t_end, t_first=t_first)
+    return Ended(**{f.name: getattr(done, f.name) for f in fields(Finished)}, queue_s=result.t_admit - t_arrival)
 
 
-def failed(n_prompt: int, t_arrival: float, error: str | None, reason: str = "error") -> Outcome:
+def failed(n_prompt: int, t_arrival: float, error: str | None, reason: str = "error") -> Ended:
     """A request that ended without an answer: an error, or cancelled (``interrupted``) before it ran."""
     waited = time.perf_counter() - t_arrival
     stats = GenerationStats(prompt_tokens=n_prompt, finish_reason=reason)
-    return Outcome("", reason, stats, queue_s=waited, ttft_s=None, total_s=waited, error=error)
+    return Ended("", reason, stats, total_s=waited, queue_s=waited, error=error)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import EmbedOutcome, Outcome, Ticket
+    from localinfer.serve.engine import EmbedOutcome, Ended, Ticket
     from localinfer.store import ResolvedModel
     from localinfer.usage.history import UsageRecord
 
@@ -24,7 +24,7 @@ class UsageWriter:
         self._thread = threading.Thread(target=self._run, name="localinfer-history", daemon=True)
         self._thread.start()
 
-    def add(self, ticket: Ticket, outcome: Outcome) -> None:
+    def add(self, ticket: Ticket, outcome: Ended) -> None:
         """Any thread (the engine's): one request, as ``run`` records one (its text only with
         LOCALINFER_LOG_TEXT=1)."""
         from localinfer.answer.answer import Answer
@@ -33,8 +33,7 @@ class UsageWriter:
 
         envelope, request = ticket.prepared.envelope, ticket.prepared.request
         mode = request.mode
-        result = Answer(outcome.text, self.name, outcome.stats, 0.0, outcome.ttft_s, outcome.total_s, peak_rss_bytes(), mode,
-                        reasoning=outcome.reasoning, reasoning_tokens=outcome.reasoning_tokens)  # fmt: skip
+        result = Answer.of_finished(outcome, self.name, load_s=0.0, peak_rss=peak_rss_bytes(), mode=mode)
         extra = {"endpoint": "chat" if mode == "chat" else "completions", "stream": envelope.stream,
                  "parallel": self.parallel, "queue_ms": round(outcome.queue_s * 1000.0, 3)}  # fmt: skip
         prompt = "\n".join(m["content"] for m in request.messages) if mode == "chat" else request.raw_text

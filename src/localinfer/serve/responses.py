@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localinfer.answer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
-from localinfer.serve.engine import Outcome
+from localinfer.serve.engine import Ended
 from localinfer.serve.writer import WriterDefaults
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def sse(obj: Any) -> bytes:
     return f"data: {dumps(obj)}\n\n".encode()
 
 
-def usage(outcome: Outcome) -> dict[str, Any]:
+def usage(outcome: Ended) -> dict[str, Any]:
     s = outcome.stats
     out: dict[str, Any] = {
         "prompt_tokens": s.prompt_tokens,
@@ -46,7 +46,7 @@ def usage(outcome: Outcome) -> dict[str, Any]:
     return out
 
 
-def timings(outcome: Outcome) -> dict[str, Any]:
+def timings(outcome: Ended) -> dict[str, Any]:
     """llama-server's ``timings``: prompt_* counts the evaluated prompt tokens (``cache_n`` were
     reused), predicted_* the answer (its rate over the tokens after the first, docs/metrics.md)."""
     s = outcome.stats
@@ -70,21 +70,6 @@ def timings(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def whole_answer(outcome: Outcome, model: str) -> dict[str, Any]:
-    """The answer as ``localinfer.answer.answer.Answer.to_wire`` writes it, for the resident server's own
-    client: what OpenAI's shapes leave out (the document's verdict, llama_decode's own time...)."""
-    import dataclasses
-
-    from localinfer.answer.answer import Answer
-    from localinfer.request.toolcalls.plan import finish_reason
-
-    # the engine's reason, as an answer made here has it (calls made: tool_calls); the chunks carried the logprobs
-    stats = dataclasses.replace(outcome.stats, logprobs=None, finish_reason=finish_reason(outcome.tool_calls, outcome.stats.finish_reason))
-    return Answer(outcome.text, model, stats, ttft_s=outcome.ttft_s, total_s=outcome.total_s, reasoning=outcome.reasoning,
-                  reasoning_tokens=outcome.reasoning_tokens, reasoning_ttft_s=outcome.reasoning_ttft_s,
-                  tool_calls=list(outcome.tool_calls) or None).to_wire()  # fmt: skip
-
-
 def _ms(s: float | None) -> float | None:
     return None if s is None else round(s * 1000.0, 3)
 
@@ -105,7 +90,7 @@ def legacy_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str,
 
 
 @dataclass(frozen=True)
-class Answer(WriterDefaults):
+class CompletionWriter(WriterDefaults):
     """What every chunk of one answer shares."""
 
     kind: str  # chat | text
@@ -113,12 +98,12 @@ class Answer(WriterDefaults):
     include_usage: bool = False
     id: str = ""
     created: int = 0
-    whole_answers: bool = False  # ServeConfig.whole_answers: the last chunk adds ``localinfer``, the answer whole
+    whole_answers: bool = False  # ServeConfig.whole_answers: the last chunk adds ``localinfer``, the record whole
     return_progress: bool = False  # llama-server's: ``prompt_progress`` chunks while the prompt is read
 
     @classmethod
     def new(cls, kind: str, model: str, include_usage: bool = False, whole_answers: bool = False,
-            return_progress: bool = False) -> Answer:  # fmt: skip
+            return_progress: bool = False) -> CompletionWriter:  # fmt: skip
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         return cls(kind, model, include_usage, prefix + secrets.token_hex(12), int(time.time()), whole_answers, return_progress)
 
@@ -192,7 +177,7 @@ class Answer(WriterDefaults):
         """A piece with its tokens' logprobs (``offset``: the characters sent before it)."""
         return self.chunk(text, logprobs=self.logprobs(entries, offset)) if text or entries else b""
 
-    def tail(self, outcome: Outcome) -> bytes:
+    def tail(self, outcome: Ended) -> bytes:
         return self.last_chunks(outcome)
 
     def stream_error(self, exc: Any) -> bytes:
@@ -233,16 +218,16 @@ class Answer(WriterDefaults):
             out.append(sse({**body, "usage": None} if self.include_usage else body))
         return b"".join(out)
 
-    def last_chunks(self, outcome: Outcome) -> bytes:
+    def last_chunks(self, outcome: Ended) -> bytes:
         """The finish reason (and timings), then usage in a chunk of its own if asked, then [DONE]."""
-        out = self.chunk(None, outcome.reason, timings=timings(outcome))
+        out = self.chunk(None, outcome.finish_reason, timings=timings(outcome))
         if self.include_usage:
-            more = {"localinfer": whole_answer(outcome, self.model)} if self.whole_answers else {}
+            more = {"localinfer": outcome.to_wire()} if self.whole_answers else {}  # the record, whole
             out += sse({**self._head(True), "choices": [], "usage": usage(outcome), "timings": timings(outcome), **more})
         return out + DONE
 
-    def whole(self, outcome: Outcome) -> dict[str, Any]:
-        logprobs = self.logprobs(outcome.stats.logprobs)
+    def whole(self, outcome: Ended) -> dict[str, Any]:
+        logprobs = self.logprobs(outcome.logprobs)
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
             if outcome.reasoning is not None:
@@ -251,7 +236,7 @@ class Answer(WriterDefaults):
             if calls:
                 message["content"] = outcome.text if outcome.text.strip() else None  # OpenAI: null when only calls
                 message["tool_calls"] = [c.to_openai() for c in calls]
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.reason}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         else:
             choice = {"text": outcome.text, "index": 0, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}

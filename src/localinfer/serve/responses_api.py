@@ -23,7 +23,7 @@ from localinfer.serve.writer import WriterDefaults
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
     from localinfer.request.request import Request
-    from localinfer.serve.engine import Outcome
+    from localinfer.serve.engine import Ended
 
 _IGNORED = {"store", "metadata", "include", "prompt_cache_key", "client_metadata", "user", "safety_identifier",
             "service_tier", "truncation", "stream_options", "background", "prompt_cache_retention"}  # fmt: skip
@@ -190,7 +190,7 @@ def _id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-def _usage(outcome: Outcome) -> dict[str, Any]:
+def _usage(outcome: Ended) -> dict[str, Any]:
     s = outcome.stats
     return {"input_tokens": s.prompt_tokens, "input_tokens_details": {"cached_tokens": s.cached_tokens},
             "output_tokens": s.completion_tokens, "output_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens or 0},
@@ -223,7 +223,7 @@ class ResponsesWriter(WriterDefaults):
         self._text = ""  # the open item's text (reasoning summary, message text, call arguments)
         self._template: tuple[bytes, bytes] | None = None
 
-    def _response(self, status: str, output: list[dict[str, Any]], outcome: Outcome | None = None) -> dict[str, Any]:
+    def _response(self, status: str, output: list[dict[str, Any]], outcome: Ended | None = None) -> dict[str, Any]:
         r = self.request
         body: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
@@ -331,9 +331,9 @@ class ResponsesWriter(WriterDefaults):
         self._items[-1] = item
         return out + self._event("response.output_item.done", output_index=index, item=item)
 
-    def tail(self, outcome: Outcome) -> bytes:
+    def tail(self, outcome: Ended) -> bytes:
         out = self._end(outcome.text if self._template is not None else None)
-        status = "incomplete" if outcome.reason == "length" else "completed"
+        status = "incomplete" if outcome.finish_reason == "length" else "completed"
         return out + self._event(f"response.{status}", response=self._response(status, self._items, outcome))
 
     def stream_error(self, exc: ApiError) -> bytes:
@@ -342,11 +342,11 @@ class ResponsesWriter(WriterDefaults):
         return self._event("response.failed", response=failed)
 
     # -- whole ----------------------------------------------------------------------------------------
-    def whole(self, outcome: Outcome) -> dict[str, Any]:
+    def whole(self, outcome: Ended) -> dict[str, Any]:
         output: list[dict[str, Any]] = []
         if outcome.reasoning:
             output.append(_reasoning_item(_id("rs_"), outcome.reasoning))
         if outcome.text or not outcome.tool_calls:
             output.append(_message(_id("msg_"), outcome.text))
         output += [_call(_id("fc_"), c.id, c.name, c.arguments) for c in outcome.tool_calls]
-        return self._response("incomplete" if outcome.reason == "length" else "completed", output, outcome)
+        return self._response("incomplete" if outcome.finish_reason == "length" else "completed", output, outcome)

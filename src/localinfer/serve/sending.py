@@ -19,14 +19,14 @@ from localinfer.serve.responses import dumps
 from localinfer.serve.writer import WireWriter
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Engine, Outcome, Ticket
+    from localinfer.serve.engine import Engine, Ended, Ticket
 
 STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
 KEEPALIVE_S = 10.0  # between keep-alive events while a stream waits for its first piece
 UNENFORCED_HEADER = b"x-localinfer-unenforced"  # docs/tools.md: the tools' keywords the constraint left out
 
 
-def submit(engine: Engine, prepared: Any, channel: Channel[Outcome], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
+def submit(engine: Engine, prepared: Any, channel: Channel[Ended], stream: bool, logprobs: bool = False) -> tuple[Ticket, str]:
     """Queue a prepared request whose answer goes to ``channel``, and how it streams: ``whole`` (the
     outcome only), ``text`` (raw pieces: an answer that is all text), ``logprobs`` (pieces with their
     entries; calls are not parsed from them) or ``steps`` (``localinfer.generate.finish``'s). Every protocol's route."""
@@ -48,14 +48,14 @@ def unenforced(request: Any) -> tuple[str, ...]:
     return tuple(u for t in getattr(request, "tools", None) or () for u in t.unenforced)
 
 
-def call_checker(request: Any, say: Callable[[str], None]) -> Callable[[Outcome], None] | None:
+def call_checker(request: Any, say: Callable[[str], None]) -> Callable[[Ended], None] | None:
     """Checks an answer's calls against their tools' whole schemas where the constraint left some of
     it out (request.toolcalls.enforce): a call that breaks it is said in the log. None: nothing to check."""
     tools = {t.name: t for t in getattr(request, "tools", None) or () if t.unenforced}
     if not tools:
         return None
 
-    def check(outcome: Outcome) -> None:
+    def check(outcome: Ended) -> None:
         from localinfer.request.toolcalls.enforce import violation
 
         for call in outcome.tool_calls:
@@ -75,9 +75,9 @@ class AnswerResponse(Response):
     error body. A Response to the routes that return it: it sends itself (``__call__``) and never
     renders a body of its own."""
 
-    def __init__(self, ticket: Ticket, channel: Channel[Outcome], writer: WireWriter, mode: str,
+    def __init__(self, ticket: Ticket, channel: Channel[Ended], writer: WireWriter, mode: str,
                  error: Callable[[ApiError], dict[str, Any]] = ApiError.body, notes: tuple[str, ...] = (),
-                 on_end: Callable[[Outcome], None] | None = None) -> None:  # fmt: skip
+                 on_end: Callable[[Ended], None] | None = None) -> None:  # fmt: skip
         self.ticket, self.channel, self.writer, self.mode, self.error = ticket, channel, writer, mode, error  # mode: app.submit's
         # the answer's metadata on every wire alike: what of the tools' schemas was described, not enforced
         self.notes = [(UNENFORCED_HEADER, "; ".join(notes)[:4000].encode("ascii", "backslashreplace"))] if notes else []
@@ -189,7 +189,7 @@ class AnswerResponse(Response):
         return 200
 
 
-def _outcome_error(end: Outcome) -> ApiError:
+def _outcome_error(end: Ended) -> ApiError:
     if end.finish_reason == "interrupted":
         return ApiError(503, "the request was cancelled: the server is shutting down", type="unavailable_error", code="cancelled")
     return ApiError(500, end.error or "the engine failed", type="server_error", code="engine_error")

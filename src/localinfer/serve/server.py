@@ -26,7 +26,7 @@ from localinfer.serve.connections import FD_RESERVE, Limits, protocol_class, rai
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions
-    from localinfer.serve.engine import Outcome, Ticket
+    from localinfer.serve.engine import Ended, Ticket
     from localinfer.serve.metrics import Metrics
     from localinfer.serve.record import UsageWriter
     from localinfer.store import ResolvedModel
@@ -87,7 +87,7 @@ class _Loader:
             self.error = exc
             self.on_failure()
 
-    def _finished(self, ticket: Ticket, outcome: Outcome) -> None:
+    def _finished(self, ticket: Ticket, outcome: Ended) -> None:
         self.state.metrics.finished(outcome)
         if self.writer is not None:
             self.writer.add(ticket, outcome)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
-    from localinfer.serve.engine import Outcome
+    from localinfer.serve.engine import Ended
     from localinfer.serve.protocol import ApiError
 
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every SSE client skips it (a protocol may have its own event)
@@ -41,13 +41,13 @@ class WireWriter(Protocol):
     def logprobs_piece(self, text: str, entries: list[dict[str, Any]], offset: int) -> bytes:
         """A piece with its tokens' logprobs (``offset``: the characters sent before it)."""
 
-    def tail(self, outcome: Outcome) -> bytes:
+    def tail(self, outcome: Ended) -> bytes:
         """The stream's last events."""
 
     def stream_error(self, exc: ApiError) -> bytes:
         """An error after the stream's headers went out."""
 
-    def whole(self, outcome: Outcome) -> dict[str, Any]:
+    def whole(self, outcome: Ended) -> dict[str, Any]:
         """The whole answer, as one JSON object."""
 
 
