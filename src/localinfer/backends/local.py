@@ -188,6 +188,4 @@ def _finished(name: str, res: SeqResult, finish: Finish, mode: str, t0: float) -
     if not finish.splits:
         finish.fill(res.text)  # fed whole: nothing was split while it decoded
     finish.close()
-    t_first = None if res.stats.first_token_s is None else res.t_admit + res.stats.first_token_s
-    done = finish.result(stats=res.stats, t0=t0, t_end=res.t_end, t_first=t_first)
-    return Answer.of_finished(done, name, mode=mode)
+    return Answer.of_finished(finish.of_sequence(res, t0), name, mode=mode)

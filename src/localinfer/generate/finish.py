@@ -18,6 +18,7 @@ from localinfer.answer.finished import Finished, answer_logprobs, reason_of
 from localinfer.request.toolcalls.events import CallArgs, CallStart, Text
 
 if TYPE_CHECKING:
+    from localinfer.engine.batch import SeqResult
     from localinfer.request.reasoning import Splitter
     from localinfer.request.toolcalls.plan import ToolPlan
 
@@ -113,6 +114,12 @@ class Finish:
         return Finished(text, reason, stats, since(t_text, t0), since(t_end, t0) or 0.0, reasoning, tokens,
                         since(self.t_reasoning if self._timed else None, t0), calls, logprobs,
                         t_text, self.t_reasoning)  # fmt: skip
+
+    def of_sequence(self, res: SeqResult, t0: float) -> Finished:
+        """``result`` for a sequence the batch engine decoded (after ``close``), which arrived at ``t0``."""
+        st = res.stats
+        t_first = None if st.first_token_s is None else res.t_admit + st.first_token_s
+        return self.result(stats=st, t0=t0, t_end=res.t_end, t_first=t_first)
 
     def _steps(self, reasoning: str, text: str) -> list[Step]:
         steps: list[Step] = []

@@ -52,14 +52,12 @@ def finished(result: SeqResult, finish: Finish, live: bool, on_steps: Callable[[
              t_arrival: float) -> Ended:  # fmt: skip
     """A sequence's end as its request's ``Ended``: ``finish`` (fed piece by piece when ``live``, else
     here with the whole text) closed, what it held back sent to ``on_steps`` first."""
-    st = result.stats
     if not live:
         finish.fill(result.text)
     tail = finish.close()
     if tail and on_steps is not None:
         on_steps(tail)  # what was held back (a marker's start, a call's end), before the outcome
-    t_first = None if st.first_token_s is None else result.t_admit + st.first_token_s
-    done = finish.result(stats=st, t0=t_arrival, t_end=result.t_end, t_first=t_first)
+    done = finish.of_sequence(result, t_arrival)
     return Ended(**{f.name: getattr(done, f.name) for f in fields(Finished)}, queue_s=result.t_admit - t_arrival)
 
 
