@@ -172,8 +172,8 @@ class Generation:
     ends, however it ends (the last piece, an exception, or the consumer closing it early).
 
     TTFT runs from this object's creation (the request's arrival, after loading, before its prompt is
-    built) to the first answer text (docs/metrics.md). ``prompt``: tokens, stops and dropped count already built (as build_prompt returns
-    them; chat splices its turns onto the cached tokens).
+    built) to the first answer text (docs/metrics.md). ``prompt``: tokens, stops and dropped count
+    already built (as build_prompt returns them; chat splices its turns onto the cached tokens).
     """
 
     def __init__(
