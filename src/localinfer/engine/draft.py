@@ -22,6 +22,7 @@ after a stretch that did not, the acceptance estimate sees it at once, not after
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from localinfer.engine.draft_costs import N_MAX, N_MIN, DraftCosts, faded_add
 
@@ -51,7 +52,9 @@ class NgramDrafter:
     """
 
     __slots__ = ("tokens", "max_draft", "size", "_index", "_misses", "_pause", "_next_pause", "drafted",
-                 "accepted", "drafts", "costs", "_kept", "_tried", "_last_n", "min_draft", "_shadow", "_stopped")  # fmt: skip
+                 "accepted", "drafts", "costs", "_kept", "_tried", "_last_n", "min_draft", "_shadow", "_stopped", "greedy",
+                 "alone")  # fmt: skip
+    kind = "ngram"
 
     def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT, costs: DraftCosts | None = None,
                  min_draft: int = 0) -> None:  # fmt: skip
@@ -75,6 +78,10 @@ class NgramDrafter:
         self._last_n = N_MIN
         self._shadow: tuple[int, int] | None = None  # (match length, guess) of a step that drafted nothing
         self._stopped = False
+        # in a batch (engine/batch_draft.py): the context's speculate.GreedyPick, and whether the
+        # next step decodes this sequence's last token alone (greedy was unsure of a batch row)
+        self.greedy: Any = None
+        self.alone = False
         self.extend(history)
 
     def extend(self, tokens: Iterable[int]) -> None:

@@ -40,6 +40,9 @@ class SingleSequence:
     _one: Any
     _one_batch: Any
     _outs: dict[int, tuple[bytes, str | None, bool]]
+    # cells below this are as one-token steps leave them; a drafting answer's batches fill the rest
+    # (greedy then checks every pick: _greedy_step), and a chat's next turn reuses them
+    _plain_cells: int = 1 << 62
 
     # -- KV cache of sequence 0 ----------------------------------------------------------------------
     @property
@@ -50,6 +53,7 @@ class SingleSequence:
         """Forget everything in the KV cache (a new conversation)."""
         llama_cpp.llama_memory_clear(self._mem, True)
         self._tokens = []
+        self._plain_cells = 1 << 62
 
     def keep_prefix(self, n: int) -> int:
         """Keep only the first ``n`` cached tokens; returns how many are kept (0 where the cache
@@ -145,13 +149,12 @@ class SingleSequence:
             chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx, limiter)
             stats.extra["seed"] = seed
             lp = self.new_logprobs(logprobs) if logprobs is not None else None
+            out = _Answer(self, stats, t_start, max_tokens, stop, ignore_eos, lp)
             try:
-                if self.options.draft is not None or self.draft_model is not None:  # speculative decoding (engine/speculate.py)
-                    from localinfer.engine.speculate import speculative_loop
-
-                    yield from speculative_loop(self, chain, stats, t_start, max_tokens, stop, ignore_eos, lp, limiter, prompt)
+                if self.options.draft is not None or self.draft_model is not None:  # speculative decoding
+                    yield from self._draft_loop(chain, out, prompt, limiter, sampling.greedy)
                 else:
-                    yield from self._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, lp)
+                    yield from self._sample_loop(chain, out)
             finally:
                 if limiter is not None:
                     stats.document = "complete" if limiter.complete else "incomplete"
@@ -165,58 +168,19 @@ class SingleSequence:
         finally:
             stats.context_used = len(self._tokens)
 
-    def _sample_loop(
-        self,
-        chain: Any,
-        stats: GenerationStats,
-        t_start: float,
-        max_tokens: int | None,
-        stop: Sequence[str],
-        ignore_eos: bool,
-        lp: Logprobs | None = None,
-    ) -> Iterator[Step]:
+    def _sample_loop(self, chain: Any, out: _Answer) -> Iterator[Step]:
         # The per-token path: it runs with the CPU caches just flushed by llama_decode, so it touches
         # little - one dict lookup per token, the decoder and stop matcher only when a piece needs them.
         sample, decode, sync = llama_cpp.llama_sampler_sample, llama_cpp.llama_decode, llama_cpp.llama_synchronize
         ctx, one, batch, cached = self._ctx, self._one, self._one_batch, self._tokens
-        outs, learn = self._outs, self.token_out
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        held = False  # the decoder holds the first bytes of a character split across tokens
-        matcher = StopMatcher(stop)
         clock = time.perf_counter
-        n_ctx = self.n_ctx
-        limit = max_tokens if max_tokens is not None else n_ctx + 1
-        n_gen = 0
-        t_first = 0.0
-        if limit <= 0:
-            stats.finish_reason = "length"
-            return
-        while True:
+        stats = out.stats
+        while out.left > 0:
             token = sample(chain, ctx, -1)
-            now = clock()
-            if n_gen == 0:
-                t_first = now
-                stats.first_token_s = now - t_start
-            raw, text, eog = outs.get(token) or learn(token)
-            if eog and not ignore_eos:
-                stats.finish_reason = "stop"
-                break
-            n_gen += 1
-            stats.completion_tokens = n_gen
-            stats.decode_s = now - t_first
-            if lp is not None:  # before the next llama_decode overwrites the row
-                lp.add(-1, token)
-            if text is None or held:
-                text = decoder.decode(raw)
-                held = bool(decoder.getstate()[0])
-            text, hit = matcher.feed(text)
-            if text or hit:
-                yield Step(text, token)
-            if hit:
-                stats.finish_reason, stats.stop_string = "stop", matcher.matched
-                return
-            if n_gen >= limit or len(cached) >= n_ctx:
-                stats.finish_reason = "length"
+            step, ended = out.take(token, -1, len(cached))
+            if step is not None:
+                yield step
+            if ended:
                 break
             one[0] = token
             t_call = clock()
@@ -226,6 +190,185 @@ class SingleSequence:
             if rc != 0:
                 self._decode_failed(rc)
             cached.append(token)
-        tail = matcher.flush() + decoder.decode(b"", final=True)
+        yield from out.tail()
+
+    def _draft_loop(self, chain: Any, out: _Answer, prompt: Sequence[int], limiter: Any, greedy: bool) -> Iterator[Step]:
+        """As ``_sample_loop``, verifying drafts from ``prompt`` and the answer (engine/speculate.py)
+        in one batch each: the plain loop where the cache cannot take rejected tokens back (a
+        recurrent model's). Under ``greedy`` every pick is the plain loop's (``_greedy_step``)."""
+        from localinfer.engine.speculate import GreedyPick, _VerifyBatch, cut_at_constraint, drafter_for, verify_draft
+
+        drafter = drafter_for(self, prompt)
+        if drafter is None:
+            yield from self._sample_loop(chain, out)
+            return
+        sample, decode, sync = llama_cpp.llama_sampler_sample, llama_cpp.llama_decode, llama_cpp.llama_synchronize
+        ctx, cached, stats = self._ctx, self._tokens, out.stats
+        clock, cost_clock = time.perf_counter, drafter.costs.clock
+        guard = GreedyPick(ctx, self.n_vocab) if greedy else None
+        pick = (lambda i: guard.pick(chain, i)) if guard is not None else (lambda i: int(sample(chain, ctx, i)))
+        stats.draft = drafter.kind
+        if out.left <= 0:
+            return
+        verify = _VerifyBatch(drafter.max_draft + 1)
+        plain = min(len(cached), self._plain_cells)  # the first cells as one-token steps left them
+        try:
+            token = sample(chain, ctx, -1)
+            group = [(token, -1)]  # tokens to hand out: (token, the logits row it came from)
+            base = len(cached)  # the KV position of group[0]; all but the group's last token are in the cache
+            alone = False  # decode the next position alone: greedy was unsure of its batch row
+            while True:
+                for i, (tok, row) in enumerate(group):
+                    step, ended = out.take(tok, row, base + i)
+                    if step is not None:
+                        yield step
+                    if ended:  # the ending token and what was drafted after it stay out of the cache
+                        self._cut(base + i)
+                        yield from out.tail()
+                        return
+                if group:
+                    token = group[-1][0]
+                    drafter.extend(t for t, _ in group)
+                # drafted tokens past the answer's limit or the context would never be used
+                room = min(out.left - 1, self.n_ctx - len(cached) - 1)
+                draft = cut_at_constraint(limiter, drafter.propose(room)) if room > 0 and not alone else []
+                t_call, c_call = clock(), cost_clock()
+                if draft:
+                    rc = decode(ctx, verify.fill([token, *draft], len(cached)))
+                else:
+                    self._one[0] = token
+                    rc = decode(ctx, self._one_batch)
+                sync(ctx)
+                stats.decode_calls_s += clock() - t_call
+                drafter.observe(len(draft) + 1, cost_clock() - c_call)
+                if rc != 0:
+                    self._decode_failed(rc)
+                cached.append(token)
+                base = len(cached)
+                if not draft:
+                    plain += plain == base - 1
+                    if guard is None or plain == base:
+                        group = [(sample(chain, ctx, -1), -1)]
+                    else:
+                        group, plain = self._greedy_step(chain, guard, plain, stats)
+                    alone = False
+                    continue
+                cached.extend(draft)
+                group, kept, sure = verify_draft(pick, draft)
+                drafter.feedback(len(draft), kept)
+                stats.draft_tokens, stats.draft_accepted = drafter.drafted, drafter.accepted
+                # unsure: the input token of the unsure row leaves the cache, to be decoded alone
+                keep = base - 1 + len(group) if not sure else base + kept
+                alone = not sure
+                if keep < len(cached) and not self._cut(keep):
+                    drafter.stop()  # this cache cannot drop a suffix: no more drafts
+                plain = min(plain, len(cached))
+        finally:
+            stats.draft_tokens, stats.draft_accepted, stats.draft_steps = drafter.drafted, drafter.accepted, drafter.drafts
+            if guard is not None:
+                stats.extra["draft_alone"] = guard.alone
+            self._plain_cells = min(plain, len(cached))
+            verify.free()
+
+    def _greedy_step(self, chain: Any, guard: Any, plain: int, stats: GenerationStats) -> tuple[list[tuple[int, int]], int]:
+        """Greedy's pick after a one-token step over cells that batches filled (``plain``: the first
+        of them). Those cells round apart from what one-token steps leave, and move this step's
+        logits as much as a batch row's (benchmarks/results/draft-margin-2026-12-07.txt): so the
+        top token is taken only where it leads by GREEDY_MARGIN; at a near-tie the cells from
+        ``plain`` on are decoded again one token at a time, and the plain loop's logits decide.
+        The token (as a group of one) and the new count of plain cells."""
+        token = guard.pick(chain, -1)
+        if token is not None:
+            return [(token, -1)], plain
+        t0 = time.perf_counter()
+        redo = self._tokens[plain:]
+        self._cut(plain)
+        for t in redo:
+            self._one[0] = t
+            rc = llama_cpp.llama_decode(self._ctx, self._one_batch)
+            if rc != 0:
+                self._decode_failed(rc)
+            self._tokens.append(t)
+        llama_cpp.llama_synchronize(self._ctx)
+        stats.decode_calls_s += time.perf_counter() - t0
+        stats.extra["draft_replayed"] = stats.extra.get("draft_replayed", 0) + len(redo)
+        return [(int(llama_cpp.llama_sampler_sample(chain, self._ctx, -1)), -1)], len(self._tokens)
+
+    def _cut(self, n: int) -> bool:
+        """Keep the first ``n`` tokens of sequence 0's cache. Where the cache cannot drop a suffix it
+        is rebuilt from those tokens, and False says so."""
+        if n >= len(self._tokens):
+            return True
+        if llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+            del self._tokens[n:]
+            return True
+        keep = self._tokens[:n]
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._tokens.clear()  # the same list: the loops hold it
+        self._decode(keep)
+        return False
+
+
+class _Answer:
+    """One answer's hand-out, the same for the plain and the drafting loop: each sampled token is
+    counted, timed, decoded to text through the stop matcher, its log probabilities read from its
+    row (before the next llama_decode overwrites it), and checked against the answer's ends."""
+
+    __slots__ = ("stats", "t_start", "t_first", "n_gen", "limit", "n_ctx", "stop", "ignore_eos", "lp", "decoder",
+                 "held", "matcher", "outs", "learn", "hit")  # fmt: skip
+
+    def __init__(self, seq: SingleSequence, stats: GenerationStats, t_start: float, max_tokens: int | None,
+                 stop: Sequence[str], ignore_eos: bool, lp: Logprobs | None) -> None:  # fmt: skip
+        self.stats, self.t_start, self.t_first, self.n_gen = stats, t_start, 0.0, 0
+        self.n_ctx = seq.n_ctx
+        self.limit = max_tokens if max_tokens is not None else seq.n_ctx + 1
+        self.ignore_eos, self.lp = ignore_eos, lp
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.held = False  # the decoder holds the first bytes of a character split across tokens
+        self.matcher = StopMatcher(stop)
+        self.outs, self.learn = seq._outs, seq.token_out
+        self.hit = False
+        if self.limit <= 0:
+            stats.finish_reason = "length"
+
+    @property
+    def left(self) -> int:
+        """Tokens the answer may still have (0 once it ended)."""
+        return 0 if self.stats.finish_reason is not None else self.limit - self.n_gen
+
+    def take(self, token: int, row: int, pos: int) -> tuple[Step | None, bool]:
+        """Hand out ``token``, sampled from batch row ``row``, to be evaluated at cache position
+        ``pos``: the step to yield (None: no text yet) and whether the answer ends with it."""
+        stats = self.stats
+        now = time.perf_counter()
+        if self.n_gen == 0:
+            self.t_first = now
+            stats.first_token_s = now - self.t_start
+        raw, text, eog = self.outs.get(token) or self.learn(token)
+        if eog and not self.ignore_eos:
+            stats.finish_reason = "stop"
+            return None, True
+        self.n_gen += 1
+        stats.completion_tokens = self.n_gen
+        stats.decode_s = now - self.t_first
+        if self.lp is not None:
+            self.lp.add(row, token)
+        if text is None or self.held:
+            text = self.decoder.decode(raw)
+            self.held = bool(self.decoder.getstate()[0])
+        text, self.hit = self.matcher.feed(text)
+        step = Step(text, token) if text or self.hit else None
+        if self.hit:
+            stats.finish_reason, stats.stop_string = "stop", self.matcher.matched
+        elif self.n_gen >= self.limit or pos >= self.n_ctx:
+            stats.finish_reason = "length"
+        return step, stats.finish_reason is not None
+
+    def tail(self) -> Iterator[Step]:
+        """What the decoder and the stop matcher still hold, once the answer ended (nothing after a
+        stop string: the text held back is the stop's)."""
+        if self.hit:
+            return
+        tail = self.matcher.flush() + self.decoder.decode(b"", final=True)
         if tail:
             yield Step(tail, None)

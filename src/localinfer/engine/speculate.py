@@ -1,39 +1,118 @@
-"""Speculative decoding on the single-sequence path: the decode loop of ``Model.generate`` when a
-drafter (engine/draft.py) is on.
+"""Speculative decoding's verification, shared by the single-sequence loop (``SingleSequence``'s
+``_draft_loop``, engine/single.py) and the batched engine (engine/batch_draft.py).
 
 Each step evaluates the last sampled token together with the drafted tokens in one ``llama_decode``
-(logits for every row), then samples row after row with the request's own sampler chain and keeps
-drafted tokens while they are what was sampled: the first disagreement is the model's own next
+(logits for every row), then picks row after row with the request's own sampler chain and keeps
+drafted tokens while they are what was picked: the first disagreement is the model's own next
 token. So every kept token is one the chain drew from the model's distribution given the tokens
-before it - greedy gives the plain decode's tokens, sampling follows the target distribution
-(speculative sampling for a deterministic drafter: a drafted token is kept with probability
-p(token)), and since the chain draws once per answer token, in order, a seed reproduces a run.
-Penalties and a constraint advance in the chain's ``accept`` for each kept token only; a draft is
-cut before the first token the constraint forbids. The rejected positions leave the KV cache
-(``llama_memory_seq_rm``).
+before it - sampling follows the target distribution (speculative sampling for a deterministic
+drafter: a drafted token is kept with probability p(token)), and since the chain draws once per
+answer token, in order, a seed reproduces a run. Penalties and a constraint advance in the chain's
+``accept`` for each kept token only; a draft is cut before the first token the constraint forbids.
+The rejected positions leave the KV cache (``llama_memory_seq_rm``).
 
-Semantics match the plain loop exactly: the token that ends an answer (end of generation, a stop
-string, the length limit) is never left in the cache, and neither is anything drafted after it.
+Greedy (temperature 0) is a promise: the plain decode's tokens. A batch row's logits are not a
+one-token step's (llama.cpp sums them in another order: benchmarks/results/draft-margin-2026-12-07.txt),
+so a near-tie can round the other way. Under greedy a row is used only where its top token leads
+the runner-up by more than GREEDY_MARGIN; at the first row that does not, verification stops and
+the sequence decodes that position alone, one token, as the plain loop does (``GreedyPick``).
 """
 
 from __future__ import annotations
 
-import codecs
 import ctypes
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.draft import DEFAULT_MAX_DRAFT, DraftCosts, NgramDrafter
-from localinfer.engine.stopping import StopMatcher
-from localinfer.engine.types import GenerationStats, Step
 
 # ``model`` below is an engine.model.Model, typed Any: that module imports this one.
 
 if TYPE_CHECKING:
     from localinfer.engine.constrain import ConstraintSampler
-    from localinfer.engine.logprobs import Logprobs
+
+# Greedy keeps a batch row's top token only where it leads the runner-up by more than this (logits,
+# i.e. nats). Measured (benchmarks/draft_margin.py, results/draft-margin-2026-12-07.txt; 2 threads,
+# teacher-forced, 453 rows of verify batches and 84 one-token steps over batch-filled cells per
+# model): a row moves its top token's lead over any token within 4 nats of the top by up to 0.44
+# (SmolLM2-135M Q4_1) and 1.10 (Gemma-3-270M Q4_K_M: its batches of 4+ rows take a repacked
+# kernel) against the one-token step of the plain decode. Twice the larger is the bound: a safety
+# factor of 2 for other prompts, depths, quantisations and machines.
+MEASURED_DRIFT = 1.1
+GREEDY_MARGIN = 2 * MEASURED_DRIFT
+
+Pick = Callable[[int], "int | None"]  # a batch row's token, None where greedy is unsure of it
+
+
+class GreedyPick:
+    """Greedy verification's pick of a batch row (one per context): the token ``chain`` chooses
+    there, where it leads every other candidate by more than GREEDY_MARGIN; None otherwise (and the
+    chain has accepted nothing). A chain of greedy alone is read on the raw row; one with penalties
+    or a constraint is applied by hand as ``llama_sampler_sample`` does (the margin is then on what
+    greedy chose from) and accepts the token once it is picked. ``alone`` counts the unsure rows."""
+
+    def __init__(self, ctx: Any, n_vocab: int, margin: float | None = None) -> None:
+        import numpy as np
+
+        self._np, self._ctx, self._n = np, ctx, n_vocab
+        self.margin = GREEDY_MARGIN if margin is None else margin
+        self.alone = 0
+        self._cands: Any = None  # candidates for a chain applied by hand, made at its first use
+
+    def pick(self, chain: Any, index: int) -> int | None:
+        np = self._np
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, index)
+        row = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self._n,))
+        if llama_cpp.llama_sampler_chain_n(chain) <= 1:  # greedy alone: the row's top token
+            token = int(row.argmax())
+            sure = _lead(row, token) > self.margin
+        else:
+            if self._cands is None:
+                self._ids = np.arange(self._n, dtype=np.int32)
+                self._cands = np.zeros(self._n, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+                data = ctypes.cast(self._cands.ctypes.data, ctypes.POINTER(llama_cpp.llama_token_data))
+                self._arr = llama_cpp.llama_token_data_array(data, self._n, -1, False)
+            cands, arr = self._cands, self._arr
+            cands["id"], cands["logit"] = self._ids, row
+            arr.size, arr.selected, arr.sorted = self._n, -1, False
+            llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+            token = int(cands["id"][arr.selected])
+            sure = _lead(cands["logit"][: arr.size], int(arr.selected)) > self.margin
+        if not sure:
+            self.alone += 1
+            return None
+        llama_cpp.llama_sampler_accept(chain, token)
+        return token
+
+
+def _lead(values: Any, top: int) -> float:
+    """How far ``values[top]`` is above the largest of the others (inf where there is no other)."""
+    best = values[top]
+    values[top] = -float("inf")  # in place and back: no copy of a 262k-entry row
+    try:
+        second = values.max() if len(values) > 1 else -float("inf")
+    finally:
+        values[top] = best
+    return float(best - second)
+
+
+def verify_draft(pick: Pick, draft: Sequence[int], first: int = 0) -> tuple[list[tuple[int, int]], int, bool]:
+    """Pick rows ``first``... while the picked token is the drafted one: the tokens to hand out,
+    each with its row, how many drafted tokens were kept, and whether every row was sure. Sure: the
+    last token is the model's own (at the first disagreement, or after a draft kept whole). Not
+    sure: the tokens are the drafted ones kept before the unsure row, and the position that row
+    predicts is decoded alone next (its input token - the group's last, or the one before the
+    draft where the group is empty - leaves the cache)."""
+    group: list[tuple[int, int]] = []
+    for j in range(len(draft) + 1):
+        token = pick(first + j)
+        if token is None:
+            return group, j, False
+        group.append((token, first + j))
+        if j == len(draft) or token != draft[j]:
+            return group, j, True
+    raise AssertionError("unreachable")
 
 
 class _VerifyBatch:
@@ -78,7 +157,9 @@ def drafter_for(model: Any, history: Sequence[int], costs: DraftCosts | None = N
         from localinfer.engine.draft_model import ModelDrafter
 
         return ModelDrafter(model.draft_model, history, max_draft, costs)
-    return NgramDrafter(history, max_draft, costs, min_draft)
+    drafter = NgramDrafter(history, max_draft, costs, min_draft)
+    drafter.greedy = GreedyPick(model._ctx, model.n_vocab)  # a batch's sequences verify with it
+    return drafter
 
 
 def offloaded(model: Any) -> bool:
@@ -95,132 +176,3 @@ def cut_at_constraint(limiter: ConstraintSampler | None, draft: list[int]) -> li
         return draft[: int(limiter.matcher.validate_tokens(draft))]
     except Exception:  # noqa: BLE001 - only an optimisation: the sampler enforces the constraint anyway
         return draft
-
-
-def speculative_loop(
-    model: Any,
-    chain: Any,
-    stats: GenerationStats,
-    t_start: float,
-    max_tokens: int | None,
-    stop: Sequence[str],
-    ignore_eos: bool,
-    lp: Logprobs | None,
-    limiter: ConstraintSampler | None,
-    prompt: Sequence[int],
-) -> Iterator[Step]:
-    """As ``Model._sample_loop``, drafting from ``prompt`` and the answer (the plain loop where the
-    model's cache cannot take rejected tokens back: a recurrent model's)."""
-    drafter = drafter_for(model, prompt)
-    if drafter is None:
-        yield from model._sample_loop(chain, stats, t_start, max_tokens, stop, ignore_eos, lp)
-        return
-    sample, decode, sync = llama_cpp.llama_sampler_sample, llama_cpp.llama_decode, llama_cpp.llama_synchronize
-    ctx, one, single, cached = model._ctx, model._one, model._one_batch, model._tokens
-    outs, learn = model._outs, model.token_out
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    held = False
-    matcher = StopMatcher(stop)
-    clock, cost_clock = time.perf_counter, drafter.costs.clock
-    n_ctx = model.n_ctx
-    limit = max_tokens if max_tokens is not None else n_ctx + 1
-    n_gen = 0
-    t_first = 0.0
-    stats.draft = getattr(drafter, "kind", "ngram")
-    if limit <= 0:
-        stats.finish_reason = "length"
-        return
-    verify = _VerifyBatch(drafter.max_draft + 1)
-    try:
-        group = [(sample(chain, ctx, -1), -1)]  # tokens to hand out: (token, the logits row it came from)
-        base = len(cached)  # the KV position of group[0]; all but the group's last token are in the cache
-        while True:
-            now = clock()
-            if n_gen == 0:
-                t_first = now
-                stats.first_token_s = now - t_start
-            end, hit = None, False  # end: the index in ``group`` of the token that ends the answer
-            for i, (token, row) in enumerate(group):
-                raw, text, eog = outs.get(token) or learn(token)
-                if eog and not ignore_eos:
-                    stats.finish_reason, end = "stop", i
-                    break
-                n_gen += 1
-                stats.completion_tokens = n_gen
-                stats.decode_s = now - t_first
-                if lp is not None:
-                    lp.add(row, token)
-                if text is None or held:
-                    text = decoder.decode(raw)
-                    held = bool(decoder.getstate()[0])
-                text, hit = matcher.feed(text)
-                if text or hit:
-                    yield Step(text, token)
-                if hit:
-                    stats.finish_reason, stats.stop_string, end = "stop", matcher.matched, i
-                    break
-                if n_gen >= limit or base + i >= n_ctx:
-                    stats.finish_reason, end = "length", i
-                    break
-            if end is not None:
-                # the ending token and what was drafted after it stay out of the cache, as in the plain loop
-                _truncate(model, cached, base + end)
-                if hit:
-                    return
-                break
-            token = group[-1][0]
-            drafter.extend(t for t, _ in group)
-            # drafted tokens past the answer's limit or the context would never be used
-            room = min(limit - n_gen - 1, n_ctx - len(cached) - 1)
-            draft = cut_at_constraint(limiter, drafter.propose(room)) if room > 0 else []
-            t_call, c_call = clock(), cost_clock()
-            if draft:
-                rc = decode(ctx, verify.fill([token, *draft], len(cached)))
-            else:
-                one[0] = token
-                rc = decode(ctx, single)
-            sync(ctx)
-            stats.decode_calls_s += clock() - t_call
-            drafter.observe(len(draft) + 1, cost_clock() - c_call)
-            if rc != 0:
-                model._decode_failed(rc)
-            cached.append(token)
-            base = len(cached)
-            if not draft:
-                group = [(sample(chain, ctx, -1), -1)]
-                continue
-            cached.extend(draft)
-            group = []
-            for row, guess in enumerate(draft):
-                chosen = sample(chain, ctx, row)
-                group.append((chosen, row))
-                if chosen != guess:
-                    break
-            else:  # all kept: the last row gives the model's own next token
-                group.append((sample(chain, ctx, len(draft)), len(draft)))
-            kept = len(group) - 1
-            drafter.feedback(len(draft), kept)
-            stats.draft_tokens, stats.draft_accepted = drafter.drafted, drafter.accepted
-            if kept < len(draft) and not _truncate(model, cached, base + kept):
-                drafter.stop()  # this cache cannot drop a suffix: no more drafts
-        tail = matcher.flush() + decoder.decode(b"", final=True)
-        if tail:
-            yield Step(tail, None)
-    finally:
-        stats.draft_tokens, stats.draft_accepted, stats.draft_steps = drafter.drafted, drafter.accepted, drafter.drafts
-        verify.free()
-
-
-def _truncate(model: Any, cached: list[int], n: int) -> bool:
-    """Keep the first ``n`` tokens of sequence 0's cache (``cached``, the model's own list). Where
-    the cache cannot drop a suffix it is rebuilt from those tokens, and False says so."""
-    if n >= len(cached):
-        return True
-    if model.drop_tokens(0, n):
-        del cached[n:]
-        return True
-    keep = cached[:n]
-    llama_cpp.llama_memory_clear(model._mem, True)
-    cached.clear()
-    model._decode(keep)  # appends to ``cached``: it is the model's list
-    return False
