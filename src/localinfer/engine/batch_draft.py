@@ -11,7 +11,10 @@ costs by its rows is the decoder's (one DraftCosts), which lays the step out: a 
 of consecutive ids that each get that many rows more, so that llama.cpp decodes it in one pass
 (or two: a plain one and the block's), as raises the whole batch's expected tokens per second.
 The cells of rejected tokens, of anything after the token that ends an answer, and of the rows
-that pad a shorter draft to the width are dropped.
+that pad a shorter draft to the width are dropped. Under greedy a row whose top token does not lead
+by speculate.GREEDY_MARGIN ends the verification there: the sequence hands out the drafted tokens
+kept before it and decodes that row's input token again next step, alone (no draft, no padding:
+one row, as a plain step gives it), so that a near-tie is decided as without drafting.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from localinfer.engine.draft_costs import Layout
-from localinfer.engine.speculate import cut_at_constraint
+from localinfer.engine.speculate import cut_at_constraint, verify_draft
 
 if TYPE_CHECKING:
     from localinfer.engine.slots import Slot
@@ -50,6 +53,10 @@ def plan(active: list[Slot], room: int, n_ctx_seq: int, filler_pos: Callable[[in
         if drafter is None:
             continue
         s.draft = []
+        if drafter.alone:  # greedy was unsure of its last batch row: one row this step, no padding
+            drafter.alone = False
+            caps[s.seq - first] = -1
+            continue
         # tokens past the answer's limit or the sequence's context would never be used
         limit = n_ctx_seq - s.pos - 2
         if s.max_tokens is not None:
@@ -91,13 +98,17 @@ NO_LAYOUT = Layout([], 0, 0, -1)
 def verify(s: Slot, sample: Callable[[object, int], int]) -> tuple[list[tuple[int, int]], int]:
     """Sample ``s``'s rows from its first (``s.idx``) while the sampled token is the drafted one:
     the tokens to hand out, each with its row, and how many drafted tokens were kept. The last
-    token is the model's own (at the first disagreement, or after a draft kept whole)."""
-    chain, first, draft = s.chain, s.idx, s.draft
-    group: list[tuple[int, int]] = []
-    for j, guess in enumerate(draft):
-        token = sample(chain, first + j)
-        group.append((token, first + j))
-        if token != guess:
-            return group, j
-    group.append((sample(chain, first + len(draft)), first + len(draft)))
-    return group, len(draft)
+    token is the model's own (at the first disagreement, or after a draft kept whole) - except
+    where greedy was unsure of a row (speculate.verify_draft): then the last token handed out (or,
+    where none is, ``s.last``, whose cell ``s.pos`` now points at) is evaluated again next step,
+    alone."""
+    chain, draft, guard = s.chain, s.draft, s.drafter.greedy
+    if guard is not None and s.job.sampling.greedy:
+        group, kept, sure = verify_draft(lambda i: guard.pick(chain, i), draft, s.idx)
+    else:
+        group, kept, sure = verify_draft(lambda i: sample(chain, i), draft, s.idx)
+    if not sure:
+        s.drafter.alone = True
+        if not group:  # ``last`` leaves the cache too: its cell is just before the draft's
+            s.pos -= len(draft) + 1
+    return group, kept
