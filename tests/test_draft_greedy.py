@@ -117,6 +117,17 @@ def test_a_batch_sequence_unsure_of_a_row_decodes_it_alone_next_step():
     assert batch_draft.verify(s, sample=None) == ([(3, 4)], 1) and s.pos == 12  # _verified places it
 
 
+def test_after_a_replay_drafting_rests_whatever_the_free_tries_say():
+    drafter = d.NgramDrafter([1, 2, 3, 4, 1, 2], max_draft=4)
+    drafter.hold()
+    for token in ([3, 4, 1, 2] * 4)[: d.FIRST_PAUSE]:  # copying, but resting
+        assert drafter.offer(4) == (0, [])
+        drafter.extend([token])
+    assert drafter.offer(4)[1]  # the answer still copies: drafts again
+    drafter.hold()
+    assert drafter._hold == 2 * d.FIRST_PAUSE  # longer at each replay
+
+
 # -- the copy task at 2 threads, real models -------------------------------------------------------
 
 
@@ -126,6 +137,7 @@ def always_draft(monkeypatch):
     a draft, not whether one pays on this machine."""
     monkeypatch.setattr(d.NgramDrafter, "worth", lambda self, n, available: available)
     monkeypatch.setattr(d, "MISSES_TO_PAUSE", 10**9)
+    monkeypatch.setattr(d.NgramDrafter, "hold", lambda self: None)  # no rest after a replay either
 
 
 def _copy_prompt(model, raw: bool) -> list[int]:

@@ -53,7 +53,7 @@ class NgramDrafter:
 
     __slots__ = ("tokens", "max_draft", "size", "_index", "_misses", "_pause", "_next_pause", "drafted",
                  "accepted", "drafts", "costs", "_kept", "_tried", "_last_n", "min_draft", "_shadow", "_stopped", "greedy",
-                 "alone")  # fmt: skip
+                 "alone", "_hold", "_next_hold")  # fmt: skip
     kind = "ngram"
 
     def __init__(self, history: Iterable[int] = (), max_draft: int = DEFAULT_MAX_DRAFT, costs: DraftCosts | None = None,
@@ -82,6 +82,8 @@ class NgramDrafter:
         # next step decodes this sequence's last token alone (greedy was unsure of a batch row)
         self.greedy: Any = None
         self.alone = False
+        self._hold = 0  # tokens still to go without drafting after greedy replayed (``hold``)
+        self._next_hold = FIRST_PAUSE
         self.extend(history)
 
     def extend(self, tokens: Iterable[int]) -> None:
@@ -100,6 +102,8 @@ class NgramDrafter:
                 index[tuple(seq[end - n : end])] = end
             if self._pause:
                 self._pause -= 1
+            if self._hold:
+                self._hold -= 1
 
     def lookup(self, limit: int) -> tuple[int, list[int]]:
         """The length of the longest earlier occurrence of the sequence's end, and up to ``limit``
@@ -137,7 +141,7 @@ class NgramDrafter:
         the cost model says how much of it pays: none while paused (its first token still a free try)."""
         k = max(self.size, self.min_draft)
         k = k if limit is None else min(k, limit)
-        if k <= 0:
+        if k <= 0 or self._hold:
             return 0, []
         n, draft = self.lookup(k)
         if not draft or len(draft) < self.min_draft:
@@ -187,6 +191,14 @@ class NgramDrafter:
         """A draft (or a free try) after a match of ``n`` kept ``kept`` of ``tried`` tokens."""
         faded_add(self._kept, self._tried, n, kept, tried)
         self.costs.learn(n, kept, tried)
+
+    def hold(self) -> None:
+        """No drafts for a while, free tries or not: greedy decoded the cells drafts had filled again
+        (engine/single.py ``_greedy_step``: a near-tie after batches), which costs a plain step per
+        cell; more drafts now would fill cells to decode again at the next near-tie. 8 tokens,
+        doubling up to MAX_PAUSE at each replay of the answer."""
+        self._hold = self._next_hold
+        self._next_hold = min(MAX_PAUSE, 2 * self._next_hold)
 
     def stop(self) -> None:
         """No more drafts for this sequence (its cache cannot take back rejected tokens)."""

@@ -196,6 +196,7 @@ class SingleSequence:
         """As ``_sample_loop``, verifying drafts from ``prompt`` and the answer (engine/speculate.py)
         in one batch each: the plain loop where the cache cannot take rejected tokens back (a
         recurrent model's). Under ``greedy`` every pick is the plain loop's (``_greedy_step``)."""
+        from localinfer.engine.draft import NgramDrafter
         from localinfer.engine.speculate import GreedyPick, _VerifyBatch, cut_at_constraint, drafter_for, verify_draft
 
         drafter = drafter_for(self, prompt)
@@ -251,6 +252,8 @@ class SingleSequence:
                         group = [(sample(chain, ctx, -1), -1)]
                     else:
                         group, plain = self._greedy_step(chain, guard, plain, stats)
+                        if plain == base and isinstance(drafter, NgramDrafter):  # it decoded them again
+                            drafter.hold()
                     alone = False
                     continue
                 cached.extend(draft)
