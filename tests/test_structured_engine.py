@@ -157,3 +157,71 @@ def test_masks_computed_ahead_are_the_samplers_own(smol, monkeypatch):
     ahead = answers()
     monkeypatch.setattr(MaskPrefetch, "start", lambda self, limiters: None)
     assert answers() == ahead
+
+
+# Shapes the corpus had not tried (issue 52): a long enum, optional properties, string formats,
+# nested arrays of objects.
+_COUNTRIES = ["Argentina", "Australia", "Austria", "Belgium", "Brazil", "Canada", "Chile", "China", "Denmark", "Egypt",
+              "Finland", "France", "Germany", "Greece", "India", "Ireland", "Italy", "Japan", "Kenya", "Mexico", "Norway",
+              "Peru", "Poland", "Portugal", "Spain", "Sweden", "Turkey", "Vietnam"]  # fmt: skip
+HELD_OUT = {
+    "long_enum": ("Plan a trip to three countries, as JSON.", {
+        "type": "object", "properties": {"stops": {"type": "array", "minItems": 2, "maxItems": 3, "items": {
+            "type": "object", "properties": {"country": {"enum": _COUNTRIES}, "nights": {"type": "integer", "minimum": 1, "maximum": 30}},
+            "required": ["country", "nights"], "additionalProperties": False}}},
+        "required": ["stops"], "additionalProperties": False}),
+    "optional": ("Describe a fictional user profile as JSON; include only the fields you know.", {
+        "type": "object", "properties": {"username": {"type": "string", "maxLength": 20}, "bio": {"type": "string", "maxLength": 80},
+            "age": {"type": "integer", "minimum": 13, "maximum": 120}, "verified": {"type": "boolean"},
+            "theme": {"enum": ["light", "dark", "system"]}},
+        "required": ["username"], "additionalProperties": False}),
+    "formats": ("Create a calendar event for a team meeting next week, as JSON.", {
+        "type": "object", "properties": {"id": {"type": "string", "format": "uuid"}, "date": {"type": "string", "format": "date"},
+            "organizer": {"type": "string", "format": "email"}},
+        "required": ["id", "date", "organizer"], "additionalProperties": False}),
+    "nested_objects": ("List two customer orders with their items, as JSON.", {
+        "type": "object", "properties": {"orders": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
+            "type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999}, "items": {
+                "type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "object", "properties": {
+                    "sku": {"type": "string", "maxLength": 8}, "qty": {"type": "integer", "minimum": 1, "maximum": 9}},
+                    "required": ["sku", "qty"], "additionalProperties": False}}},
+            "required": ["id", "items"], "additionalProperties": False}}},
+        "required": ["orders"], "additionalProperties": False}),
+}  # fmt: skip
+
+
+def test_greedy_settles_on_the_best_candidate_the_mask_allows(smol, monkeypatch):
+    # greedy under a constraint: the mask is computed, but where it allows the best candidate that
+    # candidate alone is left (no spreading of the mask over the 49k candidates): most tokens, and the
+    # same answers, token for token, as with the whole mask applied
+    from localinfer.engine import constrain
+    from localinfer.engine.batch import BatchDecoder, SeqJob
+
+    m = smol.loaded.model
+    chat = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    made: list = []
+    real = constrain.ConstraintSampler.__init__
+
+    def tracked(self, *a, **kw):
+        real(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(constrain.ConstraintSampler, "__init__", tracked)
+
+    def answers() -> dict:
+        m.reset()  # the same cache state for both runs
+        jobs = [SeqJob(n, m.tokenize(chat.format(q), parse_special=True), SamplingOptions(temperature=0), max_tokens=160,
+                       constraint=from_schema(schema)) for n, (q, schema) in HELD_OUT.items()]  # fmt: skip
+        with BatchDecoder(m, 4) as decoder:
+            return {r.key: (r.text, r.stats.finish_reason, r.stats.document) for r in decoder.run(jobs)}
+
+    fast = answers()
+    shortcuts, masks = sum(s.shortcuts for s in made), sum(s.masks for s in made)
+    assert shortcuts * 2 > masks > 0, (shortcuts, masks)
+    for n, (_q, schema) in HELD_OUT.items():
+        if fast[n][1] == "stop":
+            jsonschema.validate(json.loads(fast[n][0]), schema)
+    made.clear()
+    monkeypatch.setattr(constrain.ConstraintSampler, "_best_allowed", lambda self, arr, rows, words: False)
+    assert answers() == fast
+    assert sum(s.shortcuts for s in made) == 0

@@ -42,6 +42,7 @@ def build_sampler(
         for tok in history[-last_n:]:  # into the penalties alone: the prompt is not the constraint's
             llama_cpp.llama_sampler_accept(penalties, tok)
     if constraint is not None:
+        constraint.greedy = opts.greedy  # it may then leave the best allowed candidate alone
         add(chain, constraint.sampler)
         _constraints[ctypes.cast(chain, ctypes.c_void_p).value or 0] = constraint
     if opts.greedy:
