@@ -5,8 +5,11 @@ with the same nested JSON schemas, same model, threads and context per sequence 
 Two measurements, each on one server after the other in an order that alternates per round:
 
 * **throughput**: --clients threads each send --requests streaming chat requests back to back, each
-  with ``response_format`` json_schema (client c uses nested schema c of the corpus, so different
-  schemas decode in the same batch); greedy, at most --tokens answer tokens. Aggregate completion
+  with ``response_format`` json_schema (client c's request r uses schema c + r x clients of the
+  --schemas set, so different schemas decode in the same batch and every schema of the set is used:
+  the four nested ones tuned on, ``seen``; shapes not tried on them, ``held-out``: a long enum, nested
+  arrays of objects, optional properties, string formats, a long answer; or ``all``, the default);
+  greedy, at most --tokens answer tokens. Aggregate completion
   tok/s = the completion tokens of all requests (usage, else timings.predicted_n) / wall time from
   the first request sent to the last chunk received. Floor: ours >= 0.9 x llama-server's.
   The two servers' answers differ in length (llama-server's grammar lets the model emit whitespace
@@ -82,6 +85,47 @@ SCHEMAS = [
       "items": {"type": "string", "maxLength": 60}}}, "required": ["title", "servings", "ingredients", "steps"],
       "additionalProperties": False}),
 ]  # fmt: skip
+_COUNTRIES = ["Argentina", "Australia", "Austria", "Belgium", "Brazil", "Canada", "Chile", "China", "Denmark", "Egypt",
+              "Finland", "France", "Germany", "Greece", "India", "Ireland", "Italy", "Japan", "Kenya", "Mexico", "Norway",
+              "Peru", "Poland", "Portugal", "Spain", "Sweden", "Turkey", "Vietnam", "Zambia"]  # fmt: skip
+# Shapes the four above had not tried (issue 52): a long enum, nested arrays of objects, optional
+# properties, string formats, a long answer.
+HELD_OUT = [
+    ("travel", "Plan a trip to three countries, as JSON.",
+     {"type": "object", "properties": {"traveller": {"type": "string", "maxLength": 30}, "stops": {"type": "array",
+      "minItems": 2, "maxItems": 4, "items": {"type": "object", "properties": {"country": {"enum": _COUNTRIES},
+       "nights": {"type": "integer", "minimum": 1, "maximum": 30},
+       "transport": {"enum": ["plane", "train", "bus", "car", "boat", "bicycle", "on foot"]}},
+       "required": ["country", "nights", "transport"], "additionalProperties": False}}},
+      "required": ["traveller", "stops"], "additionalProperties": False}),
+    ("orders", "List two customer orders with their items and tags, as JSON.",
+     {"type": "object", "properties": {"orders": {"type": "array", "minItems": 1, "maxItems": 3, "items": {"type": "object",
+      "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 9999}, "items": {"type": "array", "minItems": 1,
+       "maxItems": 3, "items": {"type": "object", "properties": {"sku": {"type": "string", "maxLength": 12},
+        "qty": {"type": "integer", "minimum": 1, "maximum": 50},
+        "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 12}}},
+        "required": ["sku", "qty", "tags"], "additionalProperties": False}}},
+      "required": ["id", "items"], "additionalProperties": False}}}, "required": ["orders"], "additionalProperties": False}),
+    ("profile", "Describe a fictional user profile as JSON; include only the fields you know.",
+     {"type": "object", "properties": {"username": {"type": "string", "maxLength": 20},
+      "display_name": {"type": "string", "maxLength": 40}, "bio": {"type": "string", "maxLength": 120},
+      "age": {"type": "integer", "minimum": 13, "maximum": 120}, "location": {"type": "string", "maxLength": 40},
+      "verified": {"type": "boolean"}, "followers": {"type": "integer", "minimum": 0, "maximum": 10000000},
+      "languages": {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 16}},
+      "theme": {"enum": ["light", "dark", "system"]}}, "required": ["username", "bio"], "additionalProperties": False}),
+    ("event", "Create a calendar event for a team meeting next week, as JSON.",
+     {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"}, "title": {"type": "string", "maxLength": 60},
+      "date": {"type": "string", "format": "date"}, "organizer": {"type": "string", "format": "email"},
+      "attendees": {"type": "array", "maxItems": 3, "items": {"type": "string", "format": "email"}}},
+      "required": ["id", "title", "date", "organizer", "attendees"], "additionalProperties": False}),
+    ("report", "Write a detailed product review report with several sections, as JSON.",
+     {"type": "object", "properties": {"product": {"type": "string", "maxLength": 40}, "sections": {"type": "array",
+      "minItems": 4, "maxItems": 8, "items": {"type": "object", "properties": {"heading": {"type": "string", "maxLength": 40},
+       "body": {"type": "string", "maxLength": 300}, "score": {"type": "integer", "minimum": 1, "maximum": 10}},
+       "required": ["heading", "body", "score"], "additionalProperties": False}}, "verdict": {"type": "string", "maxLength": 200}},
+      "required": ["product", "sections", "verdict"], "additionalProperties": False}),
+]  # fmt: skip
+SETS = {"seen": SCHEMAS, "held-out": HELD_OUT, "all": SCHEMAS + HELD_OUT}
 
 
 def fresh(schema: dict, n: int) -> dict:
@@ -132,8 +176,9 @@ def valid(text: str, schema: dict) -> bool | None:
     return True
 
 
-def throughput(server: Server, clients: int, requests: int, n: int) -> dict:
-    results, t0 = concurrently(clients, requests, lambda c, _r: ask(server, *SCHEMAS[c % len(SCHEMAS)], n))
+def throughput(server: Server, clients: int, requests: int, n: int, schemas: list = SCHEMAS) -> dict:
+    """Client c's request r uses schema (c + r * clients) of ``schemas``: every schema of the set in turn."""
+    results, t0 = concurrently(clients, requests, lambda c, r: ask(server, *schemas[(c + r * clients) % len(schemas)], n))
     wall = max(r["end"] for r in results) - t0
     tokens = sum(r["tokens"] for r in results)
     full_s, full_tokens = all_generating(results, clients)
@@ -155,10 +200,10 @@ def all_generating(results: list[dict], clients: int) -> tuple[float, float]:
     return sum(b - a for a, b in full), tokens
 
 
-def new_schema_ttft(server: Server, requests: int, n: int, salt: int) -> dict:
+def new_schema_ttft(server: Server, requests: int, n: int, salt: int, schemas: list = SCHEMAS) -> dict:
     results = []
     for i in range(requests):
-        name, question, schema = SCHEMAS[i % len(SCHEMAS)]
+        name, question, schema = schemas[i % len(schemas)]
         results.append(ask(server, name, question, fresh(schema, salt + i), n))
     ttfts = sorted(r["ttft"] for r in results)
     return {"server": server.name, "test": "ttft", "requests": len(results), "ttft_p50_ms": 1000 * pct(ttfts, 50),
@@ -204,6 +249,8 @@ def main() -> None:
     ap.add_argument("-n", "--tokens", type=int, default=192, help="answer tokens at most")
     ap.add_argument("--ttft-requests", type=int, default=8, help="requests with a new schema each, one at a time")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--schemas", choices=sorted(SETS), default="all",
+                    help="the four schemas tuned on (seen), shapes not tried on them (held-out), or both")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="also print every measurement as a JSON line")
     args = ap.parse_args()
     args.model = args.model or default_model()
@@ -213,7 +260,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     print(f"# structured_serve_vs_native: {args.model.name}, -t {args.threads}, {args.parallel} sequences x {args.ctx} "
           f"tokens; {args.clients} clients x {args.requests} requests x <= {args.tokens} tokens; {args.ttft_requests} "
-          f"new-schema requests; {args.rounds} round(s)")  # fmt: skip
+          f"new-schema requests; {args.rounds} round(s); schemas: {args.schemas}")  # fmt: skip
     print(f"# host: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     order = servers(args)
     rows: list[dict] = []
@@ -223,8 +270,8 @@ def main() -> None:
             ask(server, *SCHEMAS[0], 16)  # warm-up (and our tokenizer for the constraint, built once per model)
         for rnd in range(args.rounds):
             for server in order if rnd % 2 == 0 else order[::-1]:
-                for row in (throughput(server, args.clients, args.requests, args.tokens),
-                            new_schema_ttft(server, args.ttft_requests, args.tokens, salt=1000 * (rnd + 1))):  # fmt: skip
+                for row in (throughput(server, args.clients, args.requests, args.tokens, SETS[args.schemas]),
+                            new_schema_ttft(server, args.ttft_requests, args.tokens, 1000 * (rnd + 1), SETS[args.schemas])):  # fmt: skip
                     rows.append(row)
                     if args.json:
                         print(json.dumps(row), flush=True)
