@@ -424,30 +424,31 @@ def test_another_host_without_a_key_is_warned_about(tmp_path, isolated_home):
     assert proc.returncode == 3 and "without --api-key" not in proc.stderr
 
 
-def test_an_idle_engine_gathers_a_burst_into_its_first_step():
-    """Requests reach the engine one by one; while others are still being prepared, the first step
-    waits for them (up to 50 ms) rather than leaving them a whole prefill behind."""
+def test_a_step_takes_every_queued_request_and_waits_for_none():
+    """llama-server's policy (issue 52): the requests queued when a step is filled all go into it
+    (their first tokens come after that one step), and one not queued yet - even one being prepared -
+    is not waited for: it joins the next step. An idle engine used to hold its first step up to 50 ms
+    for the rest of a burst, which made the burst's first requests wait for the last ones' prompts."""
     from types import SimpleNamespace
 
     from localinfer.serve.engine import Engine
 
     loaded = SimpleNamespace(name="m", model=SimpleNamespace(n_ctx_seq=64), template=None)
-    decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
 
     def ticket(key: str) -> Any:
         return SimpleNamespace(key=key, job=key, cancelled=threading.Event())
 
-    for arriving, expected in ((1, ["a", "b", None]), (0, ["a", None, "b"])):
-        engine = Engine(loaded, 2, max_queue=4)  # type: ignore[arg-type]
-        engine._arriving = arriving
+    for arriving in (0, 1):
+        decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
+        engine = Engine(loaded, 4, max_queue=4)  # type: ignore[arg-type]
+        engine._arriving = arriving  # a request still being tokenized
         source = engine._source(decoder)  # type: ignore[arg-type]
-        engine._queue.put(ticket("a"))
-        threading.Timer(0.015, engine._queue.put, args=(ticket("b"),)).start()
+        for key in "abc":
+            engine._queue.put(ticket(key))
+        threading.Timer(0.015, engine._queue.put, args=(ticket("d"),)).start()
         got = [next(source)]
         decoder.n_active = 1
-        got.append(next(source))
-        if got[-1] is None:
-            time.sleep(0.05)
-        got.append(next(source))
-        decoder.n_active = 0
-        assert got == expected, arriving
+        got += [next(source), next(source), next(source)]  # the step's admission: until None
+        assert got == ["a", "b", "c", None], arriving
+        time.sleep(0.05)
+        assert next(source) == "d"  # the next step's

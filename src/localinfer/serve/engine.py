@@ -46,8 +46,6 @@ __all__ = ["EmbedOutcome", "EmbedTicket", "Engine", "Ended", "Overloaded", "Prep
 
 
 _WAKE = object()  # in the queue: embedding requests are waiting (``Engine._embeds``)
-GATHER_S = 0.002  # an idle engine's first step waits this long for the next request of a burst...
-GATHER_MAX_S = 0.05  # ...and at most this long in all, while requests are still being prepared
 
 
 class Overloaded(Exception):
@@ -100,7 +98,7 @@ class Engine:
         self._running: dict[int, Ticket] = {}
         self._keys = itertools.count()
         self._decoder: BatchDecoder | None = None
-        self._arriving = 0  # requests being prepared (read by the engine thread)
+        self._arriving = 0  # requests being prepared now (no step waits for them: see ``_source``)
         self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
 
     # -- what the HTTP side calls --------------------------------------------------------------------
@@ -110,8 +108,8 @@ class Engine:
 
     @contextlib.contextmanager
     def arriving(self) -> Iterator[None]:
-        """Around preparing and submitting a request: the engine, idle, waits for it to start with
-        the others of its burst (see ``_source``). Event loop thread only."""
+        """Around preparing and submitting a request: counted, never waited for - a step starts with
+        the requests queued by then (see ``_source``). Event loop thread only."""
         self._arriving += 1
         try:
             yield
@@ -237,25 +235,20 @@ class Engine:
     def _source(self, decoder: BatchDecoder) -> Iterator[SeqJob | None]:
         """The decoder's jobs: waits while nothing runs, else None when nobody is waiting.
 
-        A burst that finds the engine idle is gathered into its first step: requests reach the queue
-        one by one (each is parsed and tokenized first), and one that misses the step waits for all
-        of it (a whole prefill) - llama-server, whose HTTP threads need no GIL, rarely misses it.
+        Every request queued when a step is filled goes into it, and one that comes later into the
+        next step - llama-server's policy: no step waits for a request not yet queued. An idle engine
+        used to wait for the rest of a burst (up to 50 ms); but prefill costs about the same per token
+        in one batch or two, so waiting only made the burst's first requests wait for the last ones'
+        prompts too (benchmarks/results/serve-8clients-2026-12-07.txt: TTFT p50 1.50x
+        llama-server's, which started each group of a burst as it came).
         """
-        gather_end, step = 0.0, -1  # while gathering a burst: the latest its first step may start
         while True:
             if decoder.n_active == 0 and self._embeds and self._queue.empty():
                 self._embed_step()  # idle: the embeddings' decodes one by one, a chat request may come between
                 continue
             try:
-                if decoder.n_active == 0:
-                    ticket = self._queue.get()
-                    gather_end, step = time.perf_counter() + GATHER_MAX_S, decoder.stats.steps
-                elif gather_end and decoder.stats.steps == step:  # the first step has not started yet
-                    ticket = self._gathered(gather_end)
-                else:
-                    ticket = self._queue.get_nowait()
+                ticket = self._queue.get() if decoder.n_active == 0 else self._queue.get_nowait()
             except queue.Empty:
-                gather_end = 0.0
                 yield None
                 continue
             if ticket is None:
@@ -268,17 +261,6 @@ class Engine:
                 continue
             self._running[ticket.key] = ticket
             yield ticket.job
-
-    def _gathered(self, until: float) -> Ticket | None:
-        """The next request of a burst: waits ``GATHER_S`` for it, and again while requests are still
-        being prepared (``arriving``), until ``until``; ``queue.Empty`` when the burst is over."""
-        while (left := until - time.perf_counter()) > 0:
-            try:
-                return self._queue.get(timeout=min(left, GATHER_S))
-            except queue.Empty:
-                if not self._arriving:
-                    raise
-        raise queue.Empty
 
     def _before_decode(self) -> None:
         if self._embeds:
