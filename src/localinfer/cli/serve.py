@@ -37,6 +37,7 @@ def serve(
     max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; past it the longest idle one is closed (or 503).", rich_help_panel=_SECURITY)] = 1024,
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, help="Seconds a client has to send a request's headers (408 after).", rich_help_panel=_SECURITY)] = 10.0,
     ctx_size: CtxPerSeqOpt = None,
+    n_predict: Annotated[int, typer.Option("--n-predict", "-n", min=-1, help="Tokens an answer may have when the request names no limit (llama-server's -n; -1 or 0: what the context leaves).", rich_help_panel=_SERVER)] = -1,
     template_vars: o.TemplateVars = o.TEMPLATE,
     max_models: Annotated[Optional[int], typer.Option("--max-models", min=1, help="Serving several models: how many stay loaded at once (the least recently used idle one is unloaded). Default: what fits, at most 3 on CPU.", rich_help_panel=_MODELS)] = None,
     keep_alive: Annotated[str, typer.Option("--keep-alive", metavar="DURATION", help="Serving several models: unload a model idle this long (5m, 30s; -1: never). A request's keep_alive wins for its model.", rich_help_panel=_MODELS)] = "5m",
@@ -69,7 +70,7 @@ def serve(
             cors_origins=tuple(check_origin(c) for c in cors_origin or ()), max_connections=max_connections,
             header_timeout_s=header_timeout, chat_template_kwargs=template_vars, embedding_ctx=embedding_ctx,
             model_map=model_map.parse(map_model),
-            cache_ram=_cache_ram(cache_ram),
+            cache_ram=_cache_ram(cache_ram), n_predict=n_predict,
         )  # fmt: skip
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")

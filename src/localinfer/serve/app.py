@@ -29,6 +29,7 @@ from localinfer.serve.config import ServeConfig
 from localinfer.serve.engine import Overloaded
 from localinfer.serve.guard import Guard, allowed_names, error_body
 from localinfer.serve.metrics import Gauges, Metrics
+from localinfer.serve.prepare import default_cap
 from localinfer.serve.protocol import ApiError, parse_body, parse_request
 from localinfer.serve.responses import CompletionWriter, dumps
 from localinfer.serve.sending import STATUS_KEY, AnswerResponse, call_checker, submit, unenforced
@@ -284,7 +285,7 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
     _tell_unenforced(state, req.request)
     with engine.arriving():
         prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
-        prepared = await run_in_threadpool(prepare)
+        prepared = default_cap(await run_in_threadpool(prepare), state.config.n_predict, engine.n_ctx_seq)
         assert state.hub is not None
         channel: Channel[Ended] = Channel(state.hub)
         ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)

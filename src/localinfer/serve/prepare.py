@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class Prepared:
     """A request turned into what the decoder runs: prompt tokens and every stop string."""
 
-    envelope: Envelope  # the request as asked (max_tokens lowered where the route clamps it)
+    envelope: Envelope  # the request as asked (max_tokens lowered where the route clamps it, or set by -n)
     tokens: list[int]
     stop: tuple[str, ...]
     splitter: Splitter | None = None  # a reasoning model's thinking, apart from the answer
@@ -104,6 +104,15 @@ def _checked(loaded: LoadedModel, n_ctx_seq: int, p: Prepared, clamp: bool = Fal
         raise ApiError(400, f"{what} exceed the context of a sequence ({n_ctx_seq} tokens)", code="context_length_exceeded",
                        cause=_overflow(loaded, n_ctx_seq, n, wanted))  # fmt: skip
     return p
+
+
+def default_cap(p: Prepared, n_predict: int, n_ctx_seq: int) -> Prepared:
+    """--n-predict (llama-server's -n): the answer's cap when the request names none (Codex never
+    does, and a small model may never stop), within what the prompt leaves: never a reason to refuse."""
+    if n_predict <= 0 or p.request.max_tokens is not None:
+        return p
+    capped = dataclasses.replace(p.request, max_tokens=max(1, min(n_predict, n_ctx_seq - len(p.tokens))))
+    return dataclasses.replace(p, envelope=dataclasses.replace(p.envelope, request=capped))
 
 
 def _overflow(loaded: LoadedModel, n_ctx_seq: int, n_prompt: int, max_tokens: int | None) -> ContextOverflowError:
