@@ -333,8 +333,15 @@ class ResponsesWriter(WriterDefaults):
 
     def tail(self, outcome: Ended) -> bytes:
         out = self._end(outcome.text if self._template is not None else None)
-        status = "incomplete" if outcome.finish_reason == "length" else "completed"
+        status = self._status(outcome)
         return out + self._event(f"response.{status}", response=self._response(status, self._items, outcome))
+
+    def _status(self, outcome: Ended) -> str:
+        """``incomplete`` only when the request's own ``max_output_tokens`` ended it (OpenAI's
+        meaning). An answer a request without one got cut by the server (serve's -n, the context) is
+        ``completed``, as llama-server sends: Codex reads ``incomplete`` as an error and fails its
+        turn ("Incomplete response returned, reason: max_output_tokens", exit 1)."""
+        return "incomplete" if outcome.finish_reason == "length" and self.request.max_tokens is not None else "completed"
 
     def stream_error(self, exc: ApiError) -> bytes:
         failed = self._response("failed", self._items)
@@ -349,4 +356,4 @@ class ResponsesWriter(WriterDefaults):
         if outcome.text or not outcome.tool_calls:
             output.append(_message(_id("msg_"), outcome.text))
         output += [_call(_id("fc_"), c.id, c.name, c.arguments) for c in outcome.tool_calls]
-        return self._response("incomplete" if outcome.finish_reason == "length" else "completed", output, outcome)
+        return self._response(self._status(outcome), output, outcome)
