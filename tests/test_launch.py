@@ -77,7 +77,8 @@ def test_the_agent_gets_our_settings_its_args_and_its_exit_status_passes_through
         assert got["argv"][-2:] == ["-p", "hi there"] and len(overrides) * 2 == len(got["argv"]) - 2
         assert {'model="smol"', 'model_provider="localinfer"', 'model_providers.localinfer.wire_api="responses"',
                 f'model_providers.localinfer.base_url="{URL}/v1"', 'model_providers.localinfer.env_key="LOCALINFER_LAUNCH_KEY"',
-                'model_providers.localinfer.name="localinfer"'} <= set(overrides)  # fmt: skip
+                'model_providers.localinfer.name="localinfer"', "model_providers.localinfer.stream_idle_timeout_ms=1800000",
+                } <= set(overrides)  # fmt: skip
         assert sent["LOCALINFER_LAUNCH_KEY"] == "localinfer" and "CODEX_HOME" not in sent  # the user's sign-in kept
     else:
         assert got["argv"] == ["-p", "hi there"]

@@ -1,4 +1,4 @@
-"""`localinfer launch claude` for real: Claude Code (npm, installed by .ci/run into
+"""`localinfer launch AGENT` for real: the agents (npm, installed by .ci/run into
 ~/.cache/localinfer-agents) against the serve launch starts on SmolLM2, from a fresh data folder,
 then again with that server left running, then `stop`. A 135M model cannot do agent work: the
 protocol is judged (the agent gets its answers and ends its turn), not the answer."""
@@ -7,37 +7,46 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from conftest import run_cli
 
 AGENTS_BIN = Path(os.environ.get("LOCALINFER_AGENTS_DIR", Path.home() / ".cache" / "localinfer-agents")) / "node_modules" / ".bin"
 LEAN = ["-p", "hi", "--tools", "", "--system-prompt", "Be brief.", "--output-format", "json"]  # ~900 tokens, not ~20k
+# Codex's lean mode (~1.4k tokens, not ~6k): its instructions replaced, and the features that add tools and text off
+CODEX_LEAN = ["-c", "web_search=\"disabled\"", "-c", "include_permissions_instructions=false", "-c", "include_environment_context=false",
+              *(a for f in ("multi_agent", "goals", "apps", "plugins") for a in ("-c", f"features.{f}=false"))]  # fmt: skip
 
 
-@pytest.mark.slow
-def test_claude_code_gets_its_answers_from_a_started_server_and_again_from_the_running_one(smollm2_path, isolated_home):
-    if not (AGENTS_BIN / "claude").exists():
-        pytest.skip(f"Claude Code is not installed in {AGENTS_BIN.parent.parent} (npm install --prefix it @anthropic-ai/claude-code)")
-    env = {"PATH": f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1", "LOCALINFER_NO_LOG": "1",
-           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16", "HOME": str(isolated_home.parent / "home")}  # fmt: skip
+def _env(agent: str, isolated_home: Path, **extra: str) -> dict[str, str]:
+    if not (AGENTS_BIN / agent).exists():
+        pytest.skip(f"{agent} is not installed in {AGENTS_BIN.parent.parent} (.ci/run installs it with npm install --prefix)")
+    return {"PATH": f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1", "LOCALINFER_NO_LOG": "1",
+            "HOME": str(isolated_home.parent / "home"), **extra}  # fmt: skip
+
+
+def _twice_then_stop(agent: str, args: list[str], env: dict[str, str], isolated_home: Path, smollm2_path: Path,
+                     check: Callable[[subprocess.CompletedProcess], None]) -> None:  # fmt: skip
+    """``launch AGENT -m smol ARGS`` from a fresh data folder, then again on the server it left
+    running (``check``-ed each time), then `stop`: one server, the user's files not made."""
     assert run_cli("pull", str(smollm2_path), "--name", "smol", env=env, timeout=180).returncode == 0
     record = isolated_home / "launch" / "server.json"
     try:
         results = []
         for _ in range(2):
-            proc = run_cli("launch", "claude", "-m", "smol", "--", *LEAN, env=env, timeout=240)
-            assert proc.returncode in (0, 1), proc.stderr.decode()  # 1: Claude's own, for an answer cut at 16 tokens
-            result = json.loads(proc.stdout)
-            assert result["type"] == "result" and result["usage"]["input_tokens"] > 0, result  # the server answered it
-            assert result["modelUsage"].keys() == {"smol"}
+            proc = run_cli("launch", agent, "-m", "smol", *args, env=env, timeout=400)
+            check(proc)
             results.append(json.loads(record.read_text()))
         assert results[0]["pid"] == results[1]["pid"]  # the second launch used the server the first left running
         log = Path(results[0]["log"]).read_text()
         assert log.count("listening on") == 1 and "'*' that is not installed is answered by smol" in log
-        assert not (isolated_home.parent / "home" / ".claude" / "settings.json").exists()  # the user's files: none made
+        home = isolated_home.parent / "home"
+        for mine in (".claude/settings.json", ".codex/config.toml", ".config/opencode/opencode.json"):
+            assert not (home / mine).exists(), mine  # the user's files: none made
     finally:
         stopped = run_cli("stop", env=env, timeout=60)
     assert "stopped the server launch started" in stopped.stderr.decode() and not record.exists()
@@ -45,3 +54,36 @@ def test_claude_code_gets_its_answers_from_a_started_server_and_again_from_the_r
         for _ in range(100):
             os.kill(results[0]["pid"], 0)
             time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_claude_code_gets_its_answers_from_a_started_server_and_again_from_the_running_one(smollm2_path, isolated_home):
+    def check(proc: subprocess.CompletedProcess) -> None:
+        assert proc.returncode in (0, 1), proc.stderr.decode()  # 1: Claude's own, for an answer cut at 16 tokens
+        result = json.loads(proc.stdout)
+        assert result["type"] == "result" and result["usage"]["input_tokens"] > 0, result  # the server answered it
+        assert result["modelUsage"].keys() == {"smol"}
+
+    env = _env("claude", isolated_home, CLAUDE_CODE_MAX_OUTPUT_TOKENS="16")
+    _twice_then_stop("claude", ["--", *LEAN], env, isolated_home, smollm2_path, check)
+
+
+@pytest.mark.slow
+def test_codex_exec_ends_its_turn_on_a_started_server_and_again_on_the_running_one(smollm2_path, isolated_home, tmp_path):
+    """Codex names no output limit: launch's -n caps the answer (serve's --n-predict), and the
+    answer the server cut is a ``response.completed`` Codex ends its turn on (on an ``incomplete``
+    one it fails the turn: "Incomplete response returned, reason: max_output_tokens", exit 1)."""
+    instructions = tmp_path / "instructions.md"
+    instructions.write_text("Be brief.\n")
+
+    def check(proc: subprocess.CompletedProcess) -> None:
+        err = proc.stderr.decode()
+        assert proc.returncode == 0, err
+        used = err.split("tokens used\n")[-1].split()[0] if "tokens used\n" in err else ""
+        assert int(used.replace(",", "") or 0) > 0, err  # the server's usage, read from the stream's end
+        assert "Incomplete response" not in err and "Reconnecting" not in err, err
+
+    env = _env("codex", isolated_home)
+    args = ["-n", "16", "--", "-c", f"model_instructions_file={json.dumps(str(instructions))}", *CODEX_LEAN,
+            "exec", "--skip-git-repo-check", "--ephemeral", "Say hi"]  # fmt: skip
+    _twice_then_stop("codex", args, env, isolated_home, smollm2_path, check)

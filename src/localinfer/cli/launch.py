@@ -15,6 +15,7 @@ def launch(
     agent_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- AGENT-ARGS...]", help="Passed to the agent as they are.", show_default=False)] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="The installed model the agent uses (default: the registry's default).")] = None,
     server_url: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="Use the `localinfer serve` at URL (e.g. http://127.0.0.1:8080) instead of the one launch starts.")] = None,
+    n_predict: Annotated[Optional[int], typer.Option("--n-predict", "-n", min=1, help="The server launch starts: tokens an answer may have when the agent names no limit (Codex names none). Default: a quarter of the context.")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the variables, the private config and the command instead of running the agent.")] = False,
 ) -> None:
     """Run a coding agent (Claude Code, Codex, OpenCode) on a local model: a `serve` is started in the
@@ -43,8 +44,13 @@ def launch(
             if info is not None and info.get("model") != name:
                 warn(f"using the server launch started for {info.get('model')} ({info['url']}): {name} is loaded there on demand; "
                      "`localinfer stop` first to start one sized for it")  # fmt: skip
+            elif info is not None and n_predict is not None and info.get("n_predict") != n_predict:
+                warn(f"using the server launch started ({info['url']}), whose --n-predict is {info.get('n_predict')}: "
+                     "`localinfer stop` first to start one with yours")  # fmt: skip
             if info is None:
-                info = server.start(name, ctx or agents.AGENT_CTX, lambda m: sys.stderr.write(f"localinfer launch: {m}\n"))
+                size = ctx or agents.AGENT_CTX
+                say = lambda m: sys.stderr.write(f"localinfer launch: {m}\n")  # noqa: E731
+                info = server.start(name, size, n_predict or agents.output_cap(size), say)
             url = info["url"]
             server.preload(url, name, token)
         setup = agents.setup(spec, url=url, model=name, ctx=ctx, token=token, folder=server.folder())

@@ -13,6 +13,15 @@ from pathlib import Path
 
 AGENT_CTX = 65536  # what agents need: Claude Code's prompt alone is ~20k tokens with its tools
 KEY_VAR = "LOCALINFER_LAUNCH_KEY"  # Codex and OpenCode read the key from it (never the user's OPENAI_API_KEY)
+# Codex drops a stream silent for 5 min (its default) and sends the request again: a long prompt's
+# prefill on a CPU can take longer than that before the first token
+CODEX_IDLE_MS = 30 * 60 * 1000
+
+
+def output_cap(ctx: int) -> int:
+    """An answer's tokens when the agent names no limit: Codex never does, and a model that does not
+    stop would write until the context is full (at CPU speed, most of an hour) to no one's use."""
+    return max(256, ctx // 4)
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> A
              "model_providers.localinfer.base_url": f"{url}/v1", "model_providers.localinfer.wire_api": "responses",
              "model_providers.localinfer.env_key": KEY_VAR}  # fmt: skip
     args = [f"{k}={_toml(v)}" for k, v in pairs.items()]
+    args.append(f"model_providers.localinfer.stream_idle_timeout_ms={CODEX_IDLE_MS}")
     if ctx:
         args.append(f"model_context_window={ctx}")
     args.append("analytics.enabled=false")

@@ -76,9 +76,10 @@ def _ours(info: dict[str, Any]) -> bool:
     return b"localinfer" in cmdline and b"serve" in cmdline
 
 
-def start(model: str, ctx: int, say: Any) -> dict[str, Any]:
+def start(model: str, ctx: int, n_predict: int, say: Any) -> dict[str, Any]:
     """A background `serve` (every installed model, ``model`` answering unknown names, ``ctx`` per
-    sequence), once it answers /health and ``model`` is loaded; recorded for the next launch."""
+    sequence, ``n_predict``: the cap of an answer whose request names none), once it answers /health
+    and ``model`` is loaded; recorded for the next launch."""
     import fcntl
     import subprocess
 
@@ -93,7 +94,7 @@ def start(model: str, ctx: int, say: Any) -> dict[str, Any]:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         offset = os.lseek(fd, 0, os.SEEK_END)
         cmd = [sys.executable, "-m", "localinfer", "serve", "--port", "0", "-np", "1", "-c", str(ctx), "--keep-alive", KEEP_ALIVE,
-               "--map-model", f"*={model}", "--drain-timeout", "5"]  # fmt: skip
+               "--map-model", f"*={model}", "--drain-timeout", "5", "--n-predict", str(n_predict)]  # fmt: skip
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, cwd=os.sep)
         finally:
@@ -102,7 +103,7 @@ def start(model: str, ctx: int, say: Any) -> dict[str, Any]:
         url = _wait_listening(proc, log, offset)
         from localinfer.paths import boot_id
 
-        info = {"url": url, "pid": proc.pid, "boot": boot_id(), "log": str(log), "model": model, "ctx": ctx}
+        info = {"url": url, "pid": proc.pid, "boot": boot_id(), "log": str(log), "model": model, "ctx": ctx, "n_predict": n_predict}
         _record().write_text(json.dumps(info) + "\n", encoding="utf-8")
     return info
 
