@@ -190,3 +190,34 @@ def test_the_context_given_is_what_serve_gives_one_sequence_and_a_shortfall_is_s
         assert bool(warned) == said
     assert warned == ["big gets 24576 tokens of context (reduced to fit memory: 1 sequence in 3.0 GB free); "
                       "agents need 65536: a longer prompt is refused"]
+
+
+def test_opencode_is_told_the_endpoints_context_and_the_answer_cap(fake_home):
+    # OpenCode asks for limit.output as max_tokens (32,000 when it has none: past the context, a 400
+    # it answers by compacting forever); with --endpoint the context is the server's /props
+    import http.server
+    import threading
+
+    class Props(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"default_generation_settings": {"n_ctx": 4096}}).encode()
+            self.send_response(200 if self.path == "/props?model=smol" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    home, env, out = fake_home
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Props)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for extra, output in (([], 1024), (["-n", "100"], 100)):
+            proc = run_cli("launch", "opencode", "-m", "smol", *extra, "--endpoint", f"http://127.0.0.1:{server.server_port}",
+                           env=env, timeout=60)  # fmt: skip
+            assert proc.returncode == 3, proc.stderr.decode()
+            config = json.loads(Path(json.loads(out.read_text())["env"]["OPENCODE_CONFIG"]).read_text())
+            assert config["provider"]["localinfer"]["models"]["smol"]["limit"] == {"context": 4096, "output": output}
+    finally:
+        server.shutdown()

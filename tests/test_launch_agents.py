@@ -30,7 +30,7 @@ def _env(agent: str, isolated_home: Path, **extra: str) -> dict[str, str]:
 
 
 def _twice_then_stop(agent: str, args: list[str], env: dict[str, str], isolated_home: Path, smollm2_path: Path,
-                     check: Callable[[subprocess.CompletedProcess], None]) -> None:  # fmt: skip
+                     check: Callable[[subprocess.CompletedProcess], None], cwd: Path | None = None) -> None:  # fmt: skip
     """``launch AGENT -m smol ARGS`` from a fresh data folder, then again on the server it left
     running (``check``-ed each time), then `stop`: one server, the user's files not made."""
     assert run_cli("pull", str(smollm2_path), "--name", "smol", env=env, timeout=180).returncode == 0
@@ -38,7 +38,7 @@ def _twice_then_stop(agent: str, args: list[str], env: dict[str, str], isolated_
     try:
         results = []
         for _ in range(2):
-            proc = run_cli("launch", agent, "-m", "smol", *args, env=env, timeout=400)
+            proc = run_cli("launch", agent, "-m", "smol", *args, env=env, timeout=400, cwd=cwd)
             check(proc)
             results.append(json.loads(record.read_text()))
         assert results[0]["pid"] == results[1]["pid"]  # the second launch used the server the first left running
@@ -87,3 +87,22 @@ def test_codex_exec_ends_its_turn_on_a_started_server_and_again_on_the_running_o
     args = ["-n", "16", "--", "-c", f"model_instructions_file={json.dumps(str(instructions))}", *CODEX_LEAN,
             "exec", "--skip-git-repo-check", "--ephemeral", "Say hi"]  # fmt: skip
     _twice_then_stop("codex", args, env, isolated_home, smollm2_path, check)
+
+
+@pytest.mark.slow
+def test_opencode_run_gets_its_answer_from_a_started_server_and_again_from_the_running_one(smollm2_path, isolated_home, tmp_path):
+    """OpenCode asks for its model's output limit (launch's -n; without one 32,000, past the context:
+    a 400 it answers by compacting, again and again). A project's opencode.json (it ranks above
+    launch's) makes the prompt lean: ~300 tokens without the tools and the 9 kB system prompt."""
+    project = tmp_path / "project"
+    project.mkdir()
+    off = dict.fromkeys(("bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch", "write"), False)
+    (project / "opencode.json").write_text(json.dumps({"agent": {"build": {"prompt": "Be brief.", "tools": off}}}))
+
+    def check(proc: subprocess.CompletedProcess) -> None:
+        err = proc.stderr.decode()
+        assert proc.returncode == 0 and "Error" not in err, err
+        assert proc.stdout.strip(), err  # the answer, whatever a 135M model says
+
+    env = _env("opencode", isolated_home, PWD=str(project))  # OpenCode's project is $PWD, not the process's directory
+    _twice_then_stop("opencode", ["-n", "16", "--", "run", "Say hi"], env, isolated_home, smollm2_path, check, cwd=project)

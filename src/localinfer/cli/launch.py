@@ -15,7 +15,7 @@ def launch(
     agent_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- AGENT-ARGS...]", help="Passed to the agent as they are.", show_default=False)] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="The installed model the agent uses (default: the registry's default).")] = None,
     server_url: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="Use the `localinfer serve` at URL (e.g. http://127.0.0.1:8080) instead of the one launch starts.")] = None,
-    n_predict: Annotated[Optional[int], typer.Option("--n-predict", "-n", min=1, help="The server launch starts: tokens an answer may have when the agent names no limit (Codex names none). Default: a quarter of the context.")] = None,
+    n_predict: Annotated[Optional[int], typer.Option("--n-predict", "-n", min=1, help="An answer's tokens at most: the --n-predict of the server launch starts (Codex names no limit) and OpenCode's output limit. Default: a quarter of the context.")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the variables, the private config and the command instead of running the agent.")] = False,
 ) -> None:
     """Run a coding agent (Claude Code, Codex, OpenCode) on a local model: a `serve` is started in the
@@ -39,6 +39,7 @@ def launch(
         token = os.environ.get("LOCALINFER_API_KEY") or "localinfer"  # serve started by us reads it too
         if server_url:
             url = _root(server_url)
+            ctx = ctx or server.context(url, name, token)
         else:
             info = server.running()
             if info is not None and info.get("model") != name:
@@ -53,7 +54,7 @@ def launch(
                 info = server.start(name, size, n_predict or agents.output_cap(size), say)
             url = info["url"]
             server.preload(url, name, token)
-        setup = agents.setup(spec, url=url, model=name, ctx=ctx, token=token, folder=server.folder())
+        setup = agents.setup(spec, url=url, model=name, ctx=ctx, token=token, folder=server.folder(), output=n_predict)
         agents.write(setup)
         if print_only:
             sys.stdout.write(agents.shown(spec, setup, list(agent_args or ()), url, name))

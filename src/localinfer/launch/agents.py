@@ -50,10 +50,13 @@ class AgentSetup:
     files: dict[Path, str] = field(default_factory=dict)
 
 
-def setup(agent: Agent, *, url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
-    """``url``: the server's root (no /v1); ``ctx``: the model's context (None: unknown);
+def setup(agent: Agent, *, url: str, model: str, ctx: int | None, token: str, folder: Path, output: int | None = None) -> AgentSetup:
+    """``url``: the server's root (no /v1); ``ctx``: the model's context (None: unknown); ``output``:
+    the answer's cap where the agent asks for one (None: ``output_cap``);
     ``folder``: where the private configs go."""
-    return {"claude": _claude, "codex": _codex, "opencode": _opencode}[agent.name](url, model, ctx, token, folder)
+    if agent.name == "opencode":
+        return _opencode(url, model, ctx, token, folder, output)
+    return {"claude": _claude, "codex": _codex}[agent.name](url, model, ctx, token, folder)
 
 
 def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
@@ -90,10 +93,10 @@ def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> A
     return AgentSetup(env={KEY_VAR: token}, args=[a for kv in args for a in ("-c", kv)])
 
 
-def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
+def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path, output: int | None) -> AgentSetup:
     entry: dict = {"name": model, "tool_call": True}
-    if ctx:
-        entry["limit"] = {"context": ctx, "output": min(8192, ctx // 4)}
+    if ctx:  # OpenCode asks for `output` tokens (else 32,000, past any context here: a 400) and compacts before prompt + output pass ctx
+        entry["limit"] = {"context": ctx, "output": min(output or output_cap(ctx), ctx // 2)}
     config = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {"localinfer": {"npm": "@ai-sdk/openai-compatible", "name": "localinfer",
@@ -103,8 +106,10 @@ def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path) -
     }  # fmt: skip
     path = folder / "opencode.json"
     # OPENCODE_CONFIG is merged over the user's global config (theirs is read, never written)
-    return AgentSetup(env={"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1", KEY_VAR: token},
-                 files={path: json.dumps(config, indent=2) + "\n"})  # fmt: skip
+    # no catalog look-up at models.opencode.ai: the model is ours, and offline it is an error in OpenCode's log
+    env = {"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", KEY_VAR: token}
+    return AgentSetup(env=env,
+                      files={path: json.dumps(config, indent=2) + "\n"})  # fmt: skip
 
 
 def _toml(value: str) -> str:

@@ -152,6 +152,21 @@ def preload(url: str, model: str, token: str) -> None:
         raise LocalInferError(f"the server at {url} did not load {model}: {exc}") from None
 
 
+def context(url: str, model: str, token: str) -> int | None:
+    """The context the server at ``url`` gives ``model`` (llama-server's ``/props``, which serve and
+    llama-server answer): what the agent is told with --endpoint; None when it does not say."""
+    import urllib.parse
+    import urllib.request
+
+    request = urllib.request.Request(f"{url}/props?model={urllib.parse.quote(model)}", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the user's own server
+            n_ctx = json.loads(response.read())["default_generation_settings"]["n_ctx"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
 def stop() -> dict[str, Any] | None:
     """Stop the server launch started (SIGTERM, then wait for it); what it was, or None when none runs."""
     import signal
