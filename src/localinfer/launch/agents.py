@@ -95,7 +95,9 @@ def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> A
 
 def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path, output: int | None) -> AgentSetup:
     entry: dict = {"name": model, "tool_call": True}
-    if ctx:  # OpenCode asks for `output` tokens (else 32,000, past any context here: a 400) and compacts before prompt + output pass ctx
+    # OpenCode asks for `output` tokens (else 32,000: past any context here, a 400) and compacts before
+    # prompt + output pass the context
+    if ctx:
         entry["limit"] = {"context": ctx, "output": min(output or output_cap(ctx), ctx // 2)}
     config = {
         "$schema": "https://opencode.ai/config.json",
@@ -108,8 +110,7 @@ def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path, o
     # OPENCODE_CONFIG is merged over the user's global config (theirs is read, never written)
     # no catalog look-up at models.opencode.ai: the model is ours, and offline it is an error in OpenCode's log
     env = {"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", KEY_VAR: token}
-    return AgentSetup(env=env,
-                      files={path: json.dumps(config, indent=2) + "\n"})  # fmt: skip
+    return AgentSetup(env=env, files={path: json.dumps(config, indent=2) + "\n"})
 
 
 def _toml(value: str) -> str:
