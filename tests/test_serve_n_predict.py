@@ -1,7 +1,8 @@
 """`serve -n N` (llama-server's --n-predict) on a real SmolLM2: the cap of an answer whose request
 names none, on every wire; a request's own limit wins. The Responses API calls an answer the server
 cut ``completed`` (Codex fails its turn on an ``incomplete`` one) and keeps ``incomplete``
-for the request's own ``max_output_tokens``."""
+for the request's own ``max_output_tokens``; a call the cap cut short comes back in the next turn's
+input and is taken (its arguments ``{}``), not refused."""
 
 from __future__ import annotations
 
@@ -44,3 +45,17 @@ def test_responses_cut_by_the_server_is_completed_and_cut_by_the_request_incompl
     assert last["response"]["usage"]["output_tokens"] <= CAP and last["response"]["incomplete_details"] is None
     own = json.loads(_post(served, "/v1/responses", {"input": LONG, "max_output_tokens": 2, "temperature": 0}))
     assert own["status"] == "incomplete" and own["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_a_past_call_the_cap_cut_short_is_taken_back_with_empty_arguments():
+    # the server sends a call cut by its cap as written ('{"'); Codex runs it, gets a parse error as the
+    # tool's output, and sends it all back: that turn was a 400 ("must be a JSON object"), exit 1
+    from localinfer.serve import responses_api
+
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+             {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": '{"'},
+             {"type": "function_call_output", "call_id": "c1", "output": "failed to parse function arguments"}]  # fmt: skip
+    r = responses_api.parse({"input": items}).request
+    assert r.messages[1]["tool_calls"][0]["function"] == {"name": "exec_command", "arguments": {}}
+    whole = responses_api.parse({"input": [items[0], {**items[1], "arguments": '{"cmd": "ls"}'}, items[2]]}).request
+    assert whole.messages[1]["tool_calls"][0]["function"]["arguments"] == {"cmd": "ls"}
