@@ -144,7 +144,8 @@ class _LogprobEngine:
 def test_serve_answers_carry_logprobs_whole_and_per_chunk():
     from test_serve import _state, call
 
-    state = _state(_LogprobEngine())
+    engine = _LogprobEngine()
+    state = _state(engine)
     status, _, body = call(state, "POST", "/v1/chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 1})
     assert status == 200
     content = json.loads(body)["choices"][0]["logprobs"]["content"]
@@ -161,7 +162,7 @@ def test_serve_answers_carry_logprobs_whole_and_per_chunk():
     assert [t for lp in legacy for t in lp["tokens"]] == ["Hel", "lo"]
     status, _, body = call(state, "POST", "/v1/chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 21})
     assert status == 400 and json.loads(body)["error"]["param"] == "top_logprobs"
-    assert state.engine.asked == [1, 0, 1]
+    assert engine.asked == [1, 0, 1]
 
 
 # -- a real model ------------------------------------------------------------------------------------

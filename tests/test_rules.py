@@ -52,7 +52,7 @@ class StubEngine:
 
 
 def serve_client(engine: StubEngine | None = None) -> TestClient:
-    state = ServerState(ServeConfig(), ("m", "m.gguf"), engine=engine or StubEngine())  # type: ignore[arg-type]
+    state = ServerState.holding(ServeConfig(), ("m", "m.gguf"), engine or StubEngine())  # type: ignore[arg-type]
     return TestClient(create_app(state), base_url="http://127.0.0.1:8080", raise_server_exceptions=False)
 
 

@@ -300,7 +300,7 @@ def call(state: ServerState, method: str, path: str, body: Any = None, headers: 
 
 
 def _state(engine: Any = None, **config: Any) -> ServerState:
-    return ServerState(ServeConfig(**config), ("m", "m.gguf"), engine=engine)
+    return ServerState.holding(ServeConfig(**config), ("m", "m.gguf"), engine)
 
 
 def test_answers_streamed_and_whole():

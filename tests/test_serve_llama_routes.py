@@ -14,6 +14,8 @@ pytest.importorskip("starlette")
 from test_serve import HI, FakeEngine, _state, call
 
 from localinfer.engine.templates import ChatTemplate
+from localinfer.serve.app import ServerState
+from localinfer.serve.config import ServeConfig
 from localinfer.serve.engine import Prepared
 from localinfer.serve.llama_routes import template_caps
 
@@ -155,13 +157,15 @@ def test_a_model_field_picks_the_routers_model():
     asked: list[Any] = []
     engine = TemplateEngine()
 
-    class Router:
-        async def engine_for(self, scope: Any, name: str | None, **_: Any) -> tuple[Any, str]:
+    class Models:
+        async def pick(self, scope: Any, name: str | None, **_: Any) -> Any:
+            from localinfer.serve.multi import Picked
+
             asked.append(name)
-            return engine, name or "recent"
+            return Picked(engine, name or "recent")  # type: ignore[arg-type]
 
     state = _state(None)
-    state.router = Router()  # type: ignore[assignment]
+    state.models = Models()  # type: ignore[assignment]
     assert _json(state, "POST", "/tokenize", {"content": "x", "model": "gemma3"})[0] == 200
     assert _json(state, "POST", "/apply-template", {"messages": HI, "model": "smollm2"})[0] == 200
     assert _json(state, "GET", "/props")[1]["model_path"] == "recent"  # none named: the router's choice
@@ -176,7 +180,6 @@ def test_the_guard_refuses_a_web_page_on_these_routes():
 
 
 def test_props_names_a_model_file_without_its_folders():
-    state = _state(TemplateEngine())
-    state.names = ("/home/someone/models/x.Q4.gguf", "x.Q4.gguf")
+    state = ServerState.holding(ServeConfig(), ("/home/someone/models/x.Q4.gguf", "x.Q4.gguf"), TemplateEngine())  # type: ignore[arg-type]
     got = _json(state, "GET", "/props")[1]
     assert got["model_path"] == got["model_alias"] == "x.Q4.gguf"

@@ -19,7 +19,7 @@ from localinfer.serve.protocol import ApiError
 def _mapped(monkeypatch, *specs: str):
     s = served(monkeypatch)
     s.config = dataclasses.replace(s.config, model_map=model_map.parse(list(specs)))
-    return s, ServerState(s.config, (), router=s)
+    return s, ServerState(s.config, s)
 
 
 def test_an_unknown_name_matching_a_pattern_is_answered_by_its_model_on_every_wire(monkeypatch):

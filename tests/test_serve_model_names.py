@@ -38,7 +38,7 @@ def _message(path: str, data: bytes) -> str:
 def test_a_megabyte_model_name_is_a_400_that_does_not_quote_it(monkeypatch, path, body):
     s = served(monkeypatch)
     monkeypatch.setattr(s, "servable", lambda: [f"model{i}" for i in range(20)])
-    state = ServerState(ServeConfig(max_body=8 << 20), (), router=s)
+    state = ServerState(ServeConfig(max_body=8 << 20), s)
     body = {"model": LONG, **body} if "name" not in body else body
     t0 = time.perf_counter()
     status, _, data = call(state, "POST", path, body)

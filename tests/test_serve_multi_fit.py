@@ -14,7 +14,7 @@ from test_serve_multi_logic import Engine, _engine_for, served
 from localinfer.errors import ResourceError
 from localinfer.serve.app import ServerState
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.multi import Model
+from localinfer.serve.multi import LoadedEngine
 from localinfer.serve.protocol import ApiError
 
 
@@ -26,7 +26,7 @@ def _loaded(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, list[str],
     def make(resolved: Any, name: str, want: Any) -> Any:
         made.append(name)
         engines.append(Engine(pieces=(name,)))
-        return Model(name, engines[-1])
+        return LoadedEngine(name, engines[-1])
 
     s = served(monkeypatch, make, **kw)
     _engine_for(s, "smol")
@@ -42,7 +42,7 @@ def test_num_ctx_beyond_the_trained_context_is_a_400_that_unloads_nothing(monkey
     assert err.value.status == 400 and err.value.param == "num_ctx"
     assert err.value.message == "'options.num_ctx' 100000000 is beyond the 2048 tokens smol was trained on: ask for 2048 or less"
     assert made == ["smol"] and not engines[0].stopped and list(s.router.slots) == ["/models/smol.gguf"]
-    state = ServerState(ServeConfig(), (), router=s)
+    state = ServerState(ServeConfig(), s)
     body = {"prompt": "x", "model": "smol", "stream": False, "options": {"num_ctx": 100_000_000}}
     status, _, data = call(state, "POST", "/api/generate", body)
     assert status == 400 and "beyond the 2048 tokens" in json.loads(data)["error"]  # Ollama's shape
@@ -53,7 +53,7 @@ def test_num_ctx_beyond_the_trained_context_is_a_400_that_unloads_nothing(monkey
 
 def test_a_ctx_size_beyond_a_model_s_trained_context_is_a_400_naming_it_and_force(monkeypatch):
     s = served(monkeypatch, ctx_size=32768)
-    state = ServerState(ServeConfig(), (), router=s)
+    state = ServerState(ServeConfig(), s)
     status, _, data = call(state, "POST", "/v1/chat/completions", {"messages": HI, "model": "smol"})
     message = json.loads(data)["error"]["message"]
     assert status == 400 and "--ctx-size 32768" in message and "2048" in message and "--force" in message
@@ -123,7 +123,7 @@ def test_two_names_of_two_copies_of_one_file_share_one_load(monkeypatch, tmp_pat
 
     def make(resolved: Any, name: str, want: Any) -> Any:
         made.append(name)
-        return Model(name, Engine(pieces=(name,)))
+        return LoadedEngine(name, Engine(pieces=(name,)))
 
     s = served(monkeypatch, make)
     monkeypatch.setattr(s, "servable", lambda: sorted(files))

@@ -4,6 +4,7 @@ and 507, and a request's model picks the engine that answers it and holds it for
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from types import SimpleNamespace
@@ -13,9 +14,10 @@ import pytest
 from test_serve import HI, FakeEngine, call
 
 from localinfer.errors import ResourceError
+from localinfer.serve import listings
 from localinfer.serve.app import ServerState
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.multi import Model, Served, is_path
+from localinfer.serve.multi import LoadedEngine, Served, is_path
 from localinfer.serve.protocol import ApiError
 
 
@@ -42,7 +44,7 @@ def served(monkeypatch: pytest.MonkeyPatch, make: Any = None, **kw: Any) -> Serv
 
     monkeypatch.setattr(localinfer.store, "resolve_model", resolve_model)
     monkeypatch.setattr(s, "_default_ctx", lambda resolved, name: 1024)
-    monkeypatch.setattr(s, "_make", make or (lambda resolved, name, want: Model(name, Engine(pieces=(name,)))))
+    monkeypatch.setattr(s, "_make", make or (lambda resolved, name, want: LoadedEngine(name, Engine(pieces=(name,)))))
     return s
 
 
@@ -95,7 +97,7 @@ def test_per_request_fields_are_checked_and_num_ctx_sizes_the_load(monkeypatch):
 
     def make(resolved: Any, name: str, want: Any) -> Any:
         wants.append(want)
-        return Model(name, Engine())
+        return LoadedEngine(name, Engine())
 
     s = served(monkeypatch, make)
     for bad in ({"keep_alive": "soon"}, {"keep_alive": [1]}, {"num_ctx": 8}, {"num_ctx": "2048"}):
@@ -111,7 +113,7 @@ def test_per_request_fields_are_checked_and_num_ctx_sizes_the_load(monkeypatch):
 
 def test_a_request_s_model_picks_its_engine_on_every_wire_and_is_released(monkeypatch):
     s = served(monkeypatch)
-    state = ServerState(ServeConfig(), (), router=s)
+    state = ServerState(ServeConfig(), s)
     status, _, data = call(state, "POST", "/v1/chat/completions", {"messages": HI, "model": "gemma"})
     assert status == 200 and json.loads(data)["model"] == "gemma"
     assert json.loads(data)["choices"][0]["message"]["content"] == "gemma"
@@ -128,11 +130,11 @@ def test_a_request_s_model_picks_its_engine_on_every_wire_and_is_released(monkey
 
 
 def test_ollama_s_load_duration_is_the_load_a_request_waited_for(monkeypatch):
-    def make(resolved: Any, name: str, want: Any) -> Model:
+    def make(resolved: Any, name: str, want: Any) -> LoadedEngine:
         time.sleep(0.3)
-        return Model(name, Engine(pieces=(name,)))
+        return LoadedEngine(name, Engine(pieces=(name,)))
 
-    state = ServerState(ServeConfig(), (), router=served(monkeypatch, make))
+    state = ServerState(ServeConfig(), served(monkeypatch, make))
     body = {"prompt": "x", "model": "gemma", "stream": False}
     cold = json.loads(call(state, "POST", "/api/generate", body)[2])
     warm = json.loads(call(state, "POST", "/api/generate", body)[2])
@@ -141,8 +143,8 @@ def test_ollama_s_load_duration_is_the_load_a_request_waited_for(monkeypatch):
 
 
 def test_a_full_engine_and_a_full_wait_are_503(monkeypatch):
-    s = served(monkeypatch, lambda resolved, name, want: Model(name, Engine(full=True)))
-    state = ServerState(ServeConfig(), (), router=s)
+    s = served(monkeypatch, lambda resolved, name, want: LoadedEngine(name, Engine(full=True)))
+    state = ServerState(ServeConfig(), s)
     status, headers, _ = call(state, "POST", "/v1/chat/completions", {"messages": HI, "model": "smol"})
     assert status == 503 and headers["retry-after"] == "1"
     waits = served(monkeypatch, max_queue=0, max_models=1)
@@ -176,7 +178,7 @@ def test_one_file_under_a_name_with_a_projector_and_one_without_is_reloaded_not_
 
     def make(resolved: Any, name: str, want: Any) -> Any:
         made.append((name, want.options["mmproj"]))
-        return Model(name, Engine(pieces=(name,)))
+        return LoadedEngine(name, Engine(pieces=(name,)))
 
     s = served(monkeypatch, make)
     monkeypatch.setattr(s, "servable", lambda: ["vis", "plain"])
@@ -245,7 +247,7 @@ def test_two_names_of_one_file_share_one_load(monkeypatch, tmp_path):
 
     def make(resolved: Any, name: str, want: Any) -> Any:
         made.append(name)
-        return Model(name, Engine(pieces=(name,)))
+        return LoadedEngine(name, Engine(pieces=(name,)))
 
     s = served(monkeypatch, make)
     files = {"smol": tmp_path / "link.gguf", "gemma": real}
@@ -258,7 +260,7 @@ def test_two_names_of_one_file_share_one_load(monkeypatch, tmp_path):
         assert found == name.removesuffix(":latest")
     assert made == ["gemma"] and len(s.router.slots) == 1
     assert set(s.loaded()) == {"gemma", "smol"} and list(s.loaded(aliases=False)) == ["gemma"]
-    assert [m["status"]["value"] for m in s.openai_models(0)["data"]] == ["loaded", "loaded"]
+    assert [m["status"]["value"] for m in listings.openai_models(s, 0)["data"]] == ["loaded", "loaded"]
 
 
 def test_the_servable_names_are_read_again_only_when_the_manifest_changed(monkeypatch, tmp_path):
@@ -313,7 +315,7 @@ def test_the_per_model_figures_add_up_to_the_totals(monkeypatch):
     for model, prompt, completion in (("gemma", 5, 7), ("smol", 11, 13), ("smol", 2, 3)):
         s.metrics.finished(outcome(prompt, completion), model)
     figures = {}
-    for line in s.metrics.render(s.gauges(), s.metrics_text).splitlines():
+    for line in s.metrics.render(s.gauges(), functools.partial(listings.metrics_text, s)).splitlines():
         if not line.startswith("#"):
             key, value = line.rsplit(" ", 1)
             figures[key] = float(value)

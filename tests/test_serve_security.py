@@ -187,7 +187,7 @@ class Failing(FakeEngine):
 @contextlib.contextmanager
 def serving(engine: Any = None, limits: Limits | None = None, **config: Any) -> Iterator[SimpleNamespace]:
     """uvicorn on 127.0.0.1:<free port> in a thread, with the protocol ``serve`` uses."""
-    state = ServerState(ServeConfig(**config), ("m",), engine=engine or FakeEngine())
+    state = ServerState.holding(ServeConfig(**config), ("m",), engine or FakeEngine())
     limits = limits or Limits()
     limits = Limits(limits.max_header_bytes, limits.header_timeout_s, limits.body_timeout_s, limits.max_connections,
                     refused=lambda status: state.metrics.answered("connection", status))  # fmt: skip

@@ -53,7 +53,6 @@ def serve(
     with handle_errors():
         if draft is not None:  # one sequence at a time only, for now (generate.drafting)
             draft.single_sequence("serve")
-        from localinfer.batch import job as batchjob
         from localinfer.render.stats import warn
         from localinfer.serve import model_map
         from localinfer.serve.config import ServeConfig
@@ -75,9 +74,17 @@ def serve(
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
         models = list(dict.fromkeys(model or ()))
-        if len(models) != 1:  # every installed model (or the -m ones and the rest), on demand
+        from localinfer.serve.loader import default_max_models
+        from localinfer.serve.multi import Served
+
+        if len(models) == 1:  # one model, pinned: loaded at start, answering every name but another model's
+            if config.model_map:  # one model answers every name already (multi.Pin)
+                warn("--map-model has no effect serving one model: it answers every model name")
+            served = _pinned(config, models[0], alias, ctx_size, draft.apply(base) if draft is not None else base,
+                             offline=flags.offline, force=flags.force, say=server.log)  # fmt: skip
+        else:  # every installed model (or the -m ones and the rest), on demand
             from localinfer.errors import UsageError
-            from localinfer.serve.multi import Served, default_max_models, is_path
+            from localinfer.serve.multi import is_path
 
             for name in [*models, *(m for _, m in config.model_map)]:
                 if is_path(name):
@@ -86,19 +93,26 @@ def serve(
                 resolve_model(name, offline=flags.offline, pull_progress=make_progress())
             served = Served(config, base, ctx_size=ctx_size, only=tuple(models) if no_autoload and models else None,
                             max_models=max_models or default_max_models(base), keep_alive=_seconds(keep_alive), force=flags.force)  # fmt: skip
-            _say_cache(config.cache_ram, server.log)
-            server.serve_all(config, served, models)
-            return
-        if config.model_map:  # one model answers every name already (app.serves)
-            warn("--map-model has no effect serving one model: it answers every model name")
-        resolved = resolve_model(models[0], offline=flags.offline, pull_progress=make_progress())
-        ctx_per_seq = ctx_size or _default_context(resolved, base, parallel, config.cache_ram, server.log)
-        n_train = resolved.info.context_length or 0
-        if ctx_size and ctx_size > n_train > 0:
-            warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
-        options = batchjob.batch_load_options(draft.apply(base) if draft is not None else base, parallel=parallel, ctx_per_seq=ctx_per_seq)
         _say_cache(config.cache_ram, server.log)
-        server.serve(config, resolved, options, force=flags.force, alias=alias)
+        server.serve(config, served, models if len(models) > 1 else ())
+
+
+def _pinned(config, spec: str, alias, ctx_size, base, *, offline: bool, force: bool, say):
+    """`serve -m MODEL`: the model resolved (pulled if need be), its context sized (said), pinned."""
+    from pathlib import Path
+
+    from localinfer.render.progress import make_progress
+    from localinfer.render.stats import warn
+    from localinfer.serve.multi import Pin, Served, load_key
+    from localinfer.store import resolve_model
+
+    resolved = resolve_model(spec, offline=offline, pull_progress=make_progress())
+    ctx_per_seq = ctx_size or _default_context(resolved, base, config.parallel, config.cache_ram, say)
+    n_train = resolved.info.context_length or 0
+    if ctx_size and ctx_size > n_train > 0:
+        warn(f"--ctx-size {ctx_size} is above the {n_train} tokens this model was trained on; quality may drop")
+    names = tuple(dict.fromkeys(n for n in (alias, resolved.name, Path(resolved.path).name) if n))
+    return Served(config, base, ctx_size=ctx_per_seq, force=force, pin=Pin(names, load_key(resolved), resolved))
 
 
 def _say_cache(cache_ram: int, say) -> None:

@@ -172,11 +172,11 @@ class Resident:
         from localinfer.serve.engine import Engine
 
         config = ServeConfig(parallel=want.sequences, no_log=True, whole_answers=True)
-        state = ServerState(config, (name, want.key), created=int(time.time()))
-        state.hub = Hub(loop, deferred=True)
-        engine = Engine(loaded, want.sequences, max_queue=64, on_step=state.hub.flush)
+        hub = Hub(loop, deferred=True)
+        engine = Engine(loaded, want.sequences, max_queue=64, on_step=hub.flush)
         engine.start()
-        state.engine = engine
+        state = ServerState.holding(config, (name, want.key), engine, key=want.key, n_ctx_seq=engine.n_ctx_seq, created=int(time.time()))
+        state.hub = hub
         buffers = loaded.buffers
         size = buffers.total() if buffers is not None and buffers.buffers else os.path.getsize(want.key)
         self.say(f"loaded {name} in {loaded.load_s:.1f} s: {want.sequences} sequence(s) x {engine.n_ctx_seq} tokens")

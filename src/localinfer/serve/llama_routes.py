@@ -3,26 +3,26 @@
 (``/v1/chat/completions/input_tokens``, OpenAI's ``/v1/responses/input_tokens``).
 
 Nothing here generates. What renders or tokenizes runs off the event loop, bounded as count_tokens
-is (``app.off_loop``: at most --max-queue at once); a chat request is prepared by the very path a
-generating one takes (``app.prepared_only`` -> ``serve.prepare``), so a count or a rendered prompt
+is (``exchange.off_loop``: at most --max-queue at once); a chat request is prepared by the very path a
+generating one takes (``exchange.prepared_only`` -> ``serve.prepare``), so a count or a rendered prompt
 can never disagree with what generation evaluates. A ``model`` field (``?model=`` on /props) picks
-the model where serve serves every installed one (``app._pick``). What is ``app``'s comes in a
-``Shared`` (``app`` imports this module; this one imports nothing of it).
+the model as every route's does (``exchange.pick``).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from localinfer.serve import wires
 from localinfer.serve.engine import Overloaded
-from localinfer.serve.protocol import ApiError, parse_body
+from localinfer.serve.exchange import Wire, authorize, body_of, off_loop, overloaded, pick, prepared_only, state_of
+from localinfer.serve.protocol import ApiError
 
 if TYPE_CHECKING:
     from localinfer.engine.templates import ChatTemplate
@@ -32,69 +32,41 @@ ENDPOINTS = {"/tokenize": "tokenize", "/detokenize": "detokenize", "/apply-templ
              "/v1/chat/completions/input_tokens": "input_tokens", "/v1/responses/input_tokens": "input_tokens"}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Shared:
-    """``app``'s, handed over: the key check, the loaded engine, a request's model's engine, the
-    bounded body, the overload's refusal, a request prepared without queueing, the bounded thread
-    pool, the chat wire and the Wire type (see ``app``)."""
-
-    authorize: Callable[[Request, Any], None]
-    engine: Callable[[Any], Engine]
-    pick: Callable[[Request, Any, str | None], Awaitable[tuple[Engine, str]]]
-    read_body: Callable[[Request, int], Awaitable[bytes]]
-    overloaded: Callable[[Any], ApiError]
-    prepared_only: Callable[[Request, Any], Awaitable[tuple[Engine, str, Any]]]
-    off_loop: Callable[[Any, Callable[[], Any]], Awaitable[Any]]
-    chat: Any  # app.CHAT
-    wire: Callable[..., Any]  # app.Wire
-
-
-def routes(shared: Shared) -> list[Route]:
+def routes() -> list[Route]:
     """Every route here, for ``app.create_app``."""
     paths = {"/tokenize": tokenize, "/detokenize": detokenize, "/apply-template": apply_template, "/props": props,
              "/v1/chat/completions/input_tokens": chat_input_tokens, "/v1/responses/input_tokens": responses_input_tokens}  # fmt: skip
-    return [Route(path, _route(fn, shared), methods=["GET" if path == "/props" else "POST"]) for path, fn in paths.items()]
-
-
-def _route(fn: Callable[[Request, Shared], Awaitable[Response]], shared: Shared) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
-        return await fn(request, shared)
-
-    return endpoint
-
-
-def _state(request: Request) -> Any:
-    return request.app.state.serve
+    return [Route(path, fn, methods=["GET" if path == "/props" else "POST"]) for path, fn in paths.items()]
 
 
 # -- the prompt a chat request makes, without generating ----------------------------------------------
-async def apply_template(request: Request, app: Shared) -> Response:
+async def apply_template(request: Request) -> Response:
     """The prompt text generation evaluates for this chat request: its tokens written out (special
     tokens as text, a BOS that tokenizing adds included), so tokenizing it gives the same count."""
     async def run() -> dict[str, Any]:
-        engine, _, prepared = await app.prepared_only(request, app.chat)
-        return {"prompt": await app.off_loop(_state(request), functools.partial(_prompt_text, engine, prepared.tokens))}
+        picked, prepared = await prepared_only(request, wires.CHAT)
+        return {"prompt": await off_loop(state_of(request), functools.partial(_prompt_text, picked.engine, prepared.tokens))}
 
-    return await _answered(request, app, run, app.chat.error)
+    return await _answered(request, run, wires.CHAT.error)
 
 
-async def chat_input_tokens(request: Request, app: Shared) -> Response:
+async def chat_input_tokens(request: Request) -> Response:
     async def run() -> dict[str, Any]:
-        _, _, prepared = await app.prepared_only(request, app.chat)
+        _, prepared = await prepared_only(request, wires.CHAT)
         return {"object": "chat.completion.input_tokens", "input_tokens": len(prepared.tokens)}
 
-    return await _answered(request, app, run, app.chat.error)
+    return await _answered(request, run, wires.CHAT.error)
 
 
-async def responses_input_tokens(request: Request, app: Shared) -> Response:
+async def responses_input_tokens(request: Request) -> Response:
     """OpenAI's ``POST /v1/responses/input_tokens``: a Responses request's prompt, counted."""
     from localinfer.serve import responses_api as ra
 
     async def run() -> dict[str, Any]:
-        _, _, prepared = await app.prepared_only(request, app.wire(ra.parse, ra.error_body, lambda *_: None))
+        _, prepared = await prepared_only(request, Wire(ra.parse, ra.error_body, lambda *_: None))
         return {"object": "response.input_tokens", "input_tokens": len(prepared.tokens)}
 
-    return await _answered(request, app, run, ra.error_body)
+    return await _answered(request, run, ra.error_body)
 
 
 def _prompt_text(engine: Engine, tokens: Any) -> str:
@@ -114,19 +86,19 @@ def _prompt_text(engine: Engine, tokens: Any) -> str:
 
 
 # -- text to tokens and back ----------------------------------------------------------------------------
-async def tokenize(request: Request, app: Shared) -> Response:
+async def tokenize(request: Request) -> Response:
     """``{"content", "add_special"?: false, "parse_special"?: true, "with_pieces"?: false}`` ->
     ``{"tokens": [id...]}``, or ``[{"id", "piece"}...]`` where a piece that is not whole UTF-8 is its bytes."""
     async def run() -> dict[str, Any]:
-        body = await _body(request, app, {"content", "add_special", "parse_special", "with_pieces"})
+        body = await _body(request, {"content", "add_special", "parse_special", "with_pieces"})
         content = body.get("content")
         if not isinstance(content, str):
             raise _bad("content", "'content' is required: the text to tokenize" if content is None else "'content' must be a string")
         add, special, pieces = (_flag(body, k, d) for k, d in (("add_special", False), ("parse_special", True), ("with_pieces", False)))
-        engine = await _engine(request, app, body)
-        return {"tokens": await app.off_loop(_state(request), functools.partial(_tokens, engine, content, add, special, pieces))}
+        engine = await _engine(request, body)
+        return {"tokens": await off_loop(state_of(request), functools.partial(_tokens, engine, content, add, special, pieces))}
 
-    return await _answered(request, app, run)
+    return await _answered(request, run)
 
 
 def _tokens(engine: Engine, content: str, add: bool, special: bool, pieces: bool) -> list[Any]:
@@ -145,36 +117,35 @@ def _tokens(engine: Engine, content: str, add: bool, special: bool, pieces: bool
     return out
 
 
-async def detokenize(request: Request, app: Shared) -> Response:
+async def detokenize(request: Request) -> Response:
     """``{"tokens": [id...]}`` -> ``{"content"}``: special tokens written out, as llama-server does."""
     async def run() -> dict[str, Any]:
-        body = await _body(request, app, {"tokens"})
+        body = await _body(request, {"tokens"})
         ids = body.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise _bad("tokens", "'tokens' must be a list of token ids")
-        engine = await _engine(request, app, body)
+        engine = await _engine(request, body)
         model = engine.loaded.model
         bad = next((t for t in ids if not 0 <= t < model.n_vocab), None)
         if bad is not None:
             raise _bad("tokens", f"token id {bad} is out of the vocabulary ({model.n_vocab} tokens)")
-        text = await app.off_loop(_state(request), lambda: b"".join(map(model.token_bytes, ids)).decode("utf-8", errors="replace"))
+        text = await off_loop(state_of(request), lambda: b"".join(map(model.token_bytes, ids)).decode("utf-8", errors="replace"))
         return {"content": text}
 
-    return await _answered(request, app, run)
+    return await _answered(request, run)
 
 
 # -- the server's and the model's facts --------------------------------------------------------------------
-async def props(request: Request, app: Shared) -> Response:
+async def props(request: Request) -> Response:
     """llama-server's ``GET /props``: one sequence's context, the slots, the model (its name: a path
     would tell a client the user's home), its chat template and what the template can do."""
     async def run() -> dict[str, Any]:
-        state = _state(request)
-        app.authorize(request, state)
-        if state.router is None:
-            app.engine(state)
-        engine, name = await app.pick(request, state, request.query_params.get("model"))
+        state = state_of(request)
+        authorize(request, state)
+        picked = await pick(request, state, request.query_params.get("model"))
+        engine, name = picked.engine, picked.name
         template = engine.loaded.template
-        caps = await app.off_loop(state, functools.partial(template_caps, template))
+        caps = await off_loop(state, functools.partial(template_caps, template))
         return {
             "default_generation_settings": {"n_ctx": engine.n_ctx_seq},
             "total_slots": engine.parallel,
@@ -186,7 +157,7 @@ async def props(request: Request, app: Shared) -> Response:
             "build_info": _build_info(),
         }
 
-    return await _answered(request, app, run)
+    return await _answered(request, run)
 
 
 def _shown(name: str) -> str:
@@ -243,32 +214,28 @@ def _build_info() -> str:
 
 
 # -- shared ----------------------------------------------------------------------------------------------
-async def _answered(request: Request, app: Shared, run: Callable[[], Any],
+async def _answered(request: Request, run: Callable[[], Any],
                     error: Callable[[ApiError], dict[str, Any]] = ApiError.body) -> Response:  # fmt: skip
     """``run``'s answer as JSON, or its error in the route's shape (an overload: 503, Retry-After)."""
     try:
         return JSONResponse(await run())
     except Overloaded:
-        exc = app.overloaded(_state(request))
+        exc = overloaded(state_of(request))
     except ApiError as caught:
         exc = caught
     return JSONResponse(error(exc), status_code=exc.status, headers=exc.headers)
 
 
-async def _body(request: Request, app: Shared, fields: set[str]) -> dict[str, Any]:
+async def _body(request: Request, fields: set[str]) -> dict[str, Any]:
     """The key checked, the body read (--max-body) and parsed; an unknown field is a 400, as elsewhere."""
-    state = _state(request)
-    app.authorize(request, state)
-    if state.router is None:
-        app.engine(state)
-    body = parse_body(await app.read_body(request, state.config.max_body))
+    body = await body_of(request, state_of(request))
     unknown = sorted(set(body) - fields - {"model"})
     if unknown:
         raise ApiError(400, f"unknown field '{unknown[0]}'", code="unknown_parameter", param=unknown[0])
     return body
 
 
-async def _engine(request: Request, app: Shared, body: dict[str, Any]) -> Engine:
+async def _engine(request: Request, body: dict[str, Any]) -> Engine:
     from localinfer.request import rules
 
     model = body.get("model")
@@ -276,8 +243,7 @@ async def _engine(request: Request, app: Shared, body: dict[str, Any]) -> Engine
         model = None if model is None else rules.model_name("model", model)
     except rules.RuleError as exc:
         raise _bad("model", str(exc)) from None
-    engine, _ = await app.pick(request, _state(request), model)
-    return engine
+    return (await pick(request, state_of(request), model)).engine
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:

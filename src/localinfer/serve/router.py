@@ -1,4 +1,4 @@
-"""The multi-model core that ``serve`` (without one -m) and the resident server share: which models
+"""The multi-model core that ``serve`` (one pinned model or many) and the resident server share: which models
 are loaded; loading one on demand (once, however many ask at once, while the others keep serving);
 unloading the least recently used idle one to make room (``max_models``, the memory pre-flight's
 ``ResourceError``); keep-alive unloads; and a bounded wait when every loaded model is busy.
@@ -28,8 +28,8 @@ class Busy(Exception):
 
 
 @dataclass
-class Slot:
-    """One loaded model: ``held`` is what ``make`` returned (an engine, an app and its engine)."""
+class KeptModel:
+    """One model the router keeps loaded: ``held`` is what ``make`` returned (an engine, an app and its engine)."""
 
     info: Loaded
     held: Any
@@ -46,7 +46,7 @@ class Router:
     def __init__(self, *, stop: Callable[[Any], None], active: Callable[[Any], bool] = lambda held: False,
                  max_models: int | None = None, keep_alive: float = 300.0, max_queue: int = 64,
                  say: Callable[[str], None] = lambda message: None) -> None:  # fmt: skip
-        self.slots: dict[str, Slot] = {}
+        self.slots: dict[str, KeptModel] = {}
         self.stop, self.active, self.say = stop, active, say
         self.max_models, self.keep_alive, self.max_queue = max_models, keep_alive, max_queue
         self.waiting = 0  # requests waiting for room (bounded by max_queue)
@@ -55,7 +55,7 @@ class Router:
 
     # -- using a model -------------------------------------------------------------------------------
     async def acquire(self, want: Want, name: str, make: Callable[[Want], Any], *, keep_alive: float | None = None,
-                      check: Callable[[Want], None] | None = None) -> tuple[Slot, list[str]]:  # fmt: skip
+                      check: Callable[[Want], None] | None = None) -> tuple[KeptModel, list[str]]:  # fmt: skip
         """The slot that answers ``want``, held (``release`` it): loaded or reloaded by ``make`` on a
         thread when needed, after unloading idle models to make room. ``Busy`` when the wait for room
         is full; the pre-flight's ``ResourceError`` when the model cannot fit even alone. ``check``
@@ -101,11 +101,11 @@ class Router:
         slot.info.keep_alive = self._seconds(self.keep_alive if keep_alive is None else keep_alive)
         return slot, notes
 
-    def hold(self, slot: Slot) -> None:
+    def hold(self, slot: KeptModel) -> None:
         slot.info.busy += 1
         slot.info.last_used = time.monotonic()
 
-    def release(self, slot: Slot) -> None:
+    def release(self, slot: KeptModel) -> None:
         """A request on ``slot`` ended: its idle time starts now (``keep_alive`` 0: unload it)."""
         slot.info.busy -= 1
         slot.info.last_used = time.monotonic()
@@ -113,7 +113,7 @@ class Router:
             asyncio.ensure_future(self._unload_idle(slot, "keep_alive 0"))
         self._notify()
 
-    async def _unload_idle(self, slot: Slot, why: str) -> None:
+    async def _unload_idle(self, slot: KeptModel, why: str) -> None:
         """Unload ``slot`` if it is still idle with keep_alive 0 when this runs: a request may have
         taken it between ``release`` and now, and must not be left with a stopped engine."""
         if not self.busy(slot) and slot.info.keep_alive == 0 and slot.key not in self._loading:
@@ -123,14 +123,14 @@ class Router:
     def loading(self) -> int:
         return len(self._loading)
 
-    def busy(self, slot: Slot) -> bool:
+    def busy(self, slot: KeptModel) -> bool:
         return slot.info.busy > 0 or bool(self.active(slot.held))
 
-    def find(self, name_or_key: str) -> Slot | None:
+    def find(self, name_or_key: str) -> KeptModel | None:
         return next((s for s in self.slots.values() if name_or_key in (s.info.name, s.key)), None)
 
     # -- loading and unloading ---------------------------------------------------------------------------
-    def _room(self) -> list[Slot] | None:
+    def _room(self) -> list[KeptModel] | None:
         """The idle models to unload so one more fits under ``max_models`` (None: wait, all busy)."""
         if self.max_models is None:
             return []
@@ -144,8 +144,8 @@ class Router:
             return None
         return [self.slots[v.key] for v in chosen]
 
-    async def _load(self, want: Want, name: str, make: Callable[[Want], Any], victims: list[Slot],
-                    notes: list[str]) -> Slot | None:  # fmt: skip
+    async def _load(self, want: Want, name: str, make: Callable[[Want], Any], victims: list[KeptModel],
+                    notes: list[str]) -> KeptModel | None:  # fmt: skip
         """Load ``want`` (marked as loading before the first await); None when the pre-flight says
         it does not fit while busy models hold the memory (the caller waits and asks again)."""
         from localinfer.errors import ResourceError
@@ -184,16 +184,16 @@ class Router:
             self._notify()
 
     def adopt(self, want: Want, name: str, held: Any, *, load_s: float | None = None,
-              n_ctx_seq: int | None = None) -> Slot:  # fmt: skip
+              n_ctx_seq: int | None = None) -> KeptModel:  # fmt: skip
         """A model loaded elsewhere (a preload), kept from now on."""
         n_ctx = n_ctx_seq or getattr(held, "n_ctx_seq", want.ctx_per_seq)
         info = Loaded(want.key, name, want.options, want.sequences, want.ctx_per_seq, n_ctx,
                       keep_alive=self._seconds(self.keep_alive), last_used=time.monotonic())  # fmt: skip
-        slot = Slot(info, held, load_s)
+        slot = KeptModel(info, held, load_s)
         self.slots[want.key] = slot
         return slot
 
-    async def _unload(self, slot: Slot, why: str) -> None:
+    async def _unload(self, slot: KeptModel, why: str) -> None:
         if self.slots.get(slot.key) is not slot:
             return
         del self.slots[slot.key]  # gone at once: counts and lookups see it so before the engine stops

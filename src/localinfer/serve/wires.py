@@ -1,0 +1,38 @@
+"""The protocols the one exchange (``exchange.answer``) runs, each as a ``Wire``: OpenAI's Chat
+Completions and Completions (``protocol``'s parser, ``responses``' writer), Anthropic's Messages
+(``anthropic``) and OpenAI's Responses API (``responses_api``). Ollama's is ``ollama``'s."""
+
+from __future__ import annotations
+
+import functools
+
+from localinfer.serve.exchange import Wire
+from localinfer.serve.protocol import ApiError, parse_request
+from localinfer.serve.responses import CompletionWriter
+
+
+def _chat_wire(kind: str, whole: bool = False) -> Wire:
+    return Wire(functools.partial(parse_request, kind=kind), functools.partial(ApiError.body, whole=whole),
+                lambda picked, req, prepared: CompletionWriter.new(kind, picked.name, req.include_usage, whole, req.return_progress))  # fmt: skip
+
+
+CHAT, COMPLETIONS = _chat_wire("chat"), _chat_wire("text")
+# The resident server's (ServeConfig.whole_answers): answers and errors also carry what our CLI reads
+WHOLE = {"chat": _chat_wire("chat", True), "text": _chat_wire("text", True)}
+
+
+def messages(*, counting: bool = False) -> Wire:
+    """Anthropic's Messages (``counting``: count_tokens' request, never answered by a writer)."""
+    from localinfer.serve import anthropic
+
+    if counting:
+        return Wire(functools.partial(anthropic.parse, counting=True), anthropic.error_body, lambda *_: None, clamp=True)
+    return Wire(anthropic.parse, anthropic.error_body,
+                lambda picked, req, p: anthropic.AnthropicWriter(picked.name, len(p.tokens), req.request.stop), clamp=True)  # fmt: skip
+
+
+def responses() -> Wire:
+    """OpenAI's Responses API."""
+    from localinfer.serve import responses_api as ra
+
+    return Wire(ra.parse, ra.error_body, lambda picked, req, p: ra.ResponsesWriter(picked.name, req.request))
