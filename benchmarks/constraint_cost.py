@@ -207,13 +207,13 @@ def main() -> None:
     args = ap.parse_args()
     import models as test_models
 
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import LoadOptions
 
     paths = {"smollm2": test_models.smollm2_path, "gemma": lambda: test_models.gemma_path()}
     results = {}
     for name in args.models.split(","):
-        model = Model(str(paths[name]()), LoadOptions(n_ctx=256))
+        model = LlamaModel(str(paths[name]()), LoadOptions(n_ctx=256))
         h = Harness(model)
         row: dict = {"n_vocab": model.n_vocab}
         for mech in (LLGuidance(model), Native(model)):

@@ -121,11 +121,11 @@ def main() -> int:
 
     from localinfer.engine import constrain
     from localinfer.engine.batch import BatchDecoder
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import LoadOptions
     from localinfer.request.structured import from_schema
 
-    model = Model(_model_path(args.model), LoadOptions(n_ctx=1024 * args.parallel, n_threads=args.threads,
+    model = LlamaModel(_model_path(args.model), LoadOptions(n_ctx=1024 * args.parallel, n_threads=args.threads,
                                                        n_seq_max=args.parallel))  # fmt: skip
     probes: dict[str, list] = {"apply": [], "accept": [], "masks": []}
     _timed(constrain.ConstraintSampler, "_apply", probes["apply"])

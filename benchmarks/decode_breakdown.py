@@ -16,7 +16,7 @@ In one process, alternating with `llama-bench tg N @ dD` (same model, threads, d
 
     .venv/bin/python benchmarks/decode_breakdown.py [-t 2] [--pairs 6] [-n 128] [-d 48]
 
-The model is loaded as ``run`` loads it (localinfer.engine.model.Model), and llama-bench repacks
+The model is loaded as ``run`` loads it (localinfer.engine.model.LlamaModel), and llama-bench repacks
 weights exactly when the engine does (engine.backend.cpu_repack_enabled: off on AMX CPUs, on
 elsewhere; LOCALINFER_CPU_REPACK=1|0 decides for both).
 """
@@ -46,13 +46,13 @@ def main() -> int:
     model = args.model or native.default_model()
 
     from localinfer.engine.backend import cpu_repack_enabled, llama_cpp
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
 
     repack = cpu_repack_enabled(None)
     bench_args = ["-d", str(args.d)]
-    m = Model(model, LoadOptions(n_ctx=4096, n_threads=args.threads))
+    m = LlamaModel(model, LoadOptions(n_ctx=4096, n_threads=args.threads))
     words = "Write a long story about a robot who learns to paint. Describe every painting in detail. "
     prompt = m.tokenize(words * (args.d // 8 + 2))[: args.d]
 

@@ -7,7 +7,7 @@ over the decode (the prompt is cached by a first 1-token answer) is the work. At
 is the decode's own; at 2 threads it includes OpenMP's spin-waiting, which grows with the load.
 Per task: tokens per CPU second and per wall second, plain and drafted (medians of ``--rounds``),
 drafted / kept tokens, and whether the texts are the same. The drafter keeps what it learnt across
-rounds (as a Model does across answers); the first round is its cold start.
+rounds (as a LlamaModel does across answers); the first round is its cold start.
 
     PYTHONPATH=src .venv/bin/python benchmarks/draft_cpu_ab.py --model PATH -t 1 -n 160 --rounds 3
     PYTHONPATH=src .venv/bin/python benchmarks/draft_cpu_ab.py --model gemma.gguf --raw   # a base model
@@ -38,12 +38,12 @@ def main() -> None:
     args = ap.parse_args()
     from draft_vs_plain import default_model, prompt_tokens, tasks
 
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
 
     path = args.model or default_model()
-    ms = {d: Model(path, LoadOptions(n_ctx=2048, n_threads=args.threads, draft=d)) for d in (None, "ngram")}
+    ms = {d: LlamaModel(path, LoadOptions(n_ctx=2048, n_threads=args.threads, draft=d)) for d in (None, "ngram")}
     greedy = SamplingOptions(temperature=0)
     print(f"# draft_cpu_ab {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC: {Path(path).name}, -t {args.threads}, "
           f"-n {args.n}, {args.rounds} rounds{' --raw' if args.raw else ''}; load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip

@@ -71,12 +71,12 @@ def main() -> None:
     args = ap.parse_args()
     from draft_vs_plain import default_model, prompt_tokens, tasks
 
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
 
     path = args.model or default_model()
-    m = Model(path, LoadOptions(n_ctx=2048, n_threads=args.threads))
+    m = LlamaModel(path, LoadOptions(n_ctx=2048, n_threads=args.threads))
     lookups = {"latest": dict(n_max=5, n_min=2, how="latest"), "latest-8": dict(n_max=8, n_min=2, how="latest"),
                "latest-1": dict(n_max=5, n_min=1, how="latest"), "frequent": dict(n_max=5, n_min=2, how="frequent"),
                "first": dict(n_max=5, n_min=2, how="first")}  # fmt: skip

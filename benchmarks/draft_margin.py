@@ -69,12 +69,12 @@ def compare(plain: np.ndarray, batched: np.ndarray) -> tuple[float, float, bool,
 
 def measure(path: str, prompts: list[list[int]], threads: int, n: int) -> dict:
     from localinfer.engine.backend import llama_cpp
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.speculate import _VerifyBatch
     from localinfer.engine.types import LoadOptions
 
-    plain = Model(path, LoadOptions(n_ctx=2048, n_threads=threads))
-    batched = Model(path, LoadOptions(n_ctx=2048, n_threads=threads))
+    plain = LlamaModel(path, LoadOptions(n_ctx=2048, n_threads=threads))
+    batched = LlamaModel(path, LoadOptions(n_ctx=2048, n_threads=threads))
     verify = _VerifyBatch(max(CHUNKS))
     rows: list[tuple[int, float, float, bool, float]] = []  # (chunk size, margin diff, drift, differ, plain margin)
     alone: list[tuple[float, float, bool, float]] = []
@@ -146,14 +146,14 @@ def main() -> None:
     import draft_vs_plain as dvp
     import models as test_models
 
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import LoadOptions
 
     lines = [f"# benchmarks/draft_margin.py -t {' '.join(map(str, args.threads))} -n {args.n}; load {os.getloadavg()[0]:.2f}"]
     for name in args.models:
         raw = name == "gemma"  # the base model: plain completions, as draft_vs_plain --raw
         path = str(test_models.gemma_path() if raw else test_models.smollm2_path())
-        probe = Model(path, LoadOptions(n_ctx=2048, n_threads=1))
+        probe = LlamaModel(path, LoadOptions(n_ctx=2048, n_threads=1))
         texts = dvp.tasks(raw)
         prompts = [dvp.prompt_tokens(probe, texts[k], raw) for k in ("copy-text", "copy-module", "free")]
         probe.close()

@@ -35,13 +35,13 @@ def main() -> None:
 
     from localinfer.engine.backend import llama_cpp
     from localinfer.engine.draft import NgramDrafter
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.speculate import _VerifyBatch
     from localinfer.engine.types import LoadOptions
     from localinfer.request.sampling import SamplingOptions
 
     sizes = [int(x) for x in args.sizes.split(",")]
-    m = Model(args.model or default_model(), LoadOptions(n_ctx=2048, n_threads=args.threads))
+    m = LlamaModel(args.model or default_model(), LoadOptions(n_ctx=2048, n_threads=args.threads))
     toks = m.tokenize(PASSAGES * 4)
     depth = 300
     m._decode(toks[:depth])

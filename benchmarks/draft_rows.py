@@ -49,7 +49,7 @@ class Context:
 
         from localinfer.batch.job import batch_load_options
         from localinfer.engine.backend import llama_cpp
-        from localinfer.engine.model import Model
+        from localinfer.engine.model import LlamaModel
         from localinfer.engine.types import LoadOptions
 
         from localinfer.engine import model as model_module
@@ -65,7 +65,7 @@ class Context:
 
         model_module.context_params = unified_params if unified else made
         try:
-            self.model = Model(model or default_model(), opts)
+            self.model = LlamaModel(model or default_model(), opts)
         finally:
             model_module.context_params = made
         self.toks = self.model.tokenize(PASSAGES * 4)

@@ -66,7 +66,7 @@ def tasks(raw: bool = False) -> dict[str, str]:
 
 
 def prompt_tokens(model, text: str, raw: bool = False) -> list[int]:
-    """``text`` as a loaded engine Model's prompt: plain completion (``raw``: a base model) or one user
+    """``text`` as a loaded engine LlamaModel's prompt: plain completion (``raw``: a base model) or one user
     turn through the model's own chat template."""
     if raw:
         return model.tokenize(text, add_special=True)
@@ -108,11 +108,11 @@ def batch_cost(model: str, threads: int, sizes: tuple[int, ...] = (1, 2, 5, 9), 
     steps (a compute-bound, loaded CPU) no draft can pay, and the drafter's cost model stops drafting."""
     sys.path.insert(0, str(ROOT / "src"))
     from localinfer.engine.backend import llama_cpp
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.speculate import _VerifyBatch
     from localinfer.engine.types import LoadOptions
 
-    m = Model(model, LoadOptions(n_ctx=2048, n_threads=threads))
+    m = LlamaModel(model, LoadOptions(n_ctx=2048, n_threads=threads))
     toks = m.tokenize(PASSAGES * 3)
     depth = 300
     m._decode(toks[:depth])
@@ -141,7 +141,7 @@ def tie_check(model: str, threads: int, n: int, raw: bool = False) -> list[str]:
     between the two tokens (a near-tie, or a defect)."""
     sys.path.insert(0, str(ROOT / "src"))
     from localinfer.engine import draft as d
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
@@ -152,7 +152,7 @@ def tie_check(model: str, threads: int, n: int, raw: bool = False) -> list[str]:
     for name, text in tasks(raw).items():
         runs = []
         for draft in (None, "ngram"):
-            m = Model(model, LoadOptions(n_ctx=2048, n_threads=threads, draft=draft))
+            m = LlamaModel(model, LoadOptions(n_ctx=2048, n_threads=threads, draft=draft))
             if raw:
                 prompt = m.tokenize(text, add_special=True)
             else:

@@ -79,10 +79,10 @@ class InProcess:
 
     def __init__(self, args: argparse.Namespace, inputs: list[str]) -> None:
         from localinfer.engine.embed import Embedder
-        from localinfer.engine.model import Model
+        from localinfer.engine.model import LlamaModel
         from localinfer.engine.types import LoadOptions
 
-        self.model = Model(args.model, LoadOptions(n_ctx=256, n_threads=args.threads))
+        self.model = LlamaModel(args.model, LoadOptions(n_ctx=256, n_threads=args.threads))
         self.embedder = Embedder(self.model, n_ctx=args.ctx, pooling="mean")
         self.tokens = [self.embedder.tokens_of(t)[0] for t in inputs]
         self.embedder.embed(self.tokens[:4])  # warm-up: the first decode of a context allocates

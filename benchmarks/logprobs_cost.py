@@ -4,7 +4,7 @@ in our engine and in llama.cpp's llama-server (``n_probs``). Floor (issue 29): o
 >= 0.90 x ours without.
 
 Three sides, greedy, ``ignore_eos`` so every trial decodes the same count:
-- ``engine``: our engine in this process (``Model.generate(logprobs=N)``), its own decode rate;
+- ``engine``: our engine in this process (``LlamaModel.generate(logprobs=N)``), its own decode rate;
 - ``serve``: ``localinfer serve``, ``/v1/completions`` with ``logprobs: N``;
 - ``llama-server``: ``/v1/completions`` with ``n_probs: N`` (its default, pre-sampling
   probabilities: the same distribution as ours), repacking weights exactly when our engine does.
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="report file (- for stdout only)")
     args = ap.parse_args()
     from localinfer.engine.backend import cpu_repack_enabled
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import LoadOptions
 
     model_path = args.model or default_model()
@@ -113,7 +113,7 @@ def main() -> None:
             server.start(logs / f"{name}.log")
             server_rate(server, None, 4)  # warm-up
         if "engine" in sides:
-            model = Model(model_path, LoadOptions(n_ctx=ctx, n_threads=args.threads))
+            model = LlamaModel(model_path, LoadOptions(n_ctx=ctx, n_threads=args.threads))
             prompt = model.tokenize(PROMPT)
             engine_rate(model, prompt, None, 4)
         for r in range(args.rounds):

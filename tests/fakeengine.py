@@ -1,6 +1,6 @@
-"""A scripted stand-in for the engine's Model, for CLI tests that are not about a model's output
+"""A scripted stand-in for the engine's LlamaModel, for CLI tests that are not about a model's output
 (simonw/llm's MockModel): tokens are words, the answer and its timings are what the test enqueued,
-and nothing is loaded. ``fake_engine`` puts it where ``generate.loading.load`` finds the Model.
+and nothing is loaded. ``fake_engine`` puts it where ``generate.loading.load`` finds the LlamaModel.
 
     def test_x(fake_engine):
         fake_engine.enqueue(["Hello", " world"])
@@ -36,7 +36,7 @@ class Script:
 
 
 class FakeModel:
-    """The face of engine.model.Model that generate and the CLI use."""
+    """The face of engine.model.LlamaModel that generate and the CLI use."""
 
     script: Script
 
@@ -103,5 +103,5 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> Script:
 
     script = Script()
     fake = type("FakeModel", (FakeModel,), {"script": script})
-    monkeypatch.setattr(engine_model, "Model", fake)
+    monkeypatch.setattr(engine_model, "LlamaModel", fake)
     return script

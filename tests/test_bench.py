@@ -77,9 +77,9 @@ def test_list_options_take_commas_repeats_and_ranges():
 
 @pytest.mark.slow
 def test_every_repetition_generates_exactly_n_tokens_even_past_eos(smollm2_path):
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
 
-    with Model(smollm2_path, LoadOptions(n_ctx=512, n_threads=1)) as model:
+    with LlamaModel(smollm2_path, LoadOptions(n_ctx=512, n_threads=1)) as model:
         prompt = model.tokenize(
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
             "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",

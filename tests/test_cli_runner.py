@@ -92,7 +92,7 @@ def test_run_builds_only_its_own_command():
 
 
 def test_run_in_one_process_keeps_only_its_last_model(smollm2_path):
-    # `run` leaves its model to the OS at the process's end (engine.model.Model.__del__); a process
+    # `run` leaves its model to the OS at the process's end (engine.model.LlamaModel.__del__); a process
     # running the command again (CliRunner, a library) must still free the ones before.
     import gc
     import weakref

@@ -170,12 +170,12 @@ def test_the_copy_task_at_two_threads_is_the_plain_greedy_answer(request, always
     """Before the margin rule both answers parted from the plain ones (SmolLM2 at token 30, where
     the plain run's top two were 0.081 nats apart; Gemma at token 32, 0.19 apart); now token for
     token, and the rule decided some positions alone."""
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
 
     path = request.getfixturevalue(f"{which}_path")
     raw = which == "gemma"
-    plain = Model(path, LoadOptions(n_ctx=2048, n_threads=2))
-    drafted = Model(path, LoadOptions(n_ctx=2048, n_threads=2, draft="ngram", draft_max=8))
+    plain = LlamaModel(path, LoadOptions(n_ctx=2048, n_threads=2))
+    drafted = LlamaModel(path, LoadOptions(n_ctx=2048, n_threads=2, draft="ngram", draft_max=8))
     try:
         prompt = _copy_prompt(plain, raw)
         a, _ = _answer(plain, prompt, 120)

@@ -43,11 +43,11 @@ FREE = "Write a short story about a robot who learns to paint."
 
 @pytest.fixture(scope="module")
 def models(smollm2_path):
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.templates import ChatTemplate
 
-    plain = Model(smollm2_path, LoadOptions(n_ctx=2048, n_threads=1))
-    drafted = Model(smollm2_path, LoadOptions(n_ctx=2048, n_threads=1, draft="ngram", draft_max=8))
+    plain = LlamaModel(smollm2_path, LoadOptions(n_ctx=2048, n_threads=1))
+    drafted = LlamaModel(smollm2_path, LoadOptions(n_ctx=2048, n_threads=1, draft="ngram", draft_max=8))
     template = ChatTemplate(source="gguf", template=plain.chat_template, bos_text=plain.bos_text, eos_text=plain.eos_text)
     yield plain, drafted, template
     plain.close()

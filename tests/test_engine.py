@@ -16,9 +16,9 @@ GREEDY = SamplingOptions(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def model(smollm2_path):
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
 
-    m = Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2))
+    m = LlamaModel(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2))
     yield m
     m.close()
 
@@ -194,10 +194,10 @@ def test_the_gguf_template_renders_as_llama_cpp_pythons_formatter_does(smollm2_p
     # same environment settings, globals and filters), on the real model's template.
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.templates import ChatTemplate
 
-    with Model(smollm2_path, LoadOptions(n_ctx=256, n_threads=2)) as m:
+    with LlamaModel(smollm2_path, LoadOptions(n_ctx=256, n_threads=2)) as m:
         template, bos, eos = m.chat_template, m.bos_text, m.eos_text
     messages = [
         {"role": "system", "content": "Be brief."},
@@ -248,7 +248,7 @@ def test_the_engine_imports_only_the_bindings_not_numpy():
     # cost most of the import on the way to the first token.
     code = (
         "import sys\n"
-        "from localinfer.engine.model import Model\n"
+        "from localinfer.engine.model import LlamaModel\n"
         "print('numpy' in sys.modules, 'llama_cpp.llama' in sys.modules)\n"
         "import llama_cpp\n"
         "print(llama_cpp.Llama is not None, llama_cpp.llama_cpp.llama_backend_init is not None)\n"
@@ -262,17 +262,17 @@ def test_a_model_alive_as_the_process_ends_is_left_to_the_os(smollm2_path):
     code = (
         "import os, sys\n"
         "from localinfer.engine.backend import llama_cpp\n"
-        "from localinfer.engine.model import Model\n"
+        "from localinfer.engine.model import LlamaModel\n"
         "from localinfer.engine.types import LoadOptions\n"
         "real = llama_cpp.llama_model_free\n"
         "def spy(model):\n"
         "    os.write(1, b'freed\\n')\n"
         "    return real(model)\n"
         "llama_cpp.llama_model_free = spy\n"
-        "dropped = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
+        "dropped = LlamaModel(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
         "del dropped\n"
         "os.write(1, b'dropped\\n')\n"
-        "kept = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
+        "kept = LlamaModel(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2))\n"
     )
     assert run_python(code, str(smollm2_path)).stdout == "freed\ndropped\n"
 
@@ -282,11 +282,11 @@ def test_our_log_callback_is_taken_back_after_the_whole_package_is_imported(smol
     # which prints every line to stderr; the next load must still report its buffers to us.
     code = (
         "import sys\n"
-        "from localinfer.engine.model import Model\n"
+        "from localinfer.engine.model import LlamaModel\n"
         "from localinfer.engine.types import LoadOptions\n"
-        "Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=1)).close()\n"
+        "LlamaModel(sys.argv[1], LoadOptions(n_ctx=256, n_threads=1)).close()\n"
         "import llama_cpp.llama_chat_format\n"
-        "m = Model(sys.argv[1], LoadOptions(n_ctx=256, n_threads=1))\n"
+        "m = LlamaModel(sys.argv[1], LoadOptions(n_ctx=256, n_threads=1))\n"
         "print(any('KV buffer size' in line for line in m.memory_log))\n"
     )
     proc = run_python(code, str(smollm2_path))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from localinfer.engine.model import Model
+from localinfer.engine.model import LlamaModel
 from localinfer.engine.types import LoadOptions
 from localinfer.system.estimate import BufferReport, ModelShape, estimate, parse_buffer_report
 from localinfer.gguf import read_gguf
@@ -24,8 +24,8 @@ CONFIGS = [
 ]
 
 
-def _load(path, **kw) -> tuple[BufferReport, Model]:
-    model = Model(path, LoadOptions(n_threads=2, **kw))
+def _load(path, **kw) -> tuple[BufferReport, LlamaModel]:
+    model = LlamaModel(path, LoadOptions(n_threads=2, **kw))
     return parse_buffer_report(model.memory_log), model
 
 
@@ -104,7 +104,7 @@ def test_mlock_locks_the_weights(smollm2_path):
 
     log = engine.ensure_backend(False)
     start = log.seq
-    model = Model(smollm2_path, LoadOptions(n_ctx=256, use_mlock=True))
+    model = LlamaModel(smollm2_path, LoadOptions(n_ctx=256, use_mlock=True))
     try:
         warned = any("mlock" in text for _, text in log.since(start))
         # either the pages are locked, or llama.cpp said why it could not (RLIMIT_MEMLOCK)
@@ -118,7 +118,7 @@ def test_the_engine_names_an_option_llama_cpp_refuses(smollm2_path):
 
     # the pre-flight catches this first; the engine's own diagnosis is the backstop for direct users
     with pytest.raises(UsageError, match="quantized V cache requires flash_attn"):
-        Model(smollm2_path, LoadOptions(n_ctx=256, cache_type_v="q8_0", flash_attn="off"))
+        LlamaModel(smollm2_path, LoadOptions(n_ctx=256, cache_type_v="q8_0", flash_attn="off"))
 
 
 @pytest.mark.parametrize("key", ["smollm2", "gemma"])

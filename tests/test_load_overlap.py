@@ -28,7 +28,7 @@ def watch(monkeypatch, isolated_home):
     from localinfer.system import hardware
 
     seen: dict = {"compiles": []}
-    real_init, real_compile = engine_model.Model.__init__, templates.compile_template
+    real_init, real_compile = engine_model.LlamaModel.__init__, templates.compile_template
 
     def init(self, *args, **kw):
         seen["load_thread"], seen["load_start"] = threading.current_thread(), time.perf_counter()
@@ -41,7 +41,7 @@ def watch(monkeypatch, isolated_home):
         seen["compiles"].append((threading.current_thread(), time.perf_counter()))
         return real_compile(template)
 
-    monkeypatch.setattr(engine_model.Model, "__init__", init)
+    monkeypatch.setattr(engine_model.LlamaModel, "__init__", init)
     monkeypatch.setattr(templates, "compile_template", compile_template)
     monkeypatch.setattr(hardware, "available_cpus", lambda: 2)
     templates._compile.cache_clear()
@@ -95,7 +95,7 @@ def test_a_failed_load_is_raised_and_a_failed_preparation_is_not(smollm2_path, w
         raise InvalidModelError("this file is not a model")
 
     with monkeypatch.context() as m:
-        m.setattr(engine_model.Model, "__init__", broken)
+        m.setattr(engine_model.LlamaModel, "__init__", broken)
         with pytest.raises(InvalidModelError, match="not a model"):
             _load(smollm2_path, watch)
 
@@ -125,7 +125,7 @@ def test_ctrl_c_during_a_load_stops_it_and_is_raised(smollm2_path, monkeypatch, 
     # A signal's handler runs on the main thread at its next bytecode: during a load, inside the
     # log callback, where ctypes printed the KeyboardInterrupt as ignored and the load went on.
     from localinfer.engine import backend
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
@@ -136,7 +136,7 @@ def test_ctrl_c_during_a_load_stops_it_and_is_raised(smollm2_path, monkeypatch, 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the command (xdist may differ)
     try:
         with pytest.raises(KeyboardInterrupt):
-            Model(smollm2_path, OPTIONS)
+            LlamaModel(smollm2_path, OPTIONS)
         lines = "".join(log.lines)
         assert ignored == [] and log.lines.count >= at
         if at < 1000:  # in the model's load: it stops at its first tensor, no context is made
@@ -146,7 +146,7 @@ def test_ctrl_c_during_a_load_stops_it_and_is_raised(smollm2_path, monkeypatch, 
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
-    with Model(smollm2_path, OPTIONS) as model:  # nothing was left half-done
+    with LlamaModel(smollm2_path, OPTIONS) as model:  # nothing was left half-done
         assert model.n_ctx >= 256
 
 

@@ -168,10 +168,10 @@ def test_serve_answers_carry_logprobs_whole_and_per_chunk():
 # -- a real model ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model(smollm2_path):
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import LoadOptions
 
-    m = Model(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2, n_seq_max=2))
+    m = LlamaModel(smollm2_path, LoadOptions(n_ctx=1024, n_threads=2, n_seq_max=2))
     yield m
     m.close()
 

@@ -32,10 +32,10 @@ def _post(s: ServeProcess, path: str, body: Any) -> Any:
 
 
 def test_tokenize_and_detokenize_are_the_models_own(served, smollm2_path):
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import LoadOptions
 
-    with Model(smollm2_path, LoadOptions(n_ctx=256, n_threads=1)) as model:
+    with LlamaModel(smollm2_path, LoadOptions(n_ctx=256, n_threads=1)) as model:
         for add, special in ((False, True), (True, False)):
             ids = _post(served, "/tokenize", {"content": TEXT, "add_special": add, "parse_special": special})["tokens"]
             assert ids == model.tokenize(TEXT, add_special=add, parse_special=special)

@@ -20,7 +20,7 @@ from localinfer.bench.method import BenchResult, BenchTest, Rep, generate_exactl
 
 if TYPE_CHECKING:
     from localinfer.bench.facts import Progress
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.request.sampling import SamplingOptions
 
 PASSAGE = (
@@ -32,13 +32,13 @@ PASSAGE = (
 STORY = "Once upon a time, in a village at the edge of a great forest, there lived"
 
 
-def prompt(kind: str, model: Model) -> list[int]:
+def prompt(kind: str, model: LlamaModel) -> list[int]:
     """The ``copy`` or ``free`` prompt's tokens (with the model's BOS where it wants one)."""
     text = f"{PASSAGE}\n\n{PASSAGE}\n\n{PASSAGE[: len(PASSAGE) // 3]}" if kind == "copy" else STORY
     return model.tokenize(text)
 
 
-def _once(model: Model, tokens: list[int], test: BenchTest, sampling: SamplingOptions, draft: str | None) -> tuple[Rep, Any]:
+def _once(model: LlamaModel, tokens: list[int], test: BenchTest, sampling: SamplingOptions, draft: str | None) -> tuple[Rep, Any]:
     plain_options = model.options
     model.options = dataclasses.replace(plain_options, draft=draft)
     try:
@@ -50,7 +50,7 @@ def _once(model: Model, tokens: list[int], test: BenchTest, sampling: SamplingOp
 
 
 def draft_rows(
-    model: Model, test: BenchTest, reps: int, stamp: dict[str, Any], *, draft: str, warmup: bool,
+    model: LlamaModel, test: BenchTest, reps: int, stamp: dict[str, Any], *, draft: str, warmup: bool,
     sampling: SamplingOptions, progress: Progress | None,
 ) -> Iterator[BenchResult]:  # fmt: skip
     """The ``[ngram copy]`` and ``[ngram free]`` rows of a tg test."""

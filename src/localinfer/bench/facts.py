@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import LoadOptions
     from localinfer.store import ResolvedModel
 
@@ -30,7 +30,7 @@ class ModelFacts:
     backend: str
 
     @classmethod
-    def of(cls, resolved: ResolvedModel, model: Model, n_gpu_layers: int) -> ModelFacts:
+    def of(cls, resolved: ResolvedModel, model: LlamaModel, n_gpu_layers: int) -> ModelFacts:
         return cls(
             name=resolved.name, path=str(resolved.path), sha256=resolved.sha256, description=model.description,
             quant=resolved.info.quantization, size_bytes=model.size_bytes, n_params=model.n_params,
@@ -75,7 +75,7 @@ def backend_name(n_gpu_layers: int) -> str:
 @contextlib.contextmanager
 def loaded_model(
     resolved: ResolvedModel, options: LoadOptions, progress: Progress | None, *, force: bool = False
-) -> Iterator[Model]:
+) -> Iterator[LlamaModel]:
     """The model loaded by the one loader (``backends.load``: pre-flight, RPC servers, "last used"),
     as every command loads it; bench then drives its engine token by token, as llama-bench does."""
     from localinfer import backends

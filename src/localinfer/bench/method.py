@@ -3,7 +3,7 @@
 Like llama-bench: random prompt tokens (the first one BOS when the model adds one), the end of
 generation disabled so every repetition generates exactly ``n`` tokens, one warm-up, ``reps``
 repetitions, mean and sample standard deviation of the per-repetition rates. Unlike a separate
-harness, every token goes through ``engine.model.Model.generate`` - the code path of ``run`` -
+harness, every token goes through ``engine.model.LlamaModel.generate`` - the code path of ``run`` -
 and the time spent inside ``llama_decode`` is reported next to it ("raw"), so our own per-token
 overhead shows. Exact definitions of pp, tg, pp+tg and depth: docs/bench.md.
 """
@@ -25,7 +25,7 @@ from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
     from localinfer.usage.cost import Pricing
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.request.structured import Format
 
 # The sampler chain of `run` with its defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8),
@@ -231,7 +231,7 @@ def random_tokens(rng: random.Random, n: int, n_vocab: int, bos: int | None) -> 
     return tokens
 
 
-def bos_token(model: Model) -> int | None:
+def bos_token(model: LlamaModel) -> int | None:
     if not model.add_bos:
         return None
     ids = model.tokenize("", add_special=True)
@@ -239,7 +239,7 @@ def bos_token(model: Model) -> int | None:
 
 
 def generate_exactly(
-    model: Model, prompt: list[int], max_tokens: int, sampling: SamplingOptions, constraint: Format | None = None
+    model: LlamaModel, prompt: list[int], max_tokens: int, sampling: SamplingOptions, constraint: Format | None = None
 ) -> GenerationStats:
     """``model.generate`` with the end of generation disabled: ``max_tokens`` tokens come out
     unless the context fills up first. Under a ``constraint`` the end of the document ends it (the
@@ -252,7 +252,7 @@ def generate_exactly(
 
 
 def measure(
-    model: Model, test: BenchTest, rng: random.Random, sampling: SamplingOptions = BENCH_SAMPLING,
+    model: LlamaModel, test: BenchTest, rng: random.Random, sampling: SamplingOptions = BENCH_SAMPLING,
     constraint: Format | None = None,
 ) -> Rep:
     """One repetition on a cleared cache (pre-filled to ``test.depth`` first, untimed).
@@ -294,7 +294,7 @@ def measure(
 
 
 def run_test(
-    model: Model,
+    model: LlamaModel,
     test: BenchTest,
     reps: int,
     *,

@@ -27,7 +27,7 @@ from localinfer.units import json_number as _r
 
 if TYPE_CHECKING:
     from localinfer.usage.cost import Pricing
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def measure_parallel(
-    model: Model, n_parallel: int, n_prompt: int, n_gen: int, rng: random.Random, sampling: SamplingOptions = BENCH_SAMPLING
+    model: LlamaModel, n_parallel: int, n_prompt: int, n_gen: int, rng: random.Random, sampling: SamplingOptions = BENCH_SAMPLING
 ) -> ParallelRep:
     """Start ``n_parallel`` sequences at once and run them to exactly ``n_gen`` tokens each."""
     from localinfer.engine.batch import BatchDecoder, BatchStats, SeqJob
@@ -178,7 +178,7 @@ def level_loads(shapes: Sequence[BenchTest], levels: Sequence[int]) -> Callable[
 
 
 def serve_tests(
-    model: Model, level: int, shapes: Sequence[BenchTest], reps: int, stamp: dict[str, Any], *, warmup: bool, seed: int,
+    model: LlamaModel, level: int, shapes: Sequence[BenchTest], reps: int, stamp: dict[str, Any], *, warmup: bool, seed: int,
     sampling: SamplingOptions, progress: Progress | None,
 ) -> Iterator[ParallelResult]:  # fmt: skip
     """Every shape served ``level`` requests at a time (``stamp``: the result fields of the load)."""

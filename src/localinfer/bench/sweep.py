@@ -15,7 +15,7 @@ from localinfer.engine.types import LoadOptions
 from localinfer.request.sampling import SamplingOptions
 
 if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.store import ResolvedModel
     from localinfer.request.structured import Format
 
@@ -85,7 +85,7 @@ def each_load(
     progress: Progress | None,
     *,
     force: bool = False,
-) -> Iterator[tuple[Model, ModelFacts, LoadOptions, Any]]:
+) -> Iterator[tuple[LlamaModel, ModelFacts, LoadOptions, Any]]:
     """Each model loaded as ``loads(config)`` says for each configuration: the options of each
     load, a key handed back with it and what the progress line says of it. The RPC servers of every
     configuration are registered first (before any load: llama.cpp picks its devices then)."""

@@ -105,7 +105,7 @@ def run(
         backend = open_backend(endpoint=endpoint, model=model, load_options=lambda _resolved: load_opts,
                                offline=offline, force=force, on_note=say, on_model=on_model, keep_alive=keep_alive,
                                chat=not raw)  # fmt: skip
-        # Not freed piece by piece as the process ends (engine.model.Model.__del__); only the last
+        # Not freed piece by piece as the process ends (engine.model.LlamaModel.__del__); only the last
         # run's: a process running the command again (CliRunner) frees the one before.
         _until_exit[:] = [backend]
         try:

@@ -19,7 +19,7 @@ see each other's tokens.
 The per-step work (filling the batch, decoding, sampling) is engine/batch_step.py's, the aggregate
 figures engine/batch_stats.py's. Per-token Python work is kept small: the batch's arrays are filled
 through ctypes array views (slice assignment for prompt chunks), token pieces are cached by the
-Model, nothing is allocated per token but the text pieces themselves.
+LlamaModel, nothing is allocated per token but the text pieces themselves.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from localinfer.engine.batch_media import MediaSlots
 from localinfer.engine.batch_stats import BatchStats
 from localinfer.engine.batch_step import BatchStep
 from localinfer.engine.draft import DraftCosts
-from localinfer.engine.model import Model
+from localinfer.engine.model import LlamaModel
 from localinfer.engine.sampling import constraint_of
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.slots import Slot, SlotTable
@@ -56,12 +56,12 @@ MEDIA_WAIT_S = 0.005  # nothing steps but images encode: how long to wait for on
 
 
 class BatchDecoder(BatchStep):
-    """Runs jobs ``n_parallel`` at a time on one Model (its context needs ``n_seq_max >= n_parallel``).
+    """Runs jobs ``n_parallel`` at a time on one LlamaModel (its context needs ``n_seq_max >= n_parallel``).
 
     ``keep_cache``: keep each finished sequence's cells and reuse the longest common prefix (the server).
     """
 
-    def __init__(self, model: Model, n_parallel: int | None = None, *, keep_cache: bool = False, cache_bytes: int = 0) -> None:
+    def __init__(self, model: LlamaModel, n_parallel: int | None = None, *, keep_cache: bool = False, cache_bytes: int = 0) -> None:
         n_seq_max = model.n_seq_max
         self.n_parallel = n_parallel or n_seq_max
         if not 1 <= self.n_parallel <= n_seq_max:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from localinfer.engine.vision_encode import Encoding, ImageEncoder
 
 if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.slots import Slot, SlotTable
     from localinfer.engine.vision import MediaPrompt
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class MediaSlots:
     """The waiting slots of one BatchDecoder (``n_parallel`` sequences) and the encoder they share."""
 
-    def __init__(self, model: Model, n_parallel: int) -> None:
+    def __init__(self, model: LlamaModel, n_parallel: int) -> None:
         self.model = model
         self.limit = 2 * n_parallel  # one per slot, and as many cancelled ones the worker has not skipped yet
         self.pending: dict[Slot, Encoding] = {}

@@ -16,14 +16,14 @@ from localinfer.errors import GenerationError, ResourceError
 if TYPE_CHECKING:
     from localinfer.engine.batch_stats import BatchStats
     from localinfer.engine.draft import DraftCosts
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.slots import Slot, SlotTable
 
 
 class BatchStep:
     """The per-step half of BatchDecoder (its base class): needs the attributes BatchDecoder sets."""
 
-    model: Model
+    model: LlamaModel
     stats: BatchStats
     capacity: int
     n_ctx_seq: int

@@ -1,4 +1,4 @@
-"""Embeddings: a context of its own beside a Model's generation context (the same llama_model, so
+"""Embeddings: a context of its own beside a LlamaModel's generation context (the same llama_model, so
 the weights are loaded once), many inputs per ``llama_decode``, pooled by llama.cpp and read per
 sequence (``llama_get_embeddings_seq``).
 
@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from localinfer.engine.backend import interruptible, llama_cpp, stdout_to_stderr
-from localinfer.engine.model import Model
+from localinfer.engine.model import LlamaModel
 from localinfer.engine.params import context_params
 from localinfer.errors import ContextOverflowError, GenerationError, ModelLoadError, UsageError
 
@@ -25,7 +25,7 @@ DEFAULT_CTX = 512  # tokens per llama_decode, and so the longest input (llama-se
 DEFAULT_SEQS = 64  # inputs per llama_decode at most
 
 
-def gguf_pooling(model: Model) -> str | None:
+def gguf_pooling(model: LlamaModel) -> str | None:
     """The pooling the GGUF names (``<arch>.pooling_type``), where it is one we can read back."""
     arch = model.meta("general.architecture")
     raw = model.meta(f"{arch}.pooling_type") if arch else None
@@ -42,12 +42,12 @@ def l2_normalized(vec: list[float]) -> list[float]:
     return [x * scale for x in vec]
 
 
-def embedding_size(model: Model) -> int:
+def embedding_size(model: LlamaModel) -> int:
     """The length of the model's pooled vectors."""
     return int(llama_cpp.llama_model_n_embd_out(model._model))
 
 
-def input_tokens(model: Model, item: str | Sequence[int], max_tokens: int, *, truncate: bool = False) -> tuple[list[int], int]:
+def input_tokens(model: LlamaModel, item: str | Sequence[int], max_tokens: int, *, truncate: bool = False) -> tuple[list[int], int]:
     """An input's tokens (a text is tokenized as llama-server does: special tokens added and parsed)
     and how many were cut off its end with ``truncate``; one longer than ``max_tokens`` is an error
     naming its length, an empty one or a token out of the vocabulary a UsageError. Any thread."""
@@ -74,7 +74,7 @@ class Embedder:
     """An embedding context on ``model``; ``n_ctx``: tokens per decode (the longest input; default
     512, at most the trained context), ``pooling``: mean | cls | last (default: the GGUF's, else mean)."""
 
-    def __init__(self, model: Model, *, n_ctx: int | None = None, pooling: str | None = None, n_seq_max: int = DEFAULT_SEQS) -> None:
+    def __init__(self, model: LlamaModel, *, n_ctx: int | None = None, pooling: str | None = None, n_seq_max: int = DEFAULT_SEQS) -> None:
         if pooling is not None and pooling not in POOLINGS:
             raise UsageError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
         if model.closed:

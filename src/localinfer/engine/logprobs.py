@@ -27,7 +27,7 @@ def token_text(raw: bytes) -> str:
 class Logprobs:
     """One sequence's log probabilities: ``add`` after each counted token (on the decoding thread,
     before the next ``llama_decode`` overwrites the row), ``entries`` at the end. Made by
-    ``Model.new_logprobs`` (``ctx``: its context; ``piece``: a token's bytes in the answer)."""
+    ``LlamaModel.new_logprobs`` (``ctx``: its context; ``piece``: a token's bytes in the answer)."""
 
     __slots__ = ("_logits", "_ctx", "_n_vocab", "_top", "_buf", "_np", "_piece", "tokens", "chosen",
                  "top_ids", "top_lps", "_starts", "_size", "_sent", "_blocks")  # fmt: skip

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from localinfer.request.structured import Format
 
 
-class Model(Vocab, SingleSequence):
+class LlamaModel(Vocab, SingleSequence):
     """A loaded GGUF model with one context (``n_seq_max`` sequences share it)."""
 
     def __init__(self, path: str | os.PathLike, options: LoadOptions = LoadOptions(), *,
@@ -107,7 +107,7 @@ class Model(Vocab, SingleSequence):
     def closed(self) -> bool:
         return self._ctx is None
 
-    def __enter__(self) -> Model:
+    def __enter__(self) -> LlamaModel:
         return self
 
     def __exit__(self, *exc: object) -> None:

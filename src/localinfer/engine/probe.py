@@ -194,14 +194,14 @@ def _child(path: str) -> int:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort is expected here: no core file
     except (ImportError, ValueError, OSError):
         pass
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import GenerationStats, LoadOptions
     from localinfer.request.sampling import SamplingOptions
     from localinfer.errors import LocalInferError
 
     options = LoadOptions(n_ctx=PROBE_CTX, n_threads=1, n_threads_batch=1, n_gpu_layers=0, use_mmap=True, verbose=True)
     try:
-        with Model(path, options) as model:
+        with LlamaModel(path, options) as model:
             # what any run may do: tokenize any text (special tokens too), show any token, decode
             text = _probe_text()
             prompt = model.tokenize(text, add_special=True)

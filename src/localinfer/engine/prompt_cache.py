@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from localinfer.engine.slots import common_prefix
 
 if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
 
 # A prefix shorter than this is evaluated again sooner than it is copied and looked up (and a chat's
 # short turns would churn the cache); the same bound keeps entries that add little to one they extend.
@@ -44,7 +44,7 @@ class CacheStats:
 
 
 class PromptCache:
-    def __init__(self, model: Model, limit_bytes: int) -> None:
+    def __init__(self, model: LlamaModel, limit_bytes: int) -> None:
         self.model = model
         self.limit = max(0, int(limit_bytes))
         self.entries: list[Entry] = []

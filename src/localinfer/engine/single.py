@@ -1,5 +1,5 @@
 """One sequence on a loaded model: its KV cache (sequence 0, reused across chat turns) and the
-generation of one answer (a base of ``engine.model.Model``, which loads the model and sets what the
+generation of one answer (a base of ``engine.model.LlamaModel``, which loads the model and sets what the
 annotations below name).
 
 We drive llama.cpp directly - one batch per decode, the native sampler chain, our own KV-cache

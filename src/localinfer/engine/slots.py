@@ -12,7 +12,7 @@ from localinfer.engine.types import GenerationStats, SeqJob
 
 if TYPE_CHECKING:
     from localinfer.engine.logprobs import Logprobs
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
 
 
 class Slot:
@@ -24,7 +24,7 @@ class Slot:
         "limiter", "drafter", "draft", "pad", "shift",
     )
 
-    def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0, model: Model | None = None) -> None:
+    def __init__(self, seq: int, job: SeqJob, chain: Any, now: float, cached: int = 0, model: LlamaModel | None = None) -> None:
         self.seq = seq
         self.job = job
         self.chain = chain
@@ -55,7 +55,7 @@ class Slot:
             assert model is not None, "a job asking for logprobs needs the model"
             self._track_logprobs(model, job)
 
-    def _track_logprobs(self, model: Model, job: SeqJob) -> None:
+    def _track_logprobs(self, model: LlamaModel, job: SeqJob) -> None:
         """Read each token's log probabilities; ``on_logprobs`` streams them with their text."""
         lp = self.logprobs = model.new_logprobs(job.logprobs or 0)
         hand_on = job.on_logprobs
@@ -88,7 +88,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     return i
 
 
-def _complete(model: Model, seq: int) -> bool:
+def _complete(model: LlamaModel, seq: int) -> bool:
     """Whether ``seq`` still holds its first positions: a sliding-window cache forgets old cells,
     and a prefix without them cannot be reused (llama-server re-evaluates the prompt then too)."""
     return model.first_position(seq) <= 0
@@ -103,7 +103,7 @@ class SlotTable:
     llama-server picks.
     """
 
-    def __init__(self, model: Model, n_parallel: int, keep_cache: bool, cache: Any = None) -> None:
+    def __init__(self, model: LlamaModel, n_parallel: int, keep_cache: bool, cache: Any = None) -> None:
         self.model = model
         self.keep_cache = keep_cache
         # host memory for what an idle sequence loses (an engine.prompt_cache.PromptCache, which imports this module)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.draft import DEFAULT_MAX_DRAFT, DraftCosts, NgramDrafter
 
-# ``model`` below is an engine.model.Model, typed Any: that module imports this one.
+# ``model`` below is an engine.model.LlamaModel, typed Any: that module imports this one.
 
 if TYPE_CHECKING:
     from localinfer.engine.constrain import ConstraintSampler

@@ -37,7 +37,7 @@ class LoadOptions:
     cpu_repack: bool | None = None  # None: on, except on AMX CPUs (see engine.backend.cpu_repack_enabled)
     verbose: bool = False  # llama.cpp's log to stderr (it is always captured for error messages)
     # "host:port" of ggml-rpc-servers whose devices to use: registered by whoever plans the load
-    # (generate.loading.load, the bench), before it, with engine.rpc.add_servers; the engine's Model does not
+    # (generate.loading.load, the bench), before it, with engine.rpc.add_servers; the engine's LlamaModel does not
     rpc_servers: tuple[str, ...] = ()
     # speculative decoding (engine/draft.py): "ngram" drafts by lookup in the prompt and the answer;
     # draft_max: tokens per draft (None: the default); draft_model: the name of a second model that

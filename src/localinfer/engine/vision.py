@@ -1,6 +1,6 @@
 """Images into a loaded model, through libmtmd: a :class:`Projector` (the model's mmproj GGUF) turns a
 rendered prompt whose text holds image markers into a :class:`MediaPrompt`, which
-``Model.generate`` evaluates like prompt tokens (images encoded, their embeddings decoded in place).
+``LlamaModel.generate`` evaluates like prompt tokens (images encoded, their embeddings decoded in place).
 
 Checked before anything can abort the process: the projector is libmtmd's to refuse at load (its
 width against the model's: we turn its log line into the error), and every text token libmtmd's
@@ -23,7 +23,7 @@ from localinfer.engine.bindings import mtmd_bindings
 from localinfer.errors import GenerationError, ModelLoadError, UsageError
 
 if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.types import GenerationStats
     from localinfer.request.images import Image
 
@@ -41,7 +41,7 @@ def _no_callback(mt: Any) -> Any:
 class Projector:
     """A multimodal projector loaded for ``model`` (freed with ``close``, before the model)."""
 
-    def __init__(self, model: Model, path: str | Path, *, n_threads: int | None = None, use_gpu: bool = True,
+    def __init__(self, model: LlamaModel, path: str | Path, *, n_threads: int | None = None, use_gpu: bool = True,
                  verbose: bool = False) -> None:  # fmt: skip
         self.mt = mt = mtmd_bindings()
         self.model = model
@@ -111,7 +111,7 @@ class Projector:
                 mt.mtmd_input_chunks_free(chunks)
 
 
-def _load_error(path: Path, model: Model, lines: list[str]) -> Exception:
+def _load_error(path: Path, model: LlamaModel, lines: list[str]) -> Exception:
     text = "".join(lines)
     m = re.search(r"mismatch between text model \(n_embd = (\d+)\) and mmproj \(n_embd = (\d+)\)", text)
     if m:
@@ -183,7 +183,7 @@ class MediaPrompt(list):
         except Exception:
             pass
 
-    def evaluate(self, model: Model, cached: int, stats: GenerationStats) -> int:
+    def evaluate(self, model: LlamaModel, cached: int, stats: GenerationStats) -> int:
         """Decode what sequence 0's cache lacks from position ``cached`` (moved back to an image's start
         if it falls inside one; model.generate's path); images are encoded first, timed apart
         (``stats.image_encode_s``). Returns the positions kept from the cache."""
@@ -208,7 +208,7 @@ class MediaPrompt(list):
         stats.image_encode_s += self._run(model, 0, cached, len(self), text, image)
         return cached
 
-    def start_seq(self, model: Model, seq: int, cached: int) -> int:
+    def start_seq(self, model: LlamaModel, seq: int, cached: int) -> int:
         """The batch engine's, as a slot is admitted: of the ``cached`` positions sequence ``seq``
         holds, those kept (moved back to an image's start if it falls inside one - or after one, with
         M-RoPE's positions, which are not the cells' indices that dropping cells goes by)."""
@@ -223,7 +223,7 @@ class MediaPrompt(list):
         """The image chunks that a sequence holding the first ``cached`` positions still needs."""
         return [chunk for start, n, chunk in self.pieces if chunk is not None and start + n > cached]
 
-    def decode_seq(self, model: Model, seq: int, cached: int, embds: Sequence[Any]) -> int:
+    def decode_seq(self, model: LlamaModel, seq: int, cached: int, embds: Sequence[Any]) -> int:
         """The batch engine's (engine thread), once ``images_from(cached)`` are encoded (``embds``, in
         order: engine/vision_encode.py): decode all but the last position into sequence ``seq``, so
         that the slot evaluates the last text token as any prompt's. Returns the positions now held."""
@@ -235,7 +235,7 @@ class MediaPrompt(list):
         self._run(model, seq, cached, len(self) - 1, text, lambda _s, _e: None, lambda _p, _c: (next(left), 0.0))
         return len(self) - 1
 
-    def _run(self, model: Model, seq: int, cached: int, upto: int, text: Any, image: Any, encoded: Any = None) -> float:
+    def _run(self, model: LlamaModel, seq: int, cached: int, upto: int, text: Any, image: Any, encoded: Any = None) -> float:
         """Decode positions ``cached`` to ``upto``: text pieces through ``text(tokens, pos)``, images
         encoded (``encoded(chunk)``: their embeddings and seconds; else here) and decoded here (then
         ``image(start, end)``); the time spent encoding."""
@@ -274,7 +274,7 @@ def encode_copy(projector: Projector, chunk: Any) -> tuple[Any, float]:
     return out, spent
 
 
-def decode_image(projector: Projector, model: Model, chunk: Any, embd: Any, start: int, seq: int) -> None:
+def decode_image(projector: Projector, model: LlamaModel, chunk: Any, embd: Any, start: int, seq: int) -> None:
     """Decode an encoded image's embeddings at positions ``start``... of sequence ``seq`` (libmtmd's helper)."""
     mt = projector.mt
     new_past = llama_cpp.llama_pos(0)
@@ -286,7 +286,7 @@ def decode_image(projector: Projector, model: Model, chunk: Any, embd: Any, star
         raise GenerationError(f"decoding an image failed (code {rc})")
 
 
-def _decode_seq(model: Model, seq: int, tokens: list[int], pos: int, last_logits: bool = False) -> None:
+def _decode_seq(model: LlamaModel, seq: int, tokens: list[int], pos: int, last_logits: bool = False) -> None:
     """Evaluate ``tokens`` at positions ``pos``... of sequence ``seq``, n_batch at a time (no logits
     but, with ``last_logits``, the last token's)."""
     for off in range(0, len(tokens), model.n_batch):

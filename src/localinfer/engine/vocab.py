@@ -1,4 +1,4 @@
-"""A loaded model's vocabulary: text to tokens and back (a base of ``engine.model.Model``, which sets
+"""A loaded model's vocabulary: text to tokens and back (a base of ``engine.model.LlamaModel``, which sets
 ``_vocab``, ``_outs`` and ``_piece_buf`` when it loads)."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from localinfer.engine.types import DEFAULT_CTX_CEILING, LoadOptions
 from localinfer.errors import ModelNotFoundError, UsageError
 
 if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.store import ResolvedModel
     from localinfer.system.hardware import MemoryBudget
     from localinfer.system.preflight import LoadPlan
@@ -32,16 +32,16 @@ class DraftPlan:
     plan: LoadPlan
     options: LoadOptions
 
-    def attach(self, model: Model, target_name: str) -> None:
+    def attach(self, model: LlamaModel, target_name: str) -> None:
         """Load the draft model next to ``model`` (its context no larger than the target's) and make
         it the target's source of guesses. Where that fails ``model`` is closed too (the load failed):
         UsageError naming the difference where the vocabularies differ."""
         from localinfer.engine.draft_model import DraftModel, vocab_mismatch
-        from localinfer.engine.model import Model
+        from localinfer.engine.model import LlamaModel
 
         try:
             n_ctx = min(self.options.n_ctx or model.n_ctx, model.n_ctx)
-            second = Model(self.resolved.path, dataclasses.replace(self.options, n_ctx=n_ctx))
+            second = LlamaModel(self.resolved.path, dataclasses.replace(self.options, n_ctx=n_ctx))
             why = vocab_mismatch(model, second)
             if why is not None:
                 second.close()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from localinfer.engine.types import LoadOptions
 
 if TYPE_CHECKING:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.templates import ChatTemplate
     from localinfer.engine.vision import Projector
     from localinfer.store import ResolvedModel
@@ -28,10 +28,10 @@ Warn = Callable[[str], None]
 
 @dataclass
 class LoadedModel:
-    """A model ready to answer: the engine's Model, how to format chats, and where it came from."""
+    """A model ready to answer: the engine's LlamaModel, how to format chats, and where it came from."""
 
     name: str
-    model: Model
+    model: LlamaModel
     template: ChatTemplate | None
     resolved: ResolvedModel | None = None
     plan: LoadPlan | None = None  # the pre-flight's context size, GPU layers and memory estimate
@@ -78,7 +78,7 @@ def load(
 
 def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget: MemoryBudget | None,
           chat: bool = True) -> LoadedModel:
-    from localinfer.engine.model import Model
+    from localinfer.engine.model import LlamaModel
     from localinfer.engine.templates import ChatTemplate, compile_template
     from localinfer.system.estimate import parse_buffer_report
     from localinfer.system.hardware import available_cpus
@@ -105,7 +105,7 @@ def _load(resolved: ResolvedModel, options: LoadOptions, *, force: bool, budget:
     # instead of after it (a template that does not compile is refused at its render). Not without
     # a core to spare, nor for plain completions: the load's log lines would only wait for the GIL.
     source = resolved.info.chat_template if chat and available_cpus() > 1 else None  # as the store read it
-    model = Model(resolved.path, load_options, meanwhile=(lambda: compile_template(source)) if source else None)
+    model = LlamaModel(resolved.path, load_options, meanwhile=(lambda: compile_template(source)) if source else None)
     if draft is not None:
         draft.attach(model, resolved.name)  # closes the target where the draft cannot be loaded
     template: ChatTemplate | None = None

@@ -58,7 +58,7 @@ class Cores:
     def keeper(self, model: Any, busy: Callable[[], bool]) -> tuple[Callable[[], None], Callable[[], None]]:
         """(keep, leave) for a loaded model: ``keep``, on its engine thread before each decode, sets
         its threads when its share changed; ``leave`` when it is unloaded. ``model``: an
-        ``engine.model.Model``; ``busy``: whether it has requests decoding."""
+        ``engine.model.LlamaModel``; ``busy``: whether it has requests decoding."""
         full = (model.n_threads, model.n_threads_batch)
         now = list(full)
         key = next(self._keys)

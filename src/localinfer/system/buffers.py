@@ -57,7 +57,7 @@ class BufferReport:
 
 
 def parse_buffer_report(lines: Iterable[str]) -> BufferReport:
-    """The buffer sizes in llama.cpp's log lines (engine Model.memory_log)."""
+    """The buffer sizes in llama.cpp's log lines (engine LlamaModel.memory_log)."""
     buffers: list[tuple[str, str, int]] = []
     offloaded = offloadable = None
     for line in lines:
