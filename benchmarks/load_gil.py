@@ -5,7 +5,7 @@ does not depend on how fast or busy the machine is: the time the loading thread 
 A ticker thread sleeps 1 ms in a loop and records how late it wakes: a wake-up later than the
 sleep needs the GIL, so its lateness is (to within the OS's timer slack, measured idle first) time
 another thread held the GIL. While it ticks, a model loads through the path ``serve`` uses
-(``serve.multi.Served._make``: pre-flight, llama.cpp load, template, engine start). Each late tick
+(``serve.models.multi.Served._make``: pre-flight, llama.cpp load, template, engine start). Each late tick
 is charged to where the loading thread stands when the ticker gets the GIL back (its innermost
 localinfer frame), which says which parts of a load are Python holding the GIL. Also: the loading
 thread's CPU time, the whole process's CPU time (more than the loader's: llama.cpp's own threads),
@@ -173,8 +173,8 @@ def main() -> int:
 
     from localinfer.engine.types import LoadOptions
     from localinfer.serve.config import ServeConfig
-    from localinfer.serve.multi import Served
-    from localinfer.serve.pool import Want
+    from localinfer.serve.models.multi import Served
+    from localinfer.serve.models.pool import Want
 
     served = Served(ServeConfig(parallel=2, no_log=True), LoadOptions(n_threads=args.threads, n_threads_batch=args.threads,
                                                                        cpu_repack=False if args.no_repack else None))

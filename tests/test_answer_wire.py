@@ -63,8 +63,8 @@ def test_every_finished_field_crosses_or_is_named_as_staying():
 
 
 def test_serve_sends_its_outcome_as_that_serialisation():
-    from localinfer.serve.outcome import Ended
-    from localinfer.serve.responses import CompletionWriter
+    from localinfer.serve.scheduler.outcome import Ended
+    from localinfer.serve.wires.chat_completions import CompletionWriter
 
     stats = GenerationStats(prompt_tokens=9, completion_tokens=4, decode_s=0.2, decode_calls_s=0.15, first_token_s=0.05,
                             finish_reason="tool_calls", document="complete", n_ctx=512, context_used=13,

@@ -250,7 +250,7 @@ def test_a_minimum_draft_raises_short_drafts_or_drafts_none():
 
 
 def test_serve_takes_llama_servers_draft_fields():
-    from localinfer.serve.protocol import ApiError, parse_request
+    from localinfer.serve.wires.openai import ApiError, parse_request
 
     body = {"messages": [{"role": "user", "content": "hi"}]}
     assert (parse_request(body, "chat").draft_max, parse_request(body, "chat").draft_min) == (None, 0)

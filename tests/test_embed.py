@@ -114,7 +114,7 @@ def test_l2_normalized_has_unit_length_and_leaves_zero_alone():
 
 # -- /v1/embeddings' request ----------------------------------------------------------------------
 def _parse(body):
-    from localinfer.serve.embeddings import parse
+    from localinfer.serve.wires.embeddings import parse
 
     return parse(body)
 
@@ -144,7 +144,7 @@ def test_every_shape_of_input_openai_takes():
     ],
 )
 def test_bad_requests_are_a_400_naming_the_field(body, param, words):
-    from localinfer.serve.protocol import ApiError
+    from localinfer.serve.wires.openai import ApiError
 
     with pytest.raises(ApiError) as err:
         _parse(body)
@@ -152,8 +152,8 @@ def test_bad_requests_are_a_400_naming_the_field(body, param, words):
 
 
 def test_base64_is_little_endian_float32_as_the_openai_client_decodes_it():
-    from localinfer.serve.embeddings import EmbeddingRequest, response
-    from localinfer.serve.engine import EmbedOutcome
+    from localinfer.serve.wires.embeddings import EmbeddingRequest, response
+    from localinfer.serve.scheduler.worker import EmbedOutcome
 
     vec = [0.5, -0.25, 1.0]
     body = response("m", EmbeddingRequest(None, ("x",), base64=True), EmbedOutcome([vec], 4, 0.0, 0.0))
@@ -185,7 +185,7 @@ class FakeEmbedder:
 def _engine(max_queue: int = 4):
     from types import SimpleNamespace
 
-    from localinfer.serve.engine import Engine
+    from localinfer.serve.scheduler.worker import Engine
 
     loaded = SimpleNamespace(name="m", model=SimpleNamespace(n_ctx_seq=64), template=None)
     engine = Engine(loaded, 2, max_queue=max_queue)  # type: ignore[arg-type]
@@ -227,7 +227,7 @@ def test_a_chat_arriving_between_two_embedding_decodes_is_taken_between_them():
 
 
 def test_a_busy_engine_runs_embeddings_before_its_next_decode_and_bounds_them():
-    from localinfer.serve.engine import Overloaded
+    from localinfer.serve.scheduler.worker import Overloaded
 
     engine = _engine(max_queue=2)
     ends = []
@@ -259,8 +259,8 @@ def test_a_served_embedding_request_is_one_usage_row_with_its_tokens(isolated_ho
     import sqlite3
     from types import SimpleNamespace
 
-    from localinfer.serve.engine import EmbedOutcome
-    from localinfer.serve.record import UsageWriter
+    from localinfer.serve.scheduler.worker import EmbedOutcome
+    from localinfer.serve.scheduler.record import UsageWriter
 
     writer = UsageWriter(SimpleNamespace(sha256="abc"), "m", 2)  # type: ignore[arg-type]
     writer.add_embedding(EmbedOutcome([[0.1], [0.2], [0.3]], 17, 0.002, 0.05))

@@ -14,8 +14,8 @@ import time
 import pytest
 from test_serve_model import ServeProcess
 
-from localinfer.serve.embeddings import MAX_TOKENS
-from localinfer.serve.record import FLUSH_S
+from localinfer.serve.wires.embeddings import MAX_TOKENS
+from localinfer.serve.scheduler.record import FLUSH_S
 
 pytestmark = pytest.mark.slow
 BOUND_S = 600  # generous: a loaded CI machine is slow; nothing here is timed against it

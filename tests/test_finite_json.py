@@ -10,9 +10,7 @@ import pytest
 
 from localinfer.embed import embedding
 from localinfer.batch import io as batch_io
-from localinfer.serve import responses
-
-
+from localinfer.serve.wires import chat_completions as responses
 def strict(text: str):
     def refuse(name: str):
         raise ValueError(f"{name} is not JSON")

@@ -115,8 +115,8 @@ def test_a_request_within_the_bounds_is_decoded_reduced(decodes):
 
 @pytest.mark.parametrize("parse", ["openai", "anthropic"])
 def test_a_model_without_a_projector_refuses_images_before_decoding(parse, decodes):
-    from localinfer.serve import anthropic
-    from localinfer.serve.protocol import parse_request
+    from localinfer.serve.wires import anthropic
+    from localinfer.serve.wires.openai import parse_request
 
     body = dict(_bodies([[png(1)]]))["/v1/chat/completions" if parse == "openai" else "/v1/messages"]
     env = parse_request(body, "chat") if parse == "openai" else anthropic.parse(body)
@@ -129,8 +129,10 @@ def test_a_model_without_a_projector_refuses_images_before_decoding(parse, decod
 def test_run_and_every_wire_render_an_image_and_its_text_as_one_prompt():
     """run --image, chat's /image (images.message) and each wire's parts (rules.message): one content,
     llama.cpp's - the marker then the text, nothing between (mtmd-cli and llama-server agree)."""
-    from localinfer.serve import anthropic, ollama_wire, responses_api
-    from localinfer.serve.protocol import parse_request
+    from localinfer.serve.wires import anthropic
+    from localinfer.serve.wires.ollama import chat as ollama_wire
+    from localinfer.serve.wires import responses as responses_api
+    from localinfer.serve.wires.openai import parse_request
 
     img = images.from_bytes(png(1), "p.png")
     expected = MARKER + Q

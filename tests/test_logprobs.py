@@ -17,8 +17,8 @@ from localinfer.engine.logprobs import trim
 from localinfer.errors import UsageError
 from localinfer.remote.sse import choice_logprobs
 from localinfer.request.request import build
-from localinfer.serve.protocol import ApiError, parse_request
-from localinfer.serve.responses import legacy_logprobs
+from localinfer.serve.wires.openai import ApiError, parse_request
+from localinfer.serve.wires.chat_completions import legacy_logprobs
 
 HI = [{"role": "user", "content": "Name three colors."}]
 TOO_MANY = "'top_logprobs' must be an integer between 0 and 20, not 21"
@@ -112,7 +112,7 @@ class _LogprobEngine:
         return contextlib.nullcontext()
 
     def prepare(self, request):
-        from localinfer.serve.engine import Prepared
+        from localinfer.serve.scheduler.worker import Prepared
 
         self.asked.append(request.request.logprobs)
         return Prepared(request, [1, 2, 3], ())
@@ -121,7 +121,7 @@ class _LogprobEngine:
         import threading
 
         from localinfer.engine.types import GenerationStats
-        from localinfer.serve.engine import Ended
+        from localinfer.serve.scheduler.worker import Ended
 
         pieces = [("Hel", [_entry("Hel", -0.2)]), ("lo", [_entry("lo", -0.3)])]
 

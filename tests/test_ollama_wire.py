@@ -9,9 +9,9 @@ import pytest
 
 from localinfer.engine.types import GenerationStats
 from localinfer.generate.finish import CallArgs, CallStart, Text, Thought
-from localinfer.serve import ollama_wire as wire
-from localinfer.serve.engine import Ended
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.wires.ollama import chat as wire
+from localinfer.serve.scheduler.worker import Ended
+from localinfer.serve.wires.openai import ApiError
 from localinfer.request.toolcalls.spec import ToolCall
 
 HI = [{"role": "user", "content": "hi"}]

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from localinfer.engine.templates import ChatTemplate
-from localinfer.serve import anthropic
-
+from localinfer.serve.wires import anthropic
 AGENTS = "Available agent types: general-purpose, Explore, Plan."
 
 

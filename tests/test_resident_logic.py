@@ -9,7 +9,7 @@ import os
 import pytest
 
 from localinfer.errors import UsageError
-from localinfer.serve import pool
+from localinfer.serve.models import pool
 from localinfer.units import parse_keep_alive
 from localinfer.resident.start import SUN_PATH_MAX, place, private_folder
 

@@ -1,4 +1,4 @@
-"""The multi-model core (``serve.router``) on fake models and faked memory: loads once however many
+"""The multi-model core (``serve.models.router``) on fake models and faked memory: loads once however many
 ask, least recently used idle models go first, a model in use is never unloaded, the wait for room
 is bounded, keep-alive 0 unloads, and a model that cannot fit is the pre-flight's error."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from localinfer.errors import ResourceError
-from localinfer.serve.pool import Want
-from localinfer.serve.router import Busy, Router
+from localinfer.serve.models.pool import Want
+from localinfer.serve.models.router import Busy, Router
 
 
 class Fake:

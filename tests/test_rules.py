@@ -23,9 +23,9 @@ pytest.importorskip("starlette")
 
 from starlette.testclient import TestClient
 
-from localinfer.serve.app import ServerState, create_app
+from localinfer.serve.http.app import ServerState, create_app
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.protocol import ApiError, Envelope, parse_request
+from localinfer.serve.wires.openai import ApiError, Envelope, parse_request
 
 FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
          "repeat_penalty": "--repeat-penalty", "seed": "--seed", "max_tokens": "--max-tokens"}  # fmt: skip

@@ -19,13 +19,13 @@ pytest.importorskip("starlette")
 from localinfer.engine.slots import common_prefix
 from localinfer.engine.types import GenerationStats
 from localinfer.request.sampling import SamplingOptions
-from localinfer.serve.app import ServerState, create_app
-from localinfer.serve.bridge import Channel, Hub
+from localinfer.serve.http.app import ServerState, create_app
+from localinfer.serve.scheduler.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.engine import Ended, Overloaded, Prepared
-from localinfer.serve.metrics import Gauges, Metrics
-from localinfer.serve.protocol import ApiError, parse_body, parse_request
-from localinfer.serve.responses import CompletionWriter
+from localinfer.serve.scheduler.worker import Ended, Overloaded, Prepared
+from localinfer.serve.http.metrics import Gauges, Metrics
+from localinfer.serve.wires.openai import ApiError, parse_body, parse_request
+from localinfer.serve.wires.chat_completions import CompletionWriter
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -431,7 +431,7 @@ def test_a_step_takes_every_queued_request_and_waits_for_none():
     for the rest of a burst, which made the burst's first requests wait for the last ones' prompts."""
     from types import SimpleNamespace
 
-    from localinfer.serve.engine import Engine
+    from localinfer.serve.scheduler.worker import Engine
 
     loaded = SimpleNamespace(name="m", model=SimpleNamespace(n_ctx_seq=64), template=None)
 

@@ -14,10 +14,10 @@ pytest.importorskip("starlette")
 from test_serve import HI, FakeEngine, _state, call
 
 from localinfer.engine.templates import ChatTemplate
-from localinfer.serve.app import ServerState
+from localinfer.serve.http.app import ServerState
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.engine import Prepared
-from localinfer.serve.llama_routes import template_caps
+from localinfer.serve.scheduler.worker import Prepared
+from localinfer.serve.wires.llama import template_caps
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
@@ -40,7 +40,7 @@ class CharVocab:
 
 
 class TemplateEngine(FakeEngine):
-    """FakeEngine whose prepare renders the chat template and tokenizes it, as serve.prepare does."""
+    """FakeEngine whose prepare renders the chat template and tokenizes it, as serve.scheduler.prepare does."""
 
     def __init__(self, template: str = CHATML, **kw: Any) -> None:
         super().__init__(**kw)
@@ -159,7 +159,7 @@ def test_a_model_field_picks_the_routers_model():
 
     class Models:
         async def pick(self, scope: Any, name: str | None, **_: Any) -> Any:
-            from localinfer.serve.multi import Picked
+            from localinfer.serve.models.multi import Picked
 
             asked.append(name)
             return Picked(engine, name or "recent")  # type: ignore[arg-type]

@@ -11,9 +11,9 @@ from test_serve import HI, call
 from test_serve_multi_logic import served
 
 from localinfer.errors import UsageError
-from localinfer.serve import model_map
-from localinfer.serve.app import ServerState
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.models import model_map
+from localinfer.serve.http.app import ServerState
+from localinfer.serve.wires.openai import ApiError
 
 
 def _mapped(monkeypatch, *specs: str):

@@ -12,9 +12,9 @@ from test_serve import HI, call
 from test_serve_multi_logic import served
 
 from localinfer.request.rules import MAX_MODEL_NAME
-from localinfer.serve.app import ServerState
+from localinfer.serve.http.app import ServerState
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.wires.openai import ApiError
 
 LONG = "smol" + "x" * 1_000_000
 

@@ -12,10 +12,10 @@ from test_serve import HI, call
 from test_serve_multi_logic import Engine, _engine_for, served
 
 from localinfer.errors import ResourceError
-from localinfer.serve.app import ServerState
+from localinfer.serve.http.app import ServerState
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.multi import LoadedEngine
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.models.multi import LoadedEngine
+from localinfer.serve.wires.openai import ApiError
 
 
 def _loaded(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, list[str], list[Engine]]:
@@ -90,9 +90,8 @@ def test_a_model_that_would_not_fit_even_alone_is_refused_before_unloading_the_o
 
 
 def test_the_start_names_the_models_trained_on_less_than_ctx_size(monkeypatch):
-    from localinfer.serve import fit
-    from localinfer.serve import ollama_models as om
-
+    from localinfer.serve.models import fit
+    from localinfer.serve.wires.ollama import models as om
     facts = [om.ListedModel("smol", 1, "", "", context_length=8192), om.ListedModel("big", 1, "", "", context_length=131072),
              om.ListedModel("other", 1, "", "", context_length=2048)]  # fmt: skip
     monkeypatch.setattr(om, "catalog", lambda loaded, names: facts)

@@ -14,11 +14,11 @@ import pytest
 from test_serve import HI, FakeEngine, call
 
 from localinfer.errors import ResourceError
-from localinfer.serve import listings
-from localinfer.serve.app import ServerState
+from localinfer.serve.models import listings
+from localinfer.serve.http.app import ServerState
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.multi import LoadedEngine, Served, is_path
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.models.multi import LoadedEngine, Served, is_path
+from localinfer.serve.wires.openai import ApiError
 
 
 class Engine(FakeEngine):
@@ -204,7 +204,7 @@ def test_one_file_under_a_name_with_a_projector_and_one_without_is_reloaded_not_
 
 
 def test_a_load_and_a_second_decoding_model_take_their_share_of_the_cpus():
-    from localinfer.serve.cores import Cores
+    from localinfer.serve.models.cores import Cores
 
     class Threads:
         n_threads, n_threads_batch = 4, 4
@@ -267,8 +267,7 @@ def test_the_servable_names_are_read_again_only_when_the_manifest_changed(monkey
     import os
 
     import localinfer.store.manifest
-    from localinfer.serve import installed
-
+    from localinfer.serve.models import installed
     manifest = tmp_path / "manifest.json"
     reads: list[int] = []
     entries: dict[str, Any] = {}

@@ -50,8 +50,7 @@ def test_responses_cut_by_the_server_is_completed_and_cut_by_the_request_incompl
 def test_a_past_call_the_cap_cut_short_is_taken_back_with_empty_arguments():
     # the server sends a call cut by its cap as written ('{"'); Codex runs it, gets a parse error as the
     # tool's output, and sends it all back: that turn was a 400 ("must be a JSON object"), exit 1
-    from localinfer.serve import responses_api
-
+    from localinfer.serve.wires import responses as responses_api
     items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
              {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": '{"'},
              {"type": "function_call_output", "call_id": "c1", "output": "failed to parse function arguments"}]  # fmt: skip

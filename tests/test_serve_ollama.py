@@ -264,8 +264,7 @@ def test_a_client_that_goes_away_cancels_and_metrics_count(server):
 
 
 def test_show_s_modelfile_names_the_blob_not_the_user_s_paths():
-    from localinfer.serve import ollama_models as om
-
+    from localinfer.serve.wires.ollama import models as om
     blob = Path("/home/someone/.localinfer/blobs/sha256-" + "ab" * 32)
     installed = om.ListedModel("smol", 1, "ab" * 32, "", path=blob)
     assert om.show(installed, None, None)["modelfile"] == f"# served by localinfer\nFROM sha256-{'ab' * 32}\n"

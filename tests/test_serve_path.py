@@ -10,9 +10,9 @@ import pytest
 from test_serve import HI, call
 from test_serve_multi_logic import Engine, served
 
-from localinfer.serve.app import ServerState
+from localinfer.serve.http.app import ServerState
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.multi import LoadedEngine
+from localinfer.serve.models.multi import LoadedEngine
 
 BAD = [
     ("/api/chat", {"model": "gemma", "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
@@ -79,7 +79,7 @@ def test_no_route_asks_which_models_are_served():
     import localinfer.serve as serve
 
     folder = Path(serve.__file__).parent
-    for module in ("app", "exchange", "wires", "ollama", "llama_routes"):
+    for module in ("http/app", "http/exchange", "wires/catalog", "wires/ollama/routes", "wires/llama"):
         text = (folder / f"{module}.py").read_text()
         for asked in (".router", ".pin", "engine is None", ".names"):
             assert asked not in text, (module, asked)

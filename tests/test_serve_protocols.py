@@ -15,8 +15,10 @@ pytest.importorskip("starlette")
 
 from test_serve import FakeEngine, _outcome, _state, call  # noqa: E402
 
-from localinfer.serve import anthropic, responses_api  # noqa: E402
-from localinfer.serve.protocol import ApiError  # noqa: E402
+from localinfer.serve.wires import anthropic
+
+from localinfer.serve.wires import responses as responses_api  # noqa: E402
+from localinfer.serve.wires.openai import ApiError  # noqa: E402
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -85,8 +87,7 @@ def test_responses_input_becomes_the_one_request():
 
 
 def test_a_long_prefill_streams_anthropic_pings_then_the_answer(monkeypatch):
-    from localinfer.serve import sending
-
+    from localinfer.serve.http import sending
     monkeypatch.setattr(sending, "KEEPALIVE_S", 0.05)
     engine = Slow(delay=0.5)
     status, _, body = call(_state(engine), "POST", "/v1/messages", {"max_tokens": 50000, "messages": HI, "stream": True})
@@ -107,8 +108,7 @@ def test_the_responses_stream_numbers_every_event():
 
 
 def test_tools_with_a_format_are_refused_on_every_wire_naming_the_format():
-    from localinfer.serve import ollama_wire
-
+    from localinfer.serve.wires.ollama import chat as ollama_wire
     tool = {"name": "f", "input_schema": {"type": "object"}}
     schema = {"type": "object"}
     with pytest.raises(ApiError, match="together with 'tools'") as info:
@@ -130,7 +130,7 @@ class Admitting(FakeEngine):
         self.cached, self.hold, self.chunks = cached, hold, chunks
 
     def prepare(self, request: Any, clamp: bool = False) -> Any:
-        from localinfer.serve.engine import Prepared
+        from localinfer.serve.scheduler.worker import Prepared
 
         return Prepared(request, list(range(10)), ())
 
@@ -177,8 +177,8 @@ def _asgi(engine: Any) -> Any:
 
     import httpx
 
-    from localinfer.serve.app import create_app
-    from localinfer.serve.bridge import Hub
+    from localinfer.serve.http.app import create_app
+    from localinfer.serve.scheduler.bridge import Hub
 
     state = _state(engine)
 
@@ -194,8 +194,7 @@ def test_a_long_prefill_keeps_openai_and_responses_streams_alive_and_their_clien
     import asyncio
 
     openai = pytest.importorskip("openai")
-    from localinfer.serve import sending
-
+    from localinfer.serve.http import sending
     monkeypatch.setattr(sending, "KEEPALIVE_S", 0.05)
     for path, body in (("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "x"}),
                        ("/v1/responses", {"input": "hi"})):  # fmt: skip
@@ -247,8 +246,10 @@ def test_return_progress_streams_llama_servers_prompt_progress_chunks(monkeypatc
 def test_ollamas_ndjson_stream_gets_no_keep_alive_line(monkeypatch):
     import asyncio
 
-    from localinfer.serve import ollama_wire, sending
-    from localinfer.serve.bridge import Channel, Hub
+    from localinfer.serve.wires.ollama import chat as ollama_wire
+
+    from localinfer.serve.http import sending
+    from localinfer.serve.scheduler.bridge import Channel, Hub
 
     monkeypatch.setattr(sending, "KEEPALIVE_S", 0.05)
 

@@ -28,11 +28,11 @@ import uvicorn
 from conftest import run_cli
 from test_serve import HI, FakeEngine, _state, call
 
-from localinfer.serve.app import ServerState, create_app
-from localinfer.serve.bridge import Hub
+from localinfer.serve.http.app import ServerState, create_app
+from localinfer.serve.scheduler.bridge import Hub
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.connections import Limits, protocol_class
-from localinfer.serve.server import listen
+from localinfer.serve.http.connections import Limits, protocol_class
+from localinfer.serve.http.server import listen
 
 OK_BODY = {"prompt": "x"}
 
@@ -361,7 +361,7 @@ def test_the_file_limit_is_lifted_and_bounds_the_connections():
     """With a hard limit of 300 descriptors serve can hold 236 connections, and says so."""
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (128, 300))\n"
-        "from localinfer.serve.config import ServeConfig\nfrom localinfer.serve.server import http_config\n"
+        "from localinfer.serve.config import ServeConfig\nfrom localinfer.serve.http.server import http_config\n"
         "c = http_config(None, ServeConfig(), print)\n"
         "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], c.http.limits.max_connections)"
     )

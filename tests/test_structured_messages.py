@@ -14,7 +14,7 @@ from localinfer.batch.io import parse_input
 from localinfer.cli.main import build_app
 from localinfer.errors import UsageError
 from localinfer.request.request import InputError
-from localinfer.serve.protocol import ApiError, parse_request
+from localinfer.serve.wires.openai import ApiError, parse_request
 
 DANGLING = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]

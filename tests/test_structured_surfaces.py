@@ -14,7 +14,7 @@ from localinfer.request.request import InputError
 
 pytest.importorskip("starlette")
 
-from localinfer.serve.protocol import ApiError, parse_request
+from localinfer.serve.wires.openai import ApiError, parse_request
 
 HI = [{"role": "user", "content": "hi"}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},

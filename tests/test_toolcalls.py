@@ -286,8 +286,8 @@ def test_tools_are_refused_for_a_server_not_dropped():
 def test_serve_answers_in_openai_shapes_whole_and_streamed():
     from localinfer.engine.types import GenerationStats
     from test_finish import of_text
-    from localinfer.serve.engine import Ended
-    from localinfer.serve.responses import CompletionWriter
+    from localinfer.serve.scheduler.worker import Ended
+    from localinfer.serve.wires.chat_completions import CompletionWriter
 
     text = 'Sure. <tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>'
     plan = ToolPlan(F.HERMES, _tools(WEATHER), ToolChoice())

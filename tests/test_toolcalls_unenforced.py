@@ -23,7 +23,7 @@ from localinfer.request.toolcalls import spec
 from localinfer.request.toolcalls.enforce import enforceable, violation
 from localinfer.request.toolcalls.plan import ToolPlan
 from localinfer.request.toolcalls.spec import ToolChoice
-from localinfer.serve.sending import UNENFORCED_HEADER, call_checker
+from localinfer.serve.http.sending import UNENFORCED_HEADER, call_checker
 
 # Shapes from Claude Code's and Codex's tools: keywords llguidance has no rule for, formats, remote refs
 AGENT_SCHEMA = {

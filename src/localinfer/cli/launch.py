@@ -70,7 +70,7 @@ def _model(model: Optional[str], remote: bool, warn) -> tuple[str, Optional[int]
     pre-flight finds beside the prompt cache); a warning names both figures when it is less."""
     from localinfer.errors import UsageError
     from localinfer.launch.agents import AGENT_CTX
-    from localinfer.serve.multi import is_path
+    from localinfer.serve.models.multi import is_path
 
     if model is not None and is_path(model):
         raise UsageError(f"-m {model}: launch serves installed models by name, not a file",

@@ -35,7 +35,7 @@ _PRELOAD = (
     "localinfer.cli.main", "localinfer.cli.run", "localinfer.cli.options", "localinfer.cli.common",
     "localinfer.cli.backend", "localinfer.render.stats", "localinfer.render.thinking", "localinfer.render.remote",
     "localinfer.usage.recorder", "localinfer.usage.history", "sqlite3", "localinfer.resident.backend",
-    "localinfer.resident.client", "localinfer.serve.pool", "localinfer.backends.remote", "localinfer.remote.client",
+    "localinfer.resident.client", "localinfer.serve.models.pool", "localinfer.backends.remote", "localinfer.remote.client",
     "localinfer.request.request", "localinfer.answer.answer", "localinfer.generate.run", "localinfer.generate.loading",
     "localinfer.api", "localinfer.engine.types",
     "localinfer.request.limits", "localinfer.request.structured", "localinfer.request.rules", "localinfer.engine.rpc", "localinfer.units",

@@ -54,13 +54,13 @@ def serve(
         if draft is not None:  # one sequence at a time only, for now (generate.drafting)
             draft.single_sequence("serve")
         from localinfer.render.stats import warn
-        from localinfer.serve import model_map
+        from localinfer.serve.models import model_map
         from localinfer.serve.config import ServeConfig
         from localinfer.render.progress import make_progress
         from localinfer.store import resolve_model
 
         server = _import_server()
-        from localinfer.serve.guard import check_allowed_host, check_origin
+        from localinfer.serve.http.guard import check_allowed_host, check_origin
 
         config = ServeConfig(
             host=host, port=port, parallel=parallel, api_key=api_key or None, max_body=max_body, max_queue=max_queue,
@@ -74,8 +74,8 @@ def serve(
         if config.public and config.api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
         models = list(dict.fromkeys(model or ()))
-        from localinfer.serve.loader import default_max_models
-        from localinfer.serve.multi import Served
+        from localinfer.serve.models.loader import default_max_models
+        from localinfer.serve.models.multi import Served
 
         if len(models) == 1:  # one model, pinned: loaded at start, answering every name but another model's
             if config.model_map:  # one model answers every name already (multi.Pin)
@@ -84,7 +84,7 @@ def serve(
                              offline=flags.offline, force=flags.force, say=server.log)  # fmt: skip
         else:  # every installed model (or the -m ones and the rest), on demand
             from localinfer.errors import UsageError
-            from localinfer.serve.multi import is_path
+            from localinfer.serve.models.multi import is_path
 
             for name in [*models, *(m for _, m in config.model_map)]:
                 if is_path(name):
@@ -103,7 +103,7 @@ def _pinned(config, spec: str, alias, ctx_size, base, *, offline: bool, force: b
 
     from localinfer.render.progress import make_progress
     from localinfer.render.stats import warn
-    from localinfer.serve.multi import Pin, Served, load_key
+    from localinfer.serve.models.multi import Pin, Served, load_key
     from localinfer.store import resolve_model
 
     resolved = resolve_model(spec, offline=offline, pull_progress=make_progress())
@@ -147,7 +147,7 @@ def _seconds(keep_alive: str) -> float:
 def _import_server():
     """The server module; its dependencies (Starlette, uvicorn) are the optional ``serve`` extra."""
     try:
-        from localinfer.serve import server
+        from localinfer.serve.http import server
     except ImportError as exc:
         from localinfer.errors import LocalInferError
         from localinfer.cli.extras import pip_install

@@ -207,7 +207,7 @@ class LlamaModel(Vocab, SingleSequence):
         return rc
 
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        """Decode with these threads from the next decode on (``serve.cores``: a core for a load)."""
+        """Decode with these threads from the next decode on (``serve.models.cores``: a core for a load)."""
         llama_cpp.llama_set_n_threads(self._ctx, n_threads, n_threads_batch)
 
     def sample(self, chain: Any, index: int) -> int:

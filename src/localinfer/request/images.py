@@ -301,7 +301,7 @@ def counted(where: str, messages: Any, fail: Any) -> None:
 def content_parts(where: str, content: list[Any], check_text: Any, fail: Any) -> tuple[str, tuple[Image, ...]]:
     """Content parts - text (``check_text(field, value)``: rules.text), OpenAI's ``image_url`` (a data:
     URI; remote URLs refused) and the ``{"type": "image", "image": Image}`` parts the other wires
-    read (made by serve.image_parts, never read from JSON, which holds no Image) - as the text with
+    read (made by serve.wires.images, never read from JSON, which holds no Image) - as the text with
     a :data:`MARKER` where each image was (:func:`joined`), and the images. A bad part: ``fail(field, message)``
     (rules.RuleError, which does not import this module)."""
 

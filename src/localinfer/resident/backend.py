@@ -226,7 +226,7 @@ def _spec(spec: str | None, resolved: ResolvedModel | None) -> str | None:
 
 
 def _load_body(spec: str | None, options: LoadOptions, extra: dict[str, Any]) -> dict[str, Any]:
-    from localinfer.serve.pool import load_fields
+    from localinfer.serve.models.pool import load_fields
 
     sequences = max(1, options.n_seq_max)
     ctx = options.n_ctx // sequences if options.n_ctx else None  # None: the server's default for the model

@@ -10,8 +10,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from localinfer.serve import pool
-from localinfer.serve.pool import Want
+from localinfer.serve.models import pool
+from localinfer.serve.models.pool import Want
 
 
 class Resolver:

@@ -1,8 +1,8 @@
 """The resident server: one process per user on a private Unix socket (``python -m
 localinfer.resident.server``, started by ``client.find_or_start``). Each loaded model is our serve
-app (``serve.app``) on its own engine, reached at ``/m/ID/v1/...``; ``/resident/load`` loads or
+app (``serve.http.app``) on its own engine, reached at ``/m/ID/v1/...``; ``/resident/load`` loads or
 reloads one as a request needs, ``/resident/ps`` and ``/resident/stop`` are ``ps`` and ``stop``.
-Which models stay loaded is the router core `serve` shares (``serve.router``): least recently used
+Which models stay loaded is the router core `serve` shares (``serve.models.router``): least recently used
 idle ones go first, a model idle for its keep-alive is unloaded; with nothing loaded the server exits.
 A connection from another uid or mount namespace is answered 403 before its request is read.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from localinfer.resident.loading import Preload, Resolver, load_model, want_of
-from localinfer.serve.pool import Want
+from localinfer.serve.models.pool import Want
 from localinfer.resident.start import peer_problem, runtime_env
-from localinfer.serve.router import Router
+from localinfer.serve.models.router import Router
 
 TICK_S = 0.1  # how often idle models are looked at: unloads are on time to this
 EMPTY_GRACE_S = 1.0  # with nothing loaded (the last model unloaded, a load refused), exit after this
@@ -166,10 +166,10 @@ class Resident:
 
     def _start(self, want: Want, name: str, loaded: Any, loop: asyncio.AbstractEventLoop) -> ResidentModel:
         """Our serve app on its own engine, for a model just loaded (any thread)."""
-        from localinfer.serve.app import ServerState, create_app
-        from localinfer.serve.bridge import Hub
+        from localinfer.serve.http.app import ServerState, create_app
+        from localinfer.serve.scheduler.bridge import Hub
         from localinfer.serve.config import ServeConfig
-        from localinfer.serve.engine import Engine
+        from localinfer.serve.scheduler.worker import Engine
 
         config = ServeConfig(parallel=want.sequences, no_log=True, whole_answers=True)
         hub = Hub(loop, deferred=True)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_warm, name="localinfer-warm", daemon=True).start()
     import uvicorn  # after the socket is bound and the model loading: commands wait on both
 
-    from localinfer.serve.connections import Limits, protocol_class
+    from localinfer.serve.http.connections import Limits, protocol_class
 
     config = uvicorn.Config(resident, http=protocol_class(Limits(admit=lambda t: _refusal(t, say))), lifespan="off", ws="none",
                             log_level="warning", access_log=False, timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
@@ -333,7 +333,7 @@ def _warm() -> None:
         import localinfer.engine.model  # llama_cpp
         import localinfer.generate.loading
         import localinfer.generate.run
-        import localinfer.serve.app
+        import localinfer.serve.http.app
         import localinfer.store  # noqa: F401
 
 

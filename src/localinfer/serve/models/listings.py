@@ -11,12 +11,11 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from localinfer.serve import ollama_models as om
-
+from localinfer.serve.wires.ollama import models as om
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Engine
-    from localinfer.serve.multi import Served
-    from localinfer.serve.router import KeptModel
+    from localinfer.serve.scheduler.worker import Engine
+    from localinfer.serve.models.multi import Served
+    from localinfer.serve.models.router import KeptModel
 
 
 def catalog(served: Served) -> list[om.ListedModel]:

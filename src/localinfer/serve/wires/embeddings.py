@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localinfer.request import rules
-from localinfer.serve.protocol import ApiError, field_error, field_errors
+from localinfer.serve.wires.openai import ApiError, field_error, field_errors
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import EmbedOutcome, Engine
+    from localinfer.serve.scheduler.worker import EmbedOutcome, Engine
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 MAX_TOKENS = 300_000  # OpenAI's limit on a request's tokens, all inputs together

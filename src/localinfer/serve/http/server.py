@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from localinfer.errors import UsageError
-from localinfer.serve.app import ServerState, create_app
-from localinfer.serve.bridge import Hub
+from localinfer.serve.http.app import ServerState, create_app
+from localinfer.serve.scheduler.bridge import Hub
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.connections import FD_RESERVE, Limits, protocol_class, raise_file_limit
+from localinfer.serve.http.connections import FD_RESERVE, Limits, protocol_class, raise_file_limit
 
 if TYPE_CHECKING:
-    from localinfer.serve.metrics import Metrics
-    from localinfer.serve.multi import Served
+    from localinfer.serve.http.metrics import Metrics
+    from localinfer.serve.models.multi import Served
 
 Say = Callable[[str], None]
 
@@ -141,13 +141,13 @@ def _starting(url: str, served: Served, preload: Sequence[str]) -> list[str]:
     names = served.servable()
     lines = [f"listening on {url}: {len(names)} model(s) can be served, each loaded on its first request"]
     lines += [f"  {name}{' (loading now)' if name in preload else ''}" for name in names]
-    from localinfer.serve.fit import start_warning
+    from localinfer.serve.models.fit import start_warning
 
     warning = start_warning(served.ctx_size, names, force=served.force)
     if warning is not None:
         lines.append(f"warning: {warning}")
     if served.config.model_map:
-        from localinfer.serve.model_map import lines as mapped
+        from localinfer.serve.models.model_map import lines as mapped
 
         lines += mapped(served.config.model_map)
     return lines

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
-from localinfer.serve.protocol import ApiError, Envelope, envelope, field_errors
-from localinfer.serve.responses import dumps
-from localinfer.serve.writer import WriterDefaults
+from localinfer.serve.wires.openai import ApiError, Envelope, envelope, field_errors
+from localinfer.serve.wires.chat_completions import dumps
+from localinfer.serve.wires.writer import WriterDefaults
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Ended
+    from localinfer.serve.scheduler.worker import Ended
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _PIECE = "\x00piece\x00"  # stands for the text in a chunk template
@@ -73,7 +73,7 @@ def parse_generate(body: dict[str, Any], model: str, *, templated: bool) -> Olla
     if pictures and (raw or not templated):
         raise rules.RuleError("images", "go through the chat template: not with raw, nor to a model without one")
     if pictures:
-        from localinfer.serve.image_parts import base64_parts, with_images
+        from localinfer.serve.wires.images import base64_parts, with_images
 
         prompt = with_images(prompt, base64_parts("images", pictures))
     if raw or not templated:
@@ -170,7 +170,7 @@ def chat_messages(value: Any) -> tuple[dict[str, Any], ...]:
         role = m.get("role")
         turn: dict[str, Any] = {"role": role, "content": "" if m.get("content") is None else m["content"]}
         if m.get("images"):  # OpenAI image parts, which rules.message reads
-            from localinfer.serve.image_parts import base64_parts, with_images
+            from localinfer.serve.wires.images import base64_parts, with_images
 
             turn["content"] = with_images(turn["content"], base64_parts(f"{where}.images", m["images"]))
         if role == "assistant" and m.get("thinking"):

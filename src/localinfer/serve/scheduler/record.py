@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import EmbedOutcome, Ended, Ticket
+    from localinfer.serve.scheduler.worker import EmbedOutcome, Ended, Ticket
     from localinfer.store import ResolvedModel
     from localinfer.usage.history import UsageRecord
 

@@ -1,6 +1,6 @@
 """The server's embedding requests while they wait and run: each a ticket of token lists, embedded on
 the engine thread one decode (a batch of inputs) at a time between the chat requests' steps, and
-ended with an ``EmbedOutcome`` (its vectors, or why not). The engine (``serve.engine``) decides when.
+ended with an ``EmbedOutcome`` (its vectors, or why not). The engine (``serve.scheduler.worker``) decides when.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Loading a model for ``serve`` and starting its engine (``make``, on the router's thread): the
 load options the command's flags and the request's want give, the template checked, the usage
-writer, the engine with its share of the CPUs (``serve.cores``); what the router keeps of it
+writer, the engine with its share of the CPUs (``serve.models.cores``); what the router keeps of it
 (``LoadedEngine``); a load's failure as a request's answer (``load_error``).
 """
 
@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.wires.openai import ApiError
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions
-    from localinfer.serve.engine import Engine
+    from localinfer.serve.scheduler.worker import Engine
     from localinfer.store import ResolvedModel
 
 CPU_MAX_MODELS = 3  # as Ollama: on CPU at most this many at once unless --max-models says otherwise
@@ -28,7 +28,7 @@ class LoadedEngine:
     name: str
     engine: Engine
     writer: Any = None  # record.UsageWriter, or None with --no-log
-    leave: Callable[[], None] | None = None  # its CPU share ends (serve.cores)
+    leave: Callable[[], None] | None = None  # its CPU share ends (serve.models.cores)
 
     @property
     def n_ctx_seq(self) -> int:
@@ -68,8 +68,8 @@ def make(served: Any, resolved: ResolvedModel, name: str, want: Any) -> LoadedEn
 def _started(served: Any, resolved: ResolvedModel, name: str, want: Any, loaded: Any, t0: float) -> LoadedEngine:
     """Check the template and start the model's engine (its threads kept by ``served.cores``)."""
     from localinfer.batch import job as batchjob
-    from localinfer.serve.engine import Engine
-    from localinfer.serve.record import UsageWriter
+    from localinfer.serve.scheduler.worker import Engine
+    from localinfer.serve.scheduler.record import UsageWriter
     from localinfer.usage.history import logging_enabled
 
     config = served.config

@@ -4,7 +4,7 @@
 
 Nothing here generates. What renders or tokenizes runs off the event loop, bounded as count_tokens
 is (``exchange.off_loop``: at most --max-queue at once); a chat request is prepared by the very path a
-generating one takes (``exchange.prepared_only`` -> ``serve.prepare``), so a count or a rendered prompt
+generating one takes (``exchange.prepared_only`` -> ``serve.scheduler.prepare``), so a count or a rendered prompt
 can never disagree with what generation evaluates. A ``model`` field (``?model=`` on /props) picks
 the model as every route's does (``exchange.pick``).
 """
@@ -19,14 +19,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localinfer.serve import wires
-from localinfer.serve.engine import Overloaded
-from localinfer.serve.exchange import Wire, authorize, body_of, off_loop, overloaded, pick, prepared_only, state_of
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.wires import catalog as wires
+from localinfer.serve.scheduler.worker import Overloaded
+from localinfer.serve.http.exchange import Wire, authorize, body_of, off_loop, overloaded, pick, prepared_only, state_of
+from localinfer.serve.wires.openai import ApiError
 
 if TYPE_CHECKING:
     from localinfer.engine.templates import ChatTemplate
-    from localinfer.serve.engine import Engine
+    from localinfer.serve.scheduler.worker import Engine
 
 ENDPOINTS = {"/tokenize": "tokenize", "/detokenize": "detokenize", "/apply-template": "apply_template", "/props": "props",
              "/v1/chat/completions/input_tokens": "input_tokens", "/v1/responses/input_tokens": "input_tokens"}  # fmt: skip
@@ -60,8 +60,7 @@ async def chat_input_tokens(request: Request) -> Response:
 
 async def responses_input_tokens(request: Request) -> Response:
     """OpenAI's ``POST /v1/responses/input_tokens``: a Responses request's prompt, counted."""
-    from localinfer.serve import responses_api as ra
-
+    from localinfer.serve.wires import responses as ra
     async def run() -> dict[str, Any]:
         _, prepared = await prepared_only(request, Wire(ra.parse, ra.error_body, lambda *_: None))
         return {"object": "response.input_tokens", "input_tokens": len(prepared.tokens)}

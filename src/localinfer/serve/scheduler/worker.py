@@ -14,9 +14,9 @@ the thread), a chat request arriving between two: llama.cpp never runs two decod
 model, an embedding needs no sequence, and a 2,048-input request never holds the streams (nor runs
 on once cancelled: its ticket is looked at before each of its decodes).
 
-This module is the scheduler; a request is made ready to queue in ``serve.prepare``, its answer
-assembled (thinking, tool calls, the ``Ended``) in ``serve.outcome``, and the embedding requests'
-tickets and decodes are ``serve.embed_queue``'s.
+This module is the scheduler; a request is made ready to queue in ``serve.scheduler.prepare``, its answer
+assembled (thinking, tool calls, the ``Ended``) in ``serve.scheduler.outcome``, and the embedding requests'
+tickets and decodes are ``serve.scheduler.embed_queue``'s.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from localinfer.serve.embed_queue import EmbedOutcome, EmbedTicket, embed_step
-from localinfer.serve.outcome import Ended, failed, feeder, finished
-from localinfer.serve.prepare import Prepared, prepare
-from localinfer.serve.protocol import Envelope
+from localinfer.serve.scheduler.embed_queue import EmbedOutcome, EmbedTicket, embed_step
+from localinfer.serve.scheduler.outcome import Ended, failed, feeder, finished
+from localinfer.serve.scheduler.prepare import Prepared, prepare
+from localinfer.serve.wires.openai import Envelope
 
 if TYPE_CHECKING:
     from localinfer.engine.batch import BatchDecoder, SeqJob, SeqResult
@@ -103,7 +103,7 @@ class Engine:
 
     # -- what the HTTP side calls --------------------------------------------------------------------
     def prepare(self, request: Envelope, *, clamp: bool = False) -> Prepared:
-        """``serve.prepare.prepare`` on this engine's model and context (any thread)."""
+        """``serve.scheduler.prepare.prepare`` on this engine's model and context (any thread)."""
         return prepare(self.loaded, self.n_ctx_seq, self.template_kwargs, request, clamp=clamp)
 
     @contextlib.contextmanager

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.request import rules
 from localinfer.errors import ContextOverflowError, UsageError
-from localinfer.serve.protocol import ApiError, Envelope
+from localinfer.serve.wires.openai import ApiError, Envelope
 
 if TYPE_CHECKING:
     from localinfer.generate.loading import LoadedModel

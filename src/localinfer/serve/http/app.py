@@ -21,14 +21,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from localinfer.serve import listings, wires
-from localinfer.serve.engine import Overloaded
-from localinfer.serve.exchange import ServerState, accept, answer, authorize, overloaded, pick, prepared_only, state_of, wire_error
-from localinfer.serve.guard import Guard, allowed_names, error_body
-from localinfer.serve.metrics import Metrics
-from localinfer.serve.protocol import ApiError
-from localinfer.serve.responses import dumps
-from localinfer.serve.sending import STATUS_KEY
+from localinfer.serve.models import listings
+
+from localinfer.serve.wires import catalog as wires
+from localinfer.serve.scheduler.worker import Overloaded
+from localinfer.serve.http.exchange import ServerState, accept, answer, authorize, overloaded, pick, prepared_only, state_of, wire_error
+from localinfer.serve.http.guard import Guard, allowed_names, error_body
+from localinfer.serve.http.metrics import Metrics
+from localinfer.serve.wires.openai import ApiError
+from localinfer.serve.wires.chat_completions import dumps
+from localinfer.serve.http.sending import STATUS_KEY
 
 __all__ = ["ServerState", "create_app"]
 
@@ -39,8 +41,9 @@ ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "
 
 def create_app(state: ServerState) -> Starlette:
     from localinfer.request import checker
-    from localinfer.serve import llama_routes, ollama
-    from localinfer.serve.multi import Leases
+    from localinfer.serve.wires import llama as llama_routes
+    from localinfer.serve.wires.ollama import routes as ollama
+    from localinfer.serve.models.multi import Leases
 
     checker.enable()  # large schemas and grammars are checked in a helper process, off the loop's GIL
 
@@ -176,8 +179,7 @@ async def responses(request: Request) -> Response:
 
 
 async def embeddings(request: Request) -> Response:
-    from localinfer.serve import embeddings as emb
-
+    from localinfer.serve.wires import embeddings as emb
     state = state_of(request)
     try:
         req = await accept(request, state, emb.parse)

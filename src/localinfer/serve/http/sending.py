@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from localinfer.serve.bridge import Channel
-from localinfer.serve.protocol import ApiError
-from localinfer.serve.responses import dumps
-from localinfer.serve.writer import WireWriter
+from localinfer.serve.scheduler.bridge import Channel
+from localinfer.serve.wires.openai import ApiError
+from localinfer.serve.wires.chat_completions import dumps
+from localinfer.serve.wires.writer import WireWriter
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Engine, Ended, Ticket
+    from localinfer.serve.scheduler.worker import Engine, Ended, Ticket
 
 STATUS_KEY = "localinfer.status"  # set in the scope by an answer whose status is not the one it sent (499)
 KEEPALIVE_S = 10.0  # between keep-alive events while a stream waits for its first piece
@@ -71,7 +71,7 @@ class AnswerResponse(Response):
     """Sends one engine answer - SSE events as the text comes, or one JSON body at the end - while
     watching for the client to go away (then the request is cancelled: its sequence frees at once).
 
-    ``writer`` makes the protocol's bytes (``serve.writer.WireWriter``); ``error``: the protocol's
+    ``writer`` makes the protocol's bytes (``serve.wires.writer.WireWriter``); ``error``: the protocol's
     error body. A Response to the routes that return it: it sends itself (``__call__``) and never
     renders a body of its own."""
 

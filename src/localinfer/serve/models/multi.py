@@ -1,4 +1,4 @@
-"""The models `localinfer serve` answers, on the shared router core (``serve.router``): every
+"""The models `localinfer serve` answers, on the shared router core (``serve.models.router``): every
 installed model (and the package-shipped default) under its name, loaded on demand; or, with one
 -m, that one model pinned (``Pin``): loaded at start, never unloaded, and answering any name that
 is not another model's (clients hard-code names such as ``gpt-4o``, as llama-server answers them).
@@ -6,7 +6,7 @@ is not another model's (clients hard-code names such as ``gpt-4o``, as llama-ser
 Owns: a request's ``model`` -> the engine that answers it (names only when serving installed
 models: never a path, never a download; an unknown name is a 404 naming the closest installed one);
 making a model's engine; the lease a request holds on its model for its whole HTTP exchange
-(``Leases``). What the listings say of the models is ``serve.listings``'.
+(``Leases``). What the listings say of the models is ``serve.models.listings``'.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localinfer.serve import fit
-from localinfer.serve.cores import Cores
-from localinfer.serve.installed import Installed
-from localinfer.serve.loader import LoadedEngine, load_error
-from localinfer.serve.metrics import Gauges, Metrics
-from localinfer.serve.protocol import ApiError
-from localinfer.serve.router import Busy, KeptModel, Router
+from localinfer.serve.models import fit
+from localinfer.serve.models.cores import Cores
+from localinfer.serve.models.installed import Installed
+from localinfer.serve.models.loader import LoadedEngine, load_error
+from localinfer.serve.http.metrics import Gauges, Metrics
+from localinfer.serve.wires.openai import ApiError
+from localinfer.serve.models.router import Busy, KeptModel, Router
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions
     from localinfer.serve.config import ServeConfig
-    from localinfer.serve.engine import Engine
+    from localinfer.serve.scheduler.worker import Engine
     from localinfer.store import ResolvedModel
 
 LEASES = "localinfer.leases"  # scope key: the (router, kept model) pairs a request holds
@@ -90,7 +90,7 @@ class Served:
     def holding(cls, config: ServeConfig, names: tuple[str, ...], engine: Engine | None, *, key: str | None = None,
                 n_ctx_seq: int | None = None) -> Served:  # fmt: skip
         """One model already loaded elsewhere (``engine``; None: still loading), pinned under ``names``."""
-        from localinfer.serve.pool import Want
+        from localinfer.serve.models.pool import Want
 
         pin = Pin(names, key or names[-1])
         served = cls(config, None, pin=pin)
@@ -121,7 +121,7 @@ class Served:
         names = self.servable()
         found = next((n for n in (name, name.removesuffix(":latest")) if n in names), None)
         if found is None and self.config.model_map:  # --map-model: agents ask for models never installed
-            from localinfer.serve.model_map import target
+            from localinfer.serve.models.model_map import target
 
             found = target(self.config.model_map, name, names)
         if found is None:
@@ -225,7 +225,7 @@ class Served:
             self.router.release(kept)
 
     def _want(self, resolved: ResolvedModel, key: str, ctx: int) -> Any:
-        from localinfer.serve.pool import Want
+        from localinfer.serve.models.pool import Want
 
         mmproj = str(resolved.mmproj) if resolved.mmproj else None  # one file, another projector: reloaded
         options = {"mmproj": mmproj, "chat_format": getattr(resolved, "chat_format", None)}  # one file, two templates: reloaded
@@ -242,8 +242,7 @@ class Served:
         return self.only[0] if self.only else load_registry().default
 
     def _make(self, resolved: ResolvedModel, name: str, want: Any) -> LoadedEngine:
-        from localinfer.serve import loader
-
+        from localinfer.serve.models import loader
         return loader.make(self, resolved, name, want)
 
     async def run(self, preload: list[str], on_error: Callable[[BaseException], None]) -> None:

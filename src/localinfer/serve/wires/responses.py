@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
-from localinfer.serve.protocol import ApiError, Envelope, envelope, field_errors
-from localinfer.serve.writer import WriterDefaults
+from localinfer.serve.wires.openai import ApiError, Envelope, envelope, field_errors
+from localinfer.serve.wires.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
     from localinfer.request.request import Request
-    from localinfer.serve.engine import Ended
+    from localinfer.serve.scheduler.worker import Ended
 
 _IGNORED = {"store", "metadata", "include", "prompt_cache_key", "client_metadata", "user", "safety_identifier",
             "service_tier", "truncation", "stream_options", "background", "prompt_cache_retention"}  # fmt: skip
@@ -77,7 +77,7 @@ def _content(where: str, content: Any) -> Any:
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image":  # an OpenAI image part, which rules.message reads
-            from localinfer.serve.image_parts import url_part
+            from localinfer.serve.wires.images import url_part
 
             parts.append(url_part(f"{where}[{i}].image_url", part.get("image_url")))
             continue

@@ -10,11 +10,11 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.wires.openai import ApiError
 
 if TYPE_CHECKING:
     from localinfer.engine.types import LoadOptions
-    from localinfer.serve.router import Router
+    from localinfer.serve.models.router import Router
     from localinfer.store import ResolvedModel
 
 
@@ -34,8 +34,7 @@ def check_trained(name: str, resolved: ResolvedModel, ctx: int, *, num_ctx: bool
 def start_warning(ctx: int | None, names: list[str], *, force: bool) -> str | None:
     """At start, the ``names`` whose trained context (the manifest's header: no model file read) is
     below ``--ctx-size``, and what their requests get; None when there are none."""
-    from localinfer.serve import ollama_models as om
-
+    from localinfer.serve.wires.ollama import models as om
     if not ctx:
         return None
     wanted = set(names)

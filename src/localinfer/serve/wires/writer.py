@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
-    from localinfer.serve.engine import Ended
-    from localinfer.serve.protocol import ApiError
+    from localinfer.serve.scheduler.worker import Ended
+    from localinfer.serve.wires.openai import ApiError
 
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every SSE client skips it (a protocol may have its own event)
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]

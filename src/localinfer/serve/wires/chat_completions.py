@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localinfer.answer.finite import dumps as finite_dumps  # NaN/Infinity as null: JSON has neither
-from localinfer.serve.engine import Ended
-from localinfer.serve.writer import WriterDefaults
+from localinfer.serve.scheduler.worker import Ended
+from localinfer.serve.wires.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import functools
 
-from localinfer.serve.exchange import Wire
-from localinfer.serve.protocol import ApiError, parse_request
-from localinfer.serve.responses import CompletionWriter
+from localinfer.serve.http.exchange import Wire
+from localinfer.serve.wires.openai import ApiError, parse_request
+from localinfer.serve.wires.chat_completions import CompletionWriter
 
 
 def _chat_wire(kind: str, whole: bool = False) -> Wire:
@@ -23,8 +23,7 @@ WHOLE = {"chat": _chat_wire("chat", True), "text": _chat_wire("text", True)}
 
 def messages(*, counting: bool = False) -> Wire:
     """Anthropic's Messages (``counting``: count_tokens' request, never answered by a writer)."""
-    from localinfer.serve import anthropic
-
+    from localinfer.serve.wires import anthropic
     if counting:
         return Wire(functools.partial(anthropic.parse, counting=True), anthropic.error_body, lambda *_: None, clamp=True)
     return Wire(anthropic.parse, anthropic.error_body,
@@ -33,6 +32,5 @@ def messages(*, counting: bool = False) -> Wire:
 
 def responses() -> Wire:
     """OpenAI's Responses API."""
-    from localinfer.serve import responses_api as ra
-
+    from localinfer.serve.wires import responses as ra
     return Wire(ra.parse, ra.error_body, lambda picked, req, p: ra.ResponsesWriter(picked.name, req.request))

@@ -20,18 +20,18 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from localinfer.request import rules
-from localinfer.serve import listings
-from localinfer.serve import ollama_models as om
-from localinfer.serve import ollama_wire as wire
-from localinfer.serve.engine import Overloaded
-from localinfer.serve.exchange import Wire, answer, overloaded, pick, state_of
-from localinfer.serve.multi import keep_alive_seconds, num_ctx_tokens
-from localinfer.serve.ollama_wire import bad, ns
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.models import listings
+from localinfer.serve.wires.ollama import models as om
+from localinfer.serve.wires.ollama import chat as wire
+from localinfer.serve.scheduler.worker import Overloaded
+from localinfer.serve.http.exchange import Wire, answer, overloaded, pick, state_of
+from localinfer.serve.models.multi import keep_alive_seconds, num_ctx_tokens
+from localinfer.serve.wires.ollama.chat import bad, ns
+from localinfer.serve.wires.openai import ApiError
 
 if TYPE_CHECKING:
-    from localinfer.serve.exchange import ServerState
-    from localinfer.serve.multi import Picked
+    from localinfer.serve.http.exchange import ServerState
+    from localinfer.serve.models.multi import Picked
 
 VERSION = "0.12.0"  # the Ollama API we speak (clients gate features such as tools and thinking on it)
 RUNNING = "localinfer is running (Ollama's API on /api)"
@@ -51,7 +51,7 @@ Handler = Callable[[Request, "ServerState"], Awaitable[Response]]
 
 def _route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     """A handler behind the key check, its refusals in Ollama's shape."""
-    from localinfer.serve.exchange import authorize
+    from localinfer.serve.http.exchange import authorize
 
     async def endpoint(request: Request) -> Response:
         state = state_of(request)
@@ -81,8 +81,8 @@ def model_field(body: dict[str, Any], *, names: tuple[str, ...] = ("model",)) ->
 
 
 async def _body(request: Request, state: ServerState) -> dict[str, Any]:
-    from localinfer.serve.exchange import read_body
-    from localinfer.serve.protocol import parse_body
+    from localinfer.serve.http.exchange import read_body
+    from localinfer.serve.wires.openai import parse_body
 
     return parse_body(await read_body(request, state.config.max_body))
 
@@ -198,8 +198,7 @@ async def generate(request: Request) -> Response:
 # -- embeddings ---------------------------------------------------------------------------------------
 async def embed(request: Request, state: ServerState) -> Response:
     """``/api/embed``: ``input`` a string or a list of them, ``truncate`` (default true), ``dimensions``."""
-    from localinfer.serve import embeddings as emb
-
+    from localinfer.serve.wires import embeddings as emb
     body = await _body(request, state)
     name = model_field(body)
     inputs = body.get("input")
@@ -218,8 +217,7 @@ async def embed(request: Request, state: ServerState) -> Response:
 
 async def embeddings(request: Request, state: ServerState) -> Response:
     """``/api/embeddings``, the older shape: one ``prompt``, one ``embedding``."""
-    from localinfer.serve import embeddings as emb
-
+    from localinfer.serve.wires import embeddings as emb
     body = await _body(request, state)
     name = model_field(body)
     prompt = body.get("prompt")
@@ -231,8 +229,7 @@ async def embeddings(request: Request, state: ServerState) -> Response:
 
 async def _embed(request: Request, state: ServerState, name: str, req: Any, truncate: bool,
                  body: dict[str, Any]) -> tuple[list[list[float]], int, float]:  # fmt: skip
-    from localinfer.serve import embeddings as emb
-
+    from localinfer.serve.wires import embeddings as emb
     engine = (await pick(request, state, name, **load_fields(body))).engine
     t0 = time.perf_counter()
     tokens = await run_in_threadpool(lambda: emb.tokenize(engine, req, truncate=truncate))

@@ -3,7 +3,7 @@ are loaded; loading one on demand (once, however many ask at once, while the oth
 unloading the least recently used idle one to make room (``max_models``, the memory pre-flight's
 ``ResourceError``); keep-alive unloads; and a bounded wait when every loaded model is busy.
 
-Plain asyncio on plain values (``serve.pool`` decides reloads and victims): the caller's ``make``
+Plain asyncio on plain values (``serve.models.pool`` decides reloads and victims): the caller's ``make``
 loads a model on a thread, ``stop`` unloads it, ``active`` says whether it still has work of its own.
 No HTTP here: each front door maps ``Busy`` and ``ResourceError`` to its own answer.
 """
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localinfer.serve import pool
-from localinfer.serve.pool import Loaded, Want
+from localinfer.serve.models import pool
+from localinfer.serve.models.pool import Loaded, Want
 
 POLL_S = 0.05  # a waiting request looks again this often (engines finish work on their own threads)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localinfer.serve.engine import Ended
+from localinfer.serve.scheduler.worker import Ended
 
 PREFIX = "localinfer_"
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -63,7 +63,7 @@ class Gauges:
 
     @classmethod
     def of(cls, engines: list[Any], queued: int = 0) -> Gauges:
-        """The figures of these engines (serve.engine.Engine), added up; ``queued``: waiting elsewhere."""
+        """The figures of these engines (serve.scheduler.worker.Engine), added up; ``queued``: waiting elsewhere."""
         caches = [c for c in (e.prompt_cache for e in engines) if c is not None]
         return cls(sum(e.running for e in engines), sum(e.queued for e in engines) + queued,
                    sum(e.cells_used for e in engines), sum(e.cells_total for e in engines), True,

@@ -20,7 +20,7 @@ _FLAG = {"n_threads": "--threads", "n_threads_batch": "--threads", "n_gpu_layers
 class Want:
     """What a request needs loaded: the model, its load options, sequences and context per sequence."""
 
-    key: str  # the model file (absolute path), or its content (serve.multi.load_key)
+    key: str  # the model file (absolute path), or its content (serve.models.multi.load_key)
     options: dict[str, Any]  # LoadOptions fields but the sizing ones
     sequences: int = 1
     ctx_per_seq: int = 4096  # the context the command would have loaded (its -c, else its default)

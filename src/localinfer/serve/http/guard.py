@@ -14,7 +14,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse, Response
 
 from localinfer.errors import UsageError
-from localinfer.serve.protocol import ApiError
+from localinfer.serve.wires.openai import ApiError
 
 ASGIApp = Callable[..., Any]
 LOCAL_NAMES = frozenset({"localhost"})
@@ -74,12 +74,10 @@ def error_body(path: str, exc: ApiError) -> dict[str, Any]:
     """An error in the shape of the protocol whose route ``path`` is: a client reads its own shape
     even for a refusal made before any route (Ollama's under /api/, Anthropic's under /v1/messages)."""
     if path.startswith("/api/"):
-        from localinfer.serve import ollama_wire
-
+        from localinfer.serve.wires.ollama import chat as ollama_wire
         return ollama_wire.error_body(exc)
     if path.startswith("/v1/messages"):
-        from localinfer.serve import anthropic
-
+        from localinfer.serve.wires import anthropic
         return anthropic.error_body(exc)
     return exc.body()
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.request import format_rules, rules
 from localinfer.request.sampling import SamplingOptions
-from localinfer.serve.protocol import ApiError, Envelope, envelope, field_errors
-from localinfer.serve.writer import WriterDefaults
+from localinfer.serve.wires.openai import ApiError, Envelope, envelope, field_errors
+from localinfer.serve.wires.writer import WriterDefaults
 
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
-    from localinfer.serve.engine import Ended
+    from localinfer.serve.scheduler.worker import Ended
 
 # Accepted and ignored: caching hints, agents' context editing, effort, routing and tracing fields
 _IGNORED = {"metadata", "service_tier", "context_management", "cache_control", "container", "mcp_servers", "anthropic_version",
@@ -147,7 +147,7 @@ def _blocks(where: str, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
         if kind == "text":
             texts.append(rules.text(f"{w}.text", block.get("text")))
         elif kind == "image" and role == "user":  # an OpenAI image part, which rules.message reads
-            from localinfer.serve.image_parts import anthropic_part
+            from localinfer.serve.wires.images import anthropic_part
 
             texts.append(anthropic_part(w, block))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":

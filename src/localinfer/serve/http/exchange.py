@@ -18,17 +18,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from localinfer.serve.bridge import Channel, Hub
+from localinfer.serve.scheduler.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig
-from localinfer.serve.engine import Overloaded
-from localinfer.serve.metrics import Metrics
-from localinfer.serve.prepare import default_cap
-from localinfer.serve.protocol import ApiError, parse_body
-from localinfer.serve.sending import AnswerResponse, call_checker, submit, unenforced
+from localinfer.serve.scheduler.worker import Overloaded
+from localinfer.serve.http.metrics import Metrics
+from localinfer.serve.scheduler.prepare import default_cap
+from localinfer.serve.wires.openai import ApiError, parse_body
+from localinfer.serve.http.sending import AnswerResponse, call_checker, submit, unenforced
 
 if TYPE_CHECKING:
-    from localinfer.serve.engine import Engine, Ended, Prepared, Ticket
-    from localinfer.serve.multi import Picked, Served
+    from localinfer.serve.scheduler.worker import Engine, Ended, Prepared, Ticket
+    from localinfer.serve.models.multi import Picked, Served
 
 
 @dataclass
@@ -48,7 +48,7 @@ class ServerState:
     def holding(cls, config: ServeConfig, names: tuple[str, ...], engine: Engine | None = None, *, key: str | None = None,
                 n_ctx_seq: int | None = None, created: int = 0) -> ServerState:  # fmt: skip
         """A server of one model loaded elsewhere (``engine``; None: still loading), under ``names``."""
-        from localinfer.serve.multi import Served
+        from localinfer.serve.models.multi import Served
 
         return cls(config, Served.holding(config, names, engine, key=key, n_ctx_seq=n_ctx_seq), created=created)
 
