@@ -1,8 +1,9 @@
-"""`localinfer serve`: an OpenAI-compatible HTTP server on the continuous-batching engine.
+"""`localinfer serve`: an OpenAI-, Anthropic-, Responses- and Ollama-compatible HTTP server on the
+continuous-batching engine.
 
-The pipeline, one module each: ``protocol`` (request bodies in, validated) -> ``engine`` (one thread
-owns the model and runs every request through one ``BatchDecoder``) -> ``bridge`` (the engine's text
-pieces handed to the event loop) -> ``responses`` (OpenAI JSON and SSE chunks out). ``app`` holds the
-HTTP routes and nothing of the model; ``server`` starts uvicorn, loads the model and handles signals.
+One path for every protocol, one folder per idea: ``http`` (the server, the routes, the one
+exchange: accept -> parse -> pick the model -> queue -> write), ``wires`` (each protocol's parser
+and writer side by side), ``scheduler`` (a request prepared, run by the thread that owns a model,
+its answer bridged back to the event loop), ``models`` (which models are served, loaded and kept).
 Starlette and uvicorn are imported only here (the ``serve`` extra).
 """

@@ -1,6 +1,6 @@
 """The protocols the one exchange (``exchange.answer``) runs, each as a ``Wire``: OpenAI's Chat
-Completions and Completions (``protocol``'s parser, ``responses``' writer), Anthropic's Messages
-(``anthropic``) and OpenAI's Responses API (``responses_api``). Ollama's is ``ollama``'s."""
+Completions and Completions (``openai``'s parser, ``chat_completions``' writer), Anthropic's Messages
+(``anthropic``) and OpenAI's Responses API (``responses``). Ollama's is ``ollama.routes``'."""
 
 from __future__ import annotations
 
