@@ -106,11 +106,6 @@ class _LogprobEngine:
     def __init__(self) -> None:
         self.asked: list = []
 
-    def arriving(self):
-        import contextlib
-
-        return contextlib.nullcontext()
-
     def prepare(self, request):
         from localinfer.serve.scheduler.worker import Prepared
 

@@ -4,7 +4,6 @@ record at every entry point, never a 500, an ended job or an ended session (issu
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -42,9 +41,6 @@ class StubEngine:
 
     def __init__(self) -> None:
         self.seen: list[Envelope] = []
-
-    def arriving(self) -> Any:
-        return contextlib.nullcontext()
 
     def prepare(self, request: Envelope) -> Any:
         self.seen.append(request)

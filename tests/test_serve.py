@@ -238,11 +238,6 @@ class FakeEngine:
         self.pieces, self.full = pieces, full
         self.cancelled = threading.Event()
 
-    def arriving(self) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()
-
     def prepare(self, request: Any) -> Prepared:
         return Prepared(request, [1, 2, 3], ())
 
@@ -438,17 +433,15 @@ def test_a_step_takes_every_queued_request_and_waits_for_none():
     def ticket(key: str) -> Any:
         return SimpleNamespace(key=key, job=key, cancelled=threading.Event())
 
-    for arriving in (0, 1):
-        decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
-        engine = Engine(loaded, 4, max_queue=4)  # type: ignore[arg-type]
-        engine._arriving = arriving  # a request still being tokenized
-        source = engine._source(decoder)  # type: ignore[arg-type]
-        for key in "abc":
-            engine._queue.put(ticket(key))
-        threading.Timer(0.015, engine._queue.put, args=(ticket("d"),)).start()
-        got = [next(source)]
-        decoder.n_active = 1
-        got += [next(source), next(source), next(source)]  # the step's admission: until None
-        assert got == ["a", "b", "c", None], arriving
-        time.sleep(0.05)
-        assert next(source) == "d"  # the next step's
+    decoder = SimpleNamespace(n_active=0, stats=SimpleNamespace(steps=0))
+    engine = Engine(loaded, 4, max_queue=4)  # type: ignore[arg-type]
+    source = engine._source(decoder)  # type: ignore[arg-type]
+    for key in "abc":
+        engine._queue.put(ticket(key))
+    threading.Timer(0.015, engine._queue.put, args=(ticket("d"),)).start()
+    got = [next(source)]
+    decoder.n_active = 1
+    got += [next(source), next(source), next(source)]  # the step's admission: until None
+    assert got == ["a", "b", "c", None]
+    time.sleep(0.05)
+    assert next(source) == "d"  # the next step's

@@ -143,12 +143,11 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
     """Prepare a request off the loop and queue it: its ticket, the channel its answer comes by, how it
     streams (``submit``'s mode) and what was prepared. Every generating route's (``Overloaded``, ``ApiError``)."""
     _tell_unenforced(state, req.request)
-    with engine.arriving():
-        prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
-        prepared = default_cap(await run_in_threadpool(prepare), state.config.n_predict, engine.n_ctx_seq)
-        assert state.hub is not None
-        channel: Channel[Ended] = Channel(state.hub)
-        ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)
+    prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
+    prepared = default_cap(await run_in_threadpool(prepare), state.config.n_predict, engine.n_ctx_seq)
+    assert state.hub is not None
+    channel: Channel[Ended] = Channel(state.hub)
+    ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)
     return ticket, channel, mode, prepared
 
 

@@ -22,7 +22,6 @@ tickets and decodes are ``serve.scheduler.embed_queue``'s.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import os
 import queue
@@ -98,23 +97,12 @@ class Engine:
         self._running: dict[int, Ticket] = {}
         self._keys = itertools.count()
         self._decoder: BatchDecoder | None = None
-        self._arriving = 0  # requests being prepared now (no step waits for them: see ``_source``)
         self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
 
     # -- what the HTTP side calls --------------------------------------------------------------------
     def prepare(self, request: Envelope, *, clamp: bool = False) -> Prepared:
         """``serve.scheduler.prepare.prepare`` on this engine's model and context (any thread)."""
         return prepare(self.loaded, self.n_ctx_seq, self.template_kwargs, request, clamp=clamp)
-
-    @contextlib.contextmanager
-    def arriving(self) -> Iterator[None]:
-        """Around preparing and submitting a request: counted, never waited for - a step starts with
-        the requests queued by then (see ``_source``). Event loop thread only."""
-        self._arriving += 1
-        try:
-            yield
-        finally:
-            self._arriving -= 1
 
     def submit(
         self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Ended], None],
