@@ -5,7 +5,7 @@ a response object and its stream of events (each with a ``sequence_number``).
 Stateless as Codex uses it (``store: false``, the whole ``input`` each turn): ``previous_response_id``
 is refused with a 400 that says so. What Codex sends and no local model can honour
 (``include``, ``prompt_cache_key``, ``client_metadata``, hosted tools such as ``web_search``) is accepted
-and ignored; without ``max_output_tokens`` the answer may use what the context leaves.
+and ignored; without ``max_output_tokens`` serve's ``-n`` caps the answer, or else what the context leaves.
 """
 
 from __future__ import annotations
