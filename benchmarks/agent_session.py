@@ -308,10 +308,16 @@ def make_servers(args: argparse.Namespace) -> list[Server]:
 
     model, t, c, ram = str(args.model), str(args.threads), str(args.ctx), str(args.cache_ram)
     repack = ["--repack"] if cpu_repack_enabled(None) else ["--no-repack"]
+    beyond = []  # llama-server caps a sequence at the trained context: --force's counterpart is a longer trained one
+    if args.force:
+        from localinfer.gguf.checks import read_gguf
+
+        beyond = ["--override-kv", f"{read_gguf(model).architecture}.context_length=int:{c}"]
     return [Server("localinfer", [sys.executable, "-m", "localinfer", "serve", "-m", model, "--port", str(free_port()), "-np", "1",
-                                  "-c", c, "-t", t, "--cache-ram", ram, "--no-log", "--offline"]),
+                                  "-c", c, "-t", t, "--cache-ram", ram, "--no-log", "--offline",
+                                  *(["--force"] if args.force else [])]),
             Server("llama-server", [str(NATIVE_BIN / "llama-server"), "-m", model, "--port", str(free_port()), "-np", "1", "-c", c,
-                                    "-t", t, "-tb", t, "--cache-ram", ram, "--no-webui", "-lv", "4", *repack])]  # fmt: skip
+                                    "-t", t, "-tb", t, "--cache-ram", ram, "--no-webui", "-lv", "4", *repack, *beyond])]  # fmt: skip
 
 
 def run_round(args: argparse.Namespace, tools: list[dict], rnd: int, logs: Path) -> dict:
@@ -414,6 +420,7 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="system + tools of ~21000 tokens, as Claude Code's default (-c 32768)")
     ap.add_argument("-c", "--ctx", type=int, default=None, help="context of the one sequence (default 8192; 32768 with --full)")
     ap.add_argument("--cache-ram", type=int, default=2048, help="MiB of prompt cache, both servers (default 2048)")
+    ap.add_argument("--force", action="store_true", help="serve's --force: a context beyond the model's trained one (SmolLM2 with --full)")
     ap.add_argument("--answer-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-native", dest="native", action="store_false", help="skip serve's native tools path")
