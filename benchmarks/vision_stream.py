@@ -57,7 +57,7 @@ def main() -> int:
     from localinfer.engine.types import LoadOptions, SeqJob
     from localinfer.engine.vision_encode import Encoding, ImageEncoder
     from localinfer.generate.loading import load
-    from localinfer.generate.run import build_prompt
+    from localinfer.generate.prepare import build_prompt
     from localinfer.request import images
     from localinfer.request.request import build
     from localinfer.request.sampling import SamplingOptions

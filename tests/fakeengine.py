@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from localinfer.engine.types import GenerationStats, LoadOptions, Step
+from localinfer.engine.types import GenerationStats, LoadOptions, SeqJob, Step
 from localinfer.request.sampling import SamplingOptions
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
@@ -65,6 +65,12 @@ class FakeModel:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return " ".join(self._words[t] for t in tokens if t < len(self._words))
+
+    def run(self, job: SeqJob, stats: GenerationStats) -> Iterator[Step]:
+        """The engine's one entry for a sequence (engine.single.SingleSequence.run), through ``generate``."""
+        return self.generate(job.tokens, job.sampling, stats, max_tokens=job.max_tokens, stop=job.stop,
+                             ignore_eos=job.ignore_eos, logprobs=job.logprobs, constraint=job.constraint,
+                             constraint_after=job.constraint_after)  # fmt: skip
 
     def generate(self, prompt: Sequence[int], sampling: SamplingOptions, stats: GenerationStats, *,
                  max_tokens: int | None = None, stop: Sequence[str] = (), ignore_eos: bool = False,

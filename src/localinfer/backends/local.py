@@ -48,14 +48,14 @@ class LocalBackend(Backend):
     def answer(self, request: Request, on_text: OnText | None = None, *, on_reasoning: OnText | None = None,
                prompt: tuple[Sequence[int], tuple[str, ...], int] | None = None) -> Answer:  # fmt: skip
         """``prompt``: tokens, stops and dropped count already built (chat splices its turns onto
-        the cached tokens); else built from ``request`` (``generate.build_prompt``)."""
+        the cached tokens); else built from ``request`` (``generate.prepare``)."""
         from localinfer.generate.run import generate
 
         load_s, self.load_s = self.load_s, 0.0  # the load is counted once, in the first answer
         return generate(self.loaded, request, on_text or _ignore, load_s=load_s, prompt=prompt, on_reasoning=on_reasoning)
 
     def prompt_text(self, request: Request) -> tuple[str, int] | None:
-        from localinfer.generate.run import rendered_prompt
+        from localinfer.generate.prepare import rendered_prompt
 
         return rendered_prompt(self.loaded, request)
 
@@ -69,10 +69,9 @@ class LocalBackend(Backend):
         prompt is built when a sequence is free for it, checked against one sequence's context."""
         from localinfer.request.request import InputError
         from localinfer.answer.answer import BatchResult
-        from localinfer.engine.batch import BatchDecoder, SeqJob
+        from localinfer.engine.batch import BatchDecoder
         from localinfer.engine.templates import TemplateRefusedError
-        from localinfer.generate.finish import Finish
-        from localinfer.generate.run import build_prompt, constraint_for, reasoning_splitter, tool_plan
+        from localinfer.generate.prepare import prepare
 
         loaded = self.loaded
         outbox: collections.deque[BatchResult] = collections.deque()
@@ -90,21 +89,15 @@ class LocalBackend(Backend):
                 t0 = time.perf_counter()
                 try:
                     request = to_request(item)
-                    tokens, stops, dropped = build_prompt(loaded, request, n_ctx=decoder.n_ctx_seq)
+                    prepared = prepare(loaded, request, n_ctx=decoder.n_ctx_seq)
                 except (UsageError, ContextOverflowError, TemplateRefusedError) as exc:
                     reason = line_error(exc)
                     exc.args = (f"line {item.line} (id {item.id!r}): {exc}",)
                     outbox.append(failed(index, item, reason, exc))
                     continue
-                split = reasoning_splitter(loaded, request, tokens)
-                tools = tool_plan(loaded, request)
-                finish = Finish(split, tools)  # the answer is finished as on every surface (localinfer.generate.finish)
-                started[index] = (item, t0, dropped, request, finish)
-                stop = tuple(dict.fromkeys((*request.stop, *stops)))
-                constraint, after = constraint_for(tools, request.response_format, split)
-                yield SeqJob(index, tokens, request.sampling, request.max_tokens, stop, request.ignore_eos,
-                             constraint=constraint, constraint_after=after, logprobs=request.logprobs,
-                             on_text=_fed(finish) if finish.splits else None)  # fmt: skip
+                finish = prepared.finish()  # the answer is finished as on every surface (localinfer.generate.finish)
+                started[index] = (item, t0, prepared.dropped, request, finish)
+                yield prepared.job(index, on_text=_fed(finish) if finish.splits else None)
 
         try:
             if stats is not None:

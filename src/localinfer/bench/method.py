@@ -3,7 +3,7 @@
 Like llama-bench: random prompt tokens (the first one BOS when the model adds one), the end of
 generation disabled so every repetition generates exactly ``n`` tokens, one warm-up, ``reps``
 repetitions, mean and sample standard deviation of the per-repetition rates. Unlike a separate
-harness, every token goes through ``engine.model.LlamaModel.generate`` - the code path of ``run`` -
+harness, every token goes through ``engine.model.LlamaModel.run`` - the code path of ``run`` -
 and the time spent inside ``llama_decode`` is reported next to it ("raw"), so our own per-token
 overhead shows. Exact definitions of pp, tg, pp+tg and depth: docs/bench.md.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from localinfer.bench.facts import Progress, Setup
-from localinfer.engine.types import GenerationStats
+from localinfer.engine.types import GenerationStats, SeqJob
 from localinfer.request.sampling import SamplingOptions
 from localinfer.errors import GenerationError, UsageError
 from localinfer.units import json_number as _r
@@ -241,12 +241,11 @@ def bos_token(model: LlamaModel) -> int | None:
 def generate_exactly(
     model: LlamaModel, prompt: list[int], max_tokens: int, sampling: SamplingOptions, constraint: Format | None = None
 ) -> GenerationStats:
-    """``model.generate`` with the end of generation disabled: ``max_tokens`` tokens come out
+    """``model.run`` with the end of generation disabled: ``max_tokens`` tokens come out
     unless the context fills up first. Under a ``constraint`` the end of the document ends it (the
     constraint allows nothing after it)."""
     stats = GenerationStats()
-    for _ in model.generate(prompt, sampling, stats, max_tokens=max_tokens, ignore_eos=constraint is None,
-                            constraint=constraint):  # fmt: skip
+    for _ in model.run(SeqJob(0, prompt, sampling, max_tokens, ignore_eos=constraint is None, constraint=constraint), stats):
         pass
     return stats
 

@@ -232,7 +232,7 @@ class Conversation:
         prompt = None
         replay, self._replaying = self._replay if self._replaying else None, False
         try:
-            pictured = any(m.get("images") for m in self.history[self.start :])  # built whole (generate.build_prompt)
+            pictured = any(m.get("images") for m in self.history[self.start :])  # built whole (generate.prepare)
             if self._engine_here and not pictured:  # fit the context, reuse the cache
                 fitted, full = self._fit()
                 if replay is not None and replay[0] == fitted.text:

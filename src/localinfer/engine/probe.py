@@ -195,7 +195,7 @@ def _child(path: str) -> int:
     except (ImportError, ValueError, OSError):
         pass
     from localinfer.engine.model import LlamaModel
-    from localinfer.engine.types import GenerationStats, LoadOptions
+    from localinfer.engine.types import GenerationStats, LoadOptions, SeqJob
     from localinfer.request.sampling import SamplingOptions
     from localinfer.errors import LocalInferError
 
@@ -208,7 +208,7 @@ def _child(path: str) -> int:
             model.tokenize(model.bos_text + text + model.eos_text, add_special=False, parse_special=True)
             for token in range(model.n_vocab):
                 model._piece(token, special=True)
-            for _step in model.generate(prompt[:PROBE_DECODE] or [0], SamplingOptions(temperature=0.0), GenerationStats(), max_tokens=1):
+            for _step in model.run(SeqJob(0, prompt[:PROBE_DECODE] or [0], SamplingOptions(temperature=0.0), 1), GenerationStats()):
                 pass
     except LocalInferError as exc:
         sys.stdout.write(json.dumps({"error": type(exc).__name__, "message": str(exc), "hint": exc.hint}) + "\n")

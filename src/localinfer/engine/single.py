@@ -18,7 +18,7 @@ from localinfer.engine.backend import llama_cpp
 from localinfer.engine.logprobs import Logprobs
 from localinfer.engine.sampling import build_sampler, free_sampler
 from localinfer.engine.stopping import StopMatcher
-from localinfer.engine.types import GenerationStats, LoadOptions, Step
+from localinfer.engine.types import GenerationStats, LoadOptions, SeqJob, Step
 from localinfer.errors import GenerationError, ResourceError
 from localinfer.request.sampling import SamplingOptions
 
@@ -116,7 +116,16 @@ class SingleSequence:
         constraint_after: str | None = None,
         logprobs: int | None = None,
     ) -> Iterator[Step]:
-        """Evaluate ``prompt`` (reusing the cached prefix) and stream the answer.
+        """``run`` of a job made from these (the bench's, the probe's and the tests' shorthand)."""
+        job = SeqJob(0, prompt, sampling, max_tokens, tuple(stop), ignore_eos, constraint=constraint,
+                     constraint_after=constraint_after, logprobs=logprobs)  # fmt: skip
+        return self.run(job, stats)
+
+    def run(self, job: SeqJob, stats: GenerationStats) -> Iterator[Step]:
+        """Evaluate the job's prompt (reusing the cached prefix) and stream the answer: the batch
+        engine's job (``engine.types.SeqJob``), of which one sequence reads what is asked (tokens,
+        sampling, max_tokens, stop, ignore_eos, constraint, logprobs); its streaming callbacks and
+        cancel are the batch's thread's, here the caller iterates and closes.
         ``constraint``: the answer is this JSON / grammar (from ``constraint_after`` on, if given);
         a format that cannot be compiled raises FormatError before anything is evaluated.
         ``logprobs``, the top N: every counted token's in ``stats.logprobs``.
@@ -124,13 +133,14 @@ class SingleSequence:
         ``stats`` is filled in as the stream goes, so a consumer that stops early still has
         correct figures. The last token sampled is not evaluated (nobody needs its logits).
         """
+        prompt, sampling, constraint = job.tokens, job.sampling, job.constraint
         if not prompt:
             raise GenerationError("empty prompt: nothing to evaluate")
         t_start = time.perf_counter()
         stats.n_ctx = self.n_ctx
         stats.prompt_tokens = len(prompt)
         stats.finish_reason = None
-        limiter = self.constraint_sampler(constraint, constraint_after) if constraint is not None else None
+        limiter = self.constraint_sampler(constraint, job.constraint_after) if constraint is not None else None
         try:
             cached = self._reuse_prefix(prompt)
             t0 = time.perf_counter()
@@ -148,8 +158,8 @@ class SingleSequence:
             stats.prefill_s = time.perf_counter() - t0
             chain, seed = build_sampler(sampling, self.n_vocab, prompt, self.n_ctx, limiter)
             stats.extra["seed"] = seed
-            lp = self.new_logprobs(logprobs) if logprobs is not None else None
-            out = _Answer(self, stats, t_start, max_tokens, stop, ignore_eos, lp)
+            lp = self.new_logprobs(job.logprobs) if job.logprobs is not None else None
+            out = _Answer(self, stats, t_start, job.max_tokens, job.stop, job.ignore_eos, lp)
             try:
                 if self.options.draft is not None or self.draft_model is not None:  # speculative decoding
                     yield from self._draft_loop(chain, out, prompt, limiter, sampling.greedy)

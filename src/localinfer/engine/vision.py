@@ -1,6 +1,6 @@
 """Images into a loaded model, through libmtmd: a :class:`Projector` (the model's mmproj GGUF) turns a
 rendered prompt whose text holds image markers into a :class:`MediaPrompt`, which
-``LlamaModel.generate`` evaluates like prompt tokens (images encoded, their embeddings decoded in place).
+``LlamaModel.run`` evaluates like prompt tokens (images encoded, their embeddings decoded in place).
 
 Checked before anything can abort the process: the projector is libmtmd's to refuse at load (its
 width against the model's: we turn its log line into the error), and every text token libmtmd's
@@ -185,7 +185,7 @@ class MediaPrompt(list):
 
     def evaluate(self, model: LlamaModel, cached: int, stats: GenerationStats) -> int:
         """Decode what sequence 0's cache lacks from position ``cached`` (moved back to an image's start
-        if it falls inside one; model.generate's path); images are encoded first, timed apart
+        if it falls inside one; the one sequence's path, model.run); images are encoded first, timed apart
         (``stats.image_encode_s``). Returns the positions kept from the cache."""
         stats.image_tokens = self.image_tokens
         for start, n, chunk in self.pieces:

@@ -22,7 +22,6 @@ from localinfer.serve.scheduler.bridge import Channel, Hub
 from localinfer.serve.config import ServeConfig
 from localinfer.serve.scheduler.worker import Overloaded
 from localinfer.serve.http.metrics import Metrics
-from localinfer.serve.scheduler.prepare import default_cap
 from localinfer.serve.wires.openai import ApiError, parse_body
 from localinfer.serve.http.sending import AnswerResponse, call_checker, submit, unenforced
 
@@ -144,7 +143,7 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
     streams (``submit``'s mode) and what was prepared. Every generating route's (``Overloaded``, ``ApiError``)."""
     _tell_unenforced(state, req.request)
     prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
-    prepared = default_cap(await run_in_threadpool(prepare), state.config.n_predict, engine.n_ctx_seq)
+    prepared = await run_in_threadpool(prepare)  # serve's -n is the engine's (Engine.n_predict)
     assert state.hub is not None
     channel: Channel[Ended] = Channel(state.hub)
     ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)

@@ -97,7 +97,7 @@ def _started(served: Any, resolved: ResolvedModel, name: str, want: Any, loaded:
         flush()
 
     engine = Engine(loaded, want.sequences, max_queue=config.max_queue, on_finish=finished, on_step=step, cache_bytes=config.cache_ram,
-                    template_kwargs=config.chat_template_kwargs, embed_ctx=config.embedding_ctx,
+                    template_kwargs=config.chat_template_kwargs, n_predict=config.n_predict, embed_ctx=config.embedding_ctx,
                     on_embedded=writer.add_embedding if writer else None)  # fmt: skip
     engine.start()
     took = time.perf_counter() - t0

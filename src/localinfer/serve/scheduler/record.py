@@ -31,7 +31,7 @@ class UsageWriter:
         from localinfer.generate.run import peak_rss_bytes
         from localinfer.usage.recorder import record_of
 
-        envelope, request = ticket.prepared.envelope, ticket.prepared.request
+        envelope, request = ticket.prepared.asked, ticket.prepared.request
         mode = request.mode
         result = Answer.of_finished(outcome, self.name, load_s=0.0, peak_rss=peak_rss_bytes(), mode=mode)
         extra = {"endpoint": "chat" if mode == "chat" else "completions", "stream": envelope.stream,

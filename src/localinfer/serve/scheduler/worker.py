@@ -74,17 +74,19 @@ class Engine:
     def __init__(
         self, loaded: LoadedModel, parallel: int, *, max_queue: int,
         on_finish: Callable[[Ticket, Ended], None] | None = None, on_step: Callable[[], None] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None, n_predict: int = -1,
         embed_ctx: int = 512, on_embedded: Callable[[EmbedOutcome], None] | None = None, cache_bytes: int = 0,
     ) -> None:  # fmt: skip
         """``on_step``: called on the engine thread just before each ``llama_decode`` and after each
         request ends - where its callbacks' news may be handed on (``bridge.Hub.flush``).
         ``embed_ctx``: the embedding context's tokens per decode (the longest input); ``on_embedded``:
-        called on the engine thread after each embedding request (the usage history)."""
+        called on the engine thread after each embedding request (the usage history); ``n_predict``:
+        serve's -n, the cap of an answer whose request names none."""
         self.loaded = loaded
         self.parallel = parallel
         self.max_queue = max_queue
         self.template_kwargs = template_kwargs or {}  # --chat-template-kwargs: a request's own win, key by key
+        self.n_predict = n_predict
         self.n_ctx_seq = loaded.model.n_ctx_seq
         self._on_finish = on_finish
         self._on_step = on_step
@@ -102,7 +104,7 @@ class Engine:
     # -- what the HTTP side calls --------------------------------------------------------------------
     def prepare(self, request: Envelope, *, clamp: bool = False) -> Prepared:
         """``serve.scheduler.prepare.prepare`` on this engine's model and context (any thread)."""
-        return prepare(self.loaded, self.n_ctx_seq, self.template_kwargs, request, clamp=clamp)
+        return prepare(self.loaded, self.n_ctx_seq, self.template_kwargs, request, clamp=clamp, n_predict=self.n_predict)
 
     def submit(
         self, prepared: Prepared, on_text: Callable[[str], None] | None, on_end: Callable[[Ended], None],
@@ -114,22 +116,14 @@ class Engine:
         inline), or as typed steps (``on_steps``: thinking, text, tool calls - ``localinfer.generate.finish``);
         all None: wanted only at the end. ``on_prompt``: the prompt's progress (``SeqJob.on_prompt``).
         ``Overloaded`` when more than ``max_queue`` would wait."""
-        from localinfer.engine.batch import SeqJob
-        from localinfer.generate.finish import Finish
-
         if self._waiting_chats() - (self.parallel - self.running) >= self.max_queue:
             raise Overloaded()
-        r = prepared.request
-        from localinfer.generate.run import constraint_for
-
-        finish = Finish(prepared.splitter if on_logprobs is None else None, prepared.tools)
+        finish = prepared.finish(split=on_logprobs is None)
         live = on_steps is not None or finish.splits  # thinking is counted piece by piece
-        constraint, after = constraint_for(prepared.tools, r.response_format, prepared.splitter)
-        job = SeqJob(
-            next(self._keys), prepared.tokens, r.sampling, r.max_tokens, tuple(dict.fromkeys((*r.stop, *prepared.stop))),
-            r.ignore_eos, on_text=feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
-            cache_prompt=prepared.envelope.cache_prompt, constraint=constraint, constraint_after=after, logprobs=r.logprobs,
-            on_logprobs=on_logprobs, draft_max=prepared.envelope.draft_max, draft_min=prepared.envelope.draft_min,
+        asked = prepared.asked
+        job = prepared.job(
+            next(self._keys), on_text=feeder(finish, on_text, on_steps) if live else on_text, cancel=threading.Event(),
+            cache_prompt=asked.cache_prompt, on_logprobs=on_logprobs, draft_max=asked.draft_max, draft_min=asked.draft_min,
             on_prompt=on_prompt,
         )  # fmt: skip
         ticket = Ticket(job.key, job, prepared, on_end, finish, live, on_steps)
