@@ -101,3 +101,27 @@ def test_serves_preparation_holds_both_limits_of_max_tokens(asked, clamp, cap, e
     prepared = prepare(_loaded(), 256, {}, envelope, clamp=clamp, n_predict=cap)
     assert len(prepared.tokens) == 256 - ROOM and prepared.asked.request.raw_text == PROMPT  # asked: the Envelope
     assert prepared.request.max_tokens == expected and prepared.job().max_tokens == expected
+
+
+def test_the_resident_servers_wires_are_given_to_its_app_and_carry_what_our_cli_reads():
+    from starlette.testclient import TestClient
+
+    from localinfer.errors import ContextOverflowError
+    from localinfer.serve.config import ServeConfig
+    from localinfer.serve.http.app import ServerState, create_app
+    from localinfer.serve.wires import catalog
+    from localinfer.serve.wires.openai import ApiError
+
+    class Overflowing:
+        n_ctx_seq, parallel, running, queued, cells_used, cells_total, prompt_cache = 64, 1, 0, 0, 0, 64, None
+
+        def prepare(self, request: Any, clamp: bool = False) -> Any:
+            raise ApiError(400, "too long", code="context_length_exceeded", cause=ContextOverflowError("too long", hint="shorten it"))
+
+    for completions, whole in ((None, False), (catalog.WHOLE, True)):
+        state = ServerState.holding(ServeConfig(), ("m", "m.gguf"), Overflowing())  # type: ignore[arg-type]
+        client = TestClient(create_app(state, completions=completions), base_url="http://127.0.0.1:8080")
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}), ("/v1/completions", {"prompt": "hi"})):
+            r = client.post(path, json=body)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+            assert r.json().get("localinfer") == ({"type": "ContextOverflowError", "message": "too long", "hint": "shorten it"} if whole else None)

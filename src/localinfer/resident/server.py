@@ -170,8 +170,9 @@ class Resident:
         from localinfer.serve.scheduler.bridge import Hub
         from localinfer.serve.config import ServeConfig
         from localinfer.serve.scheduler.worker import Engine
+        from localinfer.serve.wires import catalog as wires
 
-        config = ServeConfig(parallel=want.sequences, no_log=True, whole_answers=True)
+        config = ServeConfig(parallel=want.sequences, no_log=True)
         hub = Hub(loop, deferred=True)
         engine = Engine(loaded, want.sequences, max_queue=64, on_step=hub.flush)
         engine.start()
@@ -180,7 +181,8 @@ class Resident:
         buffers = loaded.buffers
         size = buffers.total() if buffers is not None and buffers.buffers else os.path.getsize(want.key)
         self.say(f"loaded {name} in {loaded.load_s:.1f} s: {want.sequences} sequence(s) x {engine.n_ctx_seq} tokens")
-        return ResidentModel(model_id(want.key), create_app(state), engine, size, want.key, fresh_load_s=loaded.load_s)
+        # OpenAI's routes answer whole here (catalog.WHOLE): our CLI reads each answer's record and an error's cause
+        return ResidentModel(model_id(want.key), create_app(state, completions=wires.WHOLE), engine, size, want.key, fresh_load_s=loaded.load_s)
 
     # -- ps and stop -------------------------------------------------------------------------------------
     def ps(self) -> dict[str, Any]:

@@ -28,7 +28,6 @@ class ServeConfig:
     model_map: tuple[tuple[str, str], ...] = ()  # --map-model: (fnmatch pattern, served model) for names not installed
     cache_ram: int = 0  # bytes of host memory per model for idle sequences' cells (engine.prompt_cache; 0: none)
     n_predict: int = -1  # -n: the cap of an answer whose request names none (-1 or 0: what the context leaves)
-    whole_answers: bool = False  # the resident server's: each answer's last chunk also carries it whole (Finished.to_wire)
 
     @property
     def public(self) -> bool:

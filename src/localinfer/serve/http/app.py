@@ -10,7 +10,7 @@ going away: the request is cancelled then, and its sequence is free at the engin
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,7 +25,7 @@ from localinfer.serve.models import listings
 
 from localinfer.serve.wires import catalog as wires
 from localinfer.serve.scheduler.worker import Overloaded
-from localinfer.serve.http.exchange import ServerState, accept, answer, authorize, overloaded, pick, prepared_only, state_of, wire_error
+from localinfer.serve.http.exchange import ServerState, Wire, accept, answer, authorize, overloaded, pick, prepared_only, state_of, wire_error
 from localinfer.serve.http.guard import Guard, allowed_names, error_body
 from localinfer.serve.http.metrics import Metrics
 from localinfer.serve.wires.openai import ApiError
@@ -39,7 +39,9 @@ ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "
              "/v1/messages": "messages", "/v1/messages/count_tokens": "count_tokens", "/v1/responses": "responses"}}  # fmt: skip
 
 
-def create_app(state: ServerState) -> Starlette:
+def create_app(state: ServerState, *, completions: dict[str, Wire] | None = None) -> Starlette:
+    """The app serving ``state``. ``completions``: the wires of OpenAI's two routes by kind ("chat",
+    "text"), where a server wants its own (the resident server's ``catalog.WHOLE``)."""
     from localinfer.request import checker
     from localinfer.serve.wires import llama as llama_routes
     from localinfer.serve.wires.ollama import routes as ollama
@@ -47,12 +49,13 @@ def create_app(state: ServerState) -> Starlette:
 
     checker.enable()  # large schemas and grammars are checked in a helper process, off the loop's GIL
 
+    wire_of = {"chat": wires.CHAT, "text": wires.COMPLETIONS, **(completions or {})}
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", _answering(wire_of["chat"]), methods=["POST"]),
+        Route("/v1/completions", _answering(wire_of["text"]), methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         *protocol_routes(),
         *llama_routes.routes(),
@@ -150,12 +153,13 @@ def protocol_routes() -> list[Route]:
     ]
 
 
-async def chat_completions(request: Request) -> Response:
-    return await answer(request, wires.WHOLE["chat"] if state_of(request).config.whole_answers else wires.CHAT)
+def _answering(wire: Wire) -> Callable[[Request], Awaitable[Response]]:
+    """The route of a protocol that is one ``Wire`` (OpenAI's Chat Completions, its Completions)."""
 
+    async def route(request: Request) -> Response:
+        return await answer(request, wire)
 
-async def completions(request: Request) -> Response:
-    return await answer(request, wires.WHOLE["text"] if state_of(request).config.whole_answers else wires.COMPLETIONS)
+    return route
 
 
 async def messages(request: Request) -> Response:

@@ -17,7 +17,7 @@ def _chat_wire(kind: str, whole: bool = False) -> Wire:
 
 
 CHAT, COMPLETIONS = _chat_wire("chat"), _chat_wire("text")
-# The resident server's (ServeConfig.whole_answers): answers and errors also carry what our CLI reads
+# The resident server's (its create_app): answers and errors also carry what our CLI reads
 WHOLE = {"chat": _chat_wire("chat", True), "text": _chat_wire("text", True)}
 
 

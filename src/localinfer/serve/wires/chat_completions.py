@@ -98,7 +98,7 @@ class CompletionWriter(WriterDefaults):
     include_usage: bool = False
     id: str = ""
     created: int = 0
-    whole_answers: bool = False  # ServeConfig.whole_answers: the last chunk adds ``localinfer``, the record whole
+    whole_answers: bool = False  # the resident server's (catalog.WHOLE): the last chunk adds ``localinfer``, the record whole
     return_progress: bool = False  # llama-server's: ``prompt_progress`` chunks while the prompt is read
 
     @classmethod

@@ -38,7 +38,7 @@ class ApiError(Exception):
         self.cause = cause  # our own error behind it (a context overflow), for the resident server's client
 
     def body(self, whole: bool = False) -> dict[str, Any]:
-        """The error; ``whole`` (ServeConfig.whole_answers) adds the error behind it as our CLI reads
+        """The error; ``whole`` (the resident server's wires, catalog.WHOLE) adds the error behind it as our CLI reads
         it (``localinfer``: its type, message and hint), so it crosses the process unchanged."""
         out: dict[str, Any] = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         if whole and self.cause is not None:
