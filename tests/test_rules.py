@@ -42,7 +42,7 @@ class StubEngine:
     def __init__(self) -> None:
         self.seen: list[Envelope] = []
 
-    def prepare(self, request: Envelope) -> Any:
+    def prepare(self, request: Envelope, clamp: bool = False) -> Any:
         self.seen.append(request)
         raise ApiError(418, "reached the engine", code="accepted")
 
@@ -159,7 +159,9 @@ MESSAGE_CASES = [
     ([{"role": "tool", "content": "x", "tool_call_id": "call_1"}], "'messages[0].tool_call_id' is 'call_1', which no earlier assistant"),
     ([{"role": "robot", "content": "x"}], "'messages[0].role' must be one of system, developer, user, assistant, tool, not 'robot'"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{"}}]}],
-     "'messages[0].tool_calls[0].function.arguments' must be a JSON object"),
+     None),  # a call a cap cut short, sent back: its arguments are {} (test_a_past_call_cut_short_...)
+    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": [1]}}]}],
+     "'messages[0].tool_calls[0].function.arguments' must be a JSON object, not"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
       {"role": "tool", "content": "42", "tool_call_id": "c1"}], None),
     ([{"role": "user"}], "'messages[0]' must be an object with 'role' and 'content'"),
@@ -187,6 +189,35 @@ def test_messages_get_one_verdict_from_batch_serve_and_load(messages, problem, t
     assert isinstance(item, InputError) and problem in item.reason
     assert status == 400 and problem in body["error"]["message"]
     assert loaded is not None and problem in loaded
+
+
+def test_a_past_call_cut_short_is_taken_with_empty_arguments_on_every_wire():
+    # a call our cap cut short is sent as written ('{"command": "l'); agents run it, get a parse error
+    # as its result and send the turn back: Chat Completions (OpenCode, Qwen Code) and Ollama refused
+    # it (400, the agent's turn failed), Responses alone took it as {}
+    from localinfer.serve.wires import anthropic, responses
+    from localinfer.serve.wires.ollama.chat import parse_chat
+
+    def turns(args: Any) -> list[dict[str, Any]]:
+        call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": args}}
+        return [*HI, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "bad"}]
+
+    def items(args: str) -> list[dict[str, Any]]:
+        return [{"type": "message", "role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": args},
+                {"type": "function_call_output", "call_id": "c1", "output": "bad"}]  # fmt: skip
+
+    def claude(args: str) -> list[dict[str, Any]]:  # the input our writer sent for the call ({"_partial": ...} when cut)
+        return [*HI, {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "bash", "input": anthropic._input(args)}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "bad"}]}]  # fmt: skip
+
+    wires = {"chat": lambda a: parse_request({"messages": turns(a)}, "chat"), "responses": lambda a: responses.parse({"input": items(a)}),
+             "ollama": lambda a: parse_chat({"messages": [*turns(a)[:2], {"role": "tool", "content": "bad"}]}, "m"),
+             "anthropic": lambda a: anthropic.parse({"max_tokens": 9, "messages": claude(a)})}  # fmt: skip
+    for wire, parse in wires.items():
+        for args, taken in (('{"command": "l', {}), ('{"', {}), ("", {}), ('{"command": "ls"}', {"command": "ls"})):
+            req = parse(args).request
+            called = getattr(req, "request", req).messages[1]["tool_calls"][0]["function"]  # Ollama's: an envelope
+            assert called == {"name": "bash", "arguments": taken}, (wire, args, called)
 
 
 # -- serve: what real clients send ----------------------------------------------------------------------

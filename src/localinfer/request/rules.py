@@ -307,8 +307,9 @@ def messages(field: str, value: Any, *, allow_empty: bool = False, limit: int | 
 
 
 def _assistant_calls(where: str, value: Any) -> list[dict[str, Any]]:
-    """An assistant message's ``tool_calls``, as templates read them: ``arguments`` an object (the
-    API sends a JSON string; llama.cpp and transformers' templates expect the object)."""
+    """An assistant message's ``tool_calls``, as templates read them: ``arguments`` an object (the API
+    sends a JSON string; templates expect the object). A string holding no JSON object is ``{}``: a call
+    a cap cut short, sent back by agents with its tool's error (refused, their turn failed; OpenAI takes it)."""
     if not isinstance(value, list) or not value:
         raise RuleError(where, "must be a non-empty list of tool calls", "invalid_type")
     out = []
@@ -323,7 +324,8 @@ def _assistant_calls(where: str, value: Any) -> list[dict[str, Any]]:
             try:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
-                raise RuleError(f"{w}.function.arguments", "must be a JSON object (as a string)") from None
+                args = {}
+            args = args if isinstance(args, dict) else {}
         if not isinstance(args, dict):
             raise RuleError(f"{w}.function.arguments", f"must be a JSON object, not {shown(args)}", "invalid_type")
         cid = call.get("id")

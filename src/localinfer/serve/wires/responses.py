@@ -110,7 +110,7 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
                 raise _bad(f"{where}.role", "must be user, system, developer or assistant")
             out.append({"role": role, "content": _content(f"{where}.content", item.get("content"))})
         elif kind == "function_call":
-            args = _past_arguments(item.get("arguments", "{}"))
+            args = item.get("arguments", "{}")  # one that holds no JSON object is {} (rules.messages)
             call = {"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": args}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
@@ -125,15 +125,6 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
         else:
             raise _bad(f"{where}.type", f"{rules.shown(kind)} items are not supported by this server (stateless, text only)")
     return out
-
-
-def _past_arguments(args: Any) -> Any:
-    """A past call's arguments as the template takes them. Arguments that are no JSON object (a call
-    an answer's cap cut short, sent as written: Codex sends it back with the tool's parse error as
-    its output) are ``{}``: refusing them would refuse our own answer, and Codex's turn with it."""
-    from localinfer.request.toolcalls.parser import is_object
-
-    return args if not isinstance(args, str) or is_object(args) else "{}"
 
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
