@@ -106,7 +106,7 @@ class _LogprobEngine:
     def __init__(self) -> None:
         self.asked: list = []
 
-    def prepare(self, request):
+    def prepare(self, request, clamp=False):
         from localinfer.serve.scheduler.worker import Prepared
 
         self.asked.append(request.request.logprobs)

@@ -238,7 +238,7 @@ class FakeEngine:
         self.pieces, self.full = pieces, full
         self.cancelled = threading.Event()
 
-    def prepare(self, request: Any) -> Prepared:
+    def prepare(self, request: Any, clamp: bool = False) -> Prepared:
         return Prepared(request, [1, 2, 3], ())
 
     def submit(self, prepared: Prepared, on_text: Any, on_end: Any, on_reasoning: Any = None, **_: Any) -> Any:

@@ -293,7 +293,7 @@ def test_a_client_that_goes_away_frees_its_sequence_at_once(server):
         (json.dumps({"messages": HI, "temperature": True}).encode(), "invalid_type", "temperature"),
         (json.dumps({"messages": "hi"}).encode(), "invalid_type", "messages"),
         (json.dumps({"messages": HI, "n": 2}).encode(), "unsupported_parameter", "'n'"),
-        (json.dumps({"messages": HI, "max_tokens": 100000}).encode(), "context_length_exceeded", "512 tokens"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi " * 600}], "max_tokens": 5}).encode(), "context_length_exceeded", "512 tokens"),
     ],
 )
 def test_bad_requests_are_400_with_a_message(server, body, code, needle):
@@ -301,6 +301,22 @@ def test_bad_requests_are_400_with_a_message(server, body, code, needle):
     assert status == 400, data
     err = json.loads(data)["error"]
     assert err["code"] == code and needle in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_max_tokens_past_the_context_is_lowered_to_what_the_prompt_leaves_on_every_wire(server):
+    # was a 400 on Chat Completions (OpenAI's way); llama-server and Ollama lower it, as our Anthropic
+    # route did: agents ask for 8k-64k knowing no context (Qwen Code retries a cut answer with 64k)
+    long = [{"role": "user", "content": "hello " * 430}]
+    status, body = server.json("POST", "/v1/chat/completions", {"messages": long, "max_tokens": 100000, "ignore_eos": True, **GREEDY})
+    assert status == 200, body
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 400 and usage["prompt_tokens"] + usage["completion_tokens"] == 512, usage
+    assert body["choices"][0]["finish_reason"] == "length"
+    name = model_name(server)
+    for path, asked in (("/v1/responses", {"input": "Hi", "max_output_tokens": 100000, **GREEDY}),
+                        ("/api/chat", {"model": name, "messages": HI, "stream": False, "options": {"num_predict": 100000, **GREEDY}})):  # fmt: skip
+        status, body = server.json("POST", path, asked)
+        assert status == 200, (path, body)
 
 
 def test_an_unknown_model_is_404_and_nothing_is_opened(server, tmp_path):

@@ -180,7 +180,7 @@ class Held(FakeEngine):
 
 
 class Failing(FakeEngine):
-    def prepare(self, request: Any) -> Any:
+    def prepare(self, request: Any, clamp: bool = False) -> Any:
         raise RuntimeError("a bug")
 
 
@@ -570,7 +570,7 @@ def test_a_non_finite_number_in_any_body_is_a_400_naming_it(path, body, field, n
     prepared: list[Any] = []
 
     class Engine(FakeEngine):
-        def prepare(self, request: Any) -> Any:
+        def prepare(self, request: Any, clamp: bool = False) -> Any:
             prepared.append(request)
             return super().prepare(request)
 

@@ -57,7 +57,10 @@ class Wire:
     """A protocol, as the one exchange sees it. ``parse``: a body to the wire's request (its
     ``model``: the name asked for, None: any), every field checked; ``error``: an ApiError as its
     error body; ``writer`` (the model picked, the request, what was prepared): its answer's writer
-    (see ``AnswerResponse``); ``clamp``: max_tokens beyond the context is lowered, not refused;
+    (see ``AnswerResponse``); ``clamp``: max_tokens beyond what the prompt leaves of the context is
+    lowered to it, not refused (llama-server's and Ollama's way: a client asks for 8k, 32k or 64k
+    knowing no context; only a prompt that does not fit alone is refused); off for the resident
+    server's wire, whose client is `run` and refuses as `run` does;
     ``fields``: the request's own load fields for ``Served.pick`` (Ollama's keep_alive, num_ctx);
     ``fit``: the request made for the model picked (what depends on its template), or an answer at
     once (a Response: nothing to generate)."""
@@ -65,7 +68,7 @@ class Wire:
     parse: Callable[[dict[str, Any]], Any]
     error: Callable[[ApiError], dict[str, Any]]
     writer: Callable[[Picked, Any, Any], Any]
-    clamp: bool = False
+    clamp: bool = True
     fields: Callable[[Any], dict[str, Any]] = lambda req: {}
     fit: Callable[[Any, Picked], Awaitable[Any]] | None = None
 
