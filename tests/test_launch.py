@@ -24,7 +24,9 @@ json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, open(os.environ["FA
 sys.exit(3)
 """
 
-USER_FILES = (".claude/settings.json", ".codex/config.toml", ".config/opencode/opencode.json")
+USER_FILES = (".claude/settings.json", ".codex/config.toml", ".config/opencode/opencode.json", ".qwen/settings.json",
+              ".config/crush/crush.json", ".local/share/crush/crush.json", ".continue/config.yaml")  # fmt: skip
+AGENTS = {"claude": "claude", "codex": "codex", "opencode": "opencode", "qwen": "qwen", "crush": "crush", "continue": "cn"}  # -> binary
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def fake_home(tmp_path):
         (home / rel).write_bytes(b'# the user\'s own settings\n{"env": {"ANTHROPIC_BASE_URL": "https://elsewhere"}}\n')
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("claude", "codex", "opencode"):
+    for name in AGENTS.values():
         (bin_dir / name).write_text(FAKE_AGENT.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -49,7 +51,7 @@ def _snapshot(home: Path) -> dict[str, bytes]:
     return {str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("agent", ["claude", "codex", "opencode"])
+@pytest.mark.parametrize("agent", list(AGENTS))
 def test_the_agent_gets_our_settings_its_args_and_its_exit_status_passes_through(agent, fake_home, isolated_home):
     home, env, out = fake_home
     before = _snapshot(home)
@@ -80,6 +82,26 @@ def test_the_agent_gets_our_settings_its_args_and_its_exit_status_passes_through
                 'model_providers.localinfer.name="localinfer"', "model_providers.localinfer.stream_idle_timeout_ms=1800000",
                 } <= set(overrides)  # fmt: skip
         assert sent["LOCALINFER_LAUNCH_KEY"] == "localinfer" and "CODEX_HOME" not in sent  # the user's sign-in kept
+    elif agent == "qwen":  # a system settings file ranks above the user's; the environment above every file
+        settings = Path(sent["QWEN_CODE_SYSTEM_SETTINGS_PATH"])
+        assert got["argv"] == ["-p", "hi there"] and settings.parent == isolated_home / "launch"
+        config = json.loads(settings.read_text())
+        assert config["security"]["auth"]["selectedType"] == "openai" and config["model"]["name"] == "smol"
+        assert config["modelProviders"]["openai"] == [{"id": "smol", "name": "smol", "baseUrl": URL + "/v1", "envKey": "LOCALINFER_LAUNCH_KEY"}]
+        assert (sent["OPENAI_BASE_URL"], sent["OPENAI_MODEL"], sent["OPENAI_API_KEY"]) == (URL + "/v1", "smol", "localinfer")
+    elif agent == "crush":  # its global data file ranks above the user's crush.json, and takes its writes
+        config = json.loads((Path(sent["CRUSH_GLOBAL_DATA"]) / "crush.json").read_text())
+        assert got["argv"] == ["-p", "hi there"] and Path(sent["CRUSH_GLOBAL_DATA"]).parent == isolated_home / "launch"
+        provider = config["providers"]["localinfer"]
+        assert provider["type"] == "openai-compat" and provider["base_url"] == URL + "/v1" and provider["api_key"] == "$LOCALINFER_LAUNCH_KEY"
+        assert config["models"]["large"] == config["models"]["small"] == {"model": "smol", "provider": "localinfer"}
+        assert sent["CRUSH_DISABLE_PROVIDER_AUTO_UPDATE"] == "1" and sent["CRUSH_DISABLE_METRICS"] == "1"
+    elif agent == "continue":  # a private CONTINUE_GLOBAL_DIR: ~/.continue is neither read nor written
+        home_dir = Path(sent["CONTINUE_GLOBAL_DIR"])
+        assert home_dir == isolated_home / "launch" / "continue" and got["argv"] == ["--config", str(home_dir / "config.yaml"), "-p", "hi there"]
+        model = json.loads((home_dir / "config.yaml").read_text())["models"][0]  # JSON is YAML
+        assert (model["provider"], model["model"], model["apiBase"]) == ("openai", "smol", URL + "/v1")
+        assert model["apiKey"] == "${{ secrets.LOCALINFER_LAUNCH_KEY }}" and sent["LOCALINFER_LAUNCH_KEY"] == "localinfer"
     else:
         assert got["argv"] == ["-p", "hi there"]
         config = json.loads(Path(sent["OPENCODE_CONFIG"]).read_text())
@@ -94,12 +116,12 @@ def test_absent_user_files_stay_absent(fake_home, tmp_path):
     home, env, out = fake_home
     for rel in USER_FILES:
         (home / rel).unlink()
-    for agent in ("claude", "codex", "opencode"):
+    for agent in AGENTS:
         assert run_cli("launch", agent, "-m", "smol", "--endpoint", URL, env=env, timeout=60).returncode == 3
     assert _snapshot(home) == {}
 
 
-@pytest.mark.parametrize("agent", ["claude", "codex", "opencode"])
+@pytest.mark.parametrize("agent", list(AGENTS))
 def test_print_shows_lines_a_shell_can_run_and_runs_nothing(agent, fake_home):
     home, env, out = fake_home
     proc = run_cli("launch", agent, "-m", "smol", "--endpoint", URL, "--print", "--", "exec", "it's", env=env, timeout=60)
@@ -107,7 +129,7 @@ def test_print_shows_lines_a_shell_can_run_and_runs_nothing(agent, fake_home):
     text = proc.stdout.decode()
     assert f"at {URL}, model smol" in text.splitlines()[0]
     commands = [ln for ln in text.splitlines() if not ln.startswith("#")]
-    assert commands[-1].startswith(agent) and shlex.split(commands[-1])[-2:] == ["exec", "it's"]
+    assert commands[-1].startswith(AGENTS[agent] + " ") and shlex.split(commands[-1])[-2:] == ["exec", "it's"]
     script = "\n".join(commands[:-1]) + "\nenv\n"  # the lines, run by a shell: the variables it exports
     exported = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, check=True).stdout
     if agent == "claude":
@@ -115,13 +137,16 @@ def test_print_shows_lines_a_shell_can_run_and_runs_nothing(agent, fake_home):
         assert "# private config (written): " in text and '"ANTHROPIC_MODEL": "smol",' in text
     elif agent == "codex":
         assert "LOCALINFER_LAUNCH_KEY=localinfer\n" in exported and "-c 'model_provider=\"localinfer\"'" in commands[-1]
-    else:
+    elif agent == "opencode":
         assert "OPENCODE_CONFIG=" in exported and '"baseURL": "http://127.0.0.1:9/v1"' in text
+    else:
+        assert "LOCALINFER_LAUNCH_KEY=localinfer\n" in exported and "# private config (written): " in text
 
 
 def test_a_missing_agent_is_one_line_naming_its_npm_package(tmp_path):
     env = {"PATH": str(tmp_path)}  # no agent anywhere
-    for agent, package in (("claude", "@anthropic-ai/claude-code"), ("codex", "@openai/codex"), ("opencode", "opencode-ai")):
+    for agent, package in (("claude", "@anthropic-ai/claude-code"), ("codex", "@openai/codex"), ("opencode", "opencode-ai"),
+                           ("qwen", "@qwen-code/qwen-code"), ("crush", "@charmland/crush"), ("continue", "@continuedev/cli")):  # fmt: skip
         proc = run_cli("launch", agent, "-m", "smol", "--endpoint", URL, env=env, timeout=60)
         lines = proc.stderr.decode().strip().splitlines()
         assert proc.returncode == 3 and len(lines) == 1 and f"npm install -g {package}" in lines[0], lines
@@ -192,9 +217,25 @@ def test_the_context_given_is_what_serve_gives_one_sequence_and_a_shortfall_is_s
                       "agents need 65536: a longer prompt is refused"]
 
 
-def test_opencode_is_told_the_endpoints_context_and_the_answer_cap(fake_home):
+def _told(agent: str, env: dict[str, str]) -> tuple[int, int]:
+    """The context and the answer cap an agent was given, from its private config."""
+    if agent == "opencode":
+        limit = json.loads(Path(env["OPENCODE_CONFIG"]).read_text())["provider"]["localinfer"]["models"]["smol"]["limit"]
+        return limit["context"], limit["output"]
+    if agent == "qwen":
+        settings = json.loads(Path(env["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).read_text())
+        return settings["modelProviders"]["openai"][0]["generationConfig"]["contextWindowSize"], int(env["QWEN_CODE_MAX_OUTPUT_TOKENS"])
+    if agent == "crush":
+        model = json.loads((Path(env["CRUSH_GLOBAL_DATA"]) / "crush.json").read_text())["providers"]["localinfer"]["models"][0]
+        return model["context_window"], model["default_max_tokens"]
+    options = json.loads((Path(env["CONTINUE_GLOBAL_DIR"]) / "config.yaml").read_text())["models"][0]["defaultCompletionOptions"]
+    return options["contextLength"], options["maxTokens"]
+
+
+@pytest.mark.parametrize("agent", ["opencode", "qwen", "crush", "continue"])
+def test_the_agents_are_told_the_endpoints_context_and_the_answer_cap(agent, fake_home):
     # OpenCode asks for limit.output as max_tokens (32,000 when it has none: past the context, a 400
-    # it answers by compacting forever); with --endpoint the context is the server's /props
+    # it answers by compacting forever), Qwen Code 8k then 64k; with --endpoint the context is the server's /props
     import http.server
     import threading
 
@@ -214,10 +255,9 @@ def test_opencode_is_told_the_endpoints_context_and_the_answer_cap(fake_home):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         for extra, output in (([], 1024), (["-n", "100"], 100)):
-            proc = run_cli("launch", "opencode", "-m", "smol", *extra, "--endpoint", f"http://127.0.0.1:{server.server_port}",
+            proc = run_cli("launch", agent, "-m", "smol", *extra, "--endpoint", f"http://127.0.0.1:{server.server_port}",
                            env=env, timeout=60)  # fmt: skip
             assert proc.returncode == 3, proc.stderr.decode()
-            config = json.loads(Path(json.loads(out.read_text())["env"]["OPENCODE_CONFIG"]).read_text())
-            assert config["provider"]["localinfer"]["models"]["smol"]["limit"] == {"context": 4096, "output": output}
+            assert _told(agent, json.loads(out.read_text())["env"]) == (4096, output)
     finally:
         server.shutdown()

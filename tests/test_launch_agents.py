@@ -29,23 +29,28 @@ def _env(agent: str, isolated_home: Path, **extra: str) -> dict[str, str]:
             "HOME": str(isolated_home.parent / "home"), **extra}  # fmt: skip
 
 
+USER_FILES = (".claude/settings.json", ".codex/config.toml", ".config/opencode/opencode.json", ".qwen/settings.json",
+              ".config/crush/crush.json", ".local/share/crush/crush.json", ".continue/config.yaml")  # fmt: skip
+
+
 def _twice_then_stop(agent: str, args: list[str], env: dict[str, str], isolated_home: Path, smollm2_path: Path,
-                     check: Callable[[subprocess.CompletedProcess], None], cwd: Path | None = None) -> None:  # fmt: skip
+                     check: Callable[[subprocess.CompletedProcess], None], cwd: Path | None = None, times: int = 2) -> None:  # fmt: skip
     """``launch AGENT -m smol ARGS`` from a fresh data folder, then again on the server it left
-    running (``check``-ed each time), then `stop`: one server, the user's files not made."""
+    running (``check``-ed each time; ``times``: 1, the first only), then `stop`: one server, the
+    user's files not made."""
     assert run_cli("pull", str(smollm2_path), "--name", "smol", env=env, timeout=180).returncode == 0
     record = isolated_home / "launch" / "server.json"
     try:
         results = []
-        for _ in range(2):
+        for _ in range(times):
             proc = run_cli("launch", agent, "-m", "smol", *args, env=env, timeout=400, cwd=cwd)
             check(proc)
             results.append(json.loads(record.read_text()))
-        assert results[0]["pid"] == results[1]["pid"]  # the second launch used the server the first left running
+        assert results[0]["pid"] == results[-1]["pid"]  # the second launch used the server the first left running
         log = Path(results[0]["log"]).read_text()
         assert log.count("listening on") == 1 and "'*' that is not installed is answered by smol" in log
         home = isolated_home.parent / "home"
-        for mine in (".claude/settings.json", ".codex/config.toml", ".config/opencode/opencode.json"):
+        for mine in USER_FILES:
             assert not (home / mine).exists(), mine  # the user's files: none made
     finally:
         stopped = run_cli("stop", env=env, timeout=60)
@@ -106,3 +111,38 @@ def test_opencode_run_gets_its_answer_from_a_started_server_and_again_from_the_r
 
     env = _env("opencode", isolated_home, PWD=str(project))  # OpenCode's project is $PWD, not the process's directory
     _twice_then_stop("opencode", ["-n", "16", "--", "run", "Say hi"], env, isolated_home, smollm2_path, check, cwd=project)
+
+
+@pytest.mark.slow
+def test_qwen_code_headless_gets_its_answer_from_the_server_launch_starts(smollm2_path, isolated_home, tmp_path):
+    """Qwen Code's -p on Chat Completions (launch's -n is its max_tokens). With its 11 tools the
+    prompt (~10k tokens) passes SmolLM2's 8k: the server's 400 context_length_exceeded makes Qwen
+    Code compress and ask again without tools, which is answered: the protocol, end to end."""
+    project = tmp_path / "project"
+    project.mkdir()
+
+    def check(proc: subprocess.CompletedProcess) -> None:
+        assert proc.returncode == 0, proc.stderr.decode()
+        result = json.loads(proc.stdout)[-1]
+        assert result["type"] == "result" and not result["is_error"] and result["usage"]["input_tokens"] > 0, result
+
+    env = _env("qwen", isolated_home)
+    (isolated_home.parent / "home").mkdir()  # Qwen Code stops at a HOME that is not there
+    args = ["-n", "16", "--", "-p", "Say hi", "--system-prompt", "Be brief.", "--output-format", "json"]
+    _twice_then_stop("qwen", args, env, isolated_home, smollm2_path, check, cwd=project, times=1)
+
+
+@pytest.mark.slow
+def test_continue_cli_headless_gets_its_answer_from_the_server_launch_starts(smollm2_path, isolated_home, tmp_path):
+    """Continue's `cn -p` (headless: its tools run without asking) on Chat Completions, from
+    launch's private CONTINUE_GLOBAL_DIR: ~/.continue is not made."""
+    project = tmp_path / "project"
+    project.mkdir()
+
+    def check(proc: subprocess.CompletedProcess) -> None:
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert proc.stdout.strip(), proc.stderr.decode()  # the answer, whatever a 135M model says
+
+    env = _env("cn", isolated_home)
+    _twice_then_stop("continue", ["-n", "16", "--", "-p", "Say hi"], env, isolated_home, smollm2_path, check, cwd=project, times=1)
+    assert not (isolated_home.parent / "home" / ".continue").exists()

@@ -7,7 +7,7 @@ import typer
 
 from localinfer.cli.common import handle_errors
 
-_AGENTS = "claude (Claude Code), codex (Codex CLI), opencode (OpenCode)"
+_AGENTS = "claude (Claude Code), codex (Codex CLI), opencode (OpenCode), qwen (Qwen Code), crush (Crush), continue (Continue CLI)"
 
 
 def launch(
@@ -15,12 +15,12 @@ def launch(
     agent_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- AGENT-ARGS...]", help="Passed to the agent as they are.", show_default=False)] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="The installed model the agent uses (default: the registry's default).")] = None,
     server_url: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="Use the `localinfer serve` at URL (e.g. http://127.0.0.1:8080) instead of the one launch starts.")] = None,
-    n_predict: Annotated[Optional[int], typer.Option("--n-predict", "-n", min=1, help="An answer's tokens at most: the --n-predict of the server launch starts (Codex names no limit) and OpenCode's output limit. Default: a quarter of the context.")] = None,
+    n_predict: Annotated[Optional[int], typer.Option("--n-predict", "-n", min=1, help="An answer's tokens at most: the --n-predict of the server launch starts (Codex names no limit) and the output limit the other agents ask for. Default: a quarter of the context.")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the variables, the private config and the command instead of running the agent.")] = False,
 ) -> None:
-    """Run a coding agent (Claude Code, Codex, OpenCode) on a local model: a `serve` is started in the
-    background if none runs (and left running: `localinfer stop` stops it); the user's own agent
-    settings are never written (docs/agents.md)."""
+    """Run a coding agent (Claude Code, Codex, OpenCode, Qwen Code, Crush, Continue's CLI) on a local
+    model: a `serve` is started in the background if none runs (and left running: `localinfer stop`
+    stops it); the user's own agent settings are never written (docs/agents.md)."""
     with handle_errors():
         import os
         import shutil

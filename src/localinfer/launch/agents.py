@@ -1,7 +1,8 @@
 """What each agent is told to use a local `serve`: environment variables, flags before the user's
 own arguments, and private config files in our data folder. The user's own settings
-(``~/.claude/settings.json``, ``~/.codex/config.toml``, ``~/.config/opencode/opencode.json``) are
-never read nor written: what we set wins over them through each agent's documented precedence.
+(``~/.claude/settings.json``, ``~/.codex/config.toml``, ``~/.config/opencode/opencode.json``,
+``~/.qwen/settings.json``, ``~/.config/crush/crush.json``, ``~/.continue/config.yaml``) are never
+read nor written by us: what we set wins over them through each agent's documented precedence.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ AGENTS = {a.name: a for a in (
     Agent("claude", "Claude Code", "claude", "@anthropic-ai/claude-code"),
     Agent("codex", "Codex CLI", "codex", "@openai/codex"),
     Agent("opencode", "OpenCode", "opencode", "opencode-ai"),
+    Agent("qwen", "Qwen Code", "qwen", "@qwen-code/qwen-code"),
+    Agent("crush", "Crush", "crush", "@charmland/crush"),
+    Agent("continue", "Continue CLI", "cn", "@continuedev/cli"),
 )}  # fmt: skip
 
 
@@ -54,9 +58,10 @@ def setup(agent: Agent, *, url: str, model: str, ctx: int | None, token: str, fo
     """``url``: the server's root (no /v1); ``ctx``: the model's context (None: unknown); ``output``:
     the answer's cap where the agent asks for one (None: ``output_cap``);
     ``folder``: where the private configs go."""
-    if agent.name == "opencode":
-        return _opencode(url, model, ctx, token, folder, output)
-    return {"claude": _claude, "codex": _codex}[agent.name](url, model, ctx, token, folder)
+    if agent.name in ("claude", "codex"):
+        return {"claude": _claude, "codex": _codex}[agent.name](url, model, ctx, token, folder)
+    cap = min(output or output_cap(ctx), ctx // 2) if ctx else output  # what the agent asks for as max_tokens
+    return {"opencode": _opencode, "qwen": _qwen, "crush": _crush, "continue": _continue}[agent.name](url, model, ctx, token, folder, cap)
 
 
 def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
@@ -93,12 +98,12 @@ def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> A
     return AgentSetup(env={KEY_VAR: token}, args=[a for kv in args for a in ("-c", kv)])
 
 
-def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path, output: int | None) -> AgentSetup:
+def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path, cap: int | None) -> AgentSetup:
     entry: dict = {"name": model, "tool_call": True}
     # OpenCode asks for `output` tokens (else 32,000: past any context here, a 400) and compacts before
     # prompt + output pass the context
-    if ctx:
-        entry["limit"] = {"context": ctx, "output": min(output or output_cap(ctx), ctx // 2)}
+    if ctx and cap:
+        entry["limit"] = {"context": ctx, "output": cap}
     config = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {"localinfer": {"npm": "@ai-sdk/openai-compatible", "name": "localinfer",
@@ -111,6 +116,51 @@ def _opencode(url: str, model: str, ctx: int | None, token: str, folder: Path, o
     # no catalog look-up at models.opencode.ai: the model is ours, and offline it is an error in OpenCode's log
     env = {"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", KEY_VAR: token}
     return AgentSetup(env=env, files={path: json.dumps(config, indent=2) + "\n"})
+
+
+def _qwen(url: str, model: str, ctx: int | None, token: str, folder: Path, cap: int | None) -> AgentSetup:
+    # A system settings file (QWEN_CODE_SYSTEM_SETTINGS_PATH) ranks above the user's and the project's
+    # settings.json; the environment ranks above every file (Qwen Code's documented layers)
+    provider: dict = {"id": model, "name": model, "baseUrl": f"{url}/v1", "envKey": KEY_VAR}
+    if ctx:
+        provider["generationConfig"] = {"contextWindowSize": ctx}  # when it compresses the conversation
+    settings = {"security": {"auth": {"selectedType": "openai"}}, "model": {"name": model}, "modelProviders": {"openai": [provider]},
+                "general": {"enableAutoUpdate": False}, "privacy": {"usageStatisticsEnabled": False}}  # fmt: skip
+    path = folder / "qwen-settings.json"
+    env = {"QWEN_CODE_SYSTEM_SETTINGS_PATH": str(path), "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_MODEL": model, "OPENAI_API_KEY": token}
+    if cap:  # else it asks for 8k, and after an answer cut there asks the same again with 64k
+        env["QWEN_CODE_MAX_OUTPUT_TOKENS"] = str(cap)
+    return AgentSetup(env={**env, KEY_VAR: token}, files={path: json.dumps(settings, indent=2) + "\n"})
+
+
+def _crush(url: str, model: str, ctx: int | None, token: str, folder: Path, cap: int | None) -> AgentSetup:
+    entry: dict = {"id": model, "name": model}
+    if ctx and cap:
+        entry.update(context_window=ctx, default_max_tokens=cap)
+    chosen = {"model": model, "provider": "localinfer"}
+    config = {"$schema": "https://charm.land/crush.json",
+              "providers": {"localinfer": {"name": "localinfer", "type": "openai-compat", "base_url": f"{url}/v1",
+                                           "api_key": "$" + KEY_VAR, "models": [entry]}},  # the key never on disk
+              "models": {"large": chosen, "small": chosen}, "options": {"disable_provider_auto_update": True}}  # fmt: skip
+    # Crush's global data file (CRUSH_GLOBAL_DATA) ranks above the user's crush.json, which is still
+    # read (their LSPs, MCPs, permissions), never written; Crush writes its own state to ours
+    path = folder / "crush" / "crush.json"
+    env = {"CRUSH_GLOBAL_DATA": str(path.parent), "CRUSH_DISABLE_PROVIDER_AUTO_UPDATE": "1", "CRUSH_DISABLE_METRICS": "1", KEY_VAR: token}
+    return AgentSetup(env=env, files={path: json.dumps(config, indent=2) + "\n"})
+
+
+def _continue(url: str, model: str, ctx: int | None, token: str, folder: Path, cap: int | None) -> AgentSetup:
+    entry: dict = {"name": model, "provider": "openai", "model": model, "apiBase": f"{url}/v1",
+                   "apiKey": "${{ secrets." + KEY_VAR + " }}", "roles": ["chat", "edit", "apply", "summarize"],
+                   "capabilities": ["tool_use"]}  # fmt: skip
+    if ctx and cap:
+        entry["defaultCompletionOptions"] = {"contextLength": ctx, "maxTokens": cap}
+    config = {"name": "localinfer", "version": "1.0.0", "schema": "v1", "models": [entry]}
+    # A private CONTINUE_GLOBAL_DIR, as a private CODEX_HOME would be: without it the CLI reads and
+    # writes ~/.continue (its onboarding writes config.yaml there); JSON is YAML
+    home = folder / "continue"
+    env = {"CONTINUE_GLOBAL_DIR": str(home), "CONTINUE_CLI_AUTO_UPDATED": "1", KEY_VAR: token}  # no npm install -g of itself
+    return AgentSetup(env=env, args=["--config", str(home / "config.yaml")], files={home / "config.yaml": json.dumps(config, indent=2) + "\n"})
 
 
 def _toml(value: str) -> str:
