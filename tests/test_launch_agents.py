@@ -131,18 +131,3 @@ def test_qwen_code_headless_gets_its_answer_from_the_server_launch_starts(smollm
     args = ["-n", "16", "--", "-p", "Say hi", "--system-prompt", "Be brief.", "--output-format", "json"]
     _twice_then_stop("qwen", args, env, isolated_home, smollm2_path, check, cwd=project, times=1)
 
-
-@pytest.mark.slow
-def test_continue_cli_headless_gets_its_answer_from_the_server_launch_starts(smollm2_path, isolated_home, tmp_path):
-    """Continue's `cn -p` (headless: its tools run without asking) on Chat Completions, from
-    launch's private CONTINUE_GLOBAL_DIR: ~/.continue is not made."""
-    project = tmp_path / "project"
-    project.mkdir()
-
-    def check(proc: subprocess.CompletedProcess) -> None:
-        assert proc.returncode == 0, proc.stderr.decode()
-        assert proc.stdout.strip(), proc.stderr.decode()  # the answer, whatever a 135M model says
-
-    env = _env("cn", isolated_home)
-    _twice_then_stop("continue", ["-n", "16", "--", "-p", "Say hi"], env, isolated_home, smollm2_path, check, cwd=project, times=1)
-    assert not (isolated_home.parent / "home" / ".continue").exists()
