@@ -76,7 +76,7 @@ def test_more_threads_than_cpus_is_a_note(smollm2_path):
 
 
 def test_the_overflow_message_agrees_with_its_subject_and_names_the_trained_context():
-    from localinfer.generate.run import overflow_error
+    from localinfer.generate.prepare import overflow_error
 
     alone = overflow_error(53542, None, 4096, 8192)
     assert str(alone) == "the prompt (53542 tokens) exceeds the context window (4096 tokens)"

@@ -92,7 +92,7 @@ def test_with_tool_choice_none_the_format_is_kept_and_enforced():
     assert req.response_format is not None and req.response_format.kind == "json_schema"
     built = rq.build("hi", tools=TOOLS, tool_choice="none", response_format=SCHEMA_RF)
     assert built.response_format is not None and built.tool_choice.mode == "none"
-    from localinfer.generate.run import constraint_for
+    from localinfer.generate.prepare import constraint_for
     from localinfer.request.toolcalls.plan import plan_for
 
     plan = plan_for(built.tools, built.tool_choice, True, None)

@@ -38,7 +38,7 @@ def loaded(smollm2_path, tmp_path_factory):
 
 
 def _tokens(loaded, text: str, *pictures: bytes):
-    from localinfer.generate.run import build_prompt
+    from localinfer.generate.prepare import build_prompt
 
     shown = [images.from_bytes(p, f"{i}.png") for i, p in enumerate(pictures)]
     req = build(messages=[images.message("user", text, shown)], sampling=GREEDY)
@@ -194,7 +194,8 @@ def test_m_rope_images_take_libmtmds_positions_in_run_and_in_the_batch_engine(qw
     """Positions after an M-RoPE image are not token counts: the run path and the batch engine both
     give each cell libmtmd's position (the KV cache shows it), and so answer alike."""
     from localinfer.engine.backend import llama_cpp
-    from localinfer.generate.run import build_prompt, generate
+    from localinfer.generate.prepare import build_prompt
+    from localinfer.generate.run import generate
 
     def last_position(seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(qwen.model._mem, seq))
@@ -226,7 +227,7 @@ def test_the_batch_engine_reuses_an_m_rope_prompt_only_before_its_image(qwen):
     """Dropping cells goes by position: a cached M-RoPE prompt is kept up to its image only."""
     req = build(messages=[images.message("user", "What is in this picture?", [images.from_bytes(png(1), "p.png")])],
                 sampling=GREEDY, max_tokens=4)  # fmt: skip
-    from localinfer.generate.run import build_prompt
+    from localinfer.generate.prepare import build_prompt
 
     prompt = build_prompt(qwen, req, n_ctx=qwen.model.n_ctx_seq)[0]
     first_image = next(start for start, _n, chunk in prompt.pieces if chunk is not None)

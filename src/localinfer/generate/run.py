@@ -18,9 +18,6 @@ from localinfer.errors import Interrupted, UsageError
 from localinfer.generate.prepare import prepare
 from localinfer.request.request import Request
 
-# their home before generate.prepare (tests import them from here)
-from localinfer.generate.prepare import build_prompt, constraint_for, overflow_error  # noqa: F401
-
 if TYPE_CHECKING:
     from localinfer.generate.finish import Step
     from localinfer.generate.loading import LoadedModel
