@@ -18,9 +18,9 @@ def launch(
     n_predict: Annotated[Optional[int], typer.Option("--n-predict", "-n", min=1, help="An answer's tokens at most: the --n-predict of the server launch starts (Codex names no limit) and the output limit the other agents ask for. Default: a quarter of the context.")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the variables, the private config and the command instead of running the agent.")] = False,
 ) -> None:
-    """Run a coding agent (Claude Code, Codex, OpenCode) on a local model: a `serve` is started in the
-    background if none runs (and left running: `localinfer stop` stops it); the user's own agent
-    settings are never written (docs/agents.md)."""
+    """Run a coding agent (Claude Code, Codex, OpenCode, Qwen Code, Crush, Continue) on a local model:
+    a `serve` is started in the background if none runs (and left running: `localinfer stop` stops
+    it); the user's own agent settings are never written (docs/agents.md)."""
     with handle_errors():
         import os
         import shutil

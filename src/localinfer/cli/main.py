@@ -48,7 +48,7 @@ _LISTING: tuple[tuple[str, str], ...] = (
     ("batch", "Run many requests through one model, several sequences at a time"),
     ("embed", "Embed texts (one vector per line) with a local model or a server's /v1/embeddings"),
     ("serve", "Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings)"),
-    ("launch", "Run a coding agent (Claude Code, Codex, OpenCode) on a local model: a `serve` is started in the "
+    ("launch", "Run a coding agent (Claude Code, Codex, OpenCode, Qwen Code, Crush, Continue) on a local model: a `serve` is started in the "
                "background if none runs (and left running: `localinfer stop` stops it)"),
     ("ps", "List the models kept loaded by --keep-alive (size, sequences, context, idle time, unload time)"),
     ("stop", "Unload a resident model (or all of them: the server then exits, and the server `launch` started stops)"),
