@@ -30,8 +30,9 @@ llama-server's; it evaluates only its new tokens (its prompt less the previous o
 2 evaluates <= 10 % of its prompt. Also what the caches hold in host memory: serve's /metrics
 ``localinfer_prompt_cache_bytes`` and llama-server's ``cache state`` log line (``-lv 4``).
 
-Each round starts both servers afresh (empty caches), the same ``--cache-ram``; the order of the two
-alternates by round (the machine may be shared); medians over rounds are reported.
+Each round starts both servers afresh (empty caches), the same ``--cache-ram``, both up at once; each
+turn goes to one server then the other, which one first alternating by turn and round (the machine may
+be shared: a slow minute falls on both sides alike); medians over rounds are reported.
 
     benchmarks/build_native.sh                                  # llama-server, once
     .venv/bin/python benchmarks/agent_session.py                # SmolLM2 135M, -t 2, ~4k tokens, 3 rounds
@@ -51,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -268,22 +270,20 @@ def other(server: Server, nonce: str, n: int) -> None:
     ask(server, [{**UNRELATED[0], "content": f"[{nonce}] " + UNRELATED[0]["content"]}, UNRELATED[1]], n)
 
 
-def replay(server: Server, tools: list[dict], nonce: str, n: int, native: bool) -> list[dict]:
-    """The session on one server: a row per measured request (the unrelated ones are not)."""
+def replay(server: Server, tools: list[dict], nonce: str, n: int, native: bool) -> Iterator[dict]:
+    """The session on one server: a row per measured request (the unrelated ones are not), yielded
+    as each is done so that two servers' sessions can go turn by turn, interleaved."""
     offered = tools if native else None
-    rows = []
-    for upto in range(len(STEPS) + 1):
+    prev = None
+    for upto in range(len(STEPS) + 2):
         if upto >= 2:
             other(server, nonce, n)
-        r = ask(server, session(tools, nonce, QUESTIONS[0], upto, native), n, offered)
-        rows.append({"turn": "cold" if upto == 0 else f"follow {upto}", "after_other": upto >= 2, **r})
-    other(server, nonce, n)
-    r = ask(server, session(tools, nonce, QUESTIONS[1], 0, native), n, offered)
-    rows.append({"turn": "session 2", "after_other": True, **r})
-    for prev, row in zip(rows, rows[1:]):
-        row["new"] = row["prompt"] - prev["prompt"] if row["turn"].startswith("follow") else None
-    rows[0]["new"] = None
-    return rows
+        last = upto == len(STEPS) + 1
+        r = ask(server, session(tools, nonce, QUESTIONS[1 if last else 0], 0 if last else upto, native), n, offered)
+        row = {"turn": "session 2" if last else "cold" if upto == 0 else f"follow {upto}", "after_other": upto >= 2, **r}
+        row["new"] = row["prompt"] - prev["prompt"] if prev is not None and row["turn"].startswith("follow") else None
+        prev = row
+        yield row
 
 
 def cache_held(server: Server, log: Path) -> str:
@@ -321,23 +321,31 @@ def make_servers(args: argparse.Namespace) -> list[Server]:
 
 
 def run_round(args: argparse.Namespace, tools: list[dict], rnd: int, logs: Path) -> dict:
+    """Both servers up at once, the session sent turn by turn to one then the other (which goes first
+    alternates by turn and round): a shared machine's slow minutes fall on both sides alike."""
     out: dict = {"cache": {}}
     servers = make_servers(args)
-    order = servers if rnd % 2 == 0 else servers[::-1]
-    for server in order:
-        log = logs / f"{server.name}-{rnd}.log"
-        server.start(log)
-        try:
+    try:
+        for server in servers:
+            server.start(logs / f"{server.name}-{rnd}.log")
             ask(server, [{"role": "user", "content": "Hello"}], 4)  # warm-up
-            nonce = f"round-{rnd}-{os.getpid()}"
-            out[server.name] = replay(server, tools, nonce, args.answer_tokens, native=False)
-            if server.name == "localinfer" and args.native:
-                out["native"] = replay(server, tools, nonce + "-native", args.answer_tokens, native=True)
-            out["cache"][server.name] = cache_held(server, log)
-        finally:
+        nonce = f"round-{rnd}-{os.getpid()}"
+        sessions = {s.name: replay(s, tools, nonce, args.answer_tokens, native=False) for s in servers}
+        for name in sessions:
+            out[name] = []
+        for turn in range(len(STEPS) + 2):
+            for server in servers if (turn + rnd) % 2 == 0 else servers[::-1]:
+                out[server.name].append(next(sessions[server.name]))
+        if args.native:
+            ours = next(s for s in servers if s.name == "localinfer")
+            out["native"] = list(replay(ours, tools, nonce + "-native", args.answer_tokens, native=True))
+        for server in servers:
+            out["cache"][server.name] = cache_held(server, logs / f"{server.name}-{rnd}.log")
+    finally:
+        for server in servers:
             server.stop()
-        print(f"# round {rnd + 1} {server.name}: cold {out[server.name][0]['wall']:.2f} s, load {os.getloadavg()[0]:.2f}",
-              file=sys.stderr, flush=True)  # fmt: skip
+    print(f"# round {rnd + 1}: cold {out['localinfer'][0]['wall']:.2f} s (llama-server {out['llama-server'][0]['wall']:.2f} s), "
+          f"load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)  # fmt: skip
     return out
 
 
