@@ -70,6 +70,8 @@ def test_the_agent_gets_our_settings_its_args_and_its_exit_status_passes_through
         for switch in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_TELEMETRY", "DISABLE_AUTOUPDATER"):
             assert sent[switch] == "1"
         assert sent["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+        # a CPU's prefill of its ~19k-token default request outlasts its 300 s stream limit
+        assert sent["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == sent["API_TIMEOUT_MS"] == "1800000"
         assert "ANTHROPIC_API_KEY" not in sent and "CLAUDE_CODE_USE_BEDROCK" not in sent  # not sent to a local server
         ours = json.loads(settings.read_text())["env"]  # beats the user's settings.json env (another provider)
         assert ours["ANTHROPIC_BASE_URL"] == URL and ours["CLAUDE_CODE_USE_BEDROCK"] == "0"

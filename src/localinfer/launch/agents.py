@@ -14,9 +14,10 @@ from pathlib import Path
 
 AGENT_CTX = 65536  # what agents need: Claude Code's prompt alone is ~20k tokens with its tools
 KEY_VAR = "LOCALINFER_LAUNCH_KEY"  # Codex and OpenCode read the key from it (never the user's OPENAI_API_KEY)
-# Codex drops a stream silent for 5 min (its default) and sends the request again: a long prompt's
-# prefill on a CPU can take longer than that before the first token
-CODEX_IDLE_MS = 30 * 60 * 1000
+# Codex and Claude Code drop a stream silent for 5 min (their defaults; Claude Code's `ping` events do
+# not count) and send the request again: a long prompt's prefill on a CPU can take longer than that
+# before the first token (Claude Code's default mode, ~19k tokens on SmolLM2 at -t 2: 303 s)
+STREAM_IDLE_MS = 30 * 60 * 1000
 
 
 def output_cap(ctx: int) -> int:
@@ -74,6 +75,9 @@ def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> 
         "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
         # the billing header's per-request hash changes the system prompt, so no prefix cache would ever hit
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+        # its stream's idle limit (it takes the larger of this and 300 s), and a request's whole time
+        # (default 600 s), which its non-streamed retry of a dropped stream waits out
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(STREAM_IDLE_MS), "API_TIMEOUT_MS": str(STREAM_IDLE_MS),
     })  # fmt: skip
     # A settings file's env beats the process's: the user's settings.json may name another provider.
     # Ours, given with --settings, beats theirs (Claude Code: command-line settings over user settings).
@@ -91,7 +95,7 @@ def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> A
              "model_providers.localinfer.base_url": f"{url}/v1", "model_providers.localinfer.wire_api": "responses",
              "model_providers.localinfer.env_key": KEY_VAR}  # fmt: skip
     args = [f"{k}={_toml(v)}" for k, v in pairs.items()]
-    args.append(f"model_providers.localinfer.stream_idle_timeout_ms={CODEX_IDLE_MS}")
+    args.append(f"model_providers.localinfer.stream_idle_timeout_ms={STREAM_IDLE_MS}")
     if ctx:
         args.append(f"model_context_window={ctx}")
     args.append("analytics.enabled=false")
