@@ -145,8 +145,7 @@ async def queue(state: ServerState, engine: Engine, req: Any, *, clamp: bool = F
     """Prepare a request off the loop and queue it: its ticket, the channel its answer comes by, how it
     streams (``submit``'s mode) and what was prepared. Every generating route's (``Overloaded``, ``ApiError``)."""
     _tell_unenforced(state, req.request)
-    prepare = functools.partial(engine.prepare, req, clamp=True) if clamp else functools.partial(engine.prepare, req)
-    prepared = await run_in_threadpool(prepare)  # serve's -n is the engine's (Engine.n_predict)
+    prepared = await run_in_threadpool(functools.partial(engine.prepare, req, clamp=clamp))  # serve's -n is the engine's (Engine.n_predict)
     assert state.hub is not None
     channel: Channel[Ended] = Channel(state.hub)
     ticket, mode = submit(engine, prepared, channel, req.stream, req.request.logprobs is not None)
