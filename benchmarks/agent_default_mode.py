@@ -54,23 +54,24 @@ def requests_since(db: Path, seen: int, finished: int) -> list[tuple]:
     requests after the first ``seen``."""
     import sqlite3
 
-    rows: list[tuple] = []
     deadline = time.monotonic() + 10
-    while len(rows) < finished and time.monotonic() < deadline:
+    while True:
         try:
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                 rows = conn.execute("SELECT prompt_tokens, prompt_eval_tokens, cached_tokens, completion_tokens, total_ms, "
                                     "finish_reason FROM requests ORDER BY id LIMIT -1 OFFSET ?", (seen,)).fetchall()  # fmt: skip
         except sqlite3.OperationalError:  # not made yet
-            pass
+            rows = []
+        if len(rows) >= finished or time.monotonic() >= deadline:
+            return rows
         time.sleep(0.2)
-    return rows
 
 
 def agent_args(agent: str, prompt: str) -> list[str]:
     if agent == "claude":
         return ["--", "-p", prompt, "--output-format", "json"]
-    return ["-n", "16", "--", "exec", "--skip-git-repo-check", "--ephemeral", prompt]
+    # Codex names no output limit; launch's -n would cap only a server it starts, not this one
+    return ["--", "exec", "--skip-git-repo-check", "--ephemeral", prompt]
 
 
 def main() -> None:
