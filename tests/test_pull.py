@@ -428,6 +428,25 @@ def test_registry_name_from_the_hub_and_pinned_sha(hub: FakeHub) -> None:
     assert not hub.requests("GET", "tiny-Q8_0")
 
 
+def test_user_table_refining_a_name_keeps_its_source(hub: FakeHub) -> None:
+    # only a chat format for a packaged name: pulled from the packaged source, with that format;
+    # a table naming no source at all is one line naming the file, before any download
+    f = hub.add_file("Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf", gguf_bytes(arch="qwen2"))
+    cfg = Path(os.environ["LOCALINFER_HOME"]) / "config"
+    cfg.mkdir(parents=True, exist_ok=True)
+    (cfg / "models.toml").write_text('[models."qwen2.5:0.5b"]\nchat_format = "chatml"\n')
+    r = invoke("pull", "qwen2.5:0.5b")
+    assert r.exit_code == 0, r.stderr
+    assert listed()["qwen2.5:0.5b"]["sha256"] == f.sha256
+    shown = invoke("show", "qwen2.5:0.5b", "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["chat_format"] == "chatml"
+    (cfg / "models.toml").write_text('[models."mine:1b"]\nchat_format = "chatml"\n')
+    n = len(hub.log)
+    r = invoke("pull", "mine:1b")
+    assert r.exit_code == 2 and "'mine:1b' names no source" in r.stderr and "models.toml" in r.stderr
+    assert "Traceback" not in r.stderr and len(hub.log) == n
+
+
 def test_offline(hub: FakeHub) -> None:
     r = invoke("pull", REPO, "--offline")
     assert r.exit_code == 3 and "offline" in r.stderr

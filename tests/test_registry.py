@@ -43,3 +43,33 @@ def test_unknown_name_suggests_close_names(tmp_path):
 def test_bad_names_are_refused(bad):
     with pytest.raises(UsageError):
         validate_name(bad)
+
+
+def test_user_table_without_a_source_refines_the_packaged_entry(tmp_path):
+    # a chat format for the template-less base model: the package, digest and size stay the packaged ones
+    user = tmp_path / "models.toml"
+    user.write_text('[models."gemma3:270m"]\nchat_format = "gemma"\ndescription = "mine"\n')
+    reg = load_registry(user_file=user)
+    gemma, packaged = reg.get("gemma3:270m"), load_registry(user_file=tmp_path / "none.toml").get("gemma3:270m")
+    assert (gemma.chat_format, gemma.description) == ("gemma", "mine")
+    source = ("package", "package_file", "sha256", "repo", "size")
+    assert [getattr(gemma, f) for f in source] == [getattr(packaged, f) for f in source]
+
+
+def test_user_table_with_a_source_replaces_the_packaged_entry(tmp_path):
+    # another file for the same name: the packaged digest and package belong to the old file
+    user = tmp_path / "models.toml"
+    user.write_text('[models."smollm2:135m"]\nrepo = "me/other-GGUF"\nfile = "other-Q8_0.gguf"\n')
+    smol = load_registry(user_file=user).get("smollm2:135m")
+    assert (smol.repo, smol.file) == ("me/other-GGUF", "other-Q8_0.gguf")
+    assert smol.sha256 is smol.package is smol.size is None
+
+
+@pytest.mark.parametrize("table", ['chat_format = "chatml"', 'repo = "me/x-GGUF"', 'package = "x"'])
+def test_user_table_naming_no_source_is_refused_with_its_file(tmp_path, table):
+    user = tmp_path / "models.toml"
+    user.write_text(f'[models."mine:1b"]\n{table}\n')
+    with pytest.raises(UsageError) as err:
+        load_registry(user_file=user)
+    assert str(user) in str(err.value) and "'mine:1b' names no source" in str(err.value)
+    assert "repo and file" in err.value.hint

@@ -86,9 +86,13 @@ class Registry:
 
 
 _FIELDS = {f for f in RegistryEntry.__dataclass_fields__ if f != "name"}
+_SOURCE = {"repo", "file", "package", "package_file"}  # a table naming one of these brings its own source
 
 
-def _entries_from(data: dict, origin: Path) -> dict[str, RegistryEntry]:
+def _entries_from(data: dict, origin: Path, under: dict[str, RegistryEntry] | None = None) -> dict[str, RegistryEntry]:
+    """The tables of ``data``; a table for a name in ``under`` that names no source refines that
+    entry (a ``chat_format`` or ``description`` for a packaged model), one that does replaces it (its
+    digest, package and size belong to the old source)."""
     out: dict[str, RegistryEntry] = {}
     for name, table in (data.get("models") or {}).items():
         validate_name(name)
@@ -97,6 +101,12 @@ def _entries_from(data: dict, origin: Path) -> dict[str, RegistryEntry]:
         unknown = set(table) - _FIELDS
         if unknown:
             raise UsageError(f"{origin}: models.{name!r} has unknown keys: {', '.join(sorted(unknown))}")
+        base = (under or {}).get(name)
+        if base is not None and not _SOURCE & set(table):
+            table = {**{f: getattr(base, f) for f in _FIELDS}, **table}
+        if not ((table.get("repo") and table.get("file")) or (table.get("package") and table.get("package_file"))):
+            raise UsageError(f"{origin}: models.{name!r} names no source",
+                             hint="give repo and file (a Hugging Face GGUF), or package and package_file")  # fmt: skip
         out[name] = RegistryEntry(name=name, **table)
     return out
 
@@ -112,6 +122,6 @@ def load_registry(user_file: Path | None = None) -> Registry:
         user_file = config_dir() / "models.toml"
     if user_file.is_file():
         user = _load_toml(user_file)
-        entries.update(_entries_from(user, user_file))
+        entries.update(_entries_from(user, user_file, under=entries))
         default = user.get("default", default)
     return Registry(entries=entries, default=default)
