@@ -502,13 +502,14 @@ def test_a_model_without_template_chats_with_the_registry_chat_format(gemma_path
 
     resolved = replace(resolve_model(str(gemma_path)), chat_format="gemma")
     loaded = loading.load(resolved, LoadOptions(n_ctx=512, n_threads=1))
-    conv = Conversation(loaded, settings=ChatSettings(sampling=GREEDY, max_tokens=6))
+    conv = Conversation(loaded, system="Answer in French.", settings=ChatSettings(sampling=GREEDY, max_tokens=6))
     try:
         assert loaded.template is not None and loaded.template.source == "registry:gemma"
         r1 = conv.ask("Hello", lambda _t: None)
         assert r1.stats.completion_tokens >= 1 and r1.stats.prompt_tokens > 3
         seen = "".join(conv.model.token_text(t) for t in conv.model.cached_tokens)
-        assert "<start_of_turn>user\nHello<end_of_turn>" in seen
+        # gemma's format has no system turn: the system text leads the first user turn (as Gemma's own template)
+        assert "<start_of_turn>user\nAnswer in French.\n\nHello<end_of_turn>" in seen
         r2 = conv.ask("Again", lambda _t: None)
         assert r2.stats.cached_tokens > r1.stats.prompt_tokens - 1
     finally:

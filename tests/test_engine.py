@@ -168,6 +168,37 @@ def test_registry_chat_format_renders_without_a_gguf_template():
     assert "<|im_end|>" in prompt.stop
 
 
+def test_registry_chat_format_loses_no_turn():
+    # llama-cpp-python's formats read string contents of three roles and at most the first system
+    # turn (gemma's none): a named format still gets every text, in the order it was sent
+    from localinfer.engine.templates import ChatTemplate
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "developer", "content": "Use tools."},
+            {"role": "user", "content": [{"type": "text", "text": "Read "}, {"type": "text", "text": "a.py"}]},
+            {"role": "assistant", "content": "Done."}, {"role": "tool", "content": "print(1)"},
+            {"role": "system", "content": "Skills: none."}, {"role": "user", "content": "Next?"}]  # fmt: skip
+    gemma = ChatTemplate(source="registry:gemma", format_name="gemma").render(msgs).text
+    assert gemma.startswith("<start_of_turn>user\nBe brief.\n\nUse tools.\n\nRead a.py<end_of_turn>\n"), gemma
+    assert gemma.index("Done.") < gemma.index("print(1)") < gemma.index("Skills: none.") < gemma.index("Next?")
+    chatml = ChatTemplate(source="registry:chatml", format_name="chatml").render(msgs).text
+    assert chatml.startswith("<|im_start|>system\nBe brief.\n\nUse tools.<|im_end|>\n<|im_start|>user\nRead a.py<|im_end|>")
+    assert chatml.count("<|im_start|>system") == 1 and chatml.index("print(1)") < chatml.index("Skills: none.")
+    # what was sent before the later system turn renders as it did without it (a cached prefix)
+    before = ChatTemplate(source="registry:chatml", format_name="chatml").render(msgs[:5]).text
+    assert chatml.startswith(before[: before.index("print(1)") + len("print(1)")])
+    for name in ("llama-2", "llama-3", "vicuna", "baichuan-2"):  # registered under names unlike their functions
+        assert "Read a.py" in ChatTemplate(source=f"registry:{name}", format_name=name).render(msgs).text
+
+
+def test_a_chat_format_that_drops_a_turn_is_refused():
+    from localinfer.engine.templates import ChatTemplate
+    from localinfer.errors import UsageError
+
+    with pytest.raises(UsageError, match="'open-orca' leaves a turn out") as err:
+        ChatTemplate(source="registry:open-orca", format_name="open-orca").render([{"role": "user", "content": "Name a colour."}])
+    assert "chat_format" in err.value.hint
+
+
 def test_a_template_that_rejects_the_messages_is_a_usage_error():
     from localinfer.engine.templates import ChatTemplate
     from localinfer.errors import UsageError

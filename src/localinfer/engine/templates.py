@@ -271,10 +271,21 @@ class ChatTemplate:
             )  # fmt: skip
             # The template writes BOS itself where it wants one (llama-cpp-python: added_special).
             return ChatPrompt(text, (self.eos_text,) if self.eos_text else (), add_special=False)
-        fn = getattr(_named_formats(), f"format_{_format_key(self.format_name)}", None)
+        fn = getattr(_named_formats(), _FORMAT_FUNCS.get(self.format_name or "", f"format_{_format_key(self.format_name)}"), None)
         if fn is None:
             raise UsageError(f"unknown chat format {self.format_name!r}")
+        # A named format reads only string contents of three roles (it drops the rest), takes the first
+        # system turn alone at the top, or none (gemma's): parts become their texts, a later system turn
+        # is user text where it was sent, the leading ones one system turn, or the first user turn's start
+        messages = [_named_turn(m) for m in messages]
+        messages = _leading_system_as_one(later_systems_as_user(messages))
         result = fn(messages=messages)
+        if messages and messages[0].get("role") == "system" and (messages[0].get("content") or "").strip() not in result.prompt:
+            messages = _systems_into_first_user(messages)
+            result = fn(messages=messages)
+        if any(m.get("content") and m["content"].strip() not in result.prompt for m in messages):
+            raise UsageError(f"the chat format {self.format_name!r} leaves a turn out of the prompt",
+                             hint="name another chat_format for this model in models.toml")  # fmt: skip
         stops = tuple(s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s)
         return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
 
@@ -309,6 +320,41 @@ def _joined(a: Any, b: Any) -> Any:
         return f"{a}\n\n{b}" if a and b else a or b
     parts = [p for c in (a, b) for p in ([{"type": "text", "text": c}] if isinstance(c, str) else c or [])]
     return parts
+
+
+def _named_turn(m: dict[str, Any]) -> dict[str, Any]:
+    """A turn as named formats take it: a string content; a developer turn is a system one, a tool
+    result (sent without tools to describe) a user one."""
+    role = m.get("role")
+    if role not in ("system", "user", "assistant"):
+        m = {**m, "role": "system" if role == "developer" else "user"}
+    return m if isinstance(m.get("content"), str | None) else {**m, "content": _parts_text(m["content"])}
+
+
+def _parts_text(content: Any) -> str:
+    """A list of content parts as one string: its texts one after the other, as templates write them."""
+    return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def _leading_system_as_one(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    if first < 2:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:first] if m.get("content"))}, *messages[first:]]
+
+
+def _systems_into_first_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leading system turns' texts put before the first user turn's (Gemma's own template does so)."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    text = "\n\n".join(m["content"] for m in messages[:first] if m.get("content"))
+    rest = messages[first:]
+    if rest and rest[0].get("role") == "user":
+        return [{**rest[0], "content": _joined(text, rest[0].get("content"))}, *rest[1:]]
+    return [{"role": "user", "content": text}, *rest]
+
+
+# llama-cpp-python's registered names whose formatter is not format_<name> (``register_chat_format``)
+_FORMAT_FUNCS = {"llama-2": "format_llama2", "llama-3": "format_llama3", "baichuan-2": "format_baichuan2", "vicuna": "format"}
 
 
 def _format_key(name: str | None) -> str:
