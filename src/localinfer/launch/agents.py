@@ -79,12 +79,29 @@ def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> 
         # (default 600 s), which its non-streamed retry of a dropped stream waits out
         "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(STREAM_IDLE_MS), "API_TIMEOUT_MS": str(STREAM_IDLE_MS),
     })  # fmt: skip
+    if ctx:
+        env.update(_claude_window(ctx))
     # A settings file's env beats the process's: the user's settings.json may name another provider.
     # Ours, given with --settings, beats theirs (Claude Code: command-line settings over user settings).
     overrides = {**env, "CLAUDE_CODE_USE_BEDROCK": "0", "CLAUDE_CODE_USE_VERTEX": "0", "CLAUDE_CODE_USE_FOUNDRY": "0"}
     settings = folder / "claude-settings.json"
     return AgentSetup(env=env, unset=("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"),
                  args=["--settings", str(settings)], files={settings: json.dumps({"env": overrides}, indent=2) + "\n"})  # fmt: skip
+
+
+# Claude Code compacts at its window less the answer's room (at most 20,000) less 13,000, and takes
+# its window for a model not named claude-* from CLAUDE_CODE_MAX_CONTEXT_TOKENS (2.1.x)
+_CLAUDE_BUFFER, _CLAUDE_ANSWER_ROOM, CLAUDE_BASE = 13000, 20000, 24000  # BASE: its ~21k default request and a turn
+
+
+def _claude_window(ctx: int) -> dict[str, str]:
+    """The context and answer cap Claude Code is told, so that it compacts a session before the
+    server's context is full (else it takes 200,000 and a long session ends in a 400); nothing where
+    the context is too small for it to compact above its own default request (it would every turn)."""
+    cap = output_cap(ctx)
+    if ctx - min(cap, _CLAUDE_ANSWER_ROOM) - _CLAUDE_BUFFER < CLAUDE_BASE:
+        return {}
+    return {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(ctx), "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(cap)}
 
 
 def _codex(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
