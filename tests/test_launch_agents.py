@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -131,3 +132,36 @@ def test_qwen_code_headless_gets_its_answer_from_the_server_launch_starts(smollm
     args = ["-n", "16", "--", "-p", "Say hi", "--system-prompt", "Be brief.", "--output-format", "json"]
     _twice_then_stop("qwen", args, env, isolated_home, smollm2_path, check, cwd=project, times=1)
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n_ctx", "window"), [(65536, "65.5k"), (32768, "200k")])
+def test_claude_code_takes_the_served_context_as_its_window(isolated_home, n_ctx, window):
+    """Told the server's context (``/props``), Claude Code compacts a session before the server's
+    400; below ~48k it would compact every turn, so it keeps its own 200k. Its ``/context`` command
+    says the window it works with, without asking the model."""
+    import http.server
+    import threading
+
+    class Props(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"default_generation_settings": {"n_ctx": n_ctx}}).encode()
+            self.send_response(200 if self.path.startswith("/props") else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    env = _env("claude", isolated_home)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Props)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = run_cli("launch", "claude", "-m", "smol", "--endpoint", f"http://127.0.0.1:{server.server_port}",
+                       "--", "-p", "/context", env=env, timeout=120)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert re.search(rf"Tokens:\**\s*[\d.]+k?\s*/\s*{re.escape(window)}\b", proc.stdout.decode()), proc.stdout.decode()[:400]
