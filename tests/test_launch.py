@@ -265,14 +265,15 @@ def test_the_agents_are_told_the_endpoints_context_and_the_answer_cap(agent, fak
         server.shutdown()
 
 
-@pytest.mark.parametrize(("ctx", "told"), [(65536, ("65536", "16384")), (131072, ("131072", "32768")), (32768, None), (None, None)])
-def test_claude_is_told_the_context_where_it_can_compact_in_it(tmp_path, ctx, told):
+@pytest.mark.parametrize(("ctx", "output", "told"), [(65536, None, ("65536", "16384")), (131072, None, ("131072", "32768")),
+                                                    (65536, 4096, ("65536", "4096")), (32768, None, None), (None, None, None)])  # fmt: skip
+def test_claude_is_told_the_context_where_it_can_compact_in_it(tmp_path, ctx, output, told):
     # Claude Code takes 200k for a model not named claude-*: told the server's context (and an answer
     # cap it keeps room for), it compacts before the server's 400; below ~48k it would compact every
     # turn (its window less the answer's room less 13k is under its own ~21k request), so it is not told
     from localinfer.launch.agents import AGENTS as ALL, setup
 
-    made = setup(ALL["claude"], url=URL, model="m", ctx=ctx, token="t", folder=tmp_path)
+    made = setup(ALL["claude"], url=URL, model="m", ctx=ctx, token="t", folder=tmp_path, output=output)  # output: launch's -n
     got = (made.env.get("CLAUDE_CODE_MAX_CONTEXT_TOKENS"), made.env.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS"))
     assert got == (told or (None, None))
     settings = json.loads(next(iter(made.files.values())))["env"]  # the settings file says the same

@@ -59,13 +59,15 @@ def setup(agent: Agent, *, url: str, model: str, ctx: int | None, token: str, fo
     """``url``: the server's root (no /v1); ``ctx``: the model's context (None: unknown); ``output``:
     the answer's cap where the agent asks for one (None: ``output_cap``);
     ``folder``: where the private configs go."""
-    if agent.name in ("claude", "codex"):
-        return {"claude": _claude, "codex": _codex}[agent.name](url, model, ctx, token, folder)
     cap = min(output or output_cap(ctx), ctx // 2) if ctx else output  # what the agent asks for as max_tokens
+    if agent.name == "claude":
+        return _claude(url, model, ctx, token, folder, cap)
+    if agent.name == "codex":
+        return _codex(url, model, ctx, token, folder)
     return {"opencode": _opencode, "qwen": _qwen, "crush": _crush, "continue": _continue}[agent.name](url, model, ctx, token, folder, cap)
 
 
-def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> AgentSetup:
+def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path, cap: int | None) -> AgentSetup:
     env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": token}
     for role in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
                  "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):  # fmt: skip
@@ -79,8 +81,8 @@ def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> 
         # (default 600 s), which its non-streamed retry of a dropped stream waits out
         "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(STREAM_IDLE_MS), "API_TIMEOUT_MS": str(STREAM_IDLE_MS),
     })  # fmt: skip
-    if ctx:
-        env.update(_claude_window(ctx))
+    if ctx and cap:
+        env.update(_claude_window(ctx, cap))
     # A settings file's env beats the process's: the user's settings.json may name another provider.
     # Ours, given with --settings, beats theirs (Claude Code: command-line settings over user settings).
     overrides = {**env, "CLAUDE_CODE_USE_BEDROCK": "0", "CLAUDE_CODE_USE_VERTEX": "0", "CLAUDE_CODE_USE_FOUNDRY": "0"}
@@ -94,11 +96,10 @@ def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path) -> 
 _CLAUDE_BUFFER, _CLAUDE_ANSWER_ROOM, CLAUDE_BASE = 13000, 20000, 24000  # BASE: its ~21k default request and a turn
 
 
-def _claude_window(ctx: int) -> dict[str, str]:
+def _claude_window(ctx: int, cap: int) -> dict[str, str]:
     """The context and answer cap Claude Code is told, so that it compacts a session before the
     server's context is full (else it takes 200,000 and a long session ends in a 400); nothing where
     the context is too small for it to compact above its own default request (it would every turn)."""
-    cap = output_cap(ctx)
     if ctx - min(cap, _CLAUDE_ANSWER_ROOM) - _CLAUDE_BUFFER < CLAUDE_BASE:
         return {}
     return {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(ctx), "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(cap)}
