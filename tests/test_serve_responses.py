@@ -86,9 +86,14 @@ def test_function_calls_forced_streamed_and_answered(served):
 
     for call in calls:
         jsonschema.validate(json.loads(call.arguments), ADD["parameters"])
+    # the stream against the same request evaluated alike: a prompt found whole in the cache has its
+    # last token evaluated alone, whose logits differ from a batch's in the last bits (llama.cpp's CPU
+    # attention: SmolLM2 parts "17" from "1" here on some CPUs), so the request is made once more first
+    again = c.responses.create(**kw)
+    calls = [o for o in again.output if o.type == "function_call"]
     events = list(c.responses.create(stream=True, **kw))
     args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
-    assert args == calls[0].arguments + "".join(x.arguments for x in calls[1:])
+    assert calls and args == calls[0].arguments + "".join(x.arguments for x in calls[1:])
     turn = [{"role": "user", "content": "What is 17 plus 25?"},
             {"type": "function_call", "call_id": calls[0].call_id, "name": "add", "arguments": calls[0].arguments},
             {"type": "function_call_output", "call_id": calls[0].call_id, "output": "42"}]  # fmt: skip
