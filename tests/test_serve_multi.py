@@ -98,7 +98,16 @@ def test_six_concurrent_requests_alternating_two_models_all_succeed(server, plai
         t.start()
     for t in threads:
         t.join(600)
-    assert [results[i] for i in range(6)] == [(200, plain["smol" if i % 2 == 0 else "gemma"]) for i in range(6)]
+    # each answered by the model it named: the plain answer's opening words. Not all of it: where a
+    # prompt is found in the cache or decoded beside another, llama.cpp's CPU kernels may round its
+    # queries otherwise than the plain run's (benchmarks/split_logits.py), and a near-tie can part
+    # them (Gemma "It is the capital" for "It is the largest", 12 tokens in: once in two CI runs on
+    # an AVX2-only EPYC; alone and three at once it said "largest" every time)
+    opening = {name: " ".join(text.split()[:4]) for name, text in plain.items()}
+    assert opening["smol"] != opening["gemma"]
+    for i in range(6):
+        status, text = results[i]
+        assert status == 200 and " ".join(text.split()[:4]) == opening["smol" if i % 2 == 0 else "gemma"], (i, text)
     assert len(_loaded(server)) == 1
 
 
