@@ -290,16 +290,21 @@ class ChatTemplate:
         return ChatPrompt(result.prompt, stops, add_special=not result.added_special)
 
 
+def _first_other(messages: list[dict[str, Any]]) -> int:
+    """The index of the first message that is not a system one (``len`` when there is none)."""
+    return next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+
+
 def _later_systems(messages: list[dict[str, Any]]) -> list[str]:
     """The texts of the system messages after the first message of another role."""
-    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    first = _first_other(messages)
     return [m["content"].strip() for m in messages[first:] if m.get("role") == "system" and isinstance(m.get("content"), str)]
 
 
 def later_systems_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` with each system message after the first other turn made a user turn's text,
     joined with a user turn just before or after it (roles still alternate, as templates check)."""
-    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    first = _first_other(messages)
     out: list[dict[str, Any]] = list(messages[:first])
     joinable = False  # the last turn of ``out`` holds a moved system text: the next user turn joins it
     for m in messages[first:]:
@@ -337,17 +342,16 @@ def _parts_text(content: Any) -> str:
 
 
 def _leading_system_as_one(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    first = _first_other(messages)
     if first < 2:
         return messages
     return [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:first] if m.get("content"))}, *messages[first:]]
 
 
 def _systems_into_first_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The leading system turns' texts put before the first user turn's (Gemma's own template does so)."""
-    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
-    text = "\n\n".join(m["content"] for m in messages[:first] if m.get("content"))
-    rest = messages[first:]
+    """The leading system turn's text (``_leading_system_as_one``'s one) put before the first user
+    turn's (Gemma's own template does so)."""
+    text, rest = messages[0].get("content") or "", messages[1:]
     if rest and rest[0].get("role") == "user":
         return [{**rest[0], "content": _joined(text, rest[0].get("content"))}, *rest[1:]]
     return [{"role": "user", "content": text}, *rest]

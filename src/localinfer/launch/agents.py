@@ -93,14 +93,14 @@ def _claude(url: str, model: str, ctx: int | None, token: str, folder: Path, cap
 
 # Claude Code compacts at its window less the answer's room (at most 20,000) less 13,000, and takes
 # its window for a model not named claude-* from CLAUDE_CODE_MAX_CONTEXT_TOKENS (2.1.x)
-_CLAUDE_BUFFER, _CLAUDE_ANSWER_ROOM, CLAUDE_BASE = 13000, 20000, 24000  # BASE: its ~21k default request and a turn
+_CLAUDE_BUFFER, _CLAUDE_ANSWER_ROOM, _CLAUDE_BASE = 13000, 20000, 24000  # BASE: its ~21k default request and a turn
 
 
 def _claude_window(ctx: int, cap: int) -> dict[str, str]:
     """The context and answer cap Claude Code is told, so that it compacts a session before the
     server's context is full (else it takes 200,000 and a long session ends in a 400); nothing where
     the context is too small for it to compact above its own default request (it would every turn)."""
-    if ctx - min(cap, _CLAUDE_ANSWER_ROOM) - _CLAUDE_BUFFER < CLAUDE_BASE:
+    if ctx - min(cap, _CLAUDE_ANSWER_ROOM) - _CLAUDE_BUFFER < _CLAUDE_BASE:
         return {}
     return {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(ctx), "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(cap)}
 
