@@ -193,37 +193,89 @@ def test_common_prefix():
 
 
 class _Cells:
-    """What a SlotTable asks of the model: every cache drop succeeds."""
+    """What a SlotTable asks of the model: every cache drop succeeds (and is written down)."""
 
-    n_ctx_seq = 64
-    dropped: list[int] = []
+    n_ctx_seq = 512
+    per_token_cells = True  # False: a recurrent model's state
+
+    def __init__(self) -> None:
+        self.dropped: list[int] = []
+        self.cut: list[tuple[int, int]] = []
 
     def first_position(self, seq: int) -> int:
         return 0
 
     def drop_tokens(self, seq: int, n: int) -> bool:
+        self.cut.append((seq, n))
         return True
 
     def drop_sequence(self, seq: int) -> None:
         self.dropped.append(seq)
 
 
-def test_a_slot_reuses_a_cached_prefix_unless_the_request_says_no():
+class _Done:
+    """A finished slot: its prompt and the cells its answer added."""
+
+    def __init__(self, prompt: list[int], answered: int) -> None:
+        from localinfer.engine.types import SeqJob
+
+        self.seq, self.job, self.pos = 0, SeqJob("done", prompt, None), len(prompt) + answered  # type: ignore[arg-type]
+        self.gen = [7] * answered
+
+    def cached_tokens(self) -> list[int]:
+        return [*self.job.tokens, *self.gen][: self.pos]
+
+
+def test_a_slot_reuses_a_cached_prompt_leaving_its_last_rows_to_evaluate():
+    from localinfer.engine.rows import EXACT_ROWS
     from localinfer.engine.slots import SlotTable
 
-    class Done:
-        seq, pos = 0, 5
+    prompt = list(range(1, 201))
+    cells = _Cells()
+    table = SlotTable(cells, 1, keep_cache=True)  # type: ignore[arg-type]
+    assert table.take(prompt) == (0, 0)
+    table.release(_Done(prompt, 3))  # type: ignore[arg-type]
+    assert cells.cut == [(0, 200)] and table.kept[0] == prompt  # the answer's cells went: decoded a row at a time
+    assert table.take([*prompt, 9, 9]) == (0, 202 - EXACT_ROWS)  # a short turn: its last rows as a cold prompt's
+    table.release(_Done(prompt, 3))  # type: ignore[arg-type]
+    assert table.take([*prompt, *[9] * EXACT_ROWS]) == (0, 200)  # the whole prompt, not the answer
+    table.release(_Done(prompt, 3))  # type: ignore[arg-type]
+    assert table.take(prompt, reuse=False) == (0, 0)  # cache_prompt: false
+    assert table.kept[0] == [] and 0 in cells.dropped
+    short = list(range(1, EXACT_ROWS))  # evaluated in one short piece: not as a longer prompt's start is
+    table.release(_Done(short, 3))  # type: ignore[arg-type]
+    assert table.kept[0] == [] and table.take([*short, *prompt]) == (0, 0)
 
-        def cached_tokens(self) -> list[int]:
-            return [1, 2, 3, 4, 5]
 
-    table = SlotTable(_Cells(), 1, keep_cache=True)  # type: ignore[arg-type]
-    assert table.take([1, 2, 3, 4, 5]) == (0, 0)
-    table.release(Done())  # type: ignore[arg-type]
-    assert table.take([1, 2, 3, 4, 5, 6]) == (0, 5)
-    table.release(Done())  # type: ignore[arg-type]
-    assert table.take([1, 2, 3, 4, 5, 6], reuse=False) == (0, 0)  # cache_prompt: false
-    assert table.kept[0] == [] and 0 in _Cells.dropped
+def test_a_recurrent_models_slot_reuses_all_but_one_token_and_its_answer():
+    from localinfer.engine.slots import SlotTable
+
+    cells = _Cells()
+    cells.per_token_cells = False  # its state cannot go back: nothing to evaluate again
+    table = SlotTable(cells, 1, keep_cache=True)  # type: ignore[arg-type]
+    table.take([1, 2, 3, 4, 5])
+    table.release(_Done([1, 2, 3, 4, 5], 2))  # type: ignore[arg-type]
+    assert cells.cut == [] and table.kept[0] == [1, 2, 3, 4, 5, 7, 7]
+    assert table.take([1, 2, 3, 4, 5, 7, 7, 8]) == (0, 7)
+
+
+def test_a_prompt_is_cut_so_every_ubatch_holds_enough_of_its_rows():
+    from localinfer.engine.rows import EXACT_ROWS, prompt_chunk
+
+    for n_ubatch in (512, 128):
+        for left in range(1, 2600):
+            for room in (2048, 2040, 600, 300, 2 * EXACT_ROWS):
+                pieces, rest = [], left
+                while rest:
+                    k = prompt_chunk(rest, room, n_ubatch)
+                    assert 0 < k <= min(rest, room), (left, room, rest, k)
+                    pieces += [n_ubatch] * (k // n_ubatch) + ([k % n_ubatch] if k % n_ubatch else [])
+                    rest -= k
+                assert min(pieces) >= min(left, EXACT_ROWS), (left, room, pieces)
+    assert prompt_chunk(530, 2048, 512) == 466  # then 64: not 512 and 18
+    assert prompt_chunk(100, 2048, 512) == 100 and prompt_chunk(30, 2048, 512) == 30
+    assert prompt_chunk(300, 40, 512) == 0  # a batch nearly full of next tokens: wait for room
+    assert prompt_chunk(300, 40, 32) == 40  # ubatches too small for the rule
 
 
 # -- the HTTP layer, with a scripted engine ------------------------------------------------------------------

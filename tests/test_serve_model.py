@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from conftest import run_cli
 
+from localinfer.engine.rows import EXACT_ROWS
+
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
@@ -123,6 +125,8 @@ class ServeProcess:
 # -- fixtures ---------------------------------------------------------------------------------------
 GREEDY = {"temperature": 0}
 HI = [{"role": "user", "content": "Say hello in one short sentence."}]
+# a system prompt longer than the last rows a reused prompt evaluates again (EXACT_ROWS), as an agent's is
+RULES = {"role": "system", "content": "You are terse. " + " ".join(f"Rule {i}: answer in plain words." for i in range(16))}
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +186,7 @@ def test_health_models_and_metrics(server):
 # -- the OpenAI client ---------------------------------------------------------------------------------------
 def test_chat_with_the_openai_client_whole_and_streamed(server):
     c, name = client(server), model_name(server)
-    whole = c.chat.completions.create(model=name, messages=HI, max_tokens=12, **GREEDY)
+    whole = c.chat.completions.create(model=name, messages=[RULES, *HI], max_tokens=12, **GREEDY)
     text = whole.choices[0].message.content
     assert text and whole.choices[0].finish_reason in ("stop", "length")
     assert whole.id.startswith("chatcmpl-") and whole.object == "chat.completion"
@@ -193,7 +197,7 @@ def test_chat_with_the_openai_client_whole_and_streamed(server):
     assert timings["prompt_n"] + timings["cache_n"] == whole.usage.prompt_tokens
     assert {"prompt_ms", "predicted_per_second"} <= set(timings)
 
-    chunks = list(c.chat.completions.create(model=name, messages=HI, max_tokens=12, stream=True,
+    chunks = list(c.chat.completions.create(model=name, messages=[RULES, *HI], max_tokens=12, stream=True,
                                             stream_options={"include_usage": True}, **GREEDY))  # fmt: skip
     assert len({ch.id for ch in chunks}) == 1 and len({ch.created for ch in chunks}) == 1
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -202,7 +206,8 @@ def test_chat_with_the_openai_client_whole_and_streamed(server):
     assert finish == [whole.choices[0].finish_reason]
     last = chunks[-1]
     assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
-    assert last.usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: its slot held it
+    # the same prompt again: its slot held it, and its last rows are evaluated as a cold prompt's
+    assert last.usage.prompt_tokens_details.cached_tokens == last.usage.prompt_tokens - EXACT_ROWS > 0
     assert all(ch.usage is None for ch in chunks[:-1])
 
 
@@ -250,13 +255,14 @@ def test_eight_concurrent_clients_decode_together(server):
 
 def test_a_second_chat_turn_evaluates_only_the_new_tokens(server):
     c, name = client(server), model_name(server)
-    turn1 = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+    turn1 = [RULES, {"role": "user", "content": "Name a colour."}]
     first = c.chat.completions.create(model=name, messages=turn1, max_tokens=8, **GREEDY)
     turn2 = [*turn1, {"role": "assistant", "content": first.choices[0].message.content},
              {"role": "user", "content": "And another one?"}]  # fmt: skip
     second = c.chat.completions.create(model=name, messages=turn2, max_tokens=8, **GREEDY)
     cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached >= first.usage.prompt_tokens  # the whole first turn at least
+    # the first turn's prompt, not the answer's cells (decoded a row at a time), and not the last rows
+    assert cached == min(first.usage.prompt_tokens, second.usage.prompt_tokens - EXACT_ROWS) > 0
     assert second.model_extra["timings"]["cache_n"] == cached
     assert second.model_extra["timings"]["prompt_n"] == second.usage.prompt_tokens - cached
 
@@ -394,13 +400,13 @@ def test_sigterm_drains_exits_0_and_stats_show_serve(smollm2_path, tmp_path):
 
 def test_cache_prompt_false_evaluates_the_whole_prompt(server):
     """llama-server's per-request switch: no prefix is reused, whatever the cache holds."""
-    body = {"messages": [{"role": "user", "content": "Count to three, please."}], "max_tokens": 4, **GREEDY}
+    body = {"messages": [RULES, {"role": "user", "content": "Count to three, please."}], "max_tokens": 4, **GREEDY}
     assert server.json("POST", "/v1/chat/completions", body)[0] == 200
     status, fresh = server.json("POST", "/v1/chat/completions", {**body, "cache_prompt": False})
     assert status == 200 and fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert fresh["timings"]["cache_n"] == 0 and fresh["timings"]["prompt_n"] == fresh["usage"]["prompt_tokens"]
     status, reused = server.json("POST", "/v1/chat/completions", body)
-    assert status == 200 and reused["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert status == 200 and reused["usage"]["prompt_tokens_details"]["cached_tokens"] == reused["usage"]["prompt_tokens"] - EXACT_ROWS > 0
 
 
 def test_what_real_clients_send_is_answered(server):
@@ -440,11 +446,14 @@ def test_a_reused_prefix_gives_the_answer_a_fresh_cache_gives(smollm2_path):
     from localinfer.request.sampling import SamplingOptions
 
     greedy = SamplingOptions(temperature=0.0)
-    loaded = _loaded(smollm2_path, 2, 256)
+    loaded = _loaded(smollm2_path, 2, 512)
     try:
         model = loaded.model
-        first = model.tokenize("The three primary colors are")
-        second = first + model.tokenize(" red, blue and yellow. Two more colors are", add_special=False)
+        paint = " ".join(f"Tube {i} of the paint box is {c}." for i, c in enumerate(["red", "blue", "yellow", "black"] * 3))
+        first = model.tokenize(paint + " The three primary colors are")
+        more = " red, blue and yellow. " + " ".join(f"Mixing {a} and {b} gives a new color." for a, b in (("red", "blue"), ("blue", "yellow"), ("red", "yellow"), ("black", "red"), ("black", "blue"), ("black", "yellow")))
+        second = first + model.tokenize(more + " Two more colors are", add_special=False)
+        assert len(second) - len(first) >= EXACT_ROWS  # so all of the first prompt is reused
         done: dict[str, Any] = {}
 
         def jobs():  # the second job comes once the first has finished, as a chat's next turn
@@ -461,7 +470,7 @@ def test_a_reused_prefix_gives_the_answer_a_fresh_cache_gives(smollm2_path):
     finally:
         loaded.close()
     reused = done["second"]
-    assert reused.stats.cached_tokens >= len(first) and alone.stats.cached_tokens == 0
+    assert reused.stats.cached_tokens == len(first) and alone.stats.cached_tokens == 0
     assert decoder.stats.cached_tokens == reused.stats.cached_tokens
     assert decoder.stats.prompt_tokens == len(first) + len(second) - reused.stats.cached_tokens
     assert reused.text == alone.text
@@ -481,7 +490,7 @@ def test_a_cancelled_sequence_ends_at_the_next_step_and_its_slot_serves_again(sm
             stop.set()
 
     try:
-        prompt = loaded.model.tokenize("Once upon a time")
+        prompt = loaded.model.tokenize("Once upon a time" + ", in a land far away, there lived a king" * 8)
         jobs = [SeqJob("cancelled", prompt, SamplingOptions(temperature=0.0), max_tokens=200, ignore_eos=True, on_text=on_text, cancel=stop),
                 SeqJob("next", prompt, SamplingOptions(temperature=0.0), max_tokens=4, ignore_eos=True)]  # fmt: skip
         with BatchDecoder(loaded.model, 1, keep_cache=True) as decoder:
@@ -491,7 +500,7 @@ def test_a_cancelled_sequence_ends_at_the_next_step_and_its_slot_serves_again(sm
     cancelled = results["cancelled"]
     assert cancelled.stats.finish_reason == "interrupted" and cancelled.stats.completion_tokens == 3
     assert cancelled.text == "".join(pieces)
-    assert results["next"].stats.completion_tokens == 4 and results["next"].stats.cached_tokens == len(prompt) - 1
+    assert results["next"].stats.completion_tokens == 4 and results["next"].stats.cached_tokens == len(prompt) - EXACT_ROWS > 0
 
 
 def test_a_sliding_window_model_reuses_a_prefix_longer_than_its_window(gemma_path):
@@ -511,7 +520,7 @@ def test_a_sliding_window_model_reuses_a_prefix_longer_than_its_window(gemma_pat
         rng = random.Random(0)
         short = model.tokenize("The three primary colors are")
         long = [model.bos_token] + [rng.randrange(1000, 30000) for _ in range(700)]
-        more = model.tokenize(" and then", add_special=False)
+        more = model.tokenize(" and then" * EXACT_ROWS, add_special=False)  # the last rows to evaluate are all new
         jobs = [SeqJob(k, t, greedy, max_tokens=4, ignore_eos=True)
                 for k, t in (("short", short), ("short+", short + more), ("long", long), ("long+", long + more))]  # fmt: skip
         with BatchDecoder(model, 1, keep_cache=True) as decoder:
@@ -520,8 +529,8 @@ def test_a_sliding_window_model_reuses_a_prefix_longer_than_its_window(gemma_pat
             fresh = {r.key: r for r in decoder.run(jobs)}
     finally:
         loaded.close()
-    assert reused["short+"].stats.cached_tokens >= len(short)
-    assert reused["long+"].stats.cached_tokens >= len(long)
+    assert reused["short+"].stats.cached_tokens == 0  # evaluated in one short piece, as no longer prompt's start is
+    assert reused["long+"].stats.cached_tokens == len(long)
     assert {k: r.text for k, r in reused.items()} == {k: r.text for k, r in fresh.items()}
 
 

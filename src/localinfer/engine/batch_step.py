@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from localinfer.engine.batch_draft import NO_LAYOUT, plan, verify
 from localinfer.engine.logprobs import trim
+from localinfer.engine.rows import prompt_chunk
 from localinfer.engine.types import SeqResult
 from localinfer.errors import GenerationError, ResourceError
 
@@ -52,7 +53,8 @@ class BatchStep:
         ubatch for all the next tokens, instead of one per run of consecutive ids. A ubatch also
         takes as many rows of each id, so where sequences draft, the ids of the drafting block all
         get the same number of rows (batch_draft.plan: throwaway rows after a shorter draft). Next
-        tokens get room first; prompt chunks share what is left of ``n_batch``.
+        tokens get room first; prompt chunks share what is left of ``n_batch``, cut so that each of
+        their ubatches holds at least ``rows.EXACT_ROWS`` rows (``rows.prompt_chunk``).
         """
         tok, pos, out, seq = self._tok, self._pos, self._out, self._seq
         n_next = 0
@@ -71,6 +73,8 @@ class BatchStep:
         expect = active[0].seq
         pads = self._pads
         pads.clear()
+        n_ubatch, rows = self.model.n_ubatch, self._slots.rows
+        progress = n_next > 0
         for s in active:
             while fill and expect < s.seq:
                 k = 1 + layout.width if layout.lo <= expect <= layout.hi else 1  # as many rows as its neighbours
@@ -94,9 +98,14 @@ class BatchStep:
                 continue
             s.idx = -1
             if room > 0:
-                k = min(len(s.prompt) - s.off, room)
-                n = self._put_prompt(s, n, k)
-                room -= k
+                left = len(s.prompt) - s.off
+                k = prompt_chunk(left, room, n_ubatch, rows)
+                if not k and not progress:  # nothing else in this step: the rule gives way
+                    k = min(left, room)
+                if k:
+                    n = self._put_prompt(s, n, k)
+                    room -= k
+                    progress = True
         if prefilling and n_next:
             self.stats.mixed_steps += 1
         self._batch.n_tokens = n

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from localinfer.engine.backend import llama_cpp
 from localinfer.engine.logprobs import Logprobs
 from localinfer.engine.sampling import build_sampler, free_sampler
+from localinfer.engine.rows import prompt_chunk
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, LoadOptions, SeqJob, Step
 from localinfer.errors import GenerationError, ResourceError
@@ -33,6 +34,7 @@ class SingleSequence:
     draft_model: Any
     n_ctx: int
     n_batch: int
+    n_ubatch: int
     n_vocab: int
     _ctx: Any
     _mem: Any
@@ -76,9 +78,13 @@ class SingleSequence:
         return self.keep_prefix(n)
 
     def _decode(self, tokens: Sequence[int]) -> None:
-        """Evaluate ``tokens`` on sequence 0, in batches of at most n_batch."""
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
+        """Evaluate ``tokens`` on sequence 0, in batches of at most n_batch, cut as serve cuts a prompt
+        (``rows.prompt_chunk``: no ubatch of a few rows), so that both give the same logits."""
+        start = 0
+        while start < len(tokens):
+            left = len(tokens) - start
+            chunk = tokens[start : start + (prompt_chunk(left, self.n_batch, self.n_ubatch) or min(left, self.n_batch))]
+            start += len(chunk)
             arr = (llama_cpp.llama_token * len(chunk))(*chunk)
             rc = llama_cpp.llama_decode(self._ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
             if rc != 0:

@@ -7,8 +7,10 @@ import codecs
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from localinfer.engine.rows import EXACT_ROWS
 from localinfer.engine.stopping import StopMatcher
 from localinfer.engine.types import GenerationStats, SeqJob
+from localinfer.engine.vision import MediaPrompt
 
 if TYPE_CHECKING:
     from localinfer.engine.logprobs import Logprobs
@@ -109,6 +111,9 @@ class SlotTable:
         # host memory for what an idle sequence loses (an engine.prompt_cache.PromptCache, which imports this module)
         self.cache = cache if keep_cache else None
         self.n_ctx_seq = model.n_ctx_seq
+        # a hit leaves at least this many prompt tokens to evaluate (EXACT_ROWS); where cells cannot be
+        # dropped (a recurrent state) the old rule: one token, and the answer's cells kept too (_rows)
+        self.rows = EXACT_ROWS if model.per_token_cells else 1
         self.free = list(range(n_parallel))
         self.kept: list[list[int]] = [[] for _ in range(n_parallel)]
         self._used = [-1] * n_parallel  # when each idle slot's job ended (-1: empty)
@@ -121,7 +126,7 @@ class SlotTable:
             seq = min(self.free)
             self.free.remove(seq)
             return seq, 0
-        limit = len(tokens) - 1 if reuse else 0  # at least one token is evaluated: its logits give the first token
+        limit = max(0, len(tokens) - self._rows(tokens)) if reuse else 0  # its last rows evaluated as a cold prompt's
         seq, best = self.free[0], (-1, 0)
         for sid in self.free:
             key = (common_prefix(self.kept[sid], tokens, limit), -self._used[sid])
@@ -155,13 +160,28 @@ class SlotTable:
     def release(self, slot: Slot) -> None:
         """A sequence finished: keep its cells (keep_cache) or drop them; its id is free again."""
         self._clock += 1
+        kept = self._reusable(slot) if self.keep_cache else []
         # A kept sequence still needs one free cell: the place of a filler token.
-        if self.keep_cache and 0 < slot.pos < self.n_ctx_seq:
-            self.kept[slot.seq] = slot.cached_tokens()
+        if kept and len(kept) < self.n_ctx_seq and (len(kept) == slot.pos or self.model.drop_tokens(slot.seq, len(kept))):
+            self.kept[slot.seq] = kept
             self._used[slot.seq] = self._clock
         else:
             self._forget(slot.seq)
         self.free.append(slot.seq)
+
+    def _reusable(self, slot: Slot) -> list[int]:
+        """What a later prompt may reuse of ``slot``'s cells: its prompt's, evaluated in pieces of
+        ``rows`` (not a shorter prompt's, nor the answer's); all of them where cells cannot be dropped."""
+        tokens = slot.job.tokens
+        rows = self._rows(tokens)
+        if rows == 1:
+            return slot.cached_tokens()
+        return list(tokens[: min(slot.pos, len(tokens))]) if len(tokens) >= rows else []
+
+    def _rows(self, tokens: Sequence[int]) -> int:
+        # a prompt with images is evaluated in the pieces its images cut (engine.vision), not in ``rows``:
+        # the old rule for it, which keeps an image's cells for the next turn instead of encoding it again
+        return 1 if isinstance(tokens, MediaPrompt) else self.rows
 
     def hold(self, seq: int, tokens: list[int]) -> None:
         """A taken id whose job waits (its images encode: engine/batch_media.py) keeps ``tokens``

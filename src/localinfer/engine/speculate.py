@@ -145,8 +145,7 @@ def drafter_for(model: Any, history: Sequence[int], costs: DraftCosts | None = N
     ``min_draft``), timing its steps into ``costs`` (None: the model's own, kept across answers);
     None where rejected tokens could not leave the cache (recurrent and hybrid models keep a state,
     not per-token cells)."""
-    raw = model._model
-    if llama_cpp.llama_model_is_recurrent(raw) or llama_cpp.llama_model_is_hybrid(raw):
+    if not model.per_token_cells:
         return None
     if costs is None:
         costs = getattr(model, "draft_costs", None)
