@@ -41,13 +41,9 @@ QUESTIONS = ["Name a colour and say why you like it.", "And another one?", "Whic
 
 def ask(server: Server, messages: list[dict], args: argparse.Namespace, cache: bool) -> dict:
     body = {"messages": messages, "max_tokens": args.answer_tokens, "temperature": 0, "cache_prompt": cache}
-    while True:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=900)
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        reply = json.loads(conn.getresponse().read())
-        if "model_loading" not in json.dumps(reply.get("error", "")):  # serve loads the model after /health
-            return reply
-        time.sleep(0.5)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=900)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    return json.loads(conn.getresponse().read())
 
 
 def session(server: Server, args: argparse.Namespace) -> list[dict]:
